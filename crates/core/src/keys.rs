@@ -1,0 +1,117 @@
+//! Key ranges and checks on key lists.
+
+use crate::{CoreError, Result};
+use std::fmt;
+
+/// A half-open key range `[begin, end)`. Empty when `begin >= end`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct KeyRange {
+    /// First key in the range.
+    pub begin: u64,
+    /// One past the last key.
+    pub end: u64,
+}
+
+impl KeyRange {
+    /// The whole key space available to sparse tables: `[0, u64::MAX)`. The key `u64::MAX`
+    /// itself is reserved (it cannot be the end of a half-open range).
+    pub const FULL: KeyRange = KeyRange { begin: 0, end: u64::MAX };
+
+    /// Creates `[begin, end)`.
+    pub fn new(begin: u64, end: u64) -> Self {
+        KeyRange { begin, end }
+    }
+    /// Number of keys in the range.
+    pub fn len(&self) -> u64 {
+        self.end.saturating_sub(self.begin)
+    }
+    /// True when the range holds no key.
+    pub fn is_empty(&self) -> bool {
+        self.begin >= self.end
+    }
+    /// True when `key` lies in the range.
+    pub fn contains(&self, key: u64) -> bool {
+        key >= self.begin && key < self.end
+    }
+    /// The common part of two ranges (possibly empty).
+    pub fn intersect(&self, other: &KeyRange) -> KeyRange {
+        KeyRange { begin: self.begin.max(other.begin), end: self.end.min(other.end) }
+    }
+}
+
+impl fmt::Display for KeyRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "[{}, {})", self.begin, self.end)
+    }
+}
+
+/// Checks that `keys` is strictly increasing. O(n), no allocation.
+pub fn check_sorted_unique(keys: &[u64]) -> Result<()> {
+    for (i, w) in keys.windows(2).enumerate() {
+        if w[1] <= w[0] {
+            return Err(CoreError::UnsortedKeys { index: i + 1, key: w[1], prev: w[0] });
+        }
+    }
+    Ok(())
+}
+
+/// Checks that `values.len() == keys * value_len`.
+pub fn check_lengths(keys: usize, value_len: usize, values: usize) -> Result<()> {
+    let expected = keys.checked_mul(value_len).ok_or_else(|| CoreError::Limit("keys × value length overflows".into()))?;
+    if expected != values {
+        return Err(CoreError::LengthMismatch { keys, value_len, expected, got: values });
+    }
+    Ok(())
+}
+
+/// Index of the first element of sorted `keys[from..]` that is `>= target`, found by
+/// galloping from `from`: O(log d) where d is the distance moved, so a merge walk of two
+/// sorted lists costs O(n) when they are dense in each other and O(n log) at worst.
+#[inline]
+pub fn gallop(keys: &[u64], from: usize, target: u64) -> usize {
+    let len = keys.len();
+    if from >= len || keys[from] >= target {
+        return from;
+    }
+    let mut lo = from + 1;
+    let mut step = 1usize;
+    let mut hi = from + 1;
+    while hi < len && keys[hi] < target {
+        lo = hi + 1;
+        step *= 2;
+        hi = from + step;
+    }
+    let hi = hi.min(len);
+    lo + keys[lo..hi].partition_point(|&k| k < target)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn unsorted_keys_are_reported_with_position() {
+        assert!(check_sorted_unique(&[1, 2, 5]).is_ok());
+        let e = check_sorted_unique(&[1, 3, 3]).unwrap_err();
+        assert_eq!(e, CoreError::UnsortedKeys { index: 2, key: 3, prev: 3 });
+        assert!(check_sorted_unique(&[4, 1]).is_err());
+    }
+
+    #[test]
+    fn length_mismatch_is_an_error() {
+        assert!(check_lengths(3, 2, 6).is_ok());
+        assert!(matches!(check_lengths(3, 2, 5), Err(CoreError::LengthMismatch { expected: 6, got: 5, .. })));
+    }
+
+    proptest! {
+        #[test]
+        fn gallop_equals_partition_point(mut v in proptest::collection::vec(any::<u64>(), 0..200), from_frac in 0.0f64..1.0, t in any::<u64>()) {
+            v.sort_unstable();
+            v.dedup();
+            let from = ((v.len() as f64) * from_frac) as usize;
+            let expect = from + v[from..].partition_point(|&k| k < t);
+            prop_assert_eq!(gallop(&v, from, t), expect);
+        }
+    }
+}

@@ -1,0 +1,34 @@
+//! # downpour-core
+//!
+//! The part of Downpour that does no I/O: key ranges and key/value buffers, partitioning
+//! of key domains across servers, update rules, initializers, the tables a server holds,
+//! dense tensor maps, and the wire message types and frame codec. Everything here is a plain
+//! data structure driven by method calls, tested without sockets or threads; the
+//! `downpour-transport`, `downpour-server`, `downpour-worker` and `downpour-coordinator`
+//! crates execute its decisions over the network.
+//!
+//! Keys are `u64`, values `f32`. On the wire they travel as contiguous little-endian byte
+//! buffers; Downpour therefore only builds for little-endian targets, where those buffers
+//! are the in-memory representation and need no per-element conversion.
+
+#[cfg(not(target_endian = "little"))]
+compile_error!("Downpour sends keys and values in their in-memory form: little-endian targets only");
+
+pub mod codec;
+pub mod error;
+pub mod init;
+pub mod keys;
+pub mod msg;
+pub mod partition;
+pub mod rule;
+pub mod table;
+pub mod tensor;
+
+/// Wire messages generated from `proto/downpour.proto`.
+#[allow(missing_docs, clippy::all)]
+pub mod proto {
+    include!(concat!(env!("OUT_DIR"), "/downpour.v1.rs"));
+}
+
+pub use error::{CoreError, Result};
+pub use keys::KeyRange;

@@ -1,0 +1,152 @@
+//! Message kinds, status codes and header constructors.
+//!
+//! Every frame carries a [`FrameHeader`](crate::proto::FrameHeader): who sent it
+//! (`sender`), its sequence number (`request_id`, unique and increasing per sender), the
+//! routing epoch it was addressed under, the sender's clock, and, for large requests, the
+//! chunk index and a `last` flag. Replies echo the request id. These identities are what
+//! later let servers drop duplicated pushes and fence stale epochs.
+//!
+//! Reply rules: `Push` and `PushRange` get one reply after their last chunk; `Pull`,
+//! `PushPull` and `PushPullRange` get one reply per request chunk; `PullRange` is one
+//! request frame answered by one or more chunks. In every case the reply flagged `last`
+//! ends the request, and an error reply is always flagged `last` (later chunks of a failed
+//! request are dropped by the server).
+
+use crate::proto::FrameHeader;
+
+/// What a frame asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum Op {
+    /// Create a table (idempotent for an identical definition). Body: `TableSpec` in `meta`.
+    CreateTable = 1,
+    /// Apply values to the given sorted keys with the table's update rule.
+    Push = 2,
+    /// Read the values of the given sorted keys (sparse tables create missing keys).
+    Pull = 3,
+    /// Push, then return the values after the update, in one round trip.
+    PushPull = 4,
+    /// Push values for every key of `[range_begin, range_end)` (no key list on the wire).
+    PushRange = 5,
+    /// Read all existing keys of `[range_begin, range_end)`; dense replies omit the keys.
+    PullRange = 6,
+    /// PushRange then return the updated values of the range.
+    PushPullRange = 7,
+    /// Liveness check on the data plane.
+    Ping = 8,
+    /// Register a node with the coordinator. Body: `RegisterRequest`.
+    Register = 20,
+    /// Wait until every worker has reached the barrier. Body: `BarrierRequest`.
+    Barrier = 21,
+    /// Heartbeat to the coordinator; the reply (`HeartbeatReply`) may order a shutdown.
+    Heartbeat = 22,
+    /// A worker has finished its job. Body: `DoneRequest`.
+    Done = 23,
+    /// The current routing table. Reply body: `Routing`.
+    GetRouting = 24,
+}
+
+impl Op {
+    /// Decodes an op code; `None` for unknown codes.
+    pub fn from_u32(v: u32) -> Option<Op> {
+        use Op::*;
+        Some(match v {
+            1 => CreateTable,
+            2 => Push,
+            3 => Pull,
+            4 => PushPull,
+            5 => PushRange,
+            6 => PullRange,
+            7 => PushPullRange,
+            8 => Ping,
+            20 => Register,
+            21 => Barrier,
+            22 => Heartbeat,
+            23 => Done,
+            24 => GetRouting,
+            _ => return None,
+        })
+    }
+    /// True for requests whose every chunk is answered (rather than only the last).
+    pub fn replies_per_chunk(self) -> bool {
+        matches!(self, Op::Pull | Op::PushPull | Op::PushPullRange)
+    }
+}
+
+/// Reply status codes carried in `FrameHeader::status`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Status {
+    /// Success.
+    Ok = 0,
+    /// The request was invalid (bad keys, lengths, definition...). Nothing was applied.
+    InvalidArgument = 1,
+    /// The table does not exist on this server.
+    UnknownTable = 2,
+    /// The request was addressed under another routing epoch: refresh the routing table.
+    StaleEpoch = 3,
+    /// A resource limit would be exceeded.
+    ResourceExhausted = 4,
+    /// The job failed or is shutting down.
+    Aborted = 5,
+    /// The op is not served by this node.
+    Unsupported = 6,
+    /// An internal error.
+    Internal = 7,
+}
+
+impl Status {
+    /// Decodes a status code; unknown codes read as `Internal`.
+    pub fn from_u32(v: u32) -> Status {
+        match v {
+            0 => Status::Ok,
+            1 => Status::InvalidArgument,
+            2 => Status::UnknownTable,
+            3 => Status::StaleEpoch,
+            4 => Status::ResourceExhausted,
+            5 => Status::Aborted,
+            6 => Status::Unsupported,
+            _ => Status::Internal,
+        }
+    }
+}
+
+/// A request header for `op` from `sender`.
+pub fn request(op: Op, sender: u32, request_id: u64, epoch: u64, table: u32) -> FrameHeader {
+    FrameHeader { request_id, op: op as u32, sender, epoch, table, last: true, ..Default::default() }
+}
+
+/// The ok reply to `req` (same id, op and table; flagged `last`).
+pub fn reply_to(req: &FrameHeader, sender: u32) -> FrameHeader {
+    FrameHeader {
+        request_id: req.request_id,
+        op: req.op,
+        sender,
+        epoch: req.epoch,
+        table: req.table,
+        chunk: req.chunk,
+        last: true,
+        ..Default::default()
+    }
+}
+
+/// The error reply to `req`: flagged `last`, with a status and a message.
+pub fn error_reply(req: &FrameHeader, sender: u32, status: Status, message: impl Into<String>) -> FrameHeader {
+    let mut h = reply_to(req, sender);
+    h.status = status as u32;
+    h.error = message.into();
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn op_codes_round_trip_and_unknown_is_none() {
+        for op in [Op::CreateTable, Op::Push, Op::Pull, Op::PushPull, Op::PushRange, Op::PullRange, Op::PushPullRange, Op::Ping, Op::Register, Op::Barrier, Op::Heartbeat, Op::Done, Op::GetRouting] {
+            assert_eq!(Op::from_u32(op as u32), Some(op));
+        }
+        assert_eq!(Op::from_u32(0), None);
+        assert_eq!(Op::from_u32(999), None);
+    }
+}

@@ -1,0 +1,334 @@
+//! Update rules: how a server applies a pushed value to the value it stores.
+//!
+//! Every built-in rule is element-wise, so it is applied to whole contiguous runs of a
+//! table (a dense chunk at once). A user rule implements [`UpdateRule`] and is registered
+//! by name in a [`RuleRegistry`] given to the server.
+
+use crate::proto;
+use crate::{CoreError, Result};
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+/// A user-defined update rule.
+///
+/// Implementations must be element-wise over a run: `apply` is called with equally long
+/// `w` and `grad`, and `state.len() == w.len() * state_per_element()`; the state of
+/// element `i` is `state[i*k..(i+1)*k]` with `k = state_per_element()`, zero-initialised
+/// when a key is created.
+pub trait UpdateRule: Send + Sync + 'static {
+    /// Extra f32 values of optimizer state kept per value element (0 for stateless rules).
+    fn state_per_element(&self) -> usize;
+    /// Applies the pushed `grad` to the stored weights `w`.
+    fn apply(&self, w: &mut [f32], state: &mut [f32], grad: &[f32]);
+}
+
+/// A table's update rule: the built-ins are matched once per run and compiled into tight
+/// loops; `Custom` dispatches through the trait.
+#[derive(Clone)]
+pub enum Rule {
+    /// `w = v`.
+    Assign,
+    /// `w += v`.
+    Add,
+    /// `w -= lr · g`.
+    Sgd {
+        /// Learning rate.
+        lr: f32,
+    },
+    /// `m = μ·m + g; w -= lr · m`.
+    Momentum {
+        /// Learning rate.
+        lr: f32,
+        /// Momentum μ.
+        mu: f32,
+    },
+    /// `G += g²; w -= lr · g / (√G + ε)`.
+    Adagrad {
+        /// Learning rate.
+        lr: f32,
+        /// ε.
+        eps: f32,
+    },
+    /// Adam with bias correction (per-element step count).
+    Adam {
+        /// Learning rate.
+        lr: f32,
+        /// β₁.
+        b1: f32,
+        /// β₂.
+        b2: f32,
+        /// ε.
+        eps: f32,
+    },
+    /// FTRL-Proximal (McMahan et al.) with L1/L2: state `(z, n)` per element.
+    Ftrl {
+        /// α (learning rate).
+        alpha: f32,
+        /// β.
+        beta: f32,
+        /// L1 strength λ₁.
+        l1: f32,
+        /// L2 strength λ₂.
+        l2: f32,
+    },
+    /// A user-defined rule.
+    Custom(String, Arc<dyn UpdateRule>),
+}
+
+impl fmt::Debug for Rule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Rule::Custom(name, _) => write!(f, "Custom({name})"),
+            Rule::Assign => write!(f, "Assign"),
+            Rule::Add => write!(f, "Add"),
+            Rule::Sgd { lr } => write!(f, "Sgd {{ lr: {lr} }}"),
+            Rule::Momentum { lr, mu } => write!(f, "Momentum {{ lr: {lr}, mu: {mu} }}"),
+            Rule::Adagrad { lr, eps } => write!(f, "Adagrad {{ lr: {lr}, eps: {eps} }}"),
+            Rule::Adam { lr, b1, b2, eps } => write!(f, "Adam {{ lr: {lr}, b1: {b1}, b2: {b2}, eps: {eps} }}"),
+            Rule::Ftrl { alpha, beta, l1, l2 } => write!(f, "Ftrl {{ alpha: {alpha}, beta: {beta}, l1: {l1}, l2: {l2} }}"),
+        }
+    }
+}
+
+impl Rule {
+    /// Extra f32 of state per element.
+    pub fn state_per_element(&self) -> usize {
+        match self {
+            Rule::Assign | Rule::Add | Rule::Sgd { .. } => 0,
+            Rule::Momentum { .. } | Rule::Adagrad { .. } => 1,
+            Rule::Ftrl { .. } => 2,
+            Rule::Adam { .. } => 3,
+            Rule::Custom(_, r) => r.state_per_element(),
+        }
+    }
+
+    /// Applies `grad` to a contiguous run. Preconditions: `w.len() == grad.len()` and
+    /// `state.len() == w.len() * self.state_per_element()`.
+    #[inline]
+    pub fn apply(&self, w: &mut [f32], state: &mut [f32], grad: &[f32]) {
+        debug_assert_eq!(w.len(), grad.len());
+        debug_assert_eq!(state.len(), w.len() * self.state_per_element());
+        match *self {
+            Rule::Assign => w.copy_from_slice(grad),
+            Rule::Add => w.iter_mut().zip(grad).for_each(|(w, g)| *w += g),
+            Rule::Sgd { lr } => w.iter_mut().zip(grad).for_each(|(w, g)| *w -= lr * g),
+            Rule::Momentum { lr, mu } => {
+                for ((w, m), g) in w.iter_mut().zip(state.iter_mut()).zip(grad) {
+                    *m = mu * *m + g;
+                    *w -= lr * *m;
+                }
+            }
+            Rule::Adagrad { lr, eps } => {
+                for ((w, acc), g) in w.iter_mut().zip(state.iter_mut()).zip(grad) {
+                    *acc += g * g;
+                    *w -= lr * g / (acc.sqrt() + eps);
+                }
+            }
+            Rule::Adam { lr, b1, b2, eps } => {
+                for ((w, s), g) in w.iter_mut().zip(state.chunks_exact_mut(3)).zip(grad) {
+                    s[0] = b1 * s[0] + (1.0 - b1) * g;
+                    s[1] = b2 * s[1] + (1.0 - b2) * g * g;
+                    s[2] += 1.0;
+                    let mhat = s[0] / (1.0 - b1.powf(s[2]));
+                    let vhat = s[1] / (1.0 - b2.powf(s[2]));
+                    *w -= lr * mhat / (vhat.sqrt() + eps);
+                }
+            }
+            Rule::Ftrl { alpha, beta, l1, l2 } => {
+                for ((w, s), g) in w.iter_mut().zip(state.chunks_exact_mut(2)).zip(grad) {
+                    let (z, n) = (s[0], s[1]);
+                    let n_new = n + g * g;
+                    let sigma = (n_new.sqrt() - n.sqrt()) / alpha;
+                    let z = z + g - sigma * *w;
+                    s[0] = z;
+                    s[1] = n_new;
+                    *w = if z.abs() <= l1 { 0.0 } else { -(z - z.signum() * l1) / ((beta + n_new.sqrt()) / alpha + l2) };
+                }
+            }
+            Rule::Custom(_, ref r) => r.apply(w, state, grad),
+        }
+    }
+
+    /// The wire form of a built-in rule (custom rules travel by name).
+    pub fn to_proto(&self) -> proto::Rule {
+        let mut p = proto::Rule::default();
+        match *self {
+            Rule::Assign => p.name = "assign".into(),
+            Rule::Add => p.name = "add".into(),
+            Rule::Sgd { lr } => (p.name, p.lr) = ("sgd".into(), lr),
+            Rule::Momentum { lr, mu } => (p.name, p.lr, p.momentum) = ("momentum".into(), lr, mu),
+            Rule::Adagrad { lr, eps } => (p.name, p.lr, p.eps) = ("adagrad".into(), lr, eps),
+            Rule::Adam { lr, b1, b2, eps } => (p.name, p.lr, p.beta1, p.beta2, p.eps) = ("adam".into(), lr, b1, b2, eps),
+            Rule::Ftrl { alpha, beta, l1, l2 } => (p.name, p.lr, p.ftrl_beta, p.l1, p.l2) = ("ftrl".into(), alpha, beta, l1, l2),
+            Rule::Custom(ref name, _) => p.name = name.clone(),
+        }
+        p
+    }
+}
+
+/// Maps rule names to rules. Built-ins are always present; users add their own with
+/// [`RuleRegistry::register`] before starting a server.
+#[derive(Clone, Default)]
+pub struct RuleRegistry {
+    custom: HashMap<String, Arc<dyn UpdateRule>>,
+}
+
+impl RuleRegistry {
+    /// A registry with the built-in rules only.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Registers a user rule under `name`. Fails if `name` is a built-in rule's name.
+    pub fn register(&mut self, name: &str, rule: Arc<dyn UpdateRule>) -> Result<()> {
+        if BUILTIN.contains(&name) {
+            return Err(CoreError::InvalidRule(format!("{name:?} is a built-in rule")));
+        }
+        self.custom.insert(name.to_string(), rule);
+        Ok(())
+    }
+
+    /// Builds the rule a table definition names, checking its parameters.
+    pub fn resolve(&self, p: &proto::Rule) -> Result<Rule> {
+        let finite_pos = |what: &str, v: f32| {
+            if v.is_finite() && v > 0.0 {
+                Ok(v)
+            } else {
+                Err(CoreError::InvalidRule(format!("{}: {what} must be finite and > 0, got {v}", p.name)))
+            }
+        };
+        let nonneg = |what: &str, v: f32| {
+            if v.is_finite() && v >= 0.0 {
+                Ok(v)
+            } else {
+                Err(CoreError::InvalidRule(format!("{}: {what} must be finite and >= 0, got {v}", p.name)))
+            }
+        };
+        let or = |v: f32, d: f32| if v == 0.0 { d } else { v };
+        Ok(match p.name.as_str() {
+            "assign" => Rule::Assign,
+            "add" => Rule::Add,
+            "sgd" => Rule::Sgd { lr: finite_pos("lr", p.lr)? },
+            "momentum" => Rule::Momentum { lr: finite_pos("lr", p.lr)?, mu: nonneg("momentum", or(p.momentum, 0.9))? },
+            "adagrad" => Rule::Adagrad { lr: finite_pos("lr", p.lr)?, eps: finite_pos("eps", or(p.eps, 1e-8))? },
+            "adam" => Rule::Adam {
+                lr: finite_pos("lr", p.lr)?,
+                b1: nonneg("beta1", or(p.beta1, 0.9))?,
+                b2: nonneg("beta2", or(p.beta2, 0.999))?,
+                eps: finite_pos("eps", or(p.eps, 1e-8))?,
+            },
+            "ftrl" => Rule::Ftrl {
+                alpha: finite_pos("alpha (lr)", p.lr)?,
+                beta: nonneg("beta", or(p.ftrl_beta, 1.0))?,
+                l1: nonneg("l1", p.l1)?,
+                l2: nonneg("l2", p.l2)?,
+            },
+            name => match self.custom.get(name) {
+                Some(r) => Rule::Custom(name.to_string(), r.clone()),
+                None => {
+                    return Err(CoreError::InvalidRule(format!(
+                        "unknown rule {name:?} (built-ins: {}; user rules must be registered on every server)",
+                        BUILTIN.join(", ")
+                    )))
+                }
+            },
+        })
+    }
+}
+
+/// Names of the built-in rules.
+pub const BUILTIN: [&str; 7] = ["assign", "add", "sgd", "momentum", "adagrad", "adam", "ftrl"];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(rule: &Rule, w0: f32, grads: &[f32]) -> (f32, Vec<f32>) {
+        let mut w = [w0];
+        let mut s = vec![0.0; rule.state_per_element()];
+        for g in grads {
+            rule.apply(&mut w, &mut s, &[*g]);
+        }
+        (w[0], s)
+    }
+
+    fn close(a: f32, b: f32) -> bool {
+        (a - b).abs() <= 1e-6 * (1.0 + b.abs())
+    }
+
+    #[test]
+    fn assign_add_and_sgd_match_hand_computation() {
+        assert_eq!(run(&Rule::Assign, 5.0, &[2.0, 3.0]).0, 3.0);
+        assert_eq!(run(&Rule::Add, 5.0, &[2.0, 3.0]).0, 10.0);
+        assert!(close(run(&Rule::Sgd { lr: 0.1 }, 1.0, &[2.0, 4.0]).0, 1.0 - 0.2 - 0.4));
+    }
+
+    #[test]
+    fn momentum_matches_hand_computation() {
+        // m1 = 1, w = 1 - 0.5 = 0.5; m2 = 0.9 + 2 = 2.9, w = 0.5 - 1.45 = -0.95
+        let (w, s) = run(&Rule::Momentum { lr: 0.5, mu: 0.9 }, 1.0, &[1.0, 2.0]);
+        assert!(close(w, -0.95), "{w}");
+        assert!(close(s[0], 2.9));
+    }
+
+    #[test]
+    fn adagrad_matches_hand_computation() {
+        // G=4, w = 1 - 0.1*2/2 = 0.9; G=4+1=5, w = 0.9 - 0.1*(-1)/sqrt5
+        let (w, _) = run(&Rule::Adagrad { lr: 0.1, eps: 0.0 }, 1.0, &[2.0, -1.0]);
+        assert!(close(w, 0.9 + 0.1 / 5f32.sqrt()), "{w}");
+    }
+
+    #[test]
+    fn adam_first_step_moves_by_lr() {
+        // with bias correction the first step is lr * g/|g| (eps≈0)
+        let (w, s) = run(&Rule::Adam { lr: 0.01, b1: 0.9, b2: 0.999, eps: 1e-12 }, 1.0, &[3.0]);
+        assert!(close(w, 0.99), "{w}");
+        assert_eq!(s[2], 1.0);
+        // second step, g = -1: m = 0.9*0.3 - 0.1 = 0.17, v = 0.999*0.009 + 0.001 = 0.009991
+        let (w2, _) = run(&Rule::Adam { lr: 0.01, b1: 0.9, b2: 0.999, eps: 1e-12 }, 1.0, &[3.0, -1.0]);
+        let mhat = 0.17 / (1.0 - 0.81);
+        let vhat = 0.009991f32 / (1.0 - 0.998001);
+        assert!(close(w2, 0.99 - 0.01 * mhat / vhat.sqrt()), "{w2}");
+    }
+
+    #[test]
+    fn ftrl_matches_hand_computation_and_l1_zeroes() {
+        let r = Rule::Ftrl { alpha: 0.5, beta: 1.0, l1: 1.0, l2: 0.0 };
+        // g=0.5: n=0.25, sigma=(0.5-0)/0.5=1, z = 0.5 - 1*0 = 0.5 -> |z| <= l1 -> w = 0
+        let (w, s) = run(&r, 0.0, &[0.5]);
+        assert_eq!(w, 0.0);
+        assert!(close(s[0], 0.5) && close(s[1], 0.25));
+        // g=0.5 then 2: n=4.25, sigma=(sqrt(4.25)-0.5)/0.5, z = 0.5 + 2 - sigma*0 = 2.5
+        // w = -(2.5 - 1)/((1 + sqrt(4.25))/0.5 + 0)
+        let (w, _) = run(&r, 0.0, &[0.5, 2.0]);
+        let expect = -(1.5) / ((1.0 + 4.25f32.sqrt()) / 0.5);
+        assert!(close(w, expect), "{w} vs {expect}");
+    }
+
+    struct Halve;
+    impl UpdateRule for Halve {
+        fn state_per_element(&self) -> usize {
+            0
+        }
+        fn apply(&self, w: &mut [f32], _s: &mut [f32], g: &[f32]) {
+            w.iter_mut().zip(g).for_each(|(w, g)| *w = (*w + g) / 2.0);
+        }
+    }
+
+    #[test]
+    fn registry_resolves_builtins_and_user_rules_and_rejects_bad_params() {
+        let mut reg = RuleRegistry::new();
+        reg.register("halve", Arc::new(Halve)).unwrap();
+        assert!(reg.register("add", Arc::new(Halve)).is_err());
+        let r = reg.resolve(&proto::Rule { name: "halve".into(), ..Default::default() }).unwrap();
+        assert_eq!(run(&r, 4.0, &[2.0]).0, 3.0);
+        assert!(reg.resolve(&proto::Rule { name: "sgd".into(), lr: -1.0, ..Default::default() }).is_err());
+        assert!(reg.resolve(&proto::Rule { name: "nope".into(), ..Default::default() }).is_err());
+        let ftrl = reg.resolve(&proto::Rule { name: "ftrl".into(), lr: 0.1, l1: 1.0, ..Default::default() }).unwrap();
+        assert!(matches!(ftrl, Rule::Ftrl { beta, .. } if beta == 1.0));
+        // round trip through the wire form
+        let back = reg.resolve(&ftrl.to_proto()).unwrap();
+        assert_eq!(format!("{back:?}"), format!("{ftrl:?}"));
+    }
+}
