@@ -1,1 +1,360 @@
+//! # downpour-coordinator
+//!
+//! The paper's *server manager* and *task scheduler* for one job: nodes register and get
+//! ids and ranks; once every server has registered it publishes the routing table (the
+//! servers in partition order) under an epoch; it runs named barriers over the workers,
+//! receives heartbeats (declaring a silent or disconnected node dead and failing the job
+//! cleanly), and ends the job when every worker is done by telling the servers to stop.
+//!
+//! [`client::ControlClient`] is the node side of this protocol.
 
+pub mod client;
+
+use downpour_core::msg::{self, Op, Status};
+use downpour_core::proto::{self, FrameHeader};
+use downpour_transport::{Connection, Listener};
+use parking_lot::{Condvar, Mutex};
+use prost::Message;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Coordinator settings.
+#[derive(Clone, Debug)]
+pub struct CoordinatorConfig {
+    /// Servers the job needs.
+    pub servers: usize,
+    /// Workers the job needs.
+    pub workers: usize,
+    /// How often nodes send heartbeats.
+    pub heartbeat: Duration,
+    /// A node silent for this long is declared dead.
+    pub node_timeout: Duration,
+    /// How long registration may take before the job is failed.
+    pub register_timeout: Duration,
+}
+
+impl Default for CoordinatorConfig {
+    fn default() -> Self {
+        CoordinatorConfig {
+            servers: 1,
+            workers: 1,
+            heartbeat: Duration::from_millis(500),
+            node_timeout: Duration::from_secs(10),
+            register_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+#[derive(Default)]
+struct State {
+    next_id: u32,
+    servers: Vec<(u32, String)>,
+    workers: Vec<u32>,
+    roles: HashMap<u32, (&'static str, u32)>,
+    epoch: u64,
+    barriers: HashMap<String, (usize, u64)>,
+    done: HashSet<u32>,
+    last_seen: HashMap<u32, Instant>,
+    failed: Option<String>,
+    shutdown: bool,
+    heartbeating: HashSet<u32>,
+}
+
+impl State {
+    fn routing(&self) -> proto::Routing {
+        proto::Routing {
+            epoch: self.epoch,
+            servers: self.servers.iter().map(|(id, addr)| proto::ServerEntry { node_id: *id, addr: addr.clone() }).collect(),
+        }
+    }
+    fn describe(&self, id: u32) -> String {
+        match self.roles.get(&id) {
+            Some((role, rank)) => format!("{role} {rank} (node {id})"),
+            None => format!("node {id}"),
+        }
+    }
+}
+
+/// The coordinator of one job.
+pub struct Coordinator {
+    cfg: CoordinatorConfig,
+    state: Mutex<State>,
+    cv: Condvar,
+    started: Instant,
+}
+
+/// How a job ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JobOutcome {
+    /// Every worker finished successfully.
+    Succeeded,
+    /// The job failed; the reason names the node and what happened.
+    Failed(String),
+}
+
+impl Coordinator {
+    /// A coordinator expecting `cfg.servers` servers and `cfg.workers` workers.
+    pub fn new(cfg: CoordinatorConfig) -> Arc<Self> {
+        Arc::new(Coordinator { cfg, state: Mutex::new(State { next_id: 1, ..Default::default() }), cv: Condvar::new(), started: Instant::now() })
+    }
+
+    /// Accepts nodes on `listener` (a thread per connection) until the job ends, then
+    /// gives the servers a moment to hear the shutdown and returns the outcome.
+    pub fn serve(self: &Arc<Self>, mut listener: Box<dyn Listener>) -> JobOutcome {
+        let monitor = {
+            let me = self.clone();
+            std::thread::Builder::new().name("coord-monitor".into()).spawn(move || me.monitor())
+        };
+        if let Err(e) = monitor {
+            return JobOutcome::Failed(format!("cannot start the heartbeat monitor: {e}"));
+        }
+        loop {
+            {
+                let st = self.state.lock();
+                if st.shutdown || st.failed.is_some() {
+                    break;
+                }
+            }
+            match listener.accept(Duration::from_millis(50)) {
+                Ok(Some(conn)) => {
+                    let me = self.clone();
+                    let _ = std::thread::Builder::new().name("coord-conn".into()).spawn(move || me.handle(conn));
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    self.fail(format!("coordinator listener failed: {e}"));
+                    break;
+                }
+            }
+        }
+        // Let long-polling heartbeats of servers see the shutdown and disconnect.
+        let deadline = Instant::now() + self.cfg.heartbeat * 4;
+        let mut st = self.state.lock();
+        while !st.heartbeating.is_empty() && Instant::now() < deadline {
+            self.cv.wait_for(&mut st, Duration::from_millis(20));
+        }
+        match &st.failed {
+            None => JobOutcome::Succeeded,
+            Some(r) => JobOutcome::Failed(r.clone()),
+        }
+    }
+
+    fn fail(&self, reason: String) {
+        let mut st = self.state.lock();
+        if st.failed.is_none() && !st.shutdown {
+            tracing::error!("job failed: {reason}");
+            st.failed = Some(reason);
+        }
+        self.cv.notify_all();
+    }
+
+    fn monitor(&self) {
+        loop {
+            std::thread::sleep(self.cfg.heartbeat / 2);
+            let st = self.state.lock();
+            if st.shutdown || st.failed.is_some() {
+                return;
+            }
+            let registered = st.servers.len() + st.workers.len();
+            if registered < self.cfg.servers + self.cfg.workers && self.started.elapsed() > self.cfg.register_timeout {
+                let reason = format!(
+                    "only {} of {} servers and {} of {} workers registered within {:?}",
+                    st.servers.len(),
+                    self.cfg.servers,
+                    st.workers.len(),
+                    self.cfg.workers,
+                    self.cfg.register_timeout
+                );
+                drop(st);
+                self.fail(reason);
+                return;
+            }
+            let now = Instant::now();
+            let dead = st.last_seen.iter().find(|(id, t)| !st.done.contains(id) && now.duration_since(**t) > self.cfg.node_timeout).map(|(id, _)| *id);
+            if let Some(id) = dead {
+                let reason = format!("{} sent no heartbeat for {:?}: declared dead", st.describe(id), self.cfg.node_timeout);
+                drop(st);
+                self.fail(reason);
+                return;
+            }
+        }
+    }
+
+    fn handle(&self, mut conn: Box<dyn Connection>) {
+        let mut hb_node: Option<u32> = None;
+        loop {
+            let h = match conn.recv_header() {
+                Ok(Some(h)) => h,
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::debug!("coordinator connection from {}: {e}", conn.peer());
+                    break;
+                }
+            };
+            if h.keys_len + h.values_len > 0 {
+                // Control frames carry no payload; drain and refuse.
+                let mut k = vec![0u8; h.keys_len as usize];
+                let mut v = vec![0u8; h.values_len as usize];
+                if conn.recv_payload(&mut k, &mut v).is_err() {
+                    break;
+                }
+            }
+            let (mut reply, body) = match self.dispatch(&h, &mut hb_node) {
+                Ok(body) => (msg::reply_to(&h, 0), body),
+                Err((status, m)) => (msg::error_reply(&h, 0, status, m), Vec::new()),
+            };
+            reply.meta = body.into();
+            if conn.send(&mut reply, &[], &[]).is_err() {
+                break;
+            }
+        }
+        if let Some(id) = hb_node {
+            let mut st = self.state.lock();
+            st.heartbeating.remove(&id);
+            let finished = st.done.contains(&id) || st.shutdown || st.failed.is_some();
+            let what = st.describe(id);
+            drop(st);
+            self.cv.notify_all();
+            if !finished {
+                self.fail(format!("{what} disconnected before the job finished"));
+            }
+        }
+    }
+
+    fn dispatch(&self, h: &FrameHeader, hb_node: &mut Option<u32>) -> Result<Vec<u8>, (Status, String)> {
+        let bad = |e: prost::DecodeError| (Status::InvalidArgument, format!("bad control message: {e}"));
+        match Op::from_u32(h.op) {
+            Some(Op::Register) => {
+                let req = proto::RegisterRequest::decode(h.meta.as_ref()).map_err(bad)?;
+                self.register(req).map(|r| r.encode_to_vec())
+            }
+            Some(Op::Barrier) => {
+                let req = proto::BarrierRequest::decode(h.meta.as_ref()).map_err(bad)?;
+                self.barrier(&req.name).map(|_| Vec::new())
+            }
+            Some(Op::Heartbeat) => {
+                *hb_node = Some(h.sender);
+                Ok(self.heartbeat(h.sender).encode_to_vec())
+            }
+            Some(Op::Done) => {
+                let req = proto::DoneRequest::decode(h.meta.as_ref()).map_err(bad)?;
+                self.done(h.sender, req);
+                Ok(Vec::new())
+            }
+            Some(Op::GetRouting) => Ok(self.state.lock().routing().encode_to_vec()),
+            Some(Op::Ping) => Ok(Vec::new()),
+            _ => Err((Status::Unsupported, format!("op {} is not served by the coordinator", h.op))),
+        }
+    }
+
+    fn register(&self, req: proto::RegisterRequest) -> Result<proto::RegisterReply, (Status, String)> {
+        let mut st = self.state.lock();
+        if let Some(r) = &st.failed {
+            return Err((Status::Aborted, format!("job failed: {r}")));
+        }
+        let id = st.next_id;
+        let (rank, role) = match req.role.as_str() {
+            "server" => {
+                if st.servers.len() >= self.cfg.servers {
+                    return Err((Status::ResourceExhausted, format!("the job already has its {} servers", self.cfg.servers)));
+                }
+                if req.addr.is_empty() {
+                    return Err((Status::InvalidArgument, "a server must register its data address".into()));
+                }
+                st.servers.push((id, req.addr.clone()));
+                (st.servers.len() as u32 - 1, "server")
+            }
+            "worker" => {
+                if st.workers.len() >= self.cfg.workers {
+                    return Err((Status::ResourceExhausted, format!("the job already has its {} workers", self.cfg.workers)));
+                }
+                st.workers.push(id);
+                (st.workers.len() as u32 - 1, "worker")
+            }
+            other => return Err((Status::InvalidArgument, format!("unknown role {other:?}"))),
+        };
+        st.next_id += 1;
+        st.roles.insert(id, (role, rank));
+        st.last_seen.insert(id, Instant::now());
+        tracing::info!("{role} {rank} registered as node {id}{}", if req.addr.is_empty() { String::new() } else { format!(" at {}", req.addr) });
+        if role == "server" && st.servers.len() == self.cfg.servers {
+            st.epoch = 1;
+            tracing::info!("all {} servers registered: routing epoch 1 published", self.cfg.servers);
+            self.cv.notify_all();
+        }
+        // Workers need the routing table: wait until every server is there.
+        if role == "worker" {
+            while st.epoch == 0 && st.failed.is_none() {
+                self.cv.wait_for(&mut st, Duration::from_millis(100));
+            }
+            if let Some(r) = &st.failed {
+                return Err((Status::Aborted, format!("job failed: {r}")));
+            }
+        }
+        Ok(proto::RegisterReply {
+            node_id: id,
+            rank,
+            num_workers: self.cfg.workers as u32,
+            num_servers: self.cfg.servers as u32,
+            routing: Some(st.routing()),
+            heartbeat_ms: self.cfg.heartbeat.as_millis() as u64,
+        })
+    }
+
+    fn barrier(&self, name: &str) -> Result<(), (Status, String)> {
+        let mut st = self.state.lock();
+        let n = self.cfg.workers;
+        let entry = st.barriers.entry(name.to_string()).or_insert((0, 0));
+        entry.0 += 1;
+        let gen = entry.1;
+        if entry.0 >= n {
+            *entry = (0, gen + 1);
+            self.cv.notify_all();
+            return Ok(());
+        }
+        loop {
+            if let Some(r) = &st.failed {
+                return Err((Status::Aborted, format!("job failed: {r}")));
+            }
+            if st.barriers.get(name).map(|e| e.1) != Some(gen) {
+                return Ok(());
+            }
+            self.cv.wait_for(&mut st, Duration::from_millis(200));
+        }
+    }
+
+    fn heartbeat(&self, node: u32) -> proto::HeartbeatReply {
+        let mut st = self.state.lock();
+        st.last_seen.insert(node, Instant::now());
+        st.heartbeating.insert(node);
+        // Long-poll: answer at once on shutdown or failure, else after one interval.
+        if !st.shutdown && st.failed.is_none() {
+            self.cv.wait_for(&mut st, self.cfg.heartbeat);
+        }
+        st.last_seen.insert(node, Instant::now());
+        proto::HeartbeatReply { shutdown: st.shutdown, job_failed: st.failed.is_some(), reason: st.failed.clone().unwrap_or_default() }
+    }
+
+    fn done(&self, node: u32, req: proto::DoneRequest) {
+        let mut st = self.state.lock();
+        let what = st.describe(node);
+        st.done.insert(node);
+        if !req.ok {
+            drop(st);
+            self.fail(format!("{what} failed: {}", req.message));
+            return;
+        }
+        let all = st.workers.len() == self.cfg.workers && st.workers.iter().all(|w| st.done.contains(w));
+        if all && st.failed.is_none() {
+            tracing::info!("all {} workers done: shutting the job down", self.cfg.workers);
+            st.shutdown = true;
+        }
+        self.cv.notify_all();
+    }
+}
+
+/// A reply body from a successful control call.
+pub fn decode_body<M: Message + Default>(h: &FrameHeader) -> Result<M, String> {
+    M::decode(h.meta.as_ref()).map_err(|e| format!("bad reply from the coordinator: {e}"))
+}

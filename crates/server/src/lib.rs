@@ -1,1 +1,485 @@
+//! # downpour-server
+//!
+//! A server node holds its key range of every table and answers pushes and pulls. Each
+//! connection is served by its own thread with blocking I/O: the frame is read straight
+//! into reused buffers, applied to the table under that table's lock, and answered on the
+//! same thread (no queue hand-off). Large requests arrive in chunks and are applied chunk
+//! by chunk, so a 64 MiB push needs no 64 MiB buffer; dense pulls are written to the
+//! connection straight from the table's array.
+//!
+//! [`run_server_node`] registers with a coordinator, serves, heartbeats, and returns when
+//! the coordinator ends the job.
 
+use downpour_coordinator::client::{ControlClient, ControlError};
+use downpour_core::msg::{self, Op, Status};
+use downpour_core::partition::Partition;
+use downpour_core::proto::{self, FrameHeader};
+use downpour_core::rule::RuleRegistry;
+use downpour_core::table::{Table, TableDef};
+use downpour_core::{CoreError, KeyRange};
+use downpour_transport::{key_bytes, key_bytes_mut, value_bytes, value_bytes_mut, Connection, Listener, Transport, TransportError};
+use parking_lot::RwLock;
+use prost::Message;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// Server settings.
+#[derive(Clone)]
+pub struct ServerConfig {
+    /// Largest reply chunk, in bytes.
+    pub chunk_bytes: usize,
+    /// Update rules the server knows (built-ins plus user rules).
+    pub rules: RuleRegistry,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig { chunk_bytes: 2 << 20, rules: RuleRegistry::new() }
+    }
+}
+
+struct TableSlot {
+    spec: proto::TableSpec,
+    table: RwLock<Table>,
+}
+
+/// Shared state of one server node.
+pub struct ServerState {
+    cfg: ServerConfig,
+    node_id: AtomicU32,
+    rank: AtomicU32,
+    num_servers: AtomicU32,
+    epoch: AtomicU64,
+    tables: RwLock<HashMap<u32, Arc<TableSlot>>>,
+    stop: AtomicBool,
+}
+
+impl ServerState {
+    /// Sets where this server sits in the routing table (`rank` of `num_servers`, under
+    /// `epoch`). Must be called before tables are created.
+    pub fn set_placement(&self, node_id: u32, rank: u32, num_servers: u32, epoch: u64) {
+        self.node_id.store(node_id, Ordering::Relaxed);
+        self.rank.store(rank, Ordering::Relaxed);
+        self.num_servers.store(num_servers.max(1), Ordering::Relaxed);
+        self.epoch.store(epoch, Ordering::Relaxed);
+    }
+
+    /// Asks the accept loop and connection threads to stop.
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+
+    /// Number of keys stored in table `id` on this server.
+    pub fn table_len(&self, id: u32) -> Option<usize> {
+        self.tables.read().get(&id).map(|t| t.table.read().len())
+    }
+}
+
+/// A server bound to its listener, not yet serving.
+pub struct Server {
+    state: Arc<ServerState>,
+    listener: Box<dyn Listener>,
+}
+
+/// A running server.
+pub struct ServerHandle {
+    /// The server's shared state.
+    pub state: Arc<ServerState>,
+    /// Its data-plane address.
+    pub addr: String,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl ServerHandle {
+    /// Stops accepting and waits for the accept loop to end (open connections end when
+    /// their peers close them).
+    pub fn shutdown(mut self) {
+        self.state.stop();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Server {
+    /// Listens on `addr` with `transport`. Fails with a clear message when the address is in use.
+    pub fn bind(transport: &dyn Transport, addr: &str, cfg: ServerConfig) -> Result<Server, TransportError> {
+        let listener = transport.listen(addr)?;
+        let state = Arc::new(ServerState {
+            cfg,
+            node_id: AtomicU32::new(0),
+            rank: AtomicU32::new(0),
+            num_servers: AtomicU32::new(1),
+            epoch: AtomicU64::new(0),
+            tables: RwLock::new(HashMap::new()),
+            stop: AtomicBool::new(false),
+        });
+        Ok(Server { state, listener })
+    }
+
+    /// The address peers connect to.
+    pub fn addr(&self) -> String {
+        self.listener.local_addr()
+    }
+
+    /// The shared state (to set the placement before serving).
+    pub fn state(&self) -> &Arc<ServerState> {
+        &self.state
+    }
+
+    /// Serves on a background thread.
+    pub fn spawn(self) -> std::io::Result<ServerHandle> {
+        let addr = self.addr();
+        let state = self.state.clone();
+        let thread = std::thread::Builder::new().name("server-accept".into()).spawn(move || self.serve())?;
+        Ok(ServerHandle { state, addr, thread: Some(thread) })
+    }
+
+    /// Accepts connections until stopped, serving each on its own thread.
+    pub fn serve(mut self) {
+        while !self.state.stop.load(Ordering::Relaxed) {
+            match self.listener.accept(Duration::from_millis(50)) {
+                Ok(Some(conn)) => {
+                    let st = self.state.clone();
+                    let spawned = std::thread::Builder::new().name("server-conn".into()).spawn(move || serve_connection(&st, conn));
+                    if let Err(e) = spawned {
+                        tracing::error!("cannot start a connection thread: {e}");
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::error!("server listener failed: {e}");
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// Per-connection reusable buffers and table cache (no lock on the shared table map per request).
+struct ConnCtx {
+    keys: Vec<u64>,
+    vals: Vec<f32>,
+    out: Vec<f32>,
+    out_keys: Vec<u64>,
+    cache: HashMap<u32, Arc<TableSlot>>,
+}
+
+type ReqResult = Result<(), (Status, String)>;
+
+fn core_err(e: CoreError) -> (Status, String) {
+    (Status::InvalidArgument, e.to_string())
+}
+
+/// Serves one connection until the peer closes it or the server stops.
+pub fn serve_connection(st: &ServerState, mut conn: Box<dyn Connection>) {
+    let mut ctx = ConnCtx { keys: Vec::new(), vals: Vec::new(), out: Vec::new(), out_keys: Vec::new(), cache: HashMap::new() };
+    let mut skip: Option<u64> = None;
+    // Wake up now and then to notice a stop request.
+    let _ = conn.set_recv_timeout(None);
+    loop {
+        let h = match conn.recv_header() {
+            Ok(Some(h)) => h,
+            Ok(None) => break,
+            Err(e) => {
+                // A malformed frame or dead peer ends this connection only; the server keeps serving.
+                tracing::warn!("closing connection from {}: {e}", conn.peer());
+                break;
+            }
+        };
+        if h.keys_len + h.values_len > 0 {
+            ctx.keys.resize((h.keys_len / 8) as usize, 0);
+            ctx.vals.resize((h.values_len / 4) as usize, 0.0);
+            if let Err(e) = conn.recv_payload(key_bytes_mut(&mut ctx.keys), value_bytes_mut(&mut ctx.vals)) {
+                tracing::warn!("closing connection from {}: {e}", conn.peer());
+                break;
+            }
+        } else {
+            ctx.keys.clear();
+            ctx.vals.clear();
+        }
+        if skip == Some(h.request_id) {
+            if h.last {
+                skip = None;
+            }
+            continue;
+        }
+        let result = handle_frame(st, &h, &mut ctx, conn.as_mut());
+        let sent = match result {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err((status, message))) => {
+                if !h.last {
+                    skip = Some(h.request_id);
+                }
+                let mut r = msg::error_reply(&h, st.node_id.load(Ordering::Relaxed), status, message);
+                conn.send(&mut r, &[], &[])
+            }
+            Err(e) => Err(e),
+        };
+        if let Err(e) = sent {
+            tracing::warn!("closing connection from {}: {e}", conn.peer());
+            break;
+        }
+        if st.stop.load(Ordering::Relaxed) {
+            break;
+        }
+    }
+}
+
+fn lookup(st: &ServerState, ctx: &mut ConnCtx, id: u32) -> Result<Arc<TableSlot>, (Status, String)> {
+    if let Some(t) = ctx.cache.get(&id) {
+        return Ok(t.clone());
+    }
+    let t = st.tables.read().get(&id).cloned().ok_or_else(|| (Status::UnknownTable, format!("table {id} does not exist on this server")))?;
+    ctx.cache.insert(id, t.clone());
+    Ok(t)
+}
+
+/// Handles one frame; `Ok(Err(..))` is an error to report to the peer, `Err` a dead connection.
+fn handle_frame(st: &ServerState, h: &FrameHeader, ctx: &mut ConnCtx, conn: &mut dyn Connection) -> Result<ReqResult, TransportError> {
+    let me = st.node_id.load(Ordering::Relaxed);
+    let Some(op) = Op::from_u32(h.op) else {
+        return Ok(Err((Status::Unsupported, format!("unknown op code {}", h.op))));
+    };
+    let epoch = st.epoch.load(Ordering::Relaxed);
+    if h.epoch != 0 && h.epoch != epoch && op != Op::Ping {
+        return Ok(Err((Status::StaleEpoch, format!("request for routing epoch {} but this server is at epoch {epoch}", h.epoch))));
+    }
+    match op {
+        Op::Ping => {
+            let mut r = msg::reply_to(h, me);
+            conn.send(&mut r, &[], &[])?;
+            Ok(Ok(()))
+        }
+        Op::CreateTable => {
+            let res = create_table(st, h);
+            if res.is_ok() {
+                let mut r = msg::reply_to(h, me);
+                conn.send(&mut r, &[], &[])?;
+            }
+            Ok(res)
+        }
+        Op::Push | Op::PushRange => {
+            let slot = match lookup(st, ctx, h.table) {
+                Ok(s) => s,
+                Err(e) => return Ok(Err(e)),
+            };
+            let res = {
+                let mut t = slot.table.write();
+                if op == Op::Push {
+                    t.push(&ctx.keys, &ctx.vals).map(|_| ())
+                } else {
+                    t.push_range(h.range_begin, &ctx.vals).map(|_| ())
+                }
+            };
+            if let Err(e) = res {
+                return Ok(Err(core_err(e)));
+            }
+            if h.last {
+                let mut r = msg::reply_to(h, me);
+                conn.send(&mut r, &[], &[])?;
+            }
+            Ok(Ok(()))
+        }
+        Op::Pull | Op::PushPull => {
+            let slot = match lookup(st, ctx, h.table) {
+                Ok(s) => s,
+                Err(e) => return Ok(Err(e)),
+            };
+            let res = {
+                let mut t = slot.table.write();
+                let n = ctx.keys.len() * t.def().value_len;
+                ctx.out.resize(n, 0.0);
+                if op == Op::Pull {
+                    t.pull(&ctx.keys, &mut ctx.out)
+                } else {
+                    t.push_pull(&ctx.keys, &ctx.vals, &mut ctx.out)
+                }
+            };
+            if let Err(e) = res {
+                return Ok(Err(core_err(e)));
+            }
+            let mut r = msg::reply_to(h, me);
+            r.last = h.last;
+            conn.send(&mut r, &[], value_bytes(&ctx.out))?;
+            Ok(Ok(()))
+        }
+        Op::PullRange => {
+            let slot = match lookup(st, ctx, h.table) {
+                Ok(s) => s,
+                Err(e) => return Ok(Err(e)),
+            };
+            pull_range(st, h, ctx, &slot, conn, me)
+        }
+        Op::PushPullRange => {
+            let slot = match lookup(st, ctx, h.table) {
+                Ok(s) => s,
+                Err(e) => return Ok(Err(e)),
+            };
+            let mut t = slot.table.write();
+            let r = match t.push_range(h.range_begin, &ctx.vals) {
+                Ok(r) => r,
+                Err(e) => return Ok(Err(core_err(e))),
+            };
+            let mut rep = msg::reply_to(h, me);
+            rep.last = h.last;
+            rep.range_begin = r.begin;
+            rep.range_end = r.end;
+            if t.def().is_dense() {
+                let v = match t.dense_values(r) {
+                    Ok(v) => v,
+                    Err(e) => return Ok(Err(core_err(e))),
+                };
+                conn.send(&mut rep, &[], value_bytes(v))?;
+            } else {
+                ctx.out_keys.clear();
+                ctx.out.clear();
+                if let Err(e) = t.pull_range(r, &mut ctx.out_keys, &mut ctx.out) {
+                    return Ok(Err(core_err(e)));
+                }
+                drop(t);
+                conn.send(&mut rep, &[], value_bytes(&ctx.out))?;
+            }
+            Ok(Ok(()))
+        }
+        Op::Register | Op::Barrier | Op::Heartbeat | Op::Done | Op::GetRouting => {
+            Ok(Err((Status::Unsupported, format!("{op:?} is a coordinator call; this is a server"))))
+        }
+    }
+}
+
+fn create_table(st: &ServerState, h: &FrameHeader) -> ReqResult {
+    let spec = proto::TableSpec::decode(h.meta.as_ref()).map_err(|e| (Status::InvalidArgument, format!("bad table definition: {e}")))?;
+    let def = TableDef::from_proto(&spec).map_err(core_err)?;
+    let canonical = def.to_proto();
+    let mut tables = st.tables.write();
+    if let Some(existing) = tables.get(&def.id) {
+        return if existing.spec == canonical {
+            Ok(())
+        } else {
+            Err((Status::InvalidArgument, format!("table {} ({:?}) already exists with a different definition", def.id, existing.spec.name)))
+        };
+    }
+    let n = st.num_servers.load(Ordering::Relaxed) as usize;
+    let rank = st.rank.load(Ordering::Relaxed) as usize;
+    let owned = Partition::even(def.domain(), n).range(rank.min(n - 1));
+    let table = Table::new(def, owned, &st.cfg.rules).map_err(core_err)?;
+    tables.insert(canonical.id, Arc::new(TableSlot { spec: canonical, table: RwLock::new(table) }));
+    Ok(())
+}
+
+fn pull_range(st: &ServerState, h: &FrameHeader, ctx: &mut ConnCtx, slot: &TableSlot, conn: &mut dyn Connection, me: u32) -> Result<ReqResult, TransportError> {
+    let want = KeyRange::new(h.range_begin, h.range_end);
+    let (dense, vl, owned) = {
+        let t = slot.table.read();
+        (t.def().is_dense(), t.def().value_len, t.owned())
+    };
+    let range = want.intersect(&owned);
+    let per_chunk = (st.cfg.chunk_bytes / (4 * vl)).max(1) as u64;
+    if dense {
+        // Send straight from the table, holding the read lock for one chunk at a time.
+        let mut b = range.begin;
+        loop {
+            let e = (b + per_chunk).min(range.end).max(b);
+            let mut r = msg::reply_to(h, me);
+            r.range_begin = b;
+            r.range_end = e;
+            r.last = e >= range.end;
+            let t = slot.table.read();
+            let v = if e > b {
+                match t.dense_values(KeyRange::new(b, e)) {
+                    Ok(v) => v,
+                    Err(err) => return Ok(Err(core_err(err))),
+                }
+            } else {
+                &[]
+            };
+            conn.send(&mut r, &[], value_bytes(v))?;
+            drop(t);
+            if e >= range.end {
+                return Ok(Ok(()));
+            }
+            b = e;
+        }
+    }
+    ctx.out_keys.clear();
+    ctx.out.clear();
+    if let Err(e) = slot.table.write().pull_range(range, &mut ctx.out_keys, &mut ctx.out) {
+        return Ok(Err(core_err(e)));
+    }
+    let n = ctx.out_keys.len();
+    let per = (st.cfg.chunk_bytes / (8 + 4 * vl)).max(1);
+    let mut i = 0;
+    loop {
+        let j = (i + per).min(n);
+        let mut r = msg::reply_to(h, me);
+        r.last = j >= n;
+        r.range_begin = range.begin;
+        r.range_end = range.end;
+        conn.send(&mut r, key_bytes(&ctx.out_keys[i..j]), value_bytes(&ctx.out[i * vl..j * vl]))?;
+        if j >= n {
+            return Ok(Ok(()));
+        }
+        i = j;
+    }
+}
+
+/// Settings of a server node in a cluster.
+#[derive(Clone)]
+pub struct NodeConfig {
+    /// Coordinator address.
+    pub coordinator: String,
+    /// Address to listen on (`host:0` picks a free port).
+    pub listen: String,
+    /// How long to try reaching the coordinator.
+    pub connect_timeout: Duration,
+    /// Server settings.
+    pub server: ServerConfig,
+}
+
+/// Why a server node stopped abnormally.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    /// Listening failed.
+    #[error(transparent)]
+    Transport(#[from] TransportError),
+    /// The coordinator could not be reached or refused us.
+    #[error(transparent)]
+    Control(#[from] ControlError),
+    /// The coordinator failed the job.
+    #[error("the job failed: {0}")]
+    JobFailed(String),
+    /// Could not start a thread.
+    #[error("cannot start a thread: {0}")]
+    Thread(#[from] std::io::Error),
+}
+
+/// Runs a server node: listen, register with the coordinator, serve, heartbeat; returns
+/// `Ok` when the coordinator ends the job, an error when the job fails or the
+/// coordinator is lost.
+pub fn run_server_node(transport: &dyn Transport, cfg: NodeConfig) -> Result<(), NodeError> {
+    let server = Server::bind(transport, &cfg.listen, cfg.server.clone())?;
+    let addr = server.addr();
+    let mut control = ControlClient::connect(transport, &cfg.coordinator, cfg.connect_timeout)?;
+    control.set_timeout(Some(cfg.connect_timeout))?;
+    let reg = control.register("server", &addr)?;
+    let epoch = reg.routing.as_ref().map(|r| r.epoch).unwrap_or(0).max(1);
+    server.state().set_placement(reg.node_id, reg.rank, reg.num_servers, epoch);
+    tracing::info!("server {} (node {}) serving on {addr}", reg.rank, reg.node_id);
+    let handle = server.spawn()?;
+    let hb = Duration::from_millis(reg.heartbeat_ms.max(10));
+    control.set_timeout(Some(hb * 4 + cfg.connect_timeout))?;
+    let result = loop {
+        match control.heartbeat() {
+            Ok(r) if r.job_failed => break Err(NodeError::JobFailed(r.reason)),
+            Ok(r) if r.shutdown => break Ok(()),
+            Ok(_) => {}
+            Err(e) => break Err(e.into()),
+        }
+    };
+    handle.shutdown();
+    result
+}

@@ -1,1 +1,195 @@
+//! # downpour-transport
+//!
+//! One [`Transport`] trait (ps-lite's `Van` idea) with three implementations that every
+//! layer above uses through the same calls:
+//!
+//! * [`tcp::TcpTransport`] — framed TCP (the default data path): blocking sockets, the
+//!   caller's thread does the I/O (no hand-off between threads, which costs ~80 µs per
+//!   wake-up across cores on small VMs), payloads written straight from the caller's
+//!   slices with vectored writes and read straight into the destination buffers.
+//! * [`grpc::GrpcTransport`] — gRPC over tonic/HTTP/2: one bidirectional stream of
+//!   [`Frame`](downpour_core::proto::Frame)s per connection, `bytes` fields carrying the
+//!   same little-endian payloads; large HTTP/2 windows and message limits for big chunks.
+//! * [`inproc::InProcTransport`] — channels inside one process, for the embedded mode and
+//!   tests.
+//!
+//! A connection carries *frames* (a header plus a keys and a values payload) in both
+//! directions; replies come back in request order.
 
+pub mod grpc;
+pub mod inproc;
+pub mod tcp;
+
+use downpour_core::proto::FrameHeader;
+use downpour_core::CoreError;
+use std::sync::Arc;
+use std::time::Duration;
+use thiserror::Error;
+
+/// A transport failure; every variant names the peer or address involved.
+#[derive(Debug, Error)]
+pub enum TransportError {
+    /// Could not connect.
+    #[error("cannot connect to {addr}: {reason}")]
+    Connect {
+        /// Address tried.
+        addr: String,
+        /// Why.
+        reason: String,
+    },
+    /// Could not listen (e.g. the port is in use).
+    #[error("cannot listen on {addr}: {reason}")]
+    Bind {
+        /// Address tried.
+        addr: String,
+        /// Why.
+        reason: String,
+    },
+    /// The peer closed the connection.
+    #[error("connection to {peer} was closed by the peer")]
+    Closed {
+        /// The peer.
+        peer: String,
+    },
+    /// No answer within the timeout.
+    #[error("no answer from {peer} within {after:?}")]
+    Timeout {
+        /// The peer.
+        peer: String,
+        /// The timeout.
+        after: Duration,
+    },
+    /// Another I/O error.
+    #[error("I/O error talking to {peer}: {source}")]
+    Io {
+        /// The peer.
+        peer: String,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The peer sent bytes that are not a valid frame.
+    #[error("malformed frame from {peer}: {source}")]
+    Protocol {
+        /// The peer.
+        peer: String,
+        /// What was wrong.
+        source: CoreError,
+    },
+}
+
+/// Result with a [`TransportError`].
+pub type Result<T> = std::result::Result<T, TransportError>;
+
+/// Bytes and frames a connection has moved.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TrafficStats {
+    /// Bytes sent (headers and payloads).
+    pub bytes_sent: u64,
+    /// Bytes received.
+    pub bytes_received: u64,
+    /// Frames sent.
+    pub frames_sent: u64,
+    /// Frames received.
+    pub frames_received: u64,
+}
+
+/// One duplex connection carrying frames.
+///
+/// Protocol for receiving: call [`Connection::recv_header`], then — if the header
+/// announces payloads (`keys_len`/`values_len` > 0) — exactly one
+/// [`Connection::recv_payload`] with buffers of exactly those sizes, before the next header.
+pub trait Connection: Send {
+    /// Sends one frame. The transport sets `keys_len`/`values_len` in `header`.
+    /// `keys` must be a whole number of u64 and `values` of f32 (little-endian bytes).
+    fn send(&mut self, header: &mut FrameHeader, keys: &[u8], values: &[u8]) -> Result<()>;
+    /// Receives the next frame's header. `Ok(None)` when the peer closed the connection
+    /// cleanly between frames.
+    fn recv_header(&mut self) -> Result<Option<FrameHeader>>;
+    /// Receives the payloads the last header announced.
+    fn recv_payload(&mut self, keys: &mut [u8], values: &mut [u8]) -> Result<()>;
+    /// Bounds how long a receive may wait (`None`: forever).
+    fn set_recv_timeout(&mut self, timeout: Option<Duration>) -> Result<()>;
+    /// The peer's address, for messages.
+    fn peer(&self) -> &str;
+    /// Traffic so far.
+    fn stats(&self) -> TrafficStats;
+}
+
+/// Accepts connections.
+pub trait Listener: Send {
+    /// The address peers connect to (the actual port when `:0` was asked for).
+    fn local_addr(&self) -> String;
+    /// Waits up to `timeout` for a connection; `Ok(None)` on timeout.
+    fn accept(&mut self, timeout: Duration) -> Result<Option<Box<dyn Connection>>>;
+}
+
+/// A way of connecting nodes.
+pub trait Transport: Send + Sync {
+    /// Short name: `tcp`, `grpc` or `inproc`.
+    fn name(&self) -> &'static str;
+    /// Connects to `addr`, failing after `timeout`.
+    fn connect(&self, addr: &str, timeout: Duration) -> Result<Box<dyn Connection>>;
+    /// Listens on `addr` (`host:0` picks a free port).
+    fn listen(&self, addr: &str) -> Result<Box<dyn Listener>>;
+}
+
+/// Which transport to use, as chosen on the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum TransportKind {
+    /// Framed TCP.
+    #[default]
+    Tcp,
+    /// gRPC (tonic).
+    Grpc,
+}
+
+impl std::str::FromStr for TransportKind {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "tcp" => Ok(TransportKind::Tcp),
+            "grpc" => Ok(TransportKind::Grpc),
+            other => Err(format!("unknown transport {other:?} (expected tcp or grpc)")),
+        }
+    }
+}
+
+/// Settings shared by the network transports.
+#[derive(Clone, Copy, Debug)]
+pub struct NetConfig {
+    /// Frame size limits enforced on receive.
+    pub limits: downpour_core::codec::FrameLimits,
+    /// HTTP/2 stream and connection window (gRPC only), bytes.
+    pub grpc_window: u32,
+}
+
+impl Default for NetConfig {
+    fn default() -> Self {
+        NetConfig { limits: Default::default(), grpc_window: 16 << 20 }
+    }
+}
+
+/// Builds the network transport `kind`.
+pub fn network_transport(kind: TransportKind, cfg: NetConfig) -> Result<Arc<dyn Transport>> {
+    Ok(match kind {
+        TransportKind::Tcp => Arc::new(tcp::TcpTransport::new(cfg)),
+        TransportKind::Grpc => Arc::new(grpc::GrpcTransport::new(cfg)?),
+    })
+}
+
+/// Views a slice of u64 keys as their little-endian bytes (no copy).
+pub fn key_bytes(keys: &[u64]) -> &[u8] {
+    bytemuck::cast_slice(keys)
+}
+/// Views a slice of f32 values as their little-endian bytes (no copy).
+pub fn value_bytes(values: &[f32]) -> &[u8] {
+    bytemuck::cast_slice(values)
+}
+/// Mutable byte view of u64 keys, for receiving into.
+pub fn key_bytes_mut(keys: &mut [u64]) -> &mut [u8] {
+    bytemuck::cast_slice_mut(keys)
+}
+/// Mutable byte view of f32 values, for receiving into.
+pub fn value_bytes_mut(values: &mut [f32]) -> &mut [u8] {
+    bytemuck::cast_slice_mut(values)
+}

@@ -1,0 +1,109 @@
+//! The node side of the coordinator protocol.
+
+use downpour_core::msg::{self, Op, Status};
+use downpour_core::proto::{self, FrameHeader};
+use downpour_transport::{Connection, Transport, TransportError};
+use prost::Message;
+use std::time::Duration;
+use thiserror::Error;
+
+/// A failed control call.
+#[derive(Debug, Error)]
+pub enum ControlError {
+    /// The coordinator could not be reached or went away.
+    #[error("coordinator at {addr}: {source}")]
+    Transport {
+        /// Coordinator address.
+        addr: String,
+        /// What happened.
+        source: TransportError,
+    },
+    /// The coordinator refused the call.
+    #[error("coordinator refused {op:?}: {message}")]
+    Refused {
+        /// The call.
+        op: Op,
+        /// Status.
+        status: Status,
+        /// Its message.
+        message: String,
+    },
+    /// A reply that does not decode.
+    #[error("{0}")]
+    Malformed(String),
+}
+
+/// A connection to the coordinator, used by one thread.
+pub struct ControlClient {
+    conn: Box<dyn Connection>,
+    addr: String,
+    node_id: u32,
+    next_id: u64,
+}
+
+impl ControlClient {
+    /// Connects to the coordinator at `addr`, failing after `timeout`.
+    pub fn connect(transport: &dyn Transport, addr: &str, timeout: Duration) -> Result<Self, ControlError> {
+        let conn = transport.connect(addr, timeout).map_err(|source| ControlError::Transport { addr: addr.into(), source })?;
+        Ok(ControlClient { conn, addr: addr.into(), node_id: 0, next_id: 1 })
+    }
+
+    /// Sets the node id sent with every call (after registration).
+    pub fn set_node_id(&mut self, id: u32) {
+        self.node_id = id;
+    }
+
+    /// Bounds how long a call may wait for its reply.
+    pub fn set_timeout(&mut self, t: Option<Duration>) -> Result<(), ControlError> {
+        self.conn.set_recv_timeout(t).map_err(|source| ControlError::Transport { addr: self.addr.clone(), source })
+    }
+
+    /// Sends one call with `body` and returns the reply header (its `meta` is the body).
+    pub fn call(&mut self, op: Op, body: Vec<u8>) -> Result<FrameHeader, ControlError> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let mut h = msg::request(op, self.node_id, id, 0, 0);
+        h.meta = body.into();
+        let terr = |addr: &str, source| ControlError::Transport { addr: addr.to_string(), source };
+        self.conn.send(&mut h, &[], &[]).map_err(|e| terr(&self.addr, e))?;
+        let r = match self.conn.recv_header() {
+            Ok(Some(r)) => r,
+            Ok(None) => return Err(terr(&self.addr, TransportError::Closed { peer: self.addr.clone() })),
+            Err(e) => return Err(terr(&self.addr, e)),
+        };
+        if r.keys_len + r.values_len > 0 {
+            return Err(ControlError::Malformed("control reply with a payload".into()));
+        }
+        if r.request_id != id {
+            return Err(ControlError::Malformed(format!("reply to call {} while waiting for {id}", r.request_id)));
+        }
+        if r.status != 0 {
+            return Err(ControlError::Refused { op, status: Status::from_u32(r.status), message: r.error });
+        }
+        Ok(r)
+    }
+
+    /// Registers as `role` ("server" with its data address, or "worker").
+    pub fn register(&mut self, role: &str, addr: &str) -> Result<proto::RegisterReply, ControlError> {
+        let r = self.call(Op::Register, proto::RegisterRequest { role: role.into(), addr: addr.into() }.encode_to_vec())?;
+        let reply: proto::RegisterReply = crate::decode_body(&r).map_err(ControlError::Malformed)?;
+        self.node_id = reply.node_id;
+        Ok(reply)
+    }
+
+    /// Waits at the named barrier until every worker has reached it.
+    pub fn barrier(&mut self, name: &str) -> Result<(), ControlError> {
+        self.call(Op::Barrier, proto::BarrierRequest { name: name.into() }.encode_to_vec()).map(|_| ())
+    }
+
+    /// One heartbeat (long-polled by the coordinator for up to one interval).
+    pub fn heartbeat(&mut self) -> Result<proto::HeartbeatReply, ControlError> {
+        let r = self.call(Op::Heartbeat, Vec::new())?;
+        crate::decode_body(&r).map_err(ControlError::Malformed)
+    }
+
+    /// Reports that this worker is done (`ok == false` fails the job with `message`).
+    pub fn done(&mut self, ok: bool, message: &str) -> Result<(), ControlError> {
+        self.call(Op::Done, proto::DoneRequest { ok, message: message.into() }.encode_to_vec()).map(|_| ())
+    }
+}

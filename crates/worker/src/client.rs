@@ -1,0 +1,618 @@
+use downpour_core::keys::{check_lengths, check_sorted_unique};
+use downpour_core::msg::{self, Op, Status};
+use downpour_core::partition::Partition;
+use downpour_core::proto::{self, FrameHeader};
+use downpour_core::table::TableDef;
+use downpour_core::tensor::Tensor;
+use downpour_core::{CoreError, KeyRange};
+use downpour_transport::{key_bytes, key_bytes_mut, value_bytes, value_bytes_mut, Connection, TrafficStats, Transport, TransportError};
+use prost::Message;
+use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
+use thiserror::Error;
+
+/// Identifies an issued request; wait on it with [`KvClient::wait`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Timestamp(pub u64);
+
+/// Why a client call failed.
+#[derive(Debug, Error)]
+pub enum ClientError {
+    /// The request was invalid; nothing was sent.
+    #[error("invalid request: {0}")]
+    Invalid(#[from] CoreError),
+    /// The table is not known to this client (create or declare it first).
+    #[error("table {0} is not known to this client: create it with create_table or declare it with use_table")]
+    UnknownTable(u32),
+    /// A server refused the request.
+    #[error("server {server} ({addr}) refused the request: {status:?}: {message}")]
+    Server {
+        /// Server rank.
+        server: usize,
+        /// Its address.
+        addr: String,
+        /// Status code.
+        status: Status,
+        /// Its message.
+        message: String,
+    },
+    /// A server could not be reached or went away.
+    #[error("server {server}: {source}")]
+    Transport {
+        /// Server rank.
+        server: usize,
+        /// What happened.
+        source: TransportError,
+    },
+    /// A timestamp that was never issued or was already consumed.
+    #[error("timestamp {0:?} is unknown (never issued, or its result was already taken)")]
+    UnknownTimestamp(Timestamp),
+    /// A server sent a reply that does not match the request.
+    #[error("server {server} sent a bad reply: {message}")]
+    BadReply {
+        /// Server rank.
+        server: usize,
+        /// What was wrong.
+        message: String,
+    },
+}
+
+/// Client settings.
+#[derive(Clone, Copy, Debug)]
+pub struct KvConfig {
+    /// Largest request chunk in bytes (keys plus values); larger requests are split.
+    pub chunk_bytes: usize,
+    /// How long to wait for a reply before failing.
+    pub request_timeout: Duration,
+    /// Per-chunk replies that may be outstanding on one connection while sending.
+    pub reply_window: usize,
+    /// Requests that may await their reply on one connection before the client reads some.
+    pub max_outstanding: usize,
+}
+
+impl Default for KvConfig {
+    fn default() -> Self {
+        KvConfig { chunk_bytes: 2 << 20, request_timeout: Duration::from_secs(60), reply_window: 2, max_outstanding: 1024 }
+    }
+}
+
+enum Reply {
+    Ack,
+    /// Values arrive in order, one chunk per request chunk.
+    Seq,
+    /// Dense range: each chunk says which keys it holds.
+    DenseRange { begin: u64 },
+    /// Sparse range: keys and values appended.
+    SparseRange,
+}
+
+struct Inflight {
+    ts: u64,
+    reply: Reply,
+    /// Offset (in values) of this part in the op's result.
+    base: usize,
+    /// Values of this part received so far (Seq).
+    filled: usize,
+    /// Request chunks sent and replies received (for the reply window).
+    sent: usize,
+    got: usize,
+    keys: Vec<u64>,
+    vals: Vec<f32>,
+    part: usize,
+}
+
+struct ServerConn {
+    conn: Box<dyn Connection>,
+    addr: String,
+    inflight: VecDeque<Inflight>,
+}
+
+#[derive(Default)]
+struct OpState {
+    parts_left: usize,
+    error: Option<ClientError>,
+    values: Vec<f32>,
+    vl: usize,
+    range_parts: Vec<(Vec<u64>, Vec<f32>)>,
+}
+
+struct TableInfo {
+    def: TableDef,
+    partition: Partition,
+}
+
+/// A worker's client of the parameter server. See the crate docs.
+pub struct KvClient {
+    node_id: u32,
+    epoch: u64,
+    clock: u64,
+    next_id: u64,
+    servers: Vec<ServerConn>,
+    tables: HashMap<u32, TableInfo>,
+    ops: HashMap<u64, OpState>,
+    cfg: KvConfig,
+}
+
+/// Where a reply's values go when the caller lent a buffer.
+struct Lent<'a> {
+    ts: u64,
+    buf: &'a mut [f32],
+}
+
+impl KvClient {
+    /// Connects to every server of `routing` (in partition order) as node `node_id`.
+    pub fn connect(transport: &dyn Transport, routing: &proto::Routing, node_id: u32, cfg: KvConfig) -> Result<KvClient, ClientError> {
+        let mut servers = Vec::with_capacity(routing.servers.len());
+        for (i, s) in routing.servers.iter().enumerate() {
+            let mut conn = transport.connect(&s.addr, cfg.request_timeout).map_err(|source| ClientError::Transport { server: i, source })?;
+            conn.set_recv_timeout(Some(cfg.request_timeout)).map_err(|source| ClientError::Transport { server: i, source })?;
+            servers.push(ServerConn { conn, addr: s.addr.clone(), inflight: VecDeque::new() });
+        }
+        if servers.is_empty() {
+            return Err(ClientError::BadReply { server: 0, message: "the routing table lists no server".into() });
+        }
+        Ok(KvClient { node_id, epoch: routing.epoch, clock: 0, next_id: 1, servers, tables: HashMap::new(), ops: HashMap::new(), cfg })
+    }
+
+    /// Number of servers.
+    pub fn num_servers(&self) -> usize {
+        self.servers.len()
+    }
+
+    /// Advances this worker's clock (iterations completed); sent with every request.
+    pub fn clock(&mut self) -> u64 {
+        self.clock += 1;
+        self.clock
+    }
+
+    /// Bytes and frames moved on all server connections.
+    pub fn traffic(&self) -> TrafficStats {
+        self.servers.iter().fold(TrafficStats::default(), |mut a, s| {
+            let t = s.conn.stats();
+            a.bytes_sent += t.bytes_sent;
+            a.bytes_received += t.bytes_received;
+            a.frames_sent += t.frames_sent;
+            a.frames_received += t.frames_received;
+            a
+        })
+    }
+
+    /// Creates `def` on every server (idempotent for an identical definition, an error for
+    /// a different one) and remembers it. Blocks until every server has answered.
+    pub fn create_table(&mut self, def: TableDef) -> Result<(), ClientError> {
+        let spec = def.to_proto();
+        let body: bytes_like::Bytes = spec.encode_to_vec().into();
+        let ts = self.new_op(self.servers.len(), def.value_len);
+        for s in 0..self.servers.len() {
+            self.before_send(s, None)?;
+            let mut h = self.header(Op::CreateTable, ts, def.id);
+            h.meta = body.clone();
+            self.send(s, &mut h, &[], &[])?;
+            self.push_inflight(s, ts, Reply::Ack, 0, 0);
+        }
+        self.use_table(def);
+        self.wait(Timestamp(ts))
+    }
+
+    /// Declares a table that already exists on the servers (created by another worker)
+    /// without contacting them.
+    pub fn use_table(&mut self, def: TableDef) {
+        let partition = Partition::even(def.domain(), self.servers.len());
+        self.tables.insert(def.id, TableInfo { def, partition });
+    }
+
+    /// The definition of a known table.
+    pub fn table(&self, id: u32) -> Option<&TableDef> {
+        self.tables.get(&id).map(|t| &t.def)
+    }
+
+    fn info(&self, table: u32) -> Result<(usize, Partition, KeyRange), ClientError> {
+        let t = self.tables.get(&table).ok_or(ClientError::UnknownTable(table))?;
+        Ok((t.def.value_len, t.partition.clone(), t.def.domain()))
+    }
+
+    fn header(&mut self, op: Op, ts: u64, table: u32) -> FrameHeader {
+        let mut h = msg::request(op, self.node_id, ts, self.epoch, table);
+        h.clock = self.clock;
+        h
+    }
+
+    fn new_op(&mut self, parts: usize, vl: usize) -> u64 {
+        let ts = self.next_id;
+        self.next_id += 1;
+        self.ops.insert(ts, OpState { parts_left: parts, vl, ..Default::default() });
+        ts
+    }
+
+    fn push_inflight(&mut self, s: usize, ts: u64, reply: Reply, base: usize, part: usize) {
+        self.servers[s].inflight.push_back(Inflight { ts, reply, base, filled: 0, sent: 1, got: 0, keys: Vec::new(), vals: Vec::new(), part });
+    }
+
+    fn send(&mut self, s: usize, h: &mut FrameHeader, keys: &[u8], values: &[u8]) -> Result<(), ClientError> {
+        self.servers[s].conn.send(h, keys, values).map_err(|source| ClientError::Transport { server: s, source })
+    }
+
+    /// Before sending on connection `s`: read replies that could otherwise fill the socket
+    /// while we write (value-carrying replies) and bound the outstanding acks.
+    fn before_send(&mut self, s: usize, mut lent: Option<&mut Lent<'_>>) -> Result<(), ClientError> {
+        loop {
+            let c = &self.servers[s];
+            let big = c.inflight.iter().any(|f| !matches!(f.reply, Reply::Ack));
+            if !big && c.inflight.len() < self.cfg.max_outstanding {
+                return Ok(());
+            }
+            self.recv_one(s, lent.as_deref_mut())?;
+        }
+    }
+
+    fn check_keys(&self, table: u32, keys: &[u64], values: Option<usize>) -> Result<(usize, Partition), ClientError> {
+        let (vl, part, domain) = self.info(table)?;
+        check_sorted_unique(keys)?;
+        if let Some(v) = values {
+            check_lengths(keys.len(), vl, v)?;
+        }
+        for k in [keys.first(), keys.last()].into_iter().flatten() {
+            if !domain.contains(*k) {
+                return Err(CoreError::KeyOutOfRange { table, key: *k, range: domain }.into());
+            }
+        }
+        Ok((vl, part))
+    }
+
+    /// Sends a keyed request (Push, Pull or PushPull) in chunks to every server owning
+    /// some of `keys`.
+    fn keyed(&mut self, op: Op, table: u32, keys: &[u64], values: &[f32], out_len: usize, mut lent: Option<&mut Lent<'_>>) -> Result<u64, ClientError> {
+        let with_values = op != Op::Pull;
+        let (vl, part) = self.check_keys(table, keys, with_values.then_some(values.len()))?;
+        let parts: Vec<_> = part.split_keys(keys).collect();
+        let ts = self.new_op(parts.len(), vl);
+        if let Some(l) = lent.as_deref_mut() {
+            l.ts = ts;
+        } else if op != Op::Push {
+            if let Some(o) = self.ops.get_mut(&ts) {
+                o.values = vec![0.0; out_len];
+            }
+        }
+        let per_chunk = (self.cfg.chunk_bytes / (8 + if with_values { 4 * vl } else { 0 })).max(1);
+        let reply = if op == Op::Push { Reply::Ack } else { Reply::Seq };
+        for (pi, (s, r)) in parts.into_iter().enumerate() {
+            self.before_send(s, lent.as_deref_mut())?;
+            let mut first = true;
+            let mut i = r.start;
+            while i < r.end {
+                let j = (i + per_chunk).min(r.end);
+                let mut h = self.header(op, ts, table);
+                h.chunk = ((i - r.start) / per_chunk) as u32;
+                h.last = j == r.end;
+                let vals: &[f32] = if with_values { &values[i * vl..j * vl] } else { &[] };
+                self.send(s, &mut h, key_bytes(&keys[i..j]), value_bytes(vals))?;
+                if first {
+                    let kind = match reply {
+                        Reply::Ack => Reply::Ack,
+                        _ => Reply::Seq,
+                    };
+                    self.push_inflight(s, ts, kind, r.start * vl, pi);
+                    first = false;
+                } else if let Some(f) = self.servers[s].inflight.back_mut() {
+                    f.sent += 1;
+                }
+                if op != Op::Push {
+                    self.window(s, ts, lent.as_deref_mut())?;
+                }
+                i = j;
+            }
+        }
+        Ok(ts)
+    }
+
+    /// Keeps at most `reply_window` per-chunk replies of the current request unread.
+    fn window(&mut self, s: usize, ts: u64, mut lent: Option<&mut Lent<'_>>) -> Result<(), ClientError> {
+        loop {
+            let Some(f) = self.servers[s].inflight.back() else { return Ok(()) };
+            if f.ts != ts || f.sent.saturating_sub(f.got) <= self.cfg.reply_window {
+                return Ok(());
+            }
+            self.recv_one(s, lent.as_deref_mut())?;
+        }
+    }
+
+    /// Sends a range request (PushRange, PullRange, PushPullRange) for `[begin, begin+n)`.
+    fn ranged(&mut self, op: Op, table: u32, range: KeyRange, values: &[f32], mut lent: Option<&mut Lent<'_>>) -> Result<u64, ClientError> {
+        let (vl, part, domain) = self.info(table)?;
+        if op != Op::PullRange {
+            check_lengths(range.len() as usize, vl, values.len())?;
+        }
+        if !range.is_empty() && (range.begin < domain.begin || range.end > domain.end) {
+            let key = if range.begin < domain.begin { range.begin } else { range.end - 1 };
+            return Err(CoreError::KeyOutOfRange { table, key, range: domain }.into());
+        }
+        let dense = self.tables.get(&table).map(|t| t.def.is_dense()).unwrap_or(false);
+        let parts: Vec<_> = part.split_range(range).collect();
+        let ts = self.new_op(parts.len(), vl);
+        let out_len = range.len() as usize * vl;
+        if let Some(l) = lent.as_deref_mut() {
+            l.ts = ts;
+        } else if op != Op::PushRange {
+            if let Some(o) = self.ops.get_mut(&ts) {
+                if dense || op == Op::PushPullRange {
+                    o.values = vec![0.0; out_len];
+                }
+                o.range_parts = vec![(Vec::new(), Vec::new()); parts.len()];
+            }
+        }
+        let per_chunk = ((self.cfg.chunk_bytes / (4 * vl)).max(1)) as u64;
+        for (pi, (s, r)) in parts.into_iter().enumerate() {
+            self.before_send(s, lent.as_deref_mut())?;
+            let base = (r.begin - range.begin) as usize * vl;
+            if op == Op::PullRange {
+                let mut h = self.header(op, ts, table);
+                h.range_begin = r.begin;
+                h.range_end = r.end;
+                self.send(s, &mut h, &[], &[])?;
+                let reply = if dense { Reply::DenseRange { begin: range.begin } } else { Reply::SparseRange };
+                self.push_inflight(s, ts, reply, 0, pi);
+                continue;
+            }
+            let mut b = r.begin;
+            let mut first = true;
+            while b < r.end {
+                let e = (b + per_chunk).min(r.end);
+                let mut h = self.header(op, ts, table);
+                h.range_begin = b;
+                h.range_end = e;
+                h.chunk = ((b - r.begin) / per_chunk) as u32;
+                h.last = e == r.end;
+                let off = (b - range.begin) as usize * vl;
+                let vals = &values[off..off + (e - b) as usize * vl];
+                self.send(s, &mut h, &[], value_bytes(vals))?;
+                if first {
+                    let reply = if op == Op::PushRange { Reply::Ack } else { Reply::Seq };
+                    self.push_inflight(s, ts, reply, base, pi);
+                    first = false;
+                } else if let Some(f) = self.servers[s].inflight.back_mut() {
+                    f.sent += 1;
+                }
+                if op == Op::PushPullRange {
+                    self.window(s, ts, lent.as_deref_mut())?;
+                }
+                b = e;
+            }
+        }
+        Ok(ts)
+    }
+
+    /// Reads one reply frame from server `s` and files it under its request.
+    fn recv_one(&mut self, s: usize, lent: Option<&mut Lent<'_>>) -> Result<(), ClientError> {
+        let terr = |source| ClientError::Transport { server: s, source };
+        let h = match self.servers[s].conn.recv_header() {
+            Ok(Some(h)) => h,
+            Ok(None) => return Err(terr(TransportError::Closed { peer: self.servers[s].addr.clone() })),
+            Err(e) => return Err(terr(e)),
+        };
+        let bad = |message: String| ClientError::BadReply { server: s, message };
+        let Some(front) = self.servers[s].inflight.front_mut() else {
+            return Err(bad(format!("unexpected reply to request {}", h.request_id)));
+        };
+        if front.ts != h.request_id {
+            return Err(bad(format!("reply to request {} while request {} is first in line", h.request_id, front.ts)));
+        }
+        let ts = front.ts;
+        let nk = (h.keys_len / 8) as usize;
+        let nv = (h.values_len / 4) as usize;
+        let mut failure = None;
+        if h.status != 0 {
+            let mut k = vec![0u8; h.keys_len as usize];
+            let mut v = vec![0u8; h.values_len as usize];
+            self.servers[s].conn.recv_payload(&mut k, &mut v).map_err(terr)?;
+            failure = Some(ClientError::Server { server: s, addr: self.servers[s].addr.clone(), status: Status::from_u32(h.status), message: h.error.clone() });
+        } else {
+            let op = self.ops.get_mut(&ts);
+            let sc = &mut self.servers[s];
+            let front = sc.inflight.front_mut().ok_or_else(|| bad("no request in line".into()))?;
+            front.got += 1;
+            let conn = &mut sc.conn;
+            match front.reply {
+                Reply::Ack => {
+                    if nk + nv > 0 {
+                        return Err(bad("payload on an acknowledgement".into()));
+                    }
+                }
+                Reply::Seq | Reply::DenseRange { .. } => {
+                    let start = match front.reply {
+                        Reply::DenseRange { begin } => {
+                            let vl = op.as_ref().map(|o| o.vl).unwrap_or(1);
+                            (h.range_begin.checked_sub(begin).ok_or_else(|| bad("range reply before the requested range".into()))? as usize) * vl
+                        }
+                        _ => front.base + front.filled,
+                    };
+                    front.filled += nv;
+                    let dest: &mut [f32] = match lent {
+                        Some(l) if l.ts == ts => l.buf,
+                        _ => match op {
+                            Some(o) => &mut o.values,
+                            None => return Err(bad(format!("reply for unknown request {ts}"))),
+                        },
+                    };
+                    if nk != 0 || start + nv > dest.len() {
+                        return Err(bad(format!("reply of {nv} values at offset {start} overflows the result of {} values", dest.len())));
+                    }
+                    conn.recv_payload(&mut [], value_bytes_mut(&mut dest[start..start + nv])).map_err(terr)?;
+                }
+                Reply::SparseRange => {
+                    let (k0, v0) = (front.keys.len(), front.vals.len());
+                    front.keys.resize(k0 + nk, 0);
+                    front.vals.resize(v0 + nv, 0.0);
+                    conn.recv_payload(key_bytes_mut(&mut front.keys[k0..]), value_bytes_mut(&mut front.vals[v0..])).map_err(terr)?;
+                }
+            }
+        }
+        if h.last || failure.is_some() {
+            let done = self.servers[s].inflight.pop_front().ok_or_else(|| bad("no request in line".into()))?;
+            if let Some(o) = self.ops.get_mut(&ts) {
+                o.parts_left = o.parts_left.saturating_sub(1);
+                if matches!(done.reply, Reply::SparseRange) {
+                    if let Some(p) = o.range_parts.get_mut(done.part) {
+                        *p = (done.keys, done.vals);
+                    }
+                }
+                if o.error.is_none() {
+                    o.error = failure;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn drive(&mut self, ts: u64, mut lent: Option<&mut Lent<'_>>) -> Result<(), ClientError> {
+        for s in 0..self.servers.len() {
+            while self.servers[s].inflight.iter().any(|f| f.ts <= ts) {
+                self.recv_one(s, lent.as_deref_mut())?;
+            }
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self, ts: u64) -> Result<OpState, ClientError> {
+        let mut op = self.ops.remove(&ts).ok_or(ClientError::UnknownTimestamp(Timestamp(ts)))?;
+        match op.error.take() {
+            Some(e) => Err(e),
+            None => Ok(op),
+        }
+    }
+
+    /// Waits until request `ts` has completed (every part acknowledged or answered).
+    /// For pulls, the values stay available to [`KvClient::wait_values`].
+    pub fn wait(&mut self, ts: Timestamp) -> Result<(), ClientError> {
+        if !self.ops.contains_key(&ts.0) {
+            return Err(ClientError::UnknownTimestamp(ts));
+        }
+        self.drive(ts.0, None)?;
+        if let Some(o) = self.ops.get_mut(&ts.0) {
+            if let Some(e) = o.error.take() {
+                self.ops.remove(&ts.0);
+                return Err(e);
+            }
+            if o.values.is_empty() && o.range_parts.is_empty() {
+                self.ops.remove(&ts.0);
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits for pull (or push-pull) `ts` and takes its values.
+    pub fn wait_values(&mut self, ts: Timestamp) -> Result<Vec<f32>, ClientError> {
+        if !self.ops.contains_key(&ts.0) {
+            return Err(ClientError::UnknownTimestamp(ts));
+        }
+        self.drive(ts.0, None)?;
+        Ok(self.finish(ts.0)?.values)
+    }
+
+    /// Pushes `values` (`keys.len() × value_len`) to `keys` (sorted, unique). Returns once
+    /// every byte is handed to the network; wait on the timestamp for the acknowledgement.
+    pub fn push(&mut self, table: u32, keys: &[u64], values: &[f32]) -> Result<Timestamp, ClientError> {
+        self.keyed(Op::Push, table, keys, values, 0, None).map(Timestamp)
+    }
+
+    /// Issues a pull of `keys` (sorted, unique); take the values with [`KvClient::wait_values`].
+    pub fn pull(&mut self, table: u32, keys: &[u64]) -> Result<Timestamp, ClientError> {
+        let vl = self.info(table)?.0;
+        self.keyed(Op::Pull, table, keys, &[], keys.len() * vl, None).map(Timestamp)
+    }
+
+    /// Pulls `keys` into `out` (`keys.len() × value_len`), blocking until done.
+    pub fn pull_into(&mut self, table: u32, keys: &[u64], out: &mut [f32]) -> Result<(), ClientError> {
+        let (vl, _, _) = self.info(table)?;
+        check_lengths(keys.len(), vl, out.len())?;
+        let mut lent = Lent { ts: 0, buf: out };
+        let ts = self.keyed(Op::Pull, table, keys, &[], 0, Some(&mut lent))?;
+        self.drive(ts, Some(&mut lent))?;
+        self.finish(ts).map(|_| ())
+    }
+
+    /// Pushes and returns the updated values of `keys` in one round trip.
+    pub fn push_pull(&mut self, table: u32, keys: &[u64], values: &[f32]) -> Result<Timestamp, ClientError> {
+        self.keyed(Op::PushPull, table, keys, values, values.len(), None).map(Timestamp)
+    }
+
+    /// Fused push-pull into `out`, blocking until done.
+    pub fn push_pull_into(&mut self, table: u32, keys: &[u64], values: &[f32], out: &mut [f32]) -> Result<(), ClientError> {
+        check_lengths(out.len(), 1, values.len())?;
+        let mut lent = Lent { ts: 0, buf: out };
+        let ts = self.keyed(Op::PushPull, table, keys, values, 0, Some(&mut lent))?;
+        self.drive(ts, Some(&mut lent))?;
+        self.finish(ts).map(|_| ())
+    }
+
+    /// Pushes `values` to every key of `[begin, begin + values.len()/value_len)` without
+    /// sending the keys (dense tables and tensors).
+    pub fn push_range(&mut self, table: u32, begin: u64, values: &[f32]) -> Result<Timestamp, ClientError> {
+        let vl = self.info(table)?.0;
+        let n = (values.len() / vl) as u64;
+        let end = begin.checked_add(n).ok_or_else(|| CoreError::Limit("range end overflows u64".into()))?;
+        self.ranged(Op::PushRange, table, KeyRange::new(begin, end), values, None).map(Timestamp)
+    }
+
+    /// Pulls the values of every key of `[begin, begin + out.len()/value_len)` of a dense
+    /// table into `out`, blocking until done.
+    pub fn pull_range_into(&mut self, table: u32, begin: u64, out: &mut [f32]) -> Result<(), ClientError> {
+        let (vl, _, _) = self.info(table)?;
+        if !self.tables.get(&table).map(|t| t.def.is_dense()).unwrap_or(false) {
+            return Err(CoreError::InvalidTable(format!("table {table} is sparse: use pull_range for its existing keys")).into());
+        }
+        check_lengths(out.len() / vl, vl, out.len())?;
+        let end = begin.checked_add((out.len() / vl) as u64).ok_or_else(|| CoreError::Limit("range end overflows u64".into()))?;
+        let mut lent = Lent { ts: 0, buf: out };
+        let ts = self.ranged(Op::PullRange, table, KeyRange::new(begin, end), &[], Some(&mut lent))?;
+        self.drive(ts, Some(&mut lent))?;
+        self.finish(ts).map(|_| ())
+    }
+
+    /// Fused range push-pull into `out` (same length as `values`), blocking until done.
+    pub fn push_pull_range_into(&mut self, table: u32, begin: u64, values: &[f32], out: &mut [f32]) -> Result<(), ClientError> {
+        let vl = self.info(table)?.0;
+        check_lengths(out.len(), 1, values.len())?;
+        let end = begin.checked_add((values.len() / vl) as u64).ok_or_else(|| CoreError::Limit("range end overflows u64".into()))?;
+        let mut lent = Lent { ts: 0, buf: out };
+        let ts = self.ranged(Op::PushPullRange, table, KeyRange::new(begin, end), values, Some(&mut lent))?;
+        self.drive(ts, Some(&mut lent))?;
+        self.finish(ts).map(|_| ())
+    }
+
+    /// All existing keys of `range` and their values, in key order (for dense tables,
+    /// every key of the range ∩ the table's range).
+    pub fn pull_range(&mut self, table: u32, range: KeyRange) -> Result<(Vec<u64>, Vec<f32>), ClientError> {
+        let (vl, _, domain) = self.info(table)?;
+        let range = range.intersect(&domain);
+        let ts = self.ranged(Op::PullRange, table, range, &[], None)?;
+        self.drive(ts, None)?;
+        let op = self.finish(ts)?;
+        let dense = self.tables.get(&table).map(|t| t.def.is_dense()).unwrap_or(false);
+        if dense {
+            return Ok(((range.begin..range.end).collect(), op.values));
+        }
+        let n: usize = op.range_parts.iter().map(|p| p.0.len()).sum();
+        let (mut keys, mut vals) = (Vec::with_capacity(n), Vec::with_capacity(n * vl));
+        for (k, v) in op.range_parts {
+            keys.extend_from_slice(&k);
+            vals.extend_from_slice(&v);
+        }
+        Ok((keys, vals))
+    }
+
+    /// Pushes a whole dense tensor (`values.len() == tensor.len()`).
+    pub fn push_tensor(&mut self, table: u32, tensor: &Tensor, values: &[f32]) -> Result<Timestamp, ClientError> {
+        check_lengths(tensor.len(), 1, values.len())?;
+        self.push_range(table, tensor.keys.begin, values)
+    }
+
+    /// Pulls a whole dense tensor into `out` (`out.len() == tensor.len()`).
+    pub fn pull_tensor(&mut self, table: u32, tensor: &Tensor, out: &mut [f32]) -> Result<(), ClientError> {
+        check_lengths(tensor.len(), 1, out.len())?;
+        self.pull_range_into(table, tensor.keys.begin, out)
+    }
+}
+
+mod bytes_like {
+    pub use prost::bytes::Bytes;
+}
