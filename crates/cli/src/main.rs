@@ -1,1 +1,18 @@
-fn main(){}
+//! `downpour`: the parameter server's command-line tool. See the README.
+
+use mimalloc::MiMalloc;
+
+// Large buffers are reused across messages by mimalloc instead of being mapped and
+// page-faulted afresh on every message, as glibc does above 32 MiB.
+#[global_allocator]
+static GLOBAL: MiMalloc = MiMalloc;
+
+mod bench;
+mod cli;
+mod cluster;
+mod config;
+mod jobs;
+
+fn main() {
+    std::process::exit(cli::main());
+}

@@ -458,6 +458,11 @@ impl KvClient {
                 if o.error.is_none() {
                     o.error = failure;
                 }
+                // A finished request with nothing to hand back is forgotten at once, so
+                // pushes that are never waited on do not accumulate.
+                if o.parts_left == 0 && o.error.is_none() && o.values.is_empty() && o.range_parts.is_empty() {
+                    self.ops.remove(&ts);
+                }
             }
         }
         Ok(())
@@ -480,11 +485,13 @@ impl KvClient {
         }
     }
 
-    /// Waits until request `ts` has completed (every part acknowledged or answered).
-    /// For pulls, the values stay available to [`KvClient::wait_values`].
+    /// Waits until request `ts` and every request issued before it on the same servers
+    /// have completed (every part acknowledged or answered). Returns the request's error,
+    /// if it failed. For pulls, the values stay available to [`KvClient::wait_values`].
     pub fn wait(&mut self, ts: Timestamp) -> Result<(), ClientError> {
         if !self.ops.contains_key(&ts.0) {
-            return Err(ClientError::UnknownTimestamp(ts));
+            // Issued and already completed successfully, or never issued.
+            return if ts.0 < self.next_id { Ok(()) } else { Err(ClientError::UnknownTimestamp(ts)) };
         }
         self.drive(ts.0, None)?;
         if let Some(o) = self.ops.get_mut(&ts.0) {

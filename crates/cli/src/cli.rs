@@ -1,0 +1,201 @@
+//! Command-line parsing and dispatch.
+
+use crate::bench::{self, BenchArgs};
+use crate::cluster::{self, LocalRun};
+use crate::config::{CommonArgs, Settings};
+use crate::jobs::{self, counter::CounterArgs, JobCmd, Sink};
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use downpour_coordinator::{Coordinator, JobOutcome};
+use downpour_server::{run_server_node, NodeConfig, ServerConfig};
+use downpour_transport::{network_transport, NetConfig, Transport};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// Downpour: a parameter server for distributed machine learning.
+#[derive(Parser, Debug)]
+#[command(name = "downpour", version, about, long_about = None)]
+struct Cli {
+    #[command(flatten)]
+    common: CommonArgs,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Run a short demonstration on an embedded cluster (no setup): the counter check and a
+    /// small benchmark.
+    Demo,
+    /// Run the counter job: embedded by default, or as one worker of a cluster with --coordinator.
+    Counter {
+        #[command(flatten)]
+        args: CounterArgs,
+        /// Servers of the embedded cluster.
+        #[arg(long, default_value_t = 2)]
+        servers: usize,
+        /// Workers of the embedded cluster.
+        #[arg(long, default_value_t = 3)]
+        workers: usize,
+        /// Join this coordinator as a worker instead of running embedded.
+        #[arg(long)]
+        coordinator: Option<String>,
+    },
+    /// Start a coordinator, S servers and W workers as processes on this machine and run a
+    /// job: `downpour launch --servers 2 --workers 3 -- counter --keys 1000`.
+    Launch {
+        /// Server processes.
+        #[arg(long, default_value_t = 1)]
+        servers: usize,
+        /// Worker processes.
+        #[arg(long, default_value_t = 1)]
+        workers: usize,
+        /// The job and its flags.
+        #[arg(last = true, required = true, num_args = 1..)]
+        job: Vec<String>,
+    },
+    /// Measure push/pull throughput, latency and sparse key rates.
+    Bench(BenchArgs),
+    /// Run the coordinator of a cluster.
+    Coordinator {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:7070")]
+        listen: String,
+        /// Servers the job needs.
+        #[arg(long)]
+        servers: usize,
+        /// Workers the job needs.
+        #[arg(long)]
+        workers: usize,
+        /// Write the address actually listened on to this file (for launchers; useful with port 0).
+        #[arg(long)]
+        addr_file: Option<std::path::PathBuf>,
+    },
+    /// Run a server of a cluster.
+    Server {
+        /// Coordinator address.
+        #[arg(long)]
+        coordinator: String,
+        /// Address to listen on for workers (port 0 picks a free port).
+        #[arg(long, default_value = "0.0.0.0:0")]
+        listen: String,
+    },
+    /// Run a worker of a cluster with the given job.
+    Worker {
+        /// Coordinator address.
+        #[arg(long)]
+        coordinator: String,
+        #[command(subcommand)]
+        job: JobCmd,
+    },
+}
+
+fn init_logging(filter: &str) {
+    let f = tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt().with_env_filter(f).with_writer(std::io::stderr).with_target(false).try_init();
+}
+
+fn stdout_sink() -> Sink {
+    Arc::new(|l: &str| println!("{l}"))
+}
+
+fn interrupt_flag() -> Arc<AtomicBool> {
+    let flag = Arc::new(AtomicBool::new(false));
+    let f = flag.clone();
+    // Failing to install the handler only loses the graceful kill of children.
+    let _ = ctrlc::set_handler(move || f.store(true, Ordering::Relaxed));
+    flag
+}
+
+fn transport(s: &Settings) -> Result<Arc<dyn Transport>> {
+    Ok(network_transport(s.transport, NetConfig::default())?)
+}
+
+/// Parses the command line, runs the command, and returns the process exit code.
+pub fn main() -> i32 {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() { 2 } else { 0 };
+        }
+    };
+    let settings = match cli.common.resolve() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return 2;
+        }
+    };
+    init_logging(&settings.log);
+    match run(cli, settings) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            1
+        }
+    }
+}
+
+fn run(cli: Cli, s: Settings) -> Result<()> {
+    match cli.cmd {
+        Cmd::Demo => {
+            eprintln!("demo: counter job on an embedded cluster of 2 servers and 3 workers");
+            let job = JobCmd::Counter(CounterArgs { keys: 10_000, rounds: 20, value_len: 1 });
+            cluster::run_embedded(&s, 2, 3, &job, stdout_sink())?;
+            eprintln!("demo: a short embedded benchmark (in-process transport; see `downpour bench` for the multi-process one)");
+            let b = BenchArgs {
+                servers: 1,
+                workers: 1,
+                embedded: true,
+                json: false,
+                sizes: "4KiB,1MiB".into(),
+                iters: Some(20),
+                latency_iters: 200,
+                sparse_keys: 100_000,
+            };
+            bench::run(&b, &cli.common, &s, Arc::new(AtomicBool::new(false)))
+        }
+        Cmd::Counter { args, servers, workers, coordinator } => {
+            let job = JobCmd::Counter(args);
+            match coordinator {
+                Some(addr) => cluster::run_worker(transport(&s)?.as_ref(), &s, &addr, &job, &stdout_sink()),
+                None => cluster::run_embedded(&s, servers, workers, &job, stdout_sink()),
+            }
+        }
+        Cmd::Launch { servers, workers, job } => {
+            // Check the job's flags before starting anything.
+            jobs::parse_job(&job).map_err(|e| anyhow::anyhow!("bad job arguments after `--`:\n{e}"))?;
+            cluster::launch_local(LocalRun { common: &cli.common, settings: &s, servers, workers, job_args: &job, capture: None, interrupted: interrupt_flag() })
+        }
+        Cmd::Bench(b) => {
+            let flag = if b.embedded { Arc::new(AtomicBool::new(false)) } else { interrupt_flag() };
+            bench::run(&b, &cli.common, &s, flag)
+        }
+        Cmd::Coordinator { listen, servers, workers, addr_file } => {
+            anyhow::ensure!(servers >= 1 && workers >= 1, "--servers and --workers must be at least 1");
+            let t = transport(&s)?;
+            let listener = t.listen(&listen)?;
+            let addr = listener.local_addr();
+            tracing::info!("coordinator listening on {addr} for {servers} server(s) and {workers} worker(s) ({})", t.name());
+            if let Some(p) = addr_file {
+                std::fs::write(&p, format!("{addr}\n")).with_context(|| format!("cannot write {}", p.display()))?;
+            }
+            let c = Coordinator::new(cluster::coordinator_config(&s, servers, workers));
+            match c.serve(listener) {
+                JobOutcome::Succeeded => {
+                    tracing::info!("job finished");
+                    Ok(())
+                }
+                JobOutcome::Failed(r) => anyhow::bail!("the job failed: {r}"),
+            }
+        }
+        Cmd::Server { coordinator, listen } => {
+            let t = transport(&s)?;
+            let cfg = NodeConfig { coordinator, listen, connect_timeout: s.connect_timeout, server: ServerConfig { chunk_bytes: s.chunk_bytes, ..Default::default() } };
+            run_server_node(t.as_ref(), cfg)?;
+            Ok(())
+        }
+        Cmd::Worker { coordinator, job } => cluster::run_worker(transport(&s)?.as_ref(), &s, &coordinator, &job, &stdout_sink()),
+    }
+}

@@ -1,0 +1,242 @@
+//! Running a job: embedded (the whole cluster in this process over the in-process
+//! transport) or local (a coordinator, S servers and W workers as child processes on
+//! 127.0.0.1). Both start the same node code as a real cluster.
+
+use crate::config::{CommonArgs, Settings};
+use crate::jobs::{JobCmd, Sink};
+use anyhow::{anyhow, bail, Context, Result};
+use downpour_coordinator::{Coordinator, CoordinatorConfig, JobOutcome};
+use downpour_server::{run_server_node, NodeConfig, ServerConfig};
+use downpour_transport::inproc::InProcTransport;
+use downpour_transport::Transport;
+use downpour_worker::{join_job, KvConfig, SessionConfig};
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The client settings a worker uses.
+pub fn kv_config(s: &Settings) -> KvConfig {
+    KvConfig { chunk_bytes: s.chunk_bytes, request_timeout: s.request_timeout, ..Default::default() }
+}
+
+/// The coordinator settings.
+pub fn coordinator_config(s: &Settings, servers: usize, workers: usize) -> CoordinatorConfig {
+    CoordinatorConfig { servers, workers, heartbeat: s.heartbeat, node_timeout: s.node_timeout, register_timeout: s.connect_timeout.max(Duration::from_secs(30)) }
+}
+
+/// Runs one worker: join, run the job, report done. Used by worker processes and threads.
+pub fn run_worker(transport: &dyn Transport, s: &Settings, coordinator: &str, job: &JobCmd, sink: &Sink) -> Result<()> {
+    let cfg = SessionConfig { coordinator: coordinator.to_string(), connect_timeout: s.connect_timeout, kv: kv_config(s) };
+    let mut session = join_job(transport, &cfg).context("joining the job")?;
+    let servers = session.kv.num_servers();
+    match job.run(&mut session, servers, sink) {
+        Ok(()) => {
+            session.finish(true, "")?;
+            Ok(())
+        }
+        Err(e) => {
+            let msg = format!("{e:#}");
+            let _ = session.finish(false, &msg);
+            Err(e)
+        }
+    }
+}
+
+/// Runs `job` on an embedded cluster of `servers` servers and `workers` worker threads.
+pub fn run_embedded(s: &Settings, servers: usize, workers: usize, job: &JobCmd, sink: Sink) -> Result<()> {
+    anyhow::ensure!(servers >= 1 && workers >= 1, "an embedded cluster needs at least one server and one worker");
+    let transport = InProcTransport::new();
+    let listener = transport.listen("inproc://coordinator")?;
+    let coord_addr = listener.local_addr();
+    let coordinator = Coordinator::new(coordinator_config(s, servers, workers));
+    let c = coordinator.clone();
+    let coord_thread = std::thread::Builder::new().name("coordinator".into()).spawn(move || c.serve(listener))?;
+    let mut server_threads = Vec::new();
+    for i in 0..servers {
+        let (t, addr) = (transport.clone(), coord_addr.clone());
+        let cfg = NodeConfig {
+            coordinator: addr,
+            listen: "inproc://0".into(),
+            connect_timeout: s.connect_timeout,
+            server: ServerConfig { chunk_bytes: s.chunk_bytes, ..Default::default() },
+        };
+        server_threads.push(std::thread::Builder::new().name(format!("server-{i}")).spawn(move || run_server_node(&t, cfg))?);
+    }
+    let mut worker_threads = Vec::new();
+    for i in 0..workers {
+        let (t, addr, s2, job, sink) = (transport.clone(), coord_addr.clone(), s.clone(), job.clone(), sink.clone());
+        worker_threads.push(std::thread::Builder::new().name(format!("worker-{i}")).spawn(move || run_worker(&t, &s2, &addr, &job, &sink))?);
+    }
+    let mut first_err: Option<anyhow::Error> = None;
+    for (i, w) in worker_threads.into_iter().enumerate() {
+        match w.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                first_err.get_or_insert(e.context(format!("worker {i}")));
+            }
+            Err(_) => {
+                first_err.get_or_insert(anyhow!("worker {i} panicked"));
+            }
+        }
+    }
+    let outcome = coord_thread.join().map_err(|_| anyhow!("the coordinator panicked"))?;
+    for (i, t) in server_threads.into_iter().enumerate() {
+        match t.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                first_err.get_or_insert(anyhow!("server {i}: {e}"));
+            }
+            Err(_) => {
+                first_err.get_or_insert(anyhow!("server {i} panicked"));
+            }
+        }
+    }
+    if let Some(e) = first_err {
+        return Err(e);
+    }
+    match outcome {
+        JobOutcome::Succeeded => Ok(()),
+        JobOutcome::Failed(r) => bail!("the job failed: {r}"),
+    }
+}
+
+struct Proc {
+    label: String,
+    child: Child,
+}
+
+fn forward(label: String, r: impl std::io::Read + Send + 'static, capture: Option<Sink>, to_stderr: bool) {
+    let _ = std::thread::Builder::new().name(format!("log-{label}")).spawn(move || {
+        for line in BufReader::new(r).lines() {
+            let Ok(line) = line else { break };
+            if let Some(c) = &capture {
+                c(&line);
+                continue;
+            }
+            if to_stderr {
+                eprintln!("[{label}] {line}");
+            } else {
+                println!("[{label}] {line}");
+            }
+        }
+    });
+}
+
+/// Options of a local multi-process run.
+pub struct LocalRun<'a> {
+    pub common: &'a CommonArgs,
+    pub settings: &'a Settings,
+    pub servers: usize,
+    pub workers: usize,
+    /// The job's command line (after `--`).
+    pub job_args: &'a [String],
+    /// If set, workers' stdout lines go here instead of the terminal.
+    pub capture: Option<Sink>,
+    /// Set by Ctrl-C.
+    pub interrupted: Arc<AtomicBool>,
+}
+
+/// Starts a coordinator, the servers and the workers as child processes on 127.0.0.1,
+/// prefixes their output with role and id, and waits. Any child failing (or Ctrl-C)
+/// kills every other child and returns an error naming the one that failed.
+pub fn launch_local(r: LocalRun<'_>) -> Result<()> {
+    anyhow::ensure!(r.servers >= 1 && r.workers >= 1, "--servers and --workers must be at least 1");
+    let exe = std::env::current_exe().context("cannot find the downpour executable")?;
+    let dir = std::env::temp_dir().join(format!("downpour-launch-{}-{}", std::process::id(), Instant::now().elapsed().as_nanos()));
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let addr_file: PathBuf = dir.join("coordinator.addr");
+    let common = r.common.to_child_args(r.settings);
+    let mut procs: Vec<Proc> = Vec::new();
+    let spawn = |label: &str, args: Vec<String>, capture: Option<Sink>| -> Result<Proc> {
+        let mut child = Command::new(&exe)
+            .args(&common)
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("cannot start {label}"))?;
+        if let Some(o) = child.stdout.take() {
+            forward(label.to_string(), o, capture, false);
+        }
+        if let Some(e) = child.stderr.take() {
+            forward(label.to_string(), e, None, true);
+        }
+        Ok(Proc { label: label.to_string(), child })
+    };
+    let result = (|| -> Result<()> {
+        procs.push(spawn(
+            "coordinator",
+            vec![
+                "coordinator".into(),
+                "--listen".into(),
+                "127.0.0.1:0".into(),
+                "--servers".into(),
+                r.servers.to_string(),
+                "--workers".into(),
+                r.workers.to_string(),
+                "--addr-file".into(),
+                addr_file.display().to_string(),
+            ],
+            None,
+        )?);
+        let deadline = Instant::now() + r.settings.connect_timeout;
+        let addr = loop {
+            if let Ok(a) = std::fs::read_to_string(&addr_file) {
+                if a.ends_with('\n') {
+                    break a.trim().to_string();
+                }
+            }
+            if let Some(st) = procs[0].child.try_wait()? {
+                bail!("the coordinator exited ({st}) before it was ready");
+            }
+            if Instant::now() > deadline {
+                bail!("the coordinator did not start listening within {:?}", r.settings.connect_timeout);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        for i in 0..r.servers {
+            procs.push(spawn(&format!("server {i}"), vec!["server".into(), "--coordinator".into(), addr.clone(), "--listen".into(), "127.0.0.1:0".into()], None)?);
+        }
+        for i in 0..r.workers {
+            let mut args = vec!["worker".into(), "--coordinator".into(), addr.clone()];
+            args.extend(r.job_args.iter().cloned());
+            procs.push(spawn(&format!("worker {i}"), args, r.capture.clone())?);
+        }
+        // Wait for every child; the first failure ends the run.
+        let mut running: Vec<bool> = vec![true; procs.len()];
+        loop {
+            if r.interrupted.load(Ordering::Relaxed) {
+                bail!("interrupted");
+            }
+            for (i, p) in procs.iter_mut().enumerate() {
+                if !running[i] {
+                    continue;
+                }
+                if let Some(st) = p.child.try_wait()? {
+                    running[i] = false;
+                    if !st.success() {
+                        bail!("{} failed ({st})", p.label);
+                    }
+                }
+            }
+            if running.iter().all(|r| !r) {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    })();
+    for p in procs.iter_mut() {
+        if let Ok(None) = p.child.try_wait() {
+            let _ = p.child.kill();
+        }
+        let _ = p.child.wait();
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    // Give the log forwarders a moment to print the children's last lines.
+    std::thread::sleep(Duration::from_millis(50));
+    result
+}

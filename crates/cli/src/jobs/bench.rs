@@ -1,0 +1,173 @@
+//! The benchmark's worker side: dense push / pull / push-then-pull / fused push-pull per
+//! size, 4 KiB push latency, and sparse push / pull of random keys. Each worker reports one
+//! `BENCH {json}` line per case; `downpour bench` aggregates them.
+
+use super::Sink;
+use anyhow::{ensure, Result};
+use clap::Args;
+use downpour_core::init::Init;
+use downpour_core::proto;
+use downpour_core::table::{Storage, TableDef};
+use downpour_core::KeyRange;
+use downpour_worker::WorkerSession;
+use serde::{Deserialize, Serialize};
+use std::time::Instant;
+
+/// Flags of the worker side of the benchmark.
+#[derive(Args, Debug, Clone)]
+pub struct BenchJobArgs {
+    /// Dense value sizes in bytes, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "4096,1048576,16777216,67108864")]
+    pub sizes: Vec<u64>,
+    /// Timed iterations per case (default: enough to move about 1 GiB, 5..=2000).
+    #[arg(long)]
+    pub iters: Option<usize>,
+    /// Iterations of the 4 KiB latency measurement.
+    #[arg(long, default_value_t = 2000)]
+    pub latency_iters: usize,
+    /// Keys of the sparse case (0 skips it).
+    #[arg(long, default_value_t = 1_000_000)]
+    pub sparse_keys: usize,
+}
+
+/// One worker's measurement of one case.
+#[derive(Serialize, Deserialize, Debug, Clone)]
+pub struct Sample {
+    pub case: String,
+    pub op: String,
+    pub bytes: u64,
+    pub iters: usize,
+    /// Payload bytes moved in both directions.
+    pub payload: u64,
+    pub keys: u64,
+    pub secs: f64,
+    pub p50_us: Option<f64>,
+    pub p99_us: Option<f64>,
+}
+
+fn emit(sink: &Sink, s: &Sample) {
+    if let Ok(j) = serde_json::to_string(s) {
+        sink(&format!("BENCH {j}"));
+    }
+}
+
+fn dense_table(id: u32, n: u64) -> TableDef {
+    TableDef {
+        id,
+        name: format!("bench-dense-{id}"),
+        value_len: 1,
+        storage: Storage::Dense(KeyRange::new(0, n)),
+        init: Init::Zeros,
+        rule: proto::Rule { name: "add".into(), ..Default::default() },
+    }
+}
+
+/// Runs the benchmark cases on one worker.
+pub fn run_worker(a: &BenchJobArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
+    for (i, &size) in a.sizes.iter().enumerate() {
+        ensure!(size >= 4 && size % 4 == 0, "size {size} is not a positive multiple of 4 bytes");
+        let n = size / 4;
+        let id = 100 + i as u32;
+        s.kv.create_table(dense_table(id, n))?;
+        let vals = vec![0.5f32; n as usize];
+        let mut out = vec![0f32; n as usize];
+        let iters = a.iters.unwrap_or(((1u64 << 30) / size).clamp(5, 2000) as usize);
+        // warm-up: touch every page on both sides
+        let ts = s.kv.push_range(id, 0, &vals)?;
+        s.kv.wait(ts)?;
+        s.kv.pull_range_into(id, 0, &mut out)?;
+        for op in ["push", "pull", "push_then_pull", "push_pull"] {
+            s.barrier(&format!("bench-{size}-{op}"))?;
+            let t0 = Instant::now();
+            for _ in 0..iters {
+                match op {
+                    "push" => {
+                        let ts = s.kv.push_range(id, 0, &vals)?;
+                        s.kv.wait(ts)?;
+                    }
+                    "pull" => s.kv.pull_range_into(id, 0, &mut out)?,
+                    "push_then_pull" => {
+                        let ts = s.kv.push_range(id, 0, &vals)?;
+                        s.kv.wait(ts)?;
+                        s.kv.pull_range_into(id, 0, &mut out)?;
+                    }
+                    _ => s.kv.push_pull_range_into(id, 0, &vals, &mut out)?,
+                }
+            }
+            let secs = t0.elapsed().as_secs_f64();
+            let dirs = if op.starts_with("push_") { 2 } else { 1 };
+            emit(sink, &Sample { case: "dense".into(), op: op.into(), bytes: size, iters, payload: size * dirs * iters as u64, keys: n * iters as u64, secs, p50_us: None, p99_us: None });
+            if s.rank == 0 {
+                tracing::info!("dense {size} B {op}: {:.2} GB/s (this worker)", (size * dirs * iters as u64) as f64 / secs / 1e9);
+            }
+        }
+        // release the memory of large cases before the next
+        drop(out);
+        if size == 4096 && a.latency_iters > 0 {
+            s.barrier("bench-latency")?;
+            let mut lat = Vec::with_capacity(a.latency_iters);
+            let t0 = Instant::now();
+            for _ in 0..a.latency_iters {
+                let t = Instant::now();
+                let ts = s.kv.push_range(id, 0, &vals)?;
+                s.kv.wait(ts)?;
+                lat.push(t.elapsed().as_secs_f64() * 1e6);
+            }
+            let secs = t0.elapsed().as_secs_f64();
+            lat.sort_by(|x, y| x.total_cmp(y));
+            let pct = |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)];
+            emit(
+                sink,
+                &Sample { case: "latency".into(), op: "push".into(), bytes: size, iters: lat.len(), payload: size * lat.len() as u64, keys: 0, secs, p50_us: Some(pct(0.5)), p99_us: Some(pct(0.99)) },
+            );
+        }
+    }
+    if a.sparse_keys > 0 {
+        let id = 200;
+        s.kv.create_table(TableDef {
+            id,
+            name: "bench-sparse".into(),
+            value_len: 1,
+            storage: Storage::Sparse,
+            init: Init::Zeros,
+            rule: proto::Rule { name: "add".into(), ..Default::default() },
+        })?;
+        // Random u64 keys (seeded by rank), sorted and unique as the API requires.
+        let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ (s.rank as u64 + 1);
+        let mut keys: Vec<u64> = (0..a.sparse_keys)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x % (u64::MAX - 1)
+            })
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        let vals = vec![1f32; keys.len()];
+        let mut out = vec![0f32; keys.len()];
+        let ts = s.kv.push(id, &keys, &vals)?; // creates the keys on the servers
+        s.kv.wait(ts)?;
+        let iters = a.iters.unwrap_or(10).max(1);
+        for op in ["push", "pull"] {
+            s.barrier(&format!("bench-sparse-{op}"))?;
+            let t0 = Instant::now();
+            for _ in 0..iters {
+                if op == "push" {
+                    let ts = s.kv.push(id, &keys, &vals)?;
+                    s.kv.wait(ts)?;
+                } else {
+                    s.kv.pull_into(id, &keys, &mut out)?;
+                }
+            }
+            let secs = t0.elapsed().as_secs_f64();
+            let k = keys.len() as u64 * iters as u64;
+            emit(sink, &Sample { case: "sparse".into(), op: op.into(), bytes: keys.len() as u64 * 4, iters, payload: k * 12, keys: k, secs, p50_us: None, p99_us: None });
+            if s.rank == 0 {
+                tracing::info!("sparse {} keys {op}: {:.1} M keys/s (this worker)", keys.len(), k as f64 / secs / 1e6);
+            }
+        }
+    }
+    s.barrier("bench-done")?;
+    Ok(())
+}

@@ -1,0 +1,80 @@
+//! The `counter` job: the exact no-lost-update check every fault-tolerance test reuses.
+
+use super::Sink;
+use anyhow::{bail, ensure, Context, Result};
+use clap::Args;
+use downpour_core::init::Init;
+use downpour_core::proto;
+use downpour_core::table::{Storage, TableDef};
+use downpour_worker::WorkerSession;
+
+/// Flags of the counter job.
+#[derive(Args, Debug, Clone)]
+pub struct CounterArgs {
+    /// Number of keys every worker increments (spread over the whole key space, so every
+    /// server holds some).
+    #[arg(long, default_value_t = 1000)]
+    pub keys: u64,
+    /// Rounds of increments per worker.
+    #[arg(long, default_value_t = 10)]
+    pub rounds: u64,
+    /// Values per key (each element is incremented).
+    #[arg(long, default_value_t = 1)]
+    pub value_len: usize,
+}
+
+/// Table id the counter job uses.
+pub const TABLE: u32 = 1;
+
+/// The keys of the job: `keys` keys spread evenly over `[0, u64::MAX)`.
+pub fn counter_keys(n: u64) -> Vec<u64> {
+    let stride = (u64::MAX - 1) / n.max(1);
+    (0..n).map(|i| i * stride).collect()
+}
+
+/// Runs the counter job on one worker.
+pub fn run(a: &CounterArgs, s: &mut WorkerSession, num_servers: usize, sink: &Sink) -> Result<()> {
+    ensure!((1..=50_000_000).contains(&a.keys), "--keys must be between 1 and 50,000,000, got {}", a.keys);
+    ensure!(a.rounds >= 1, "--rounds must be at least 1");
+    ensure!((1..=1024).contains(&a.value_len), "--value-len must be between 1 and 1024, got {}", a.value_len);
+    let expected = a.rounds * s.num_workers as u64;
+    ensure!(expected <= 1 << 24, "workers × rounds = {expected} exceeds 2^24, past which f32 sums are not exact");
+    let def = TableDef {
+        id: TABLE,
+        name: "counter".into(),
+        value_len: a.value_len,
+        storage: Storage::Sparse,
+        init: Init::Zeros,
+        rule: proto::Rule { name: "add".into(), ..Default::default() },
+    };
+    s.kv.create_table(def).context("creating the counter table")?;
+    let keys = counter_keys(a.keys);
+    let ones = vec![1f32; keys.len() * a.value_len];
+    s.barrier("counter-start")?;
+    let mut last = None;
+    for _ in 0..a.rounds {
+        last = Some(s.kv.push(TABLE, &keys, &ones)?);
+        s.kv.clock();
+    }
+    if let Some(ts) = last {
+        s.kv.wait(ts)?;
+    }
+    s.barrier("counter-pushed")?;
+    let mut got = vec![0f32; ones.len()];
+    s.kv.pull_into(TABLE, &keys, &mut got)?;
+    if let Some(i) = got.iter().position(|v| *v != expected as f32) {
+        bail!(
+            "counter: MISMATCH key={} element={} expected={expected} got={} (worker {})",
+            keys[i / a.value_len],
+            i % a.value_len,
+            got[i],
+            s.rank
+        );
+    }
+    sink(&format!(
+        "counter: OK keys={} expected={expected} workers={} servers={num_servers} rounds={} worker={}",
+        a.keys, s.num_workers, a.rounds, s.rank
+    ));
+    s.barrier("counter-done")?;
+    Ok(())
+}

@@ -1,0 +1,48 @@
+//! Jobs a worker runs. Each job gets a [`WorkerSession`] (client, rank, barriers) and a
+//! sink for the lines it reports on standard output.
+
+pub mod bench;
+pub mod counter;
+
+use anyhow::Result;
+use clap::Subcommand;
+use downpour_worker::WorkerSession;
+use std::sync::Arc;
+
+/// Where a job writes its report lines (stdout in a worker process, a collector in tests
+/// and in the embedded benchmark).
+pub type Sink = Arc<dyn Fn(&str) + Send + Sync>;
+
+/// A job run by every worker.
+#[derive(Subcommand, Debug, Clone)]
+pub enum JobCmd {
+    /// Every worker adds 1 to the same K keys R times; then every worker checks that each
+    /// key equals workers × rounds exactly (the no-lost-update check).
+    Counter(counter::CounterArgs),
+    /// The benchmark's worker side (started by `downpour bench`).
+    #[command(hide = true)]
+    BenchJob(bench::BenchJobArgs),
+}
+
+impl JobCmd {
+    /// Runs the job on this worker.
+    pub fn run(&self, session: &mut WorkerSession, num_servers: usize, sink: &Sink) -> Result<()> {
+        match self {
+            JobCmd::Counter(a) => counter::run(a, session, num_servers, sink),
+            JobCmd::BenchJob(a) => bench::run_worker(a, session, sink),
+        }
+    }
+}
+
+/// Parses a job command line (`counter --keys 10 …`) as given after `--` to `launch`.
+pub fn parse_job(args: &[String]) -> Result<JobCmd, clap::Error> {
+    #[derive(clap::Parser)]
+    #[command(name = "downpour launch … --", no_binary_name = false)]
+    struct JobCli {
+        #[command(subcommand)]
+        job: JobCmd,
+    }
+    use clap::Parser;
+    let argv = std::iter::once("job".to_string()).chain(args.iter().cloned());
+    JobCli::try_parse_from(argv).map(|c| c.job)
+}
