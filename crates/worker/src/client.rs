@@ -114,6 +114,8 @@ struct OpState {
     values: Vec<f32>,
     vl: usize,
     range_parts: Vec<(Vec<u64>, Vec<f32>)>,
+    /// The op has a result to hand back (values, or a lent buffer's completion).
+    keep: bool,
 }
 
 struct TableInfo {
@@ -182,7 +184,7 @@ impl KvClient {
     pub fn create_table(&mut self, def: TableDef) -> Result<(), ClientError> {
         let spec = def.to_proto();
         let body: bytes_like::Bytes = spec.encode_to_vec().into();
-        let ts = self.new_op(self.servers.len(), def.value_len);
+        let ts = self.new_op(self.servers.len(), def.value_len, false);
         for s in 0..self.servers.len() {
             self.before_send(s, None)?;
             let mut h = self.header(Op::CreateTable, ts, def.id);
@@ -217,10 +219,10 @@ impl KvClient {
         h
     }
 
-    fn new_op(&mut self, parts: usize, vl: usize) -> u64 {
+    fn new_op(&mut self, parts: usize, vl: usize, keep: bool) -> u64 {
         let ts = self.next_id;
         self.next_id += 1;
-        self.ops.insert(ts, OpState { parts_left: parts, vl, ..Default::default() });
+        self.ops.insert(ts, OpState { parts_left: parts, vl, keep, ..Default::default() });
         ts
     }
 
@@ -265,7 +267,7 @@ impl KvClient {
         let with_values = op != Op::Pull;
         let (vl, part) = self.check_keys(table, keys, with_values.then_some(values.len()))?;
         let parts: Vec<_> = part.split_keys(keys).collect();
-        let ts = self.new_op(parts.len(), vl);
+        let ts = self.new_op(parts.len(), vl, op != Op::Push);
         if let Some(l) = lent.as_deref_mut() {
             l.ts = ts;
         } else if op != Op::Push {
@@ -328,7 +330,7 @@ impl KvClient {
         }
         let dense = self.tables.get(&table).map(|t| t.def.is_dense()).unwrap_or(false);
         let parts: Vec<_> = part.split_range(range).collect();
-        let ts = self.new_op(parts.len(), vl);
+        let ts = self.new_op(parts.len(), vl, op != Op::PushRange);
         let out_len = range.len() as usize * vl;
         if let Some(l) = lent.as_deref_mut() {
             l.ts = ts;
@@ -460,7 +462,7 @@ impl KvClient {
                 }
                 // A finished request with nothing to hand back is forgotten at once, so
                 // pushes that are never waited on do not accumulate.
-                if o.parts_left == 0 && o.error.is_none() && o.values.is_empty() && o.range_parts.is_empty() {
+                if o.parts_left == 0 && o.error.is_none() && !o.keep {
                     self.ops.remove(&ts);
                 }
             }
@@ -499,7 +501,7 @@ impl KvClient {
                 self.ops.remove(&ts.0);
                 return Err(e);
             }
-            if o.values.is_empty() && o.range_parts.is_empty() {
+            if !o.keep {
                 self.ops.remove(&ts.0);
             }
         }
