@@ -1,0 +1,253 @@
+//! The worker client against real servers over every transport (no coordinator needed):
+//! the same calls must behave the same over framed TCP, gRPC and in-process channels.
+//! Chunks are kept tiny so every multi-chunk and reply-window path is exercised.
+
+use downpour_core::init::Init;
+use downpour_core::proto;
+use downpour_core::table::{Storage, TableDef};
+use downpour_core::tensor::TensorMap;
+use downpour_core::KeyRange;
+use downpour_server::{Server, ServerConfig, ServerHandle};
+use downpour_transport::inproc::InProcTransport;
+use downpour_transport::{network_transport, NetConfig, Transport, TransportKind};
+use downpour_worker::{ClientError, KvClient, KvConfig};
+use std::sync::Arc;
+use std::time::Duration;
+
+fn transports() -> Vec<(&'static str, Arc<dyn Transport>)> {
+    vec![
+        ("inproc", Arc::new(InProcTransport::new())),
+        ("tcp", network_transport(TransportKind::Tcp, NetConfig::default()).unwrap()),
+        ("grpc", network_transport(TransportKind::Grpc, NetConfig::default()).unwrap()),
+    ]
+}
+
+fn listen_addr(t: &dyn Transport) -> &'static str {
+    if t.name() == "inproc" {
+        "inproc://0"
+    } else {
+        "127.0.0.1:0"
+    }
+}
+
+struct Cluster {
+    servers: Vec<ServerHandle>,
+    kv: KvClient,
+}
+
+fn cluster(t: &dyn Transport, n: usize, chunk_bytes: usize) -> Cluster {
+    let mut servers = Vec::new();
+    let mut routing = proto::Routing { epoch: 1, servers: vec![] };
+    for i in 0..n {
+        let s = Server::bind(t, listen_addr(t), ServerConfig { chunk_bytes, ..Default::default() }).unwrap();
+        s.state().set_placement(10 + i as u32, i as u32, n as u32, 1);
+        routing.servers.push(proto::ServerEntry { node_id: 10 + i as u32, addr: s.addr() });
+        servers.push(s.spawn().unwrap());
+    }
+    let cfg = KvConfig { chunk_bytes, request_timeout: Duration::from_secs(20), reply_window: 2, max_outstanding: 16 };
+    let kv = KvClient::connect(t, &routing, 1, cfg).unwrap();
+    Cluster { servers, kv }
+}
+
+fn table(id: u32, vl: usize, storage: Storage, rule: &str) -> TableDef {
+    TableDef { id, name: format!("t{id}"), value_len: vl, storage, init: Init::Zeros, rule: proto::Rule { name: rule.into(), lr: 0.5, ..Default::default() } }
+}
+
+fn spread_keys(n: u64) -> Vec<u64> {
+    let stride = (u64::MAX - 1) / n;
+    (0..n).map(|i| i * stride + 7).collect()
+}
+
+#[test]
+fn per_key_vectors_push_pull_and_fused_across_servers_and_chunks() {
+    for (name, t) in transports() {
+        let mut c = cluster(t.as_ref(), 3, 4096);
+        c.kv.create_table(table(1, 4, Storage::Sparse, "add")).unwrap();
+        let keys = spread_keys(2000);
+        let vals: Vec<f32> = (0..keys.len() * 4).map(|i| i as f32).collect();
+        // many pushes pipelined, one wait
+        let mut last = None;
+        for _ in 0..5 {
+            last = Some(c.kv.push(1, &keys, &vals).unwrap());
+        }
+        c.kv.wait(last.unwrap()).unwrap();
+        let ts = c.kv.pull(1, &keys).unwrap();
+        let got = c.kv.wait_values(ts).unwrap();
+        let expect: Vec<f32> = vals.iter().map(|v| v * 5.0).collect();
+        assert_eq!(got, expect, "{name}");
+        let mut out = vec![0f32; vals.len()];
+        c.kv.push_pull_into(1, &keys, &vals, &mut out).unwrap();
+        let expect6: Vec<f32> = vals.iter().map(|v| v * 6.0).collect();
+        assert_eq!(out, expect6, "{name}");
+        let ts = c.kv.push_pull(1, &keys[..10], &vals[..40]).unwrap();
+        assert_eq!(c.kv.wait_values(ts).unwrap(), vals[..40].iter().map(|v| v * 7.0).collect::<Vec<_>>(), "{name}");
+        // each server holds a share
+        for s in &c.servers {
+            let n = s.state.table_len(1).unwrap();
+            assert!(n > 500 && n < 800, "{name}: uneven share {n}");
+        }
+    }
+}
+
+#[test]
+fn range_pull_returns_existing_keys_in_order_across_servers() {
+    for (name, t) in transports() {
+        let mut c = cluster(t.as_ref(), 2, 4096);
+        c.kv.create_table(table(2, 1, Storage::Sparse, "assign")).unwrap();
+        let keys = spread_keys(1000);
+        let vals: Vec<f32> = (0..keys.len()).map(|i| i as f32 + 0.5).collect();
+        let ts = c.kv.push(2, &keys, &vals).unwrap();
+        c.kv.wait(ts).unwrap();
+        let lo = keys[100];
+        let hi = keys[900];
+        let (k, v) = c.kv.pull_range(2, KeyRange::new(lo, hi)).unwrap();
+        assert_eq!(k, keys[100..900].to_vec(), "{name}");
+        assert_eq!(v, vals[100..900].to_vec(), "{name}");
+    }
+}
+
+#[test]
+fn dense_tensors_span_servers_and_round_trip() {
+    for (name, t) in transports() {
+        let mut c = cluster(t.as_ref(), 3, 4096);
+        let mut map = TensorMap::new(0);
+        let w1 = map.add("w1", &[100, 30]).unwrap().clone();
+        let b1 = map.add("b1", &[30]).unwrap().clone();
+        let mut def = table(3, 1, Storage::Dense(map.domain()), "sgd");
+        def.init = Init::Uniform { lo: -1.0, hi: 1.0, seed: 5 };
+        c.kv.create_table(def.clone()).unwrap();
+        let mut w = vec![0f32; w1.len()];
+        c.kv.pull_tensor(3, &w1, &mut w).unwrap();
+        // seeded init is the same wherever the key lives
+        let mut e = [0f32];
+        def.init.fill(w1.keys.begin + 1234, &mut e);
+        assert_eq!(w[1234], e[0], "{name}");
+        let g = vec![1.0f32; w1.len()];
+        let ts = c.kv.push_tensor(3, &w1, &g).unwrap();
+        c.kv.wait(ts).unwrap();
+        let mut w2 = vec![0f32; w1.len()];
+        c.kv.pull_tensor(3, &w1, &mut w2).unwrap();
+        for (a, b) in w.iter().zip(&w2) {
+            assert!((a - 0.5 - b).abs() < 1e-6, "{name}");
+        }
+        let mut bb = vec![0f32; b1.len()];
+        c.kv.pull_tensor(3, &b1, &mut bb).unwrap();
+        let mut out = vec![0f32; w1.len()];
+        c.kv.push_pull_range_into(3, w1.keys.begin, &g, &mut out).unwrap();
+        for (a, b) in w2.iter().zip(&out) {
+            assert!((a - 0.5 - b).abs() < 1e-6, "{name}");
+        }
+        // dense range pull of the whole table through pull_range (keys implied)
+        let (k, v) = c.kv.pull_range(3, KeyRange::new(0, u64::MAX)).unwrap();
+        assert_eq!(k.len(), map.domain().len() as usize);
+        assert_eq!(&v[..w1.len()], &out[..], "{name}");
+    }
+}
+
+#[test]
+fn invalid_requests_fail_with_clear_errors_and_servers_keep_serving() {
+    for (name, t) in transports() {
+        let mut c = cluster(t.as_ref(), 2, 4096);
+        c.kv.create_table(table(4, 2, Storage::Sparse, "add")).unwrap();
+        let e = c.kv.push(4, &[5, 3], &[1.0; 4]).unwrap_err();
+        assert!(e.to_string().contains("sorted and unique"), "{name}: {e}");
+        let e = c.kv.push(4, &[3, 5], &[1.0; 3]).unwrap_err();
+        assert!(e.to_string().contains("length mismatch"), "{name}: {e}");
+        assert!(matches!(c.kv.pull(99, &[1]), Err(ClientError::UnknownTable(99))), "{name}");
+        // a table the servers do not have: the server answers with an error...
+        c.kv.use_table(table(77, 1, Storage::Sparse, "add"));
+        let many = spread_keys(3000);
+        let ts = c.kv.push(77, &many, &vec![1.0; many.len()]).unwrap();
+        let e = c.kv.wait(ts).unwrap_err();
+        assert!(e.to_string().contains("table 77 does not exist"), "{name}: {e}");
+        let mut out = vec![0f32; many.len()];
+        let e = c.kv.pull_into(77, &many, &mut out).unwrap_err();
+        assert!(e.to_string().contains("UnknownTable"), "{name}: {e}");
+        // ...and keeps serving the same connection
+        let ts = c.kv.push(4, &[3, 5], &[1.0; 4]).unwrap();
+        c.kv.wait(ts).unwrap();
+        let mut out = [0f32; 4];
+        c.kv.pull_into(4, &[3, 5], &mut out).unwrap();
+        assert_eq!(out, [1.0; 4], "{name}");
+        // a conflicting definition of an existing table is refused
+        let e = c.kv.create_table(table(4, 3, Storage::Sparse, "add")).unwrap_err();
+        assert!(e.to_string().contains("different definition"), "{name}: {e}");
+        // an unknown rule is refused with the list of rules
+        let e = c.kv.create_table(table(5, 1, Storage::Sparse, "nesterov")).unwrap_err();
+        assert!(e.to_string().contains("unknown rule"), "{name}: {e}");
+    }
+}
+
+#[test]
+fn server_survives_garbage_bytes_and_huge_length_prefixes() {
+    use std::io::Write;
+    let t = network_transport(TransportKind::Tcp, NetConfig::default()).unwrap();
+    let mut c = cluster(t.as_ref(), 1, 1 << 20);
+    c.kv.create_table(table(1, 1, Storage::Sparse, "add")).unwrap();
+    let addr = c.servers[0].addr.clone();
+    for junk in [vec![0xffu8; 64], 0x8000_0000u32.to_le_bytes().to_vec(), vec![3, 0, 0, 0, 1, 2], {
+        // valid header prefix announcing a 2 GiB payload
+        let h = proto::FrameHeader { values_len: 2 << 30, ..Default::default() };
+        let mut b = Vec::new();
+        downpour_core::codec::encode_header(&h, &mut b);
+        b
+    }] {
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        let _ = s.write_all(&junk);
+        drop(s);
+    }
+    // a bounded flood of connections that send nothing
+    let idle: Vec<_> = (0..50).map(|_| std::net::TcpStream::connect(&addr).unwrap()).collect();
+    let ts = c.kv.push(1, &[1, 2], &[1.0, 2.0]).unwrap();
+    c.kv.wait(ts).unwrap();
+    let mut out = [0f32; 2];
+    c.kv.pull_into(1, &[1, 2], &mut out).unwrap();
+    assert_eq!(out, [1.0, 2.0]);
+    drop(idle);
+}
+
+#[test]
+fn a_dead_server_is_a_clear_error_not_a_hang() {
+    let t = network_transport(TransportKind::Tcp, NetConfig::default()).unwrap();
+    let c = cluster(t.as_ref(), 1, 1 << 20);
+    let addr = c.servers[0].addr.clone();
+    drop(c);
+    // nothing listens here any more once the listener is gone: connect fails fast
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead = l.local_addr().unwrap().to_string();
+    drop(l);
+    let routing = proto::Routing { epoch: 1, servers: vec![proto::ServerEntry { node_id: 1, addr: dead.clone() }] };
+    let e = KvClient::connect(t.as_ref(), &routing, 1, KvConfig::default()).err().expect("must fail");
+    assert!(e.to_string().contains(&dead), "{e}");
+    let _ = addr;
+}
+
+#[test]
+fn port_in_use_is_a_clear_error() {
+    let t = network_transport(TransportKind::Tcp, NetConfig::default()).unwrap();
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let e = Server::bind(t.as_ref(), &addr, ServerConfig::default()).err().expect("must fail");
+    assert!(e.to_string().contains("already in use"), "{e}");
+    let g = network_transport(TransportKind::Grpc, NetConfig::default()).unwrap();
+    let e = Server::bind(g.as_ref(), &addr, ServerConfig::default()).err().expect("must fail");
+    assert!(e.to_string().contains("already in use"), "{e}");
+}
+
+#[test]
+fn update_rules_apply_on_the_server_path() {
+    let t = InProcTransport::new();
+    let mut c = cluster(&t, 2, 4096);
+    let mut def = table(9, 1, Storage::Sparse, "ftrl");
+    def.rule = proto::Rule { name: "ftrl".into(), lr: 0.5, l1: 1.0, ftrl_beta: 1.0, ..Default::default() };
+    c.kv.create_table(def).unwrap();
+    let keys = spread_keys(10);
+    for g in [0.5f32, 2.0] {
+        let ts = c.kv.push(9, &keys, &vec![g; 10]).unwrap();
+        c.kv.wait(ts).unwrap();
+    }
+    let mut out = vec![0f32; 10];
+    c.kv.pull_into(9, &keys, &mut out).unwrap();
+    let expect = -(1.5f32) / ((1.0 + 4.25f32.sqrt()) / 0.5);
+    assert!(out.iter().all(|w| (w - expect).abs() < 1e-6), "{out:?}");
+}
