@@ -81,7 +81,13 @@ pub fn run(a: &BenchArgs, common: &CommonArgs, s: &Settings, interrupted: Arc<At
         None => println!("{line}"),
     });
     let mode = if a.embedded { "embedded" } else { "local" };
-    eprintln!("bench: {} server(s), {} worker(s), {mode} mode, transport {:?}, sizes {}", a.servers, a.workers, s.transport, sizes.iter().map(|b| human(*b)).collect::<Vec<_>>().join(", "));
+    eprintln!(
+        "bench: {} server(s), {} worker(s), {mode} mode, transport {:?}, sizes {}",
+        a.servers,
+        a.workers,
+        s.transport,
+        sizes.iter().map(|b| human(*b)).collect::<Vec<_>>().join(", ")
+    );
     if a.embedded {
         run_embedded(s, a.servers, a.workers, &JobCmd::BenchJob(job), sink)?;
     } else {
@@ -90,7 +96,15 @@ pub fn run(a: &BenchArgs, common: &CommonArgs, s: &Settings, interrupted: Arc<At
             args.extend(["--iters".into(), i.to_string()]);
         }
         args.extend(["--latency-iters".into(), a.latency_iters.to_string(), "--sparse-keys".into(), a.sparse_keys.to_string()]);
-        launch_local(LocalRun { common, settings: s, servers: a.servers, workers: a.workers, job_args: &args, capture: Some(sink), interrupted })?;
+        launch_local(LocalRun {
+            common,
+            settings: s,
+            servers: a.servers,
+            workers: a.workers,
+            job_args: &args,
+            capture: Some(sink),
+            interrupted,
+        })?;
     }
     if let Some(b) = bad.lock().first() {
         bail!("a worker reported a malformed sample: {b}");

@@ -92,7 +92,12 @@ enum Cmd {
 
 fn init_logging(filter: &str) {
     let f = tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt().with_env_filter(f).with_writer(std::io::stderr).with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).with_target(false).try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(f)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_target(false)
+        .try_init();
 }
 
 fn stdout_sink() -> Sink {
@@ -166,7 +171,15 @@ fn run(cli: Cli, s: Settings) -> Result<()> {
         Cmd::Launch { servers, workers, job } => {
             // Check the job's flags before starting anything.
             jobs::parse_job(&job).map_err(|e| anyhow::anyhow!("bad job arguments after `--`:\n{e}"))?;
-            cluster::launch_local(LocalRun { common: &cli.common, settings: &s, servers, workers, job_args: &job, capture: None, interrupted: interrupt_flag() })
+            cluster::launch_local(LocalRun {
+                common: &cli.common,
+                settings: &s,
+                servers,
+                workers,
+                job_args: &job,
+                capture: None,
+                interrupted: interrupt_flag(),
+            })
         }
         Cmd::Bench(b) => {
             let flag = if b.embedded { Arc::new(AtomicBool::new(false)) } else { interrupt_flag() };
@@ -192,7 +205,12 @@ fn run(cli: Cli, s: Settings) -> Result<()> {
         }
         Cmd::Server { coordinator, listen } => {
             let t = transport(&s)?;
-            let cfg = NodeConfig { coordinator, listen, connect_timeout: s.connect_timeout, server: ServerConfig { chunk_bytes: s.chunk_bytes, ..Default::default() } };
+            let cfg = NodeConfig {
+                coordinator,
+                listen,
+                connect_timeout: s.connect_timeout,
+                server: ServerConfig { chunk_bytes: s.chunk_bytes, ..Default::default() },
+            };
             run_server_node(t.as_ref(), cfg)?;
             Ok(())
         }

@@ -24,7 +24,13 @@ pub fn kv_config(s: &Settings) -> KvConfig {
 
 /// The coordinator settings.
 pub fn coordinator_config(s: &Settings, servers: usize, workers: usize) -> CoordinatorConfig {
-    CoordinatorConfig { servers, workers, heartbeat: s.heartbeat, node_timeout: s.node_timeout, register_timeout: s.connect_timeout.max(Duration::from_secs(30)) }
+    CoordinatorConfig {
+        servers,
+        workers,
+        heartbeat: s.heartbeat,
+        node_timeout: s.node_timeout,
+        register_timeout: s.connect_timeout.max(Duration::from_secs(30)),
+    }
 }
 
 /// Runs one worker: join, run the job, report done. Used by worker processes and threads.
@@ -68,7 +74,8 @@ pub fn run_embedded(s: &Settings, servers: usize, workers: usize, job: &JobCmd, 
     let mut worker_threads = Vec::new();
     for i in 0..workers {
         let (t, addr, s2, job, sink) = (transport.clone(), coord_addr.clone(), s.clone(), job.clone(), sink.clone());
-        worker_threads.push(std::thread::Builder::new().name(format!("worker-{i}")).spawn(move || run_worker(&t, &s2, &addr, &job, &sink))?);
+        worker_threads
+            .push(std::thread::Builder::new().name(format!("worker-{i}")).spawn(move || run_worker(&t, &s2, &addr, &job, &sink))?);
     }
     let mut first_err: Option<anyhow::Error> = None;
     for (i, w) in worker_threads.into_iter().enumerate() {
@@ -199,7 +206,11 @@ pub fn launch_local(r: LocalRun<'_>) -> Result<()> {
             std::thread::sleep(Duration::from_millis(10));
         };
         for i in 0..r.servers {
-            procs.push(spawn(&format!("server {i}"), vec!["server".into(), "--coordinator".into(), addr.clone(), "--listen".into(), "127.0.0.1:0".into()], None)?);
+            procs.push(spawn(
+                &format!("server {i}"),
+                vec!["server".into(), "--coordinator".into(), addr.clone(), "--listen".into(), "127.0.0.1:0".into()],
+                None,
+            )?);
         }
         for i in 0..r.workers {
             let mut args = vec!["worker".into(), "--coordinator".into(), addr.clone()];

@@ -96,7 +96,12 @@ pub enum JobOutcome {
 impl Coordinator {
     /// A coordinator expecting `cfg.servers` servers and `cfg.workers` workers.
     pub fn new(cfg: CoordinatorConfig) -> Arc<Self> {
-        Arc::new(Coordinator { cfg, state: Mutex::new(State { next_id: 1, ..Default::default() }), cv: Condvar::new(), started: Instant::now() })
+        Arc::new(Coordinator {
+            cfg,
+            state: Mutex::new(State { next_id: 1, ..Default::default() }),
+            cv: Condvar::new(),
+            started: Instant::now(),
+        })
     }
 
     /// Accepts nodes on `listener` (a thread per connection) until the job ends, then
@@ -171,7 +176,11 @@ impl Coordinator {
                 return;
             }
             let now = Instant::now();
-            let dead = st.last_seen.iter().find(|(id, t)| !st.done.contains(id) && now.duration_since(**t) > self.cfg.node_timeout).map(|(id, _)| *id);
+            let dead = st
+                .last_seen
+                .iter()
+                .find(|(id, t)| !st.done.contains(id) && now.duration_since(**t) > self.cfg.node_timeout)
+                .map(|(id, _)| *id);
             if let Some(id) = dead {
                 let reason = format!("{} sent no heartbeat for {:?}: declared dead", st.describe(id), self.cfg.node_timeout);
                 drop(st);
@@ -277,7 +286,10 @@ impl Coordinator {
         st.next_id += 1;
         st.roles.insert(id, (role, rank));
         st.last_seen.insert(id, Instant::now());
-        tracing::info!("{role} {rank} registered as node {id}{}", if req.addr.is_empty() { String::new() } else { format!(" at {}", req.addr) });
+        tracing::info!(
+            "{role} {rank} registered as node {id}{}",
+            if req.addr.is_empty() { String::new() } else { format!(" at {}", req.addr) }
+        );
         if role == "server" && st.servers.len() == self.cfg.servers {
             st.epoch = 1;
             tracing::info!("all {} servers registered: routing epoch 1 published", self.cfg.servers);

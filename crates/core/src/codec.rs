@@ -58,18 +58,15 @@ pub fn decode_header(bytes: &[u8], limits: &FrameLimits) -> Result<FrameHeader> 
 
 /// Checks the payload sizes a header announces.
 pub fn check_payload(h: &FrameHeader, limits: &FrameLimits) -> Result<()> {
-    if h.keys_len % 8 != 0 {
+    if !h.keys_len.is_multiple_of(8) {
         return Err(CoreError::Malformed(format!("keys payload of {} bytes is not a whole number of u64 keys", h.keys_len)));
     }
-    if h.values_len % 4 != 0 {
+    if !h.values_len.is_multiple_of(4) {
         return Err(CoreError::Malformed(format!("values payload of {} bytes is not a whole number of f32 values", h.values_len)));
     }
     let total = h.keys_len.checked_add(h.values_len).ok_or_else(|| CoreError::Malformed("payload size overflows".into()))?;
     if total > limits.max_payload_bytes {
-        return Err(CoreError::Limit(format!(
-            "frame payload of {total} bytes exceeds the limit of {} bytes",
-            limits.max_payload_bytes
-        )));
+        return Err(CoreError::Limit(format!("frame payload of {total} bytes exceeds the limit of {} bytes", limits.max_payload_bytes)));
     }
     Ok(())
 }
@@ -107,8 +104,7 @@ pub fn decode_frame(buf: &[u8], limits: &FrameLimits) -> Result<Option<DecodedFr
         return Ok(None);
     }
     let keys = buf[start..start + kl].chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect();
-    let values =
-        buf[start + kl..start + kl + vl].chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap_or([0; 4]))).collect();
+    let values = buf[start + kl..start + kl + vl].chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap_or([0; 4]))).collect();
     Ok(Some((h, keys, values, start + kl + vl)))
 }
 
@@ -118,7 +114,18 @@ mod tests {
     use proptest::prelude::*;
 
     fn header_strategy() -> impl Strategy<Value = FrameHeader> {
-        (any::<u64>(), 0u32..30, any::<u32>(), any::<u64>(), any::<u64>(), any::<u32>(), any::<u64>(), any::<u64>(), any::<bool>(), ".{0,20}")
+        (
+            any::<u64>(),
+            0u32..30,
+            any::<u32>(),
+            any::<u64>(),
+            any::<u64>(),
+            any::<u32>(),
+            any::<u64>(),
+            any::<u64>(),
+            any::<bool>(),
+            ".{0,20}",
+        )
             .prop_map(|(id, op, sender, epoch, clock, table, b, e, last, err)| FrameHeader {
                 request_id: id,
                 op,

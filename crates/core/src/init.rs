@@ -80,7 +80,10 @@ impl Init {
             }
             "normal" => {
                 if !(p.a.is_finite() && p.b.is_finite() && p.b >= 0.0) {
-                    return Err(CoreError::InvalidTable(format!("normal initializer needs a finite mean and std >= 0, got {} and {}", p.a, p.b)));
+                    return Err(CoreError::InvalidTable(format!(
+                        "normal initializer needs a finite mean and std >= 0, got {} and {}",
+                        p.a, p.b
+                    )));
                 }
                 Ok(Init::Normal { mean: p.a, std: p.b, seed: p.seed })
             }

@@ -143,7 +143,21 @@ mod tests {
     use super::*;
     #[test]
     fn op_codes_round_trip_and_unknown_is_none() {
-        for op in [Op::CreateTable, Op::Push, Op::Pull, Op::PushPull, Op::PushRange, Op::PullRange, Op::PushPullRange, Op::Ping, Op::Register, Op::Barrier, Op::Heartbeat, Op::Done, Op::GetRouting] {
+        for op in [
+            Op::CreateTable,
+            Op::Push,
+            Op::Pull,
+            Op::PushPull,
+            Op::PushRange,
+            Op::PullRange,
+            Op::PushPullRange,
+            Op::Ping,
+            Op::Register,
+            Op::Barrier,
+            Op::Heartbeat,
+            Op::Done,
+            Op::GetRouting,
+        ] {
             assert_eq!(Op::from_u32(op as u32), Some(op));
         }
         assert_eq!(Op::from_u32(0), None);

@@ -221,13 +221,22 @@ impl Table {
     }
 
     fn check_range(&self, begin: u64, values: usize) -> Result<KeyRange> {
-        if values % self.vl != 0 {
-            return Err(CoreError::LengthMismatch { keys: values / self.vl, value_len: self.vl, expected: values / self.vl * self.vl, got: values });
+        if !values.is_multiple_of(self.vl) {
+            return Err(CoreError::LengthMismatch {
+                keys: values / self.vl,
+                value_len: self.vl,
+                expected: values / self.vl * self.vl,
+                got: values,
+            });
         }
         let n = (values / self.vl) as u64;
         let r = KeyRange::new(begin, begin.checked_add(n).ok_or_else(|| CoreError::Limit("range end overflows u64".into()))?);
         if !r.is_empty() && (r.begin < self.owned.begin || r.end > self.owned.end) {
-            return Err(CoreError::KeyOutOfRange { table: self.def.id, key: if r.begin < self.owned.begin { r.begin } else { r.end - 1 }, range: self.owned });
+            return Err(CoreError::KeyOutOfRange {
+                table: self.def.id,
+                key: if r.begin < self.owned.begin { r.begin } else { r.end - 1 },
+                range: self.owned,
+            });
         }
         Ok(r)
     }
@@ -283,7 +292,9 @@ impl Table {
                     keys.extend(k..k + n);
                     let rule = &self.rule;
                     let vals = &values[off..off + n as usize * vl];
-                    for_each_slot_sparse(&mut self.store, vl, sl, self.def.init, &keys, |i, w, s| rule.apply(w, s, &vals[i * vl..(i + 1) * vl]));
+                    for_each_slot_sparse(&mut self.store, vl, sl, self.def.init, &keys, |i, w, s| {
+                        rule.apply(w, s, &vals[i * vl..(i + 1) * vl])
+                    });
                     k += n;
                     off += n as usize * vl;
                 }
@@ -344,7 +355,14 @@ fn for_each_slot(store: &mut Store, vl: usize, sl: usize, init: Init, keys: &[u6
     }
 }
 
-fn for_each_slot_sparse(store: &mut Store, vl: usize, sl: usize, init: Init, keys: &[u64], mut f: impl FnMut(usize, &mut [f32], &mut [f32])) {
+fn for_each_slot_sparse(
+    store: &mut Store,
+    vl: usize,
+    sl: usize,
+    init: Init,
+    keys: &[u64],
+    mut f: impl FnMut(usize, &mut [f32], &mut [f32]),
+) {
     let Store::Sparse(s) = store else { return };
     let mut cur = 0;
     for (i, &k) in keys.iter().enumerate() {
@@ -445,7 +463,8 @@ mod tests {
         assert!(matches!(t.push_range(18, &[1.0, 1.0, 1.0]), Err(CoreError::KeyOutOfRange { .. })));
         assert!(matches!(t.dense_values(KeyRange::new(5, 12)), Err(CoreError::KeyOutOfRange { .. })));
         assert!(TableDef::from_proto(&proto::TableSpec { value_len: 0, ..Default::default() }).is_err());
-        assert!(TableDef::from_proto(&proto::TableSpec { value_len: 1, dense: true, dense_begin: 5, dense_end: 5, ..Default::default() }).is_err());
+        assert!(TableDef::from_proto(&proto::TableSpec { value_len: 1, dense: true, dense_begin: 5, dense_end: 5, ..Default::default() })
+            .is_err());
     }
 
     #[test]

@@ -233,7 +233,8 @@ fn lookup(st: &ServerState, ctx: &mut ConnCtx, id: u32) -> Result<Arc<TableSlot>
     if let Some(t) = ctx.cache.get(&id) {
         return Ok(t.clone());
     }
-    let t = st.tables.read().get(&id).cloned().ok_or_else(|| (Status::UnknownTable, format!("table {id} does not exist on this server")))?;
+    let t =
+        st.tables.read().get(&id).cloned().ok_or_else(|| (Status::UnknownTable, format!("table {id} does not exist on this server")))?;
     ctx.cache.insert(id, t.clone());
     Ok(t)
 }
@@ -360,7 +361,10 @@ fn create_table(st: &ServerState, h: &FrameHeader) -> ReqResult {
         return if existing.spec == canonical {
             Ok(())
         } else {
-            Err((Status::InvalidArgument, format!("table {} ({:?}) already exists with a different definition", def.id, existing.spec.name)))
+            Err((
+                Status::InvalidArgument,
+                format!("table {} ({:?}) already exists with a different definition", def.id, existing.spec.name),
+            ))
         };
     }
     let n = st.num_servers.load(Ordering::Relaxed) as usize;
@@ -371,7 +375,14 @@ fn create_table(st: &ServerState, h: &FrameHeader) -> ReqResult {
     Ok(())
 }
 
-fn pull_range(st: &ServerState, h: &FrameHeader, ctx: &mut ConnCtx, slot: &TableSlot, conn: &mut dyn Connection, me: u32) -> Result<ReqResult, TransportError> {
+fn pull_range(
+    st: &ServerState,
+    h: &FrameHeader,
+    ctx: &mut ConnCtx,
+    slot: &TableSlot,
+    conn: &mut dyn Connection,
+    me: u32,
+) -> Result<ReqResult, TransportError> {
     let want = KeyRange::new(h.range_begin, h.range_end);
     let (dense, vl, owned) = {
         let t = slot.table.read();

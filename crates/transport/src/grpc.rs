@@ -84,7 +84,11 @@ impl Transport for GrpcTransport {
     fn listen(&self, addr: &str) -> Result<Box<dyn Listener>> {
         let berr = |reason: String| TransportError::Bind { addr: addr.to_string(), reason };
         let std_listener = std::net::TcpListener::bind(addr).map_err(|e| {
-            berr(if e.kind() == std::io::ErrorKind::AddrInUse { "the address is already in use (is another node running on this port?)".into() } else { e.to_string() })
+            berr(if e.kind() == std::io::ErrorKind::AddrInUse {
+                "the address is already in use (is another node running on this port?)".into()
+            } else {
+                e.to_string()
+            })
         })?;
         std_listener.set_nonblocking(true).map_err(|e| berr(e.to_string()))?;
         let local = std_listener.local_addr().map(|a| a.to_string()).unwrap_or_else(|_| addr.to_string());
@@ -212,10 +216,16 @@ impl Connection for GrpcConnection {
             Ok(None) => return Ok(None),
             Err(s) if s.code() == tonic::Code::Cancelled || s.code() == tonic::Code::Unavailable => return Ok(None),
             Err(s) => {
-                return Err(TransportError::Io { peer: self.peer.clone(), source: std::io::Error::other(format!("gRPC status {:?}: {}", s.code(), s.message())) })
+                return Err(TransportError::Io {
+                    peer: self.peer.clone(),
+                    source: std::io::Error::other(format!("gRPC status {:?}: {}", s.code(), s.message())),
+                })
             }
         };
-        let mut h = frame.header.ok_or_else(|| TransportError::Protocol { peer: self.peer.clone(), source: downpour_core::CoreError::Malformed("frame without header".into()) })?;
+        let mut h = frame.header.ok_or_else(|| TransportError::Protocol {
+            peer: self.peer.clone(),
+            source: downpour_core::CoreError::Malformed("frame without header".into()),
+        })?;
         h.keys_len = frame.keys.len() as u64;
         h.values_len = frame.values.len() as u64;
         codec::check_payload(&h, &downpour_core::codec::FrameLimits { max_payload_bytes: u64::MAX })
@@ -231,7 +241,13 @@ impl Connection for GrpcConnection {
         if k.len() != keys.len() || v.len() != values.len() {
             return Err(TransportError::Protocol {
                 peer: self.peer.clone(),
-                source: downpour_core::CoreError::Malformed(format!("payload buffers of {}+{} bytes for a frame of {}+{} bytes", keys.len(), values.len(), k.len(), v.len())),
+                source: downpour_core::CoreError::Malformed(format!(
+                    "payload buffers of {}+{} bytes for a frame of {}+{} bytes",
+                    keys.len(),
+                    values.len(),
+                    k.len(),
+                    v.len()
+                )),
             });
         }
         keys.copy_from_slice(&k);

@@ -38,7 +38,8 @@ impl Transport for InProcTransport {
 
     fn connect(&self, addr: &str, _timeout: Duration) -> Result<Box<dyn Connection>> {
         let accept = self.listeners.lock().get(addr).cloned();
-        let accept = accept.ok_or_else(|| TransportError::Connect { addr: addr.into(), reason: "no in-process listener at this address".into() })?;
+        let accept =
+            accept.ok_or_else(|| TransportError::Connect { addr: addr.into(), reason: "no in-process listener at this address".into() })?;
         // Requests are bounded (back-pressure on a fast sender); replies are not, so a
         // server never blocks on a client that is busy sending.
         let (req_tx, req_rx) = mpsc::sync_channel(64);
@@ -143,7 +144,13 @@ impl Connection for InProcConnection {
         if k.len() != keys.len() || v.len() != values.len() {
             return Err(TransportError::Protocol {
                 peer: self.peer.clone(),
-                source: downpour_core::CoreError::Malformed(format!("payload buffers of {}+{} bytes for a frame of {}+{} bytes", keys.len(), values.len(), k.len(), v.len())),
+                source: downpour_core::CoreError::Malformed(format!(
+                    "payload buffers of {}+{} bytes for a frame of {}+{} bytes",
+                    keys.len(),
+                    values.len(),
+                    k.len(),
+                    v.len()
+                )),
             });
         }
         keys.copy_from_slice(&k);

@@ -38,7 +38,11 @@ impl Transport for TcpTransport {
     fn listen(&self, addr: &str) -> Result<Box<dyn Listener>> {
         let l = TcpListener::bind(addr).map_err(|e| TransportError::Bind {
             addr: addr.to_string(),
-            reason: if e.kind() == io::ErrorKind::AddrInUse { "the address is already in use (is another node running on this port?)".into() } else { e.to_string() },
+            reason: if e.kind() == io::ErrorKind::AddrInUse {
+                "the address is already in use (is another node running on this port?)".into()
+            } else {
+                e.to_string()
+            },
         })?;
         l.set_nonblocking(true).map_err(|e| TransportError::Bind { addr: addr.to_string(), reason: e.to_string() })?;
         let local = l.local_addr().map(|a| a.to_string()).unwrap_or_else(|_| addr.to_string());
@@ -61,7 +65,8 @@ impl Listener for TcpListenerBox {
         loop {
             match self.l.accept() {
                 Ok((s, peer)) => {
-                    let c = TcpConnection::new(s, peer.to_string(), self.limits).map_err(|e| TransportError::Io { peer: peer.to_string(), source: e })?;
+                    let c = TcpConnection::new(s, peer.to_string(), self.limits)
+                        .map_err(|e| TransportError::Io { peer: peer.to_string(), source: e })?;
                     return Ok(Some(Box::new(c)));
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -71,7 +76,11 @@ impl Listener for TcpListenerBox {
                     std::thread::sleep(Duration::from_millis(2));
                 }
                 // A connection reset before we accepted it is the peer's problem, not ours.
-                Err(e) if matches!(e.kind(), io::ErrorKind::ConnectionAborted | io::ErrorKind::ConnectionReset | io::ErrorKind::Interrupted) => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::ConnectionAborted | io::ErrorKind::ConnectionReset | io::ErrorKind::Interrupted
+                    ) => {}
                 Err(e) => return Err(TransportError::Io { peer: self.local.clone(), source: e }),
             }
         }
@@ -96,7 +105,16 @@ impl TcpConnection {
         // Small frames must not wait for Nagle (44 ms stalls otherwise).
         stream.set_nodelay(true)?;
         let reader = BufReader::with_capacity(64 << 10, stream.try_clone()?);
-        Ok(TcpConnection { reader, writer: stream, peer, limits, hbuf: Vec::with_capacity(256), pending: None, timeout: None, stats: Default::default() })
+        Ok(TcpConnection {
+            reader,
+            writer: stream,
+            peer,
+            limits,
+            hbuf: Vec::with_capacity(256),
+            pending: None,
+            timeout: None,
+            stats: Default::default(),
+        })
     }
 
     fn io_err(&self, e: io::Error) -> TransportError {
@@ -104,9 +122,10 @@ impl TcpConnection {
             io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
                 TransportError::Timeout { peer: self.peer.clone(), after: self.timeout.unwrap_or_default() }
             }
-            io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionAborted => {
-                TransportError::Closed { peer: self.peer.clone() }
-            }
+            io::ErrorKind::UnexpectedEof
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::BrokenPipe
+            | io::ErrorKind::ConnectionAborted => TransportError::Closed { peer: self.peer.clone() },
             _ => TransportError::Io { peer: self.peer.clone(), source: e },
         }
     }
@@ -168,10 +187,12 @@ impl Connection for TcpConnection {
             Err(e) => return Err(self.io_err(e)),
         }
         self.reader.read_exact(&mut len[1..]).map_err(|e| self.io_err(e))?;
-        let hlen = codec::check_header_len(u32::from_le_bytes(len)).map_err(|e| TransportError::Protocol { peer: self.peer.clone(), source: e })?;
+        let hlen = codec::check_header_len(u32::from_le_bytes(len))
+            .map_err(|e| TransportError::Protocol { peer: self.peer.clone(), source: e })?;
         self.hbuf.resize(hlen, 0);
         self.reader.read_exact(&mut self.hbuf).map_err(|e| self.io_err(e))?;
-        let h = codec::decode_header(&self.hbuf, &self.limits).map_err(|e| TransportError::Protocol { peer: self.peer.clone(), source: e })?;
+        let h =
+            codec::decode_header(&self.hbuf, &self.limits).map_err(|e| TransportError::Protocol { peer: self.peer.clone(), source: e })?;
         if h.keys_len + h.values_len > 0 {
             self.pending = Some((h.keys_len, h.values_len));
         }
@@ -185,7 +206,11 @@ impl Connection for TcpConnection {
         if keys.len() as u64 != k || values.len() as u64 != v {
             return Err(TransportError::Protocol {
                 peer: self.peer.clone(),
-                source: downpour_core::CoreError::Malformed(format!("payload buffers of {}+{} bytes for a frame of {k}+{v} bytes", keys.len(), values.len())),
+                source: downpour_core::CoreError::Malformed(format!(
+                    "payload buffers of {}+{} bytes for a frame of {k}+{v} bytes",
+                    keys.len(),
+                    values.len()
+                )),
             });
         }
         self.reader.read_exact(keys).map_err(|e| self.io_err(e))?;

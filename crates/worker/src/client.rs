@@ -81,7 +81,9 @@ enum Reply {
     /// Values arrive in order, one chunk per request chunk.
     Seq,
     /// Dense range: each chunk says which keys it holds.
-    DenseRange { begin: u64 },
+    DenseRange {
+        begin: u64,
+    },
     /// Sparse range: keys and values appended.
     SparseRange,
 }
@@ -146,7 +148,8 @@ impl KvClient {
     pub fn connect(transport: &dyn Transport, routing: &proto::Routing, node_id: u32, cfg: KvConfig) -> Result<KvClient, ClientError> {
         let mut servers = Vec::with_capacity(routing.servers.len());
         for (i, s) in routing.servers.iter().enumerate() {
-            let mut conn = transport.connect(&s.addr, cfg.request_timeout).map_err(|source| ClientError::Transport { server: i, source })?;
+            let mut conn =
+                transport.connect(&s.addr, cfg.request_timeout).map_err(|source| ClientError::Transport { server: i, source })?;
             conn.set_recv_timeout(Some(cfg.request_timeout)).map_err(|source| ClientError::Transport { server: i, source })?;
             servers.push(ServerConn { conn, addr: s.addr.clone(), inflight: VecDeque::new() });
         }
@@ -227,7 +230,17 @@ impl KvClient {
     }
 
     fn push_inflight(&mut self, s: usize, ts: u64, reply: Reply, base: usize, part: usize) {
-        self.servers[s].inflight.push_back(Inflight { ts, reply, base, filled: 0, sent: 1, got: 0, keys: Vec::new(), vals: Vec::new(), part });
+        self.servers[s].inflight.push_back(Inflight {
+            ts,
+            reply,
+            base,
+            filled: 0,
+            sent: 1,
+            got: 0,
+            keys: Vec::new(),
+            vals: Vec::new(),
+            part,
+        });
     }
 
     fn send(&mut self, s: usize, h: &mut FrameHeader, keys: &[u8], values: &[u8]) -> Result<(), ClientError> {
@@ -263,7 +276,15 @@ impl KvClient {
 
     /// Sends a keyed request (Push, Pull or PushPull) in chunks to every server owning
     /// some of `keys`.
-    fn keyed(&mut self, op: Op, table: u32, keys: &[u64], values: &[f32], out_len: usize, mut lent: Option<&mut Lent<'_>>) -> Result<u64, ClientError> {
+    fn keyed(
+        &mut self,
+        op: Op,
+        table: u32,
+        keys: &[u64],
+        values: &[f32],
+        out_len: usize,
+        mut lent: Option<&mut Lent<'_>>,
+    ) -> Result<u64, ClientError> {
         let with_values = op != Op::Pull;
         let (vl, part) = self.check_keys(table, keys, with_values.then_some(values.len()))?;
         let parts: Vec<_> = part.split_keys(keys).collect();
@@ -406,7 +427,12 @@ impl KvClient {
             let mut k = vec![0u8; h.keys_len as usize];
             let mut v = vec![0u8; h.values_len as usize];
             self.servers[s].conn.recv_payload(&mut k, &mut v).map_err(terr)?;
-            failure = Some(ClientError::Server { server: s, addr: self.servers[s].addr.clone(), status: Status::from_u32(h.status), message: h.error.clone() });
+            failure = Some(ClientError::Server {
+                server: s,
+                addr: self.servers[s].addr.clone(),
+                status: Status::from_u32(h.status),
+                message: h.error.clone(),
+            });
         } else {
             let op = self.ops.get_mut(&ts);
             let sc = &mut self.servers[s];
@@ -423,7 +449,8 @@ impl KvClient {
                     let start = match front.reply {
                         Reply::DenseRange { begin } => {
                             let vl = op.as_ref().map(|o| o.vl).unwrap_or(1);
-                            (h.range_begin.checked_sub(begin).ok_or_else(|| bad("range reply before the requested range".into()))? as usize) * vl
+                            (h.range_begin.checked_sub(begin).ok_or_else(|| bad("range reply before the requested range".into()))? as usize)
+                                * vl
                         }
                         _ => front.base + front.filled,
                     };

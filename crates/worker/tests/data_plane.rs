@@ -50,7 +50,14 @@ fn cluster(t: &dyn Transport, n: usize, chunk_bytes: usize) -> Cluster {
 }
 
 fn table(id: u32, vl: usize, storage: Storage, rule: &str) -> TableDef {
-    TableDef { id, name: format!("t{id}"), value_len: vl, storage, init: Init::Zeros, rule: proto::Rule { name: rule.into(), lr: 0.5, ..Default::default() } }
+    TableDef {
+        id,
+        name: format!("t{id}"),
+        value_len: vl,
+        storage,
+        init: Init::Zeros,
+        rule: proto::Rule { name: rule.into(), lr: 0.5, ..Default::default() },
+    }
 }
 
 fn spread_keys(n: u64) -> Vec<u64> {
@@ -243,7 +250,7 @@ fn update_rules_apply_on_the_server_path() {
     c.kv.create_table(def).unwrap();
     let keys = spread_keys(10);
     for g in [0.5f32, 2.0] {
-        let ts = c.kv.push(9, &keys, &vec![g; 10]).unwrap();
+        let ts = c.kv.push(9, &keys, &[g; 10]).unwrap();
         c.kv.wait(ts).unwrap();
     }
     let mut out = vec![0f32; 10];

@@ -96,7 +96,20 @@ pub fn run_worker(a: &BenchJobArgs, s: &mut WorkerSession, sink: &Sink) -> Resul
             }
             let secs = t0.elapsed().as_secs_f64();
             let dirs = if op.starts_with("push_") { 2 } else { 1 };
-            emit(sink, &Sample { case: "dense".into(), op: op.into(), bytes: size, iters, payload: size * dirs * iters as u64, keys: n * iters as u64, secs, p50_us: None, p99_us: None });
+            emit(
+                sink,
+                &Sample {
+                    case: "dense".into(),
+                    op: op.into(),
+                    bytes: size,
+                    iters,
+                    payload: size * dirs * iters as u64,
+                    keys: n * iters as u64,
+                    secs,
+                    p50_us: None,
+                    p99_us: None,
+                },
+            );
             if s.rank == 0 {
                 tracing::info!("dense {size} B {op}: {:.2} GB/s (this worker)", (size * dirs * iters as u64) as f64 / secs / 1e9);
             }
@@ -118,7 +131,17 @@ pub fn run_worker(a: &BenchJobArgs, s: &mut WorkerSession, sink: &Sink) -> Resul
             let pct = |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)];
             emit(
                 sink,
-                &Sample { case: "latency".into(), op: "push".into(), bytes: size, iters: lat.len(), payload: size * lat.len() as u64, keys: 0, secs, p50_us: Some(pct(0.5)), p99_us: Some(pct(0.99)) },
+                &Sample {
+                    case: "latency".into(),
+                    op: "push".into(),
+                    bytes: size,
+                    iters: lat.len(),
+                    payload: size * lat.len() as u64,
+                    keys: 0,
+                    secs,
+                    p50_us: Some(pct(0.5)),
+                    p99_us: Some(pct(0.99)),
+                },
             );
         }
     }
@@ -162,7 +185,20 @@ pub fn run_worker(a: &BenchJobArgs, s: &mut WorkerSession, sink: &Sink) -> Resul
             }
             let secs = t0.elapsed().as_secs_f64();
             let k = keys.len() as u64 * iters as u64;
-            emit(sink, &Sample { case: "sparse".into(), op: op.into(), bytes: keys.len() as u64 * 4, iters, payload: k * 12, keys: k, secs, p50_us: None, p99_us: None });
+            emit(
+                sink,
+                &Sample {
+                    case: "sparse".into(),
+                    op: op.into(),
+                    bytes: keys.len() as u64 * 4,
+                    iters,
+                    payload: k * 12,
+                    keys: k,
+                    secs,
+                    p50_us: None,
+                    p99_us: None,
+                },
+            );
             if s.rank == 0 {
                 tracing::info!("sparse {} keys {op}: {:.1} M keys/s (this worker)", keys.len(), k as f64 / secs / 1e6);
             }

@@ -1,0 +1,174 @@
+//! The `downpour` binary end to end: embedded and local multi-process jobs, launcher
+//! failure handling, and clear errors for a dead coordinator, a busy port and bad flags.
+
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+fn downpour() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_downpour"));
+    c.env("DOWNPOUR_LOG", "warn");
+    c
+}
+
+fn run(c: &mut Command) -> Output {
+    c.output().expect("downpour runs")
+}
+
+fn text(o: &Output) -> (String, String) {
+    (String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
+}
+
+#[test]
+fn embedded_counter_is_exact_with_2_servers_and_3_workers() {
+    let o = run(downpour().args(["counter", "--servers", "2", "--workers", "3", "--keys", "5000", "--rounds", "7", "--value-len", "3"]));
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{out}\n{err}");
+    assert_eq!(out.matches("counter: OK keys=5000 expected=21").count(), 3, "{out}");
+}
+
+#[test]
+fn local_multi_process_counter_is_exact_over_tcp_and_grpc() {
+    for transport in ["tcp", "grpc"] {
+        let o = run(downpour().args([
+            "--transport",
+            transport,
+            "launch",
+            "--servers",
+            "2",
+            "--workers",
+            "3",
+            "--",
+            "counter",
+            "--keys",
+            "20000",
+            "--rounds",
+            "10",
+        ]));
+        let (out, err) = text(&o);
+        assert!(o.status.success(), "{transport}: {out}\n{err}");
+        assert_eq!(out.matches("counter: OK keys=20000 expected=30").count(), 3, "{transport}: {out}");
+        // every line is prefixed with its role and id
+        assert!(out.lines().all(|l| l.starts_with("[worker ") || l.starts_with("[server ") || l.starts_with("[coordinator]")), "{out}");
+    }
+}
+
+#[test]
+fn launch_kills_every_child_when_one_fails() {
+    let marker = format!("downpour-test-{}-{:?}", std::process::id(), Instant::now());
+    let t0 = Instant::now();
+    // --keys 0 makes every worker fail at once; the servers and coordinator would wait.
+    let o = run(downpour().env("DOWNPOUR_TEST_MARKER", &marker).args([
+        "launch",
+        "--servers",
+        "2",
+        "--workers",
+        "2",
+        "--",
+        "counter",
+        "--keys",
+        "0",
+    ]));
+    let (out, err) = text(&o);
+    assert!(!o.status.success(), "{out}\n{err}");
+    assert!(err.contains("failed"), "{err}");
+    assert!(t0.elapsed() < Duration::from_secs(30));
+    // no process of that run is left
+    std::thread::sleep(Duration::from_millis(200));
+    let mut left = vec![];
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        if let Ok(env) = std::fs::read(e.path().join("environ")) {
+            if String::from_utf8_lossy(&env).contains(&marker) {
+                left.push(e.file_name());
+            }
+        }
+    }
+    assert!(left.is_empty(), "processes left behind: {left:?}");
+}
+
+#[test]
+fn launch_rejects_bad_job_flags_before_starting_anything() {
+    let o = run(downpour().args(["launch", "--servers", "1", "--workers", "1", "--", "counter", "--nope"]));
+    let (_, err) = text(&o);
+    assert!(!o.status.success());
+    assert!(err.contains("--nope"), "{err}");
+}
+
+#[test]
+fn worker_with_a_dead_coordinator_fails_clearly_within_the_timeout() {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    drop(l);
+    let t0 = Instant::now();
+    let o = run(downpour().args(["--connect-timeout-s", "2", "worker", "--coordinator", &addr, "counter"]));
+    let (_, err) = text(&o);
+    assert!(!o.status.success());
+    assert!(err.contains(&addr) && err.contains("cannot connect"), "{err}");
+    assert!(t0.elapsed() < Duration::from_secs(10));
+}
+
+#[test]
+fn worker_whose_coordinator_never_answers_times_out() {
+    // a listener that accepts but never speaks
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let t0 = Instant::now();
+    let o = run(downpour().args(["--connect-timeout-s", "1", "worker", "--coordinator", &addr, "counter"]));
+    let (_, err) = text(&o);
+    assert!(!o.status.success());
+    assert!(err.contains("no answer"), "{err}");
+    assert!(t0.elapsed() < Duration::from_secs(10));
+    drop(l);
+}
+
+#[test]
+fn coordinator_on_a_busy_port_is_a_clear_error() {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let o = run(downpour().args(["coordinator", "--listen", &addr, "--servers", "1", "--workers", "1"]));
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(err.contains("already in use") && err.contains(&addr), "{err}");
+}
+
+#[test]
+fn wrong_flag_is_a_usage_error() {
+    let o = run(downpour().args(["counter", "--kees", "3"]));
+    assert_eq!(o.status.code(), Some(2));
+    let o = run(downpour().args(["--transport", "carrier-pigeon", "demo"]));
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(err.contains("carrier-pigeon"), "{err}");
+}
+
+#[test]
+fn bench_json_reports_every_case() {
+    let o = run(downpour().args([
+        "bench",
+        "--embedded",
+        "--json",
+        "--sizes",
+        "4KiB,64KiB",
+        "--iters",
+        "3",
+        "--latency-iters",
+        "20",
+        "--sparse-keys",
+        "1000",
+    ]));
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{out}\n{err}");
+    let rows: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    for op in ["push", "pull", "push_then_pull", "push_pull"] {
+        assert!(
+            rows.iter().any(|r| r["case"] == "dense" && r["op"] == op && r["bytes"] == 65536 && r["gbps"].as_f64().unwrap() > 0.0),
+            "{op}: {out}"
+        );
+    }
+    assert!(rows.iter().any(|r| r["latency"] == true && r["p50_us"].as_f64().is_some() && r["p99_us"].as_f64().is_some()), "{out}");
+    assert!(rows.iter().any(|r| r["case"] == "sparse" && r["op"] == "pull" && r["keys_per_s"].as_f64().unwrap() > 0.0), "{out}");
+    for r in &rows {
+        for k in ["case", "servers", "workers", "bytes", "op", "gbps", "keys_per_s", "p50_us", "p99_us"] {
+            assert!(r.get(k).is_some(), "missing {k} in {r}");
+        }
+    }
+}
