@@ -105,7 +105,7 @@ impl Rule {
 
     /// Applies `grad` to a contiguous run. Preconditions: `w.len() == grad.len()` and
     /// `state.len() == w.len() * self.state_per_element()`.
-    #[inline]
+    #[inline(always)]
     pub fn apply(&self, w: &mut [f32], state: &mut [f32], grad: &[f32]) {
         debug_assert_eq!(w.len(), grad.len());
         debug_assert_eq!(state.len(), w.len() * self.state_per_element());

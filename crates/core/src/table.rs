@@ -157,7 +157,19 @@ pub struct Table {
     vl: usize,
     sl: usize,
     store: Store,
+    scratch: Scratch,
 }
+
+/// Reused per-request buffers (the table is used under a lock, one request at a time).
+#[derive(Default)]
+struct Scratch {
+    slots: Vec<usize>,
+    w: Vec<f32>,
+    s: Vec<f32>,
+}
+
+/// Marks a slot index that lives in the sparse delta rather than the sorted arrays.
+const DELTA: usize = 1 << (usize::BITS - 1);
 
 impl Table {
     /// Creates the shard of `def` that holds the keys of `owned`. Dense shards allocate and
@@ -184,7 +196,7 @@ impl Table {
                 Store::Dense(DenseStore { range: owned, w, s: vec![0f32; n / vl * sl] })
             }
         };
-        Ok(Table { def, rule, owned, vl, sl, store })
+        Ok(Table { def, rule, owned, vl, sl, store, scratch: Scratch::default() })
     }
 
     /// The table definition.
@@ -245,8 +257,7 @@ impl Table {
     /// Preconditions, checked: keys sorted, unique and inside [`Table::owned`].
     pub fn push(&mut self, keys: &[u64], values: &[f32]) -> Result<()> {
         self.check_keys(keys, values.len())?;
-        let (vl, rule) = (self.vl, &self.rule);
-        for_each_slot(&mut self.store, self.vl, self.sl, self.def.init, keys, |i, w, s| rule.apply(w, s, &values[i * vl..(i + 1) * vl]));
+        self.batch(keys, Some(values), None);
         Ok(())
     }
 
@@ -254,8 +265,7 @@ impl Table {
     /// create missing keys with the initializer.
     pub fn pull(&mut self, keys: &[u64], out: &mut [f32]) -> Result<()> {
         self.check_keys(keys, out.len())?;
-        let vl = self.vl;
-        for_each_slot(&mut self.store, self.vl, self.sl, self.def.init, keys, |i, w, _| out[i * vl..(i + 1) * vl].copy_from_slice(w));
+        self.batch(keys, None, Some(out));
         Ok(())
     }
 
@@ -263,12 +273,74 @@ impl Table {
     pub fn push_pull(&mut self, keys: &[u64], values: &[f32], out: &mut [f32]) -> Result<()> {
         self.check_keys(keys, values.len())?;
         check_lengths(keys.len(), self.vl, out.len())?;
-        let (vl, rule) = (self.vl, &self.rule);
-        for_each_slot(&mut self.store, self.vl, self.sl, self.def.init, keys, |i, w, s| {
-            rule.apply(w, s, &values[i * vl..(i + 1) * vl]);
-            out[i * vl..(i + 1) * vl].copy_from_slice(w);
-        });
+        self.batch(keys, Some(values), Some(out));
         Ok(())
+    }
+
+    /// The batch path of keyed requests: resolve every key to its slot in one merge walk,
+    /// gather the rows, apply the rule once to the whole batch (one dispatch, a vectorisable
+    /// loop), scatter back, and copy out. Keys are checked by the caller.
+    fn batch(&mut self, keys: &[u64], values: Option<&[f32]>, out: Option<&mut [f32]>) {
+        let (vl, sl) = (self.vl, self.sl);
+        let mut sc = std::mem::take(&mut self.scratch);
+        resolve_slots(&mut self.store, vl, sl, self.def.init, keys, &mut sc.slots);
+        let n = keys.len();
+        let mut empty_w: [f32; 0] = [];
+        let mut empty_s: [f32; 0] = [];
+        let (mw, ms, dw, ds): (&mut [f32], &mut [f32], &mut [f32], &mut [f32]) = match &mut self.store {
+            Store::Dense(d) => (&mut d.w, &mut d.s, &mut empty_w, &mut empty_s),
+            Store::Sparse(s) => (&mut s.w, &mut s.s, &mut s.dw, &mut s.ds),
+        };
+        // Gather the rows (weights, and state if the rule keeps any).
+        sc.w.clear();
+        sc.s.clear();
+        if vl == 1 {
+            sc.w.extend(sc.slots.iter().map(|&t| if t & DELTA == 0 { mw[t] } else { dw[t ^ DELTA] }));
+        } else {
+            for &t in &sc.slots {
+                let (src, j) = if t & DELTA == 0 { (&*mw, t) } else { (&*dw, t ^ DELTA) };
+                sc.w.extend_from_slice(&src[j * vl..(j + 1) * vl]);
+            }
+        }
+        if let Some(g) = values {
+            if sl > 0 {
+                for &t in &sc.slots {
+                    let (src, j) = if t & DELTA == 0 { (&*ms, t) } else { (&*ds, t ^ DELTA) };
+                    sc.s.extend_from_slice(&src[j * sl..(j + 1) * sl]);
+                }
+            }
+            // One dispatch, one tight loop over the whole batch.
+            self.rule.apply(&mut sc.w, &mut sc.s, &g[..n * vl]);
+            if vl == 1 {
+                for (&t, &v) in sc.slots.iter().zip(&sc.w) {
+                    if t & DELTA == 0 {
+                        mw[t] = v
+                    } else {
+                        dw[t ^ DELTA] = v
+                    }
+                }
+            } else {
+                for (i, &t) in sc.slots.iter().enumerate() {
+                    let (dst, j) = if t & DELTA == 0 { (&mut *mw, t) } else { (&mut *dw, t ^ DELTA) };
+                    dst[j * vl..(j + 1) * vl].copy_from_slice(&sc.w[i * vl..(i + 1) * vl]);
+                }
+            }
+            if sl > 0 {
+                for (i, &t) in sc.slots.iter().enumerate() {
+                    let (dst, j) = if t & DELTA == 0 { (&mut *ms, t) } else { (&mut *ds, t ^ DELTA) };
+                    dst[j * sl..(j + 1) * sl].copy_from_slice(&sc.s[i * sl..(i + 1) * sl]);
+                }
+            }
+        }
+        if let Some(out) = out {
+            out[..n * vl].copy_from_slice(&sc.w);
+        }
+        if let Store::Sparse(s) = &mut self.store {
+            if s.dkeys.len() > 4096.max(s.keys.len() / 8) {
+                s.compact(vl, sl);
+            }
+        }
+        self.scratch = sc;
     }
 
     /// Applies `values` to every key of `[begin, begin + values.len()/value_len)`.
@@ -290,11 +362,7 @@ impl Table {
                     keys.clear();
                     let n = (r.end - k).min(4096);
                     keys.extend(k..k + n);
-                    let rule = &self.rule;
-                    let vals = &values[off..off + n as usize * vl];
-                    for_each_slot_sparse(&mut self.store, vl, sl, self.def.init, &keys, |i, w, s| {
-                        rule.apply(w, s, &vals[i * vl..(i + 1) * vl])
-                    });
+                    self.batch(&keys, Some(&values[off..off + n as usize * vl]), None);
                     k += n;
                     off += n as usize * vl;
                 }
@@ -343,50 +411,40 @@ impl Table {
     }
 }
 
-fn for_each_slot(store: &mut Store, vl: usize, sl: usize, init: Init, keys: &[u64], mut f: impl FnMut(usize, &mut [f32], &mut [f32])) {
+/// Resolves sorted, checked `keys` to row slots, creating missing sparse keys in the delta.
+fn resolve_slots(store: &mut Store, vl: usize, sl: usize, init: Init, keys: &[u64], slots: &mut Vec<usize>) {
+    slots.clear();
+    slots.reserve(keys.len());
     match store {
-        Store::Dense(d) => {
-            for (i, &k) in keys.iter().enumerate() {
-                let j = (k - d.range.begin) as usize;
-                f(i, &mut d.w[j * vl..(j + 1) * vl], &mut d.s[j * sl..(j + 1) * sl]);
+        Store::Dense(d) => slots.extend(keys.iter().map(|&k| (k - d.range.begin) as usize)),
+        Store::Sparse(s) => {
+            let n = s.keys.len();
+            let mut cur = 0;
+            for &k in keys {
+                // Adjacent keys (the common case) cost one comparison; else gallop.
+                if !(cur < n && s.keys[cur] == k) {
+                    cur = gallop(&s.keys, cur, k);
+                }
+                if cur < n && s.keys[cur] == k {
+                    slots.push(cur);
+                    cur += 1;
+                    continue;
+                }
+                let slot = match s.delta.get(&k) {
+                    Some(&slot) => slot,
+                    None => {
+                        let slot = s.dkeys.len();
+                        s.dkeys.push(k);
+                        s.dw.resize((slot + 1) * vl, 0.0);
+                        init.fill(k, &mut s.dw[slot * vl..]);
+                        s.ds.resize((slot + 1) * sl, 0.0);
+                        s.delta.insert(k, slot);
+                        slot
+                    }
+                };
+                slots.push(slot | DELTA);
             }
         }
-        Store::Sparse(_) => for_each_slot_sparse(store, vl, sl, init, keys, f),
-    }
-}
-
-fn for_each_slot_sparse(
-    store: &mut Store,
-    vl: usize,
-    sl: usize,
-    init: Init,
-    keys: &[u64],
-    mut f: impl FnMut(usize, &mut [f32], &mut [f32]),
-) {
-    let Store::Sparse(s) = store else { return };
-    let mut cur = 0;
-    for (i, &k) in keys.iter().enumerate() {
-        cur = gallop(&s.keys, cur, k);
-        if cur < s.keys.len() && s.keys[cur] == k {
-            f(i, &mut s.w[cur * vl..(cur + 1) * vl], &mut s.s[cur * sl..(cur + 1) * sl]);
-        } else {
-            let slot = match s.delta.get(&k) {
-                Some(&slot) => slot,
-                None => {
-                    let slot = s.dkeys.len();
-                    s.dkeys.push(k);
-                    s.dw.resize((slot + 1) * vl, 0.0);
-                    init.fill(k, &mut s.dw[slot * vl..]);
-                    s.ds.resize((slot + 1) * sl, 0.0);
-                    s.delta.insert(k, slot);
-                    slot
-                }
-            };
-            f(i, &mut s.dw[slot * vl..(slot + 1) * vl], &mut s.ds[slot * sl..(slot + 1) * sl]);
-        }
-    }
-    if s.dkeys.len() > 4096.max(s.keys.len() / 8) {
-        s.compact(vl, sl);
     }
 }
 

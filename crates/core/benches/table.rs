@@ -1,0 +1,61 @@
+//! Core hot-path costs without any network: sparse push/pull of 1M sorted random keys into
+//! a table that already holds them, and a dense 16 MiB range push.
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use downpour_core::init::Init;
+use downpour_core::proto;
+use downpour_core::rule::RuleRegistry;
+use downpour_core::table::{Storage, Table, TableDef};
+use downpour_core::KeyRange;
+
+fn keys(n: usize) -> Vec<u64> {
+    let mut x = 88172645463325252u64;
+    let mut k: Vec<u64> = (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % (u64::MAX - 1)
+        })
+        .collect();
+    k.sort_unstable();
+    k.dedup();
+    k
+}
+
+fn def(storage: Storage) -> TableDef {
+    TableDef {
+        id: 1,
+        name: "b".into(),
+        value_len: 1,
+        storage,
+        init: Init::Zeros,
+        rule: proto::Rule { name: "add".into(), ..Default::default() },
+    }
+}
+
+fn bench(c: &mut Criterion) {
+    let k = keys(1_000_000);
+    let v = vec![1f32; k.len()];
+    let mut out = vec![0f32; k.len()];
+    let mut t = Table::new(def(Storage::Sparse), KeyRange::FULL, &RuleRegistry::new()).unwrap();
+    t.push(&k, &v).unwrap();
+    let mut g = c.benchmark_group("sparse_1m_keys");
+    g.throughput(Throughput::Elements(k.len() as u64));
+    g.bench_function("push", |b| b.iter(|| t.push(&k, &v).unwrap()));
+    g.bench_function("pull", |b| b.iter(|| t.pull(&k, &mut out).unwrap()));
+    g.finish();
+    let n = 4 << 20;
+    let mut d = Table::new(def(Storage::Dense(KeyRange::new(0, n))), KeyRange::FULL, &RuleRegistry::new()).unwrap();
+    let dv = vec![0.5f32; n as usize];
+    let mut g = c.benchmark_group("dense_16mib");
+    g.throughput(Throughput::Bytes(n * 4));
+    g.bench_function("push_range", |b| b.iter(|| d.push_range(0, &dv).unwrap()));
+    g.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().sample_size(20);
+    targets = bench
+}
+criterion_main!(benches);
