@@ -10,6 +10,66 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
+/// Expands `$body` once per built-in rule with `$step` bound to that rule's element step
+/// `(weight, state, grad)`, so each loop is compiled with its rule inlined (one match per
+/// batch, not per element). `Custom` rules are handled by the callers.
+macro_rules! with_step {
+    ($rule:expr, $step:ident => $body:block) => {
+        match *$rule {
+            Rule::Assign => {
+                let $step = |w: &mut f32, _s: &mut [f32], g: f32| *w = g;
+                $body
+            }
+            Rule::Add => {
+                let $step = |w: &mut f32, _s: &mut [f32], g: f32| *w += g;
+                $body
+            }
+            Rule::Sgd { lr } => {
+                let $step = |w: &mut f32, _s: &mut [f32], g: f32| *w -= lr * g;
+                $body
+            }
+            Rule::Momentum { lr, mu } => {
+                let $step = |w: &mut f32, s: &mut [f32], g: f32| {
+                    s[0] = mu * s[0] + g;
+                    *w -= lr * s[0];
+                };
+                $body
+            }
+            Rule::Adagrad { lr, eps } => {
+                let $step = |w: &mut f32, s: &mut [f32], g: f32| {
+                    s[0] += g * g;
+                    *w -= lr * g / (s[0].sqrt() + eps);
+                };
+                $body
+            }
+            Rule::Adam { lr, b1, b2, eps } => {
+                let $step = |w: &mut f32, s: &mut [f32], g: f32| {
+                    s[0] = b1 * s[0] + (1.0 - b1) * g;
+                    s[1] = b2 * s[1] + (1.0 - b2) * g * g;
+                    s[2] += 1.0;
+                    let mhat = s[0] / (1.0 - b1.powf(s[2]));
+                    let vhat = s[1] / (1.0 - b2.powf(s[2]));
+                    *w -= lr * mhat / (vhat.sqrt() + eps);
+                };
+                $body
+            }
+            Rule::Ftrl { alpha, beta, l1, l2 } => {
+                let $step = |w: &mut f32, s: &mut [f32], g: f32| {
+                    let (z, n) = (s[0], s[1]);
+                    let n_new = n + g * g;
+                    let sigma = (n_new.sqrt() - n.sqrt()) / alpha;
+                    let z = z + g - sigma * *w;
+                    s[0] = z;
+                    s[1] = n_new;
+                    *w = if z.abs() <= l1 { 0.0 } else { -(z - z.signum() * l1) / ((beta + n_new.sqrt()) / alpha + l2) };
+                };
+                $body
+            }
+            Rule::Custom(..) => {}
+        }
+    };
+}
+
 /// A user-defined update rule.
 ///
 /// Implementations must be element-wise over a run: `apply` is called with equally long
@@ -105,49 +165,44 @@ impl Rule {
 
     /// Applies `grad` to a contiguous run. Preconditions: `w.len() == grad.len()` and
     /// `state.len() == w.len() * self.state_per_element()`.
-    #[inline(always)]
+    #[inline]
     pub fn apply(&self, w: &mut [f32], state: &mut [f32], grad: &[f32]) {
         debug_assert_eq!(w.len(), grad.len());
         debug_assert_eq!(state.len(), w.len() * self.state_per_element());
         match *self {
-            Rule::Assign => w.copy_from_slice(grad),
-            Rule::Add => w.iter_mut().zip(grad).for_each(|(w, g)| *w += g),
-            Rule::Sgd { lr } => w.iter_mut().zip(grad).for_each(|(w, g)| *w -= lr * g),
-            Rule::Momentum { lr, mu } => {
-                for ((w, m), g) in w.iter_mut().zip(state.iter_mut()).zip(grad) {
-                    *m = mu * *m + g;
-                    *w -= lr * *m;
-                }
-            }
-            Rule::Adagrad { lr, eps } => {
-                for ((w, acc), g) in w.iter_mut().zip(state.iter_mut()).zip(grad) {
-                    *acc += g * g;
-                    *w -= lr * g / (acc.sqrt() + eps);
-                }
-            }
-            Rule::Adam { lr, b1, b2, eps } => {
-                for ((w, s), g) in w.iter_mut().zip(state.chunks_exact_mut(3)).zip(grad) {
-                    s[0] = b1 * s[0] + (1.0 - b1) * g;
-                    s[1] = b2 * s[1] + (1.0 - b2) * g * g;
-                    s[2] += 1.0;
-                    let mhat = s[0] / (1.0 - b1.powf(s[2]));
-                    let vhat = s[1] / (1.0 - b2.powf(s[2]));
-                    *w -= lr * mhat / (vhat.sqrt() + eps);
-                }
-            }
-            Rule::Ftrl { alpha, beta, l1, l2 } => {
-                for ((w, s), g) in w.iter_mut().zip(state.chunks_exact_mut(2)).zip(grad) {
-                    let (z, n) = (s[0], s[1]);
-                    let n_new = n + g * g;
-                    let sigma = (n_new.sqrt() - n.sqrt()) / alpha;
-                    let z = z + g - sigma * *w;
-                    s[0] = z;
-                    s[1] = n_new;
-                    *w = if z.abs() <= l1 { 0.0 } else { -(z - z.signum() * l1) / ((beta + n_new.sqrt()) / alpha + l2) };
-                }
-            }
-            Rule::Custom(_, ref r) => r.apply(w, state, grad),
+            // Stateless rules: plain zipped loops, which vectorise.
+            Rule::Assign => return w.copy_from_slice(grad),
+            Rule::Add => return w.iter_mut().zip(grad).for_each(|(w, g)| *w += g),
+            Rule::Sgd { lr } => return w.iter_mut().zip(grad).for_each(|(w, g)| *w -= lr * g),
+            Rule::Custom(_, ref r) => return r.apply(w, state, grad),
+            _ => {}
         }
+        let k = self.state_per_element();
+        with_step!(self, step => {
+            for (i, (w, g)) in w.iter_mut().zip(grad).enumerate() {
+                step(w, &mut state[i * k..(i + 1) * k], *g);
+            }
+        });
+    }
+
+    /// Applies `grad[i]` to element `slots[i]` of `w` (state `state[slots[i]*k..]`), for
+    /// value length 1: the rule is matched once and the loop runs over the slots.
+    /// Preconditions: `slots.len() == grad.len()`, every slot `< w.len()`, and
+    /// `state.len() == w.len() * self.state_per_element()`.
+    #[inline]
+    pub fn apply_indexed(&self, w: &mut [f32], state: &mut [f32], slots: &[usize], grad: &[f32]) {
+        let k = self.state_per_element();
+        if let Rule::Custom(_, r) = self {
+            for (&t, g) in slots.iter().zip(grad) {
+                r.apply(&mut w[t..t + 1], &mut state[t * k..(t + 1) * k], std::slice::from_ref(g));
+            }
+            return;
+        }
+        with_step!(self, step => {
+            for (&t, g) in slots.iter().zip(grad) {
+                step(&mut w[t], &mut state[t * k..(t + 1) * k], *g);
+            }
+        });
     }
 
     /// The wire form of a built-in rule (custom rules travel by name).
@@ -304,6 +359,39 @@ mod tests {
         let (w, _) = run(&r, 0.0, &[0.5, 2.0]);
         let expect = -(1.5) / ((1.0 + 4.25f32.sqrt()) / 0.5);
         assert!(close(w, expect), "{w} vs {expect}");
+    }
+
+    fn all_rules() -> Vec<Rule> {
+        vec![
+            Rule::Assign,
+            Rule::Add,
+            Rule::Sgd { lr: 0.1 },
+            Rule::Momentum { lr: 0.1, mu: 0.9 },
+            Rule::Adagrad { lr: 0.1, eps: 1e-8 },
+            Rule::Adam { lr: 0.01, b1: 0.9, b2: 0.999, eps: 1e-8 },
+            Rule::Ftrl { alpha: 0.5, beta: 1.0, l1: 0.3, l2: 0.1 },
+            Rule::Custom("halve".into(), Arc::new(Halve)),
+        ]
+    }
+
+    proptest::proptest! {
+        // The in-place indexed path (sparse tables, value length 1) computes exactly what
+        // the contiguous path computes.
+        #[test]
+        fn indexed_apply_equals_contiguous_apply(grads in proptest::collection::vec(proptest::collection::vec(-3.0f32..3.0, 6), 1..5)) {
+            for rule in all_rules() {
+                let k = rule.state_per_element();
+                let (mut w1, mut s1) = (vec![0.5f32; 6], vec![0f32; 6 * k]);
+                let (mut w2, mut s2) = (vec![0.5f32; 6], vec![0f32; 6 * k]);
+                let slots: Vec<usize> = (0..6).collect();
+                for g in &grads {
+                    rule.apply(&mut w1, &mut s1, g);
+                    rule.apply_indexed(&mut w2, &mut s2, &slots, g);
+                }
+                proptest::prop_assert_eq!(&w1, &w2, "{:?}", rule);
+                proptest::prop_assert_eq!(&s1, &s2, "{:?}", rule);
+            }
+        }
     }
 
     struct Halve;

@@ -285,6 +285,24 @@ impl Table {
         let mut sc = std::mem::take(&mut self.scratch);
         resolve_slots(&mut self.store, vl, sl, self.def.init, keys, &mut sc.slots);
         let n = keys.len();
+        // Linear-model fast path: value length 1 and every key already in the sorted
+        // arrays (the steady state): apply in place through the slots, no gather/scatter.
+        if let (1, Some(g)) = (vl, values) {
+            let (w, st) = match &mut self.store {
+                Store::Dense(d) => (&mut d.w, &mut d.s),
+                Store::Sparse(sp) => (&mut sp.w, &mut sp.s),
+            };
+            if sc.slots.iter().all(|&t| t & DELTA == 0) {
+                self.rule.apply_indexed(w, st, &sc.slots, &g[..n]);
+                if let Some(out) = out {
+                    for (o, &t) in out.iter_mut().zip(&sc.slots) {
+                        *o = w[t];
+                    }
+                }
+                self.scratch = sc;
+                return;
+            }
+        }
         let mut empty_w: [f32; 0] = [];
         let mut empty_s: [f32; 0] = [];
         let (mw, ms, dw, ds): (&mut [f32], &mut [f32], &mut [f32], &mut [f32]) = match &mut self.store {
