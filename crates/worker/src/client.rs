@@ -103,6 +103,15 @@ struct Inflight {
     part: usize,
 }
 
+/// One server's share of a request: units `[begin, end)` (key indices or keys), whose
+/// values start at `base` in the request's result.
+struct Part {
+    server: usize,
+    begin: u64,
+    end: u64,
+    base: usize,
+}
+
 struct ServerConn {
     conn: Box<dyn Connection>,
     addr: String,
@@ -296,36 +305,71 @@ impl KvClient {
                 o.values = vec![0.0; out_len];
             }
         }
-        let per_chunk = (self.cfg.chunk_bytes / (8 + if with_values { 4 * vl } else { 0 })).max(1);
-        let reply = if op == Op::Push { Reply::Ack } else { Reply::Seq };
-        for (pi, (s, r)) in parts.into_iter().enumerate() {
-            self.before_send(s, lent.as_deref_mut())?;
-            let mut first = true;
-            let mut i = r.start;
-            while i < r.end {
-                let j = (i + per_chunk).min(r.end);
+        let per_chunk = (self.cfg.chunk_bytes / (8 + if with_values { 4 * vl } else { 0 })).max(1) as u64;
+        let parts: Vec<Part> =
+            parts.into_iter().map(|(s, r)| Part { server: s, begin: r.start as u64, end: r.end as u64, base: r.start * vl }).collect();
+        let payload = |b: u64, e: u64| -> (&[u8], &[u8]) {
+            let (b, e) = (b as usize, e as usize);
+            let vals: &[f32] = if with_values { &values[b * vl..e * vl] } else { &[] };
+            (key_bytes(&keys[b..e]), value_bytes(vals))
+        };
+        self.send_parts(op, ts, table, &parts, per_chunk, false, lent, payload)?;
+        Ok(ts)
+    }
+
+    /// Sends the parts of request `ts` in chunks of `per_chunk` keys, one chunk per server
+    /// in turn, so every server receives and applies at once instead of one after the
+    /// other. `payload(b, e)` gives the key and value bytes of units `[b, e)`; range ops
+    /// (`ranged == true`) also carry the chunk's key range in the header.
+    #[allow(clippy::too_many_arguments)]
+    fn send_parts<'d>(
+        &mut self,
+        op: Op,
+        ts: u64,
+        table: u32,
+        parts: &[Part],
+        per_chunk: u64,
+        ranged: bool,
+        mut lent: Option<&mut Lent<'_>>,
+        payload: impl Fn(u64, u64) -> (&'d [u8], &'d [u8]),
+    ) -> Result<(), ClientError> {
+        for p in parts {
+            self.before_send(p.server, lent.as_deref_mut())?;
+        }
+        let acked_once = matches!(op, Op::Push | Op::PushRange);
+        let mut next: Vec<u64> = parts.iter().map(|p| p.begin).collect();
+        let mut active = parts.iter().filter(|p| p.end > p.begin).count();
+        while active > 0 {
+            for (pi, p) in parts.iter().enumerate() {
+                let b = next[pi];
+                if b >= p.end {
+                    continue;
+                }
+                let e = (b + per_chunk).min(p.end);
                 let mut h = self.header(op, ts, table);
-                h.chunk = ((i - r.start) / per_chunk) as u32;
-                h.last = j == r.end;
-                let vals: &[f32] = if with_values { &values[i * vl..j * vl] } else { &[] };
-                self.send(s, &mut h, key_bytes(&keys[i..j]), value_bytes(vals))?;
-                if first {
-                    let kind = match reply {
-                        Reply::Ack => Reply::Ack,
-                        _ => Reply::Seq,
-                    };
-                    self.push_inflight(s, ts, kind, r.start * vl, pi);
-                    first = false;
-                } else if let Some(f) = self.servers[s].inflight.back_mut() {
+                h.chunk = ((b - p.begin) / per_chunk) as u32;
+                h.last = e == p.end;
+                if ranged {
+                    h.range_begin = b;
+                    h.range_end = e;
+                }
+                let (k, v) = payload(b, e);
+                self.send(p.server, &mut h, k, v)?;
+                if b == p.begin {
+                    self.push_inflight(p.server, ts, if acked_once { Reply::Ack } else { Reply::Seq }, p.base, pi);
+                } else if let Some(f) = self.servers[p.server].inflight.back_mut() {
                     f.sent += 1;
                 }
-                if op != Op::Push {
-                    self.window(s, ts, lent.as_deref_mut())?;
+                if !acked_once {
+                    self.window(p.server, ts, lent.as_deref_mut())?;
                 }
-                i = j;
+                next[pi] = e;
+                if e == p.end {
+                    active -= 1;
+                }
             }
         }
-        Ok(ts)
+        Ok(())
     }
 
     /// Keeps at most `reply_window` per-chunk replies of the current request unread.
@@ -363,44 +407,28 @@ impl KvClient {
                 o.range_parts = vec![(Vec::new(), Vec::new()); parts.len()];
             }
         }
-        let per_chunk = ((self.cfg.chunk_bytes / (4 * vl)).max(1)) as u64;
-        for (pi, (s, r)) in parts.into_iter().enumerate() {
-            self.before_send(s, lent.as_deref_mut())?;
-            let base = (r.begin - range.begin) as usize * vl;
-            if op == Op::PullRange {
+        if op == Op::PullRange {
+            for (pi, &(s, r)) in parts.iter().enumerate() {
+                self.before_send(s, lent.as_deref_mut())?;
                 let mut h = self.header(op, ts, table);
                 h.range_begin = r.begin;
                 h.range_end = r.end;
                 self.send(s, &mut h, &[], &[])?;
                 let reply = if dense { Reply::DenseRange { begin: range.begin } } else { Reply::SparseRange };
                 self.push_inflight(s, ts, reply, 0, pi);
-                continue;
             }
-            let mut b = r.begin;
-            let mut first = true;
-            while b < r.end {
-                let e = (b + per_chunk).min(r.end);
-                let mut h = self.header(op, ts, table);
-                h.range_begin = b;
-                h.range_end = e;
-                h.chunk = ((b - r.begin) / per_chunk) as u32;
-                h.last = e == r.end;
-                let off = (b - range.begin) as usize * vl;
-                let vals = &values[off..off + (e - b) as usize * vl];
-                self.send(s, &mut h, &[], value_bytes(vals))?;
-                if first {
-                    let reply = if op == Op::PushRange { Reply::Ack } else { Reply::Seq };
-                    self.push_inflight(s, ts, reply, base, pi);
-                    first = false;
-                } else if let Some(f) = self.servers[s].inflight.back_mut() {
-                    f.sent += 1;
-                }
-                if op == Op::PushPullRange {
-                    self.window(s, ts, lent.as_deref_mut())?;
-                }
-                b = e;
-            }
+            return Ok(ts);
         }
+        let per_chunk = ((self.cfg.chunk_bytes / (4 * vl)).max(1)) as u64;
+        let parts: Vec<Part> = parts
+            .into_iter()
+            .map(|(s, r)| Part { server: s, begin: r.begin, end: r.end, base: (r.begin - range.begin) as usize * vl })
+            .collect();
+        let payload = |b: u64, e: u64| -> (&[u8], &[u8]) {
+            let off = (b - range.begin) as usize * vl;
+            (&[], value_bytes(&values[off..off + (e - b) as usize * vl]))
+        };
+        self.send_parts(op, ts, table, &parts, per_chunk, true, lent, payload)?;
         Ok(ts)
     }
 
