@@ -172,3 +172,57 @@ fn bench_json_reports_every_case() {
         }
     }
 }
+
+fn wait_timeout(c: &mut std::process::Child, limit: Duration) -> Option<std::process::ExitStatus> {
+    let t0 = Instant::now();
+    while t0.elapsed() < limit {
+        if let Ok(Some(st)) = c.try_wait() {
+            return Some(st);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = c.kill();
+    None
+}
+
+#[test]
+fn a_killed_server_fails_the_job_on_every_node_with_a_clear_message() {
+    use std::process::Stdio;
+    let dir = tempfile::tempdir().unwrap();
+    let addr_file = dir.path().join("coord.addr");
+    let spawn = |args: &[&str]| {
+        downpour()
+            .args(["--heartbeat-ms", "100", "--node-timeout-s", "2", "--request-timeout-s", "5"])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let af = addr_file.display().to_string();
+    let mut coord = spawn(&["coordinator", "--listen", "127.0.0.1:0", "--servers", "1", "--workers", "1", "--addr-file", &af]);
+    let t0 = Instant::now();
+    let addr = loop {
+        if let Ok(a) = std::fs::read_to_string(&addr_file) {
+            if a.ends_with('\n') {
+                break a.trim().to_string();
+            }
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "coordinator did not start");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let mut server = spawn(&["server", "--coordinator", &addr, "--listen", "127.0.0.1:0"]);
+    // long enough to be still running when the server dies
+    let mut worker = spawn(&["worker", "--coordinator", &addr, "counter", "--keys", "1000", "--rounds", "5000000"]);
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(worker.try_wait().unwrap().is_none(), "the job ended before the server was killed");
+    server.kill().unwrap();
+    let _ = server.wait();
+    let w = wait_timeout(&mut worker, Duration::from_secs(20)).expect("worker must exit, not hang");
+    let c = wait_timeout(&mut coord, Duration::from_secs(20)).expect("coordinator must exit, not hang");
+    assert!(!w.success() && !c.success());
+    let werr = String::from_utf8_lossy(&worker.wait_with_output().unwrap().stderr).into_owned();
+    let cerr = String::from_utf8_lossy(&coord.wait_with_output().unwrap().stderr).into_owned();
+    assert!(werr.contains("server 0"), "worker said: {werr}");
+    assert!(cerr.contains("server 0"), "coordinator said: {cerr}");
+}
