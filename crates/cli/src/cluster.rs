@@ -152,7 +152,8 @@ pub struct LocalRun<'a> {
 pub fn launch_local(r: LocalRun<'_>) -> Result<()> {
     anyhow::ensure!(r.servers >= 1 && r.workers >= 1, "--servers and --workers must be at least 1");
     let exe = std::env::current_exe().context("cannot find the downpour executable")?;
-    let dir = std::env::temp_dir().join(format!("downpour-launch-{}-{}", std::process::id(), Instant::now().elapsed().as_nanos()));
+    let nonce = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    let dir = std::env::temp_dir().join(format!("downpour-launch-{}-{nonce}", std::process::id()));
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let addr_file: PathBuf = dir.join("coordinator.addr");
     let common = r.common.to_child_args(r.settings);

@@ -26,6 +26,10 @@ mod generated {
 use generated::data_plane_client::DataPlaneClient;
 use generated::data_plane_server::{DataPlane, DataPlaneServer};
 
+/// HTTP/2 frame size: 1 MiB frames instead of the default 16 KiB, so a chunk of a few MiB
+/// is a handful of frames rather than hundreds.
+const MAX_H2_FRAME: u32 = 1 << 20;
+
 /// gRPC transport.
 pub struct GrpcTransport {
     rt: Runtime,
@@ -61,7 +65,9 @@ impl Transport for GrpcTransport {
             .connect_timeout(timeout)
             .tcp_nodelay(true)
             .initial_stream_window_size(self.cfg.grpc_window)
-            .initial_connection_window_size(self.cfg.grpc_window);
+            .initial_connection_window_size(self.cfg.grpc_window)
+            .http2_adaptive_window(false)
+            .max_frame_size(MAX_H2_FRAME);
         let max = self.max_msg();
         let (tx, rx) = mpsc::channel::<Frame>(4);
         let inbound = self.rt.block_on(async move {
@@ -106,6 +112,8 @@ impl Transport for GrpcTransport {
                 .tcp_nodelay(true)
                 .initial_stream_window_size(window)
                 .initial_connection_window_size(window)
+                .http2_adaptive_window(Some(false))
+                .max_frame_size(MAX_H2_FRAME)
                 .add_service(DataPlaneServer::new(svc).max_decoding_message_size(max).max_encoding_message_size(max))
                 .serve_with_incoming(incoming)
                 .await;

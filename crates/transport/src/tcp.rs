@@ -138,21 +138,24 @@ impl Connection for TcpConnection {
         self.hbuf.clear();
         codec::encode_header(header, &mut self.hbuf);
         // Small frames go out in one write (one segment, one wake-up at the peer).
-        if keys.len() + values.len() <= 16 << 10 {
+        let inline = keys.len() + values.len() <= 16 << 10;
+        if inline {
             self.hbuf.extend_from_slice(keys);
             self.hbuf.extend_from_slice(values);
         }
-        let total = self.hbuf.len() + if keys.len() + values.len() <= 16 << 10 { 0 } else { keys.len() + values.len() };
-        let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(3);
-        slices.push(IoSlice::new(&self.hbuf));
-        if total > self.hbuf.len() {
+        let total = self.hbuf.len() + if inline { 0 } else { keys.len() + values.len() };
+        // At most three slices, on the stack: no allocation per frame.
+        let mut slices = [IoSlice::new(&self.hbuf), IoSlice::new(&[]), IoSlice::new(&[])];
+        let mut n = 1;
+        if !inline {
             for p in [keys, values] {
                 if !p.is_empty() {
-                    slices.push(IoSlice::new(p));
+                    slices[n] = IoSlice::new(p);
+                    n += 1;
                 }
             }
         }
-        let mut bufs = &mut slices[..];
+        let mut bufs = &mut slices[..n];
         while !bufs.is_empty() {
             match self.writer.write_vectored(bufs) {
                 Ok(0) => return Err(TransportError::Closed { peer: self.peer.clone() }),
