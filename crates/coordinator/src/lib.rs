@@ -8,6 +8,8 @@
 //!
 //! [`client::ControlClient`] is the node side of this protocol.
 
+#![warn(missing_docs)]
+
 pub mod client;
 
 use downpour_core::msg::{self, Op, Status};

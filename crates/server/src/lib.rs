@@ -10,6 +10,8 @@
 //! [`run_server_node`] registers with a coordinator, serves, heartbeats, and returns when
 //! the coordinator ends the job.
 
+#![warn(missing_docs)]
+
 use downpour_coordinator::client::{ControlClient, ControlError};
 use downpour_core::msg::{self, Op, Status};
 use downpour_core::partition::Partition;

@@ -16,6 +16,8 @@
 //! A connection carries *frames* (a header plus a keys and a values payload) in both
 //! directions; replies come back in request order.
 
+#![warn(missing_docs)]
+
 pub mod grpc;
 pub mod inproc;
 pub mod tcp;

@@ -15,6 +15,8 @@
 //! [`WorkerSession`] joins a job through the coordinator (registration, routing table,
 //! heartbeats, barriers, done).
 
+#![warn(missing_docs)]
+
 mod client;
 mod session;
 
