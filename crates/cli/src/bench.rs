@@ -4,7 +4,7 @@
 
 use crate::cluster::{launch_local, run_embedded, LocalRun};
 use crate::config::{CommonArgs, Settings};
-use crate::jobs::bench::{BenchJobArgs, Sample};
+use crate::jobs::bench::{BenchCases, BenchJobArgs, Sample};
 use crate::jobs::{JobCmd, Sink};
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -31,15 +31,8 @@ pub struct BenchArgs {
     /// Dense value sizes, comma-separated (suffixes B, KiB, MiB, GiB).
     #[arg(long, default_value = "4KiB,1MiB,16MiB,64MiB")]
     pub sizes: String,
-    /// Timed iterations per case (default: about 1 GiB of payload per case).
-    #[arg(long)]
-    pub iters: Option<usize>,
-    /// Iterations of the 4 KiB latency case.
-    #[arg(long, default_value_t = 2000)]
-    pub latency_iters: usize,
-    /// Keys of the sparse case (0 skips it).
-    #[arg(long, default_value_t = 1_000_000)]
-    pub sparse_keys: usize,
+    #[command(flatten)]
+    pub cases: BenchCases,
 }
 
 /// Parses `16MiB`, `4KiB`, `1048576`, `2GiB`.
@@ -69,7 +62,7 @@ fn human(b: u64) -> String {
 /// Runs the benchmark and prints the results.
 pub fn run(a: &BenchArgs, common: &CommonArgs, s: &Settings, interrupted: Arc<AtomicBool>) -> Result<()> {
     let sizes: Vec<u64> = a.sizes.split(',').filter(|x| !x.trim().is_empty()).map(parse_size).collect::<Result<_>>()?;
-    let job = BenchJobArgs { sizes: sizes.clone(), iters: a.iters, latency_iters: a.latency_iters, sparse_keys: a.sparse_keys };
+    let job = BenchJobArgs { sizes: sizes.clone(), cases: a.cases.clone() };
     let samples: Arc<Mutex<Vec<Sample>>> = Arc::default();
     let bad: Arc<Mutex<Vec<String>>> = Arc::default();
     let (sm, bd) = (samples.clone(), bad.clone());
@@ -92,10 +85,10 @@ pub fn run(a: &BenchArgs, common: &CommonArgs, s: &Settings, interrupted: Arc<At
         run_embedded(s, a.servers, a.workers, &JobCmd::BenchJob(job), sink)?;
     } else {
         let mut args = vec!["bench-job".to_string(), "--sizes".into(), sizes.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(",")];
-        if let Some(i) = a.iters {
+        if let Some(i) = a.cases.iters {
             args.extend(["--iters".into(), i.to_string()]);
         }
-        args.extend(["--latency-iters".into(), a.latency_iters.to_string(), "--sparse-keys".into(), a.sparse_keys.to_string()]);
+        args.extend(["--latency-iters".into(), a.cases.latency_iters.to_string(), "--sparse-keys".into(), a.cases.sparse_keys.to_string()]);
         launch_local(LocalRun {
             common,
             settings: s,

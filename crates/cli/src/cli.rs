@@ -3,6 +3,7 @@
 use crate::bench::{self, BenchArgs};
 use crate::cluster::{self, LocalRun};
 use crate::config::{CommonArgs, Settings};
+use crate::jobs::bench::BenchCases;
 use crate::jobs::{self, counter::CounterArgs, JobCmd, Sink};
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
@@ -77,8 +78,11 @@ enum Cmd {
         #[arg(long)]
         coordinator: String,
         /// Address to listen on for workers (port 0 picks a free port).
-        #[arg(long, default_value = "0.0.0.0:0")]
+        #[arg(long, default_value = "127.0.0.1:0")]
         listen: String,
+        /// Host workers reach this server at (needed when listening on 0.0.0.0).
+        #[arg(long)]
+        advertise: Option<String>,
     },
     /// Run a worker of a cluster with the given job.
     Worker {
@@ -155,9 +159,7 @@ fn run(cli: Cli, s: Settings) -> Result<()> {
                 embedded: true,
                 json: false,
                 sizes: "4KiB,1MiB".into(),
-                iters: Some(20),
-                latency_iters: 200,
-                sparse_keys: 100_000,
+                cases: BenchCases { iters: Some(20), latency_iters: 200, sparse_keys: 100_000 },
             };
             bench::run(&b, &cli.common, &s, Arc::new(AtomicBool::new(false)))
         }
@@ -203,11 +205,12 @@ fn run(cli: Cli, s: Settings) -> Result<()> {
                 JobOutcome::Failed(r) => anyhow::bail!("the job failed: {r}"),
             }
         }
-        Cmd::Server { coordinator, listen } => {
+        Cmd::Server { coordinator, listen, advertise } => {
             let t = transport(&s)?;
             let cfg = NodeConfig {
                 coordinator,
                 listen,
+                advertise,
                 connect_timeout: s.connect_timeout,
                 server: ServerConfig { chunk_bytes: s.chunk_bytes, ..Default::default() },
             };

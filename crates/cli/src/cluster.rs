@@ -66,6 +66,7 @@ pub fn run_embedded(s: &Settings, servers: usize, workers: usize, job: &JobCmd, 
         let cfg = NodeConfig {
             coordinator: addr,
             listen: "inproc://0".into(),
+            advertise: None,
             connect_timeout: s.connect_timeout,
             server: ServerConfig { chunk_bytes: s.chunk_bytes, ..Default::default() },
         };

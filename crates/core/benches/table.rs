@@ -7,21 +7,6 @@ use downpour_core::rule::RuleRegistry;
 use downpour_core::table::{Storage, Table, TableDef};
 use downpour_core::KeyRange;
 
-fn keys(n: usize) -> Vec<u64> {
-    let mut x = 88172645463325252u64;
-    let mut k: Vec<u64> = (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % (u64::MAX - 1)
-        })
-        .collect();
-    k.sort_unstable();
-    k.dedup();
-    k
-}
-
 fn def(storage: Storage) -> TableDef {
     TableDef {
         id: 1,
@@ -34,7 +19,7 @@ fn def(storage: Storage) -> TableDef {
 }
 
 fn bench(c: &mut Criterion) {
-    let k = keys(1_000_000);
+    let k = downpour_core::keys::random_sorted_keys(1_000_000, 88172645463325252);
     let v = vec![1f32; k.len()];
     let mut out = vec![0f32; k.len()];
     let mut t = Table::new(def(Storage::Sparse), KeyRange::FULL, &RuleRegistry::new()).unwrap();

@@ -93,6 +93,24 @@ pub fn gallop(keys: &[u64], from: usize, target: u64) -> usize {
     lo + keys[lo..hi].partition_point(|&k| k < target)
 }
 
+/// `n` pseudo-random keys below `u64::MAX` (xorshift64 from `seed`), sorted and unique:
+/// the key sets of benchmarks and tests. Deterministic for a seed; fewer than `n` keys only
+/// when duplicates were drawn.
+pub fn random_sorted_keys(n: usize, seed: u64) -> Vec<u64> {
+    let mut x = seed | 1;
+    let mut keys: Vec<u64> = (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % (u64::MAX - 1)
+        })
+        .collect();
+    keys.sort_unstable();
+    keys.dedup();
+    keys
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -447,6 +447,9 @@ pub struct NodeConfig {
     pub coordinator: String,
     /// Address to listen on (`host:0` picks a free port).
     pub listen: String,
+    /// Host (name or IP) workers reach this server at, when it differs from the listen
+    /// address (required when listening on 0.0.0.0 or ::). The port is the one listened on.
+    pub advertise: Option<String>,
     /// How long to try reaching the coordinator.
     pub connect_timeout: Duration,
     /// Server settings.
@@ -468,6 +471,23 @@ pub enum NodeError {
     /// Could not start a thread.
     #[error("cannot start a thread: {0}")]
     Thread(#[from] std::io::Error),
+    /// The address to register cannot be reached by workers.
+    #[error("{0}")]
+    Address(String),
+}
+
+/// The address registered with the coordinator: `advertise` with the bound port, or the
+/// bound address itself unless it is a wildcard address no worker can connect to.
+pub fn advertised_addr(bound: &str, advertise: Option<&str>) -> Result<String, NodeError> {
+    let port = bound.rsplit_once(':').map(|(_, p)| p).unwrap_or("");
+    match advertise {
+        Some(host) if host.contains(':') && !host.starts_with('[') => Ok(format!("[{host}]:{port}")),
+        Some(host) => Ok(format!("{host}:{port}")),
+        None if bound.starts_with("0.0.0.0:") || bound.starts_with("[::]:") => {
+            Err(NodeError::Address(format!("listening on {bound}: give --advertise HOST, the address workers reach this server at")))
+        }
+        None => Ok(bound.to_string()),
+    }
 }
 
 /// Runs a server node: listen, register with the coordinator, serve, heartbeat; returns
@@ -475,7 +495,7 @@ pub enum NodeError {
 /// coordinator is lost.
 pub fn run_server_node(transport: &dyn Transport, cfg: NodeConfig) -> Result<(), NodeError> {
     let server = Server::bind(transport, &cfg.listen, cfg.server.clone())?;
-    let addr = server.addr();
+    let addr = advertised_addr(&server.addr(), cfg.advertise.as_deref())?;
     let mut control = ControlClient::connect(transport, &cfg.coordinator, cfg.connect_timeout)?;
     control.set_timeout(Some(cfg.connect_timeout))?;
     let reg = control.register("server", &addr)?;
@@ -495,4 +515,17 @@ pub fn run_server_node(transport: &dyn Transport, cfg: NodeConfig) -> Result<(),
     };
     handle.shutdown();
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wildcard_listen_address_needs_an_advertised_host() {
+        assert_eq!(advertised_addr("127.0.0.1:5000", None).unwrap(), "127.0.0.1:5000");
+        assert!(advertised_addr("0.0.0.0:5000", None).unwrap_err().to_string().contains("--advertise"));
+        assert_eq!(advertised_addr("0.0.0.0:5000", Some("10.0.0.2")).unwrap(), "10.0.0.2:5000");
+        assert_eq!(advertised_addr("[::]:5000", Some("fe80::1")).unwrap(), "[fe80::1]:5000");
+    }
 }

@@ -141,21 +141,7 @@ impl Connection for InProcConnection {
 
     fn recv_payload(&mut self, keys: &mut [u8], values: &mut [u8]) -> Result<()> {
         let (k, v) = self.current.take().unwrap_or_default();
-        if k.len() != keys.len() || v.len() != values.len() {
-            return Err(TransportError::Protocol {
-                peer: self.peer.clone(),
-                source: downpour_core::CoreError::Malformed(format!(
-                    "payload buffers of {}+{} bytes for a frame of {}+{} bytes",
-                    keys.len(),
-                    values.len(),
-                    k.len(),
-                    v.len()
-                )),
-            });
-        }
-        keys.copy_from_slice(&k);
-        values.copy_from_slice(&v);
-        Ok(())
+        crate::fill_payload(&self.peer, &k, &v, keys, values)
     }
 
     fn set_recv_timeout(&mut self, timeout: Option<Duration>) -> Result<()> {

@@ -179,6 +179,26 @@ pub fn network_transport(kind: TransportKind, cfg: NetConfig) -> Result<Arc<dyn 
     })
 }
 
+/// Copies a received frame's owned payloads `(k, v)` into the caller's buffers, which must
+/// have exactly their sizes (the transports that receive whole messages use this).
+pub(crate) fn fill_payload(peer: &str, k: &[u8], v: &[u8], keys: &mut [u8], values: &mut [u8]) -> Result<()> {
+    if k.len() != keys.len() || v.len() != values.len() {
+        return Err(TransportError::Protocol {
+            peer: peer.to_string(),
+            source: CoreError::Malformed(format!(
+                "payload buffers of {}+{} bytes for a frame of {}+{} bytes",
+                keys.len(),
+                values.len(),
+                k.len(),
+                v.len()
+            )),
+        });
+    }
+    keys.copy_from_slice(k);
+    values.copy_from_slice(v);
+    Ok(())
+}
+
 /// Views a slice of u64 keys as their little-endian bytes (no copy).
 pub fn key_bytes(keys: &[u64]) -> &[u8] {
     bytemuck::cast_slice(keys)

@@ -13,21 +13,28 @@ use downpour_worker::WorkerSession;
 use serde::{Deserialize, Serialize};
 use std::time::Instant;
 
+/// What to measure besides the sizes (shared by `downpour bench` and its worker job).
+#[derive(Args, Debug, Clone)]
+pub struct BenchCases {
+    /// Timed iterations per case (default: enough to move about 1 GiB, 5..=2000; 10 for sparse).
+    #[arg(long)]
+    pub iters: Option<usize>,
+    /// Iterations of the 4 KiB latency measurement (0 skips it).
+    #[arg(long, default_value_t = 2000)]
+    pub latency_iters: usize,
+    /// Keys of the sparse case (0 skips it).
+    #[arg(long, default_value_t = 1_000_000)]
+    pub sparse_keys: usize,
+}
+
 /// Flags of the worker side of the benchmark.
 #[derive(Args, Debug, Clone)]
 pub struct BenchJobArgs {
     /// Dense value sizes in bytes, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "4096,1048576,16777216,67108864")]
     pub sizes: Vec<u64>,
-    /// Timed iterations per case (default: enough to move about 1 GiB, 5..=2000).
-    #[arg(long)]
-    pub iters: Option<usize>,
-    /// Iterations of the 4 KiB latency measurement.
-    #[arg(long, default_value_t = 2000)]
-    pub latency_iters: usize,
-    /// Keys of the sparse case (0 skips it).
-    #[arg(long, default_value_t = 1_000_000)]
-    pub sparse_keys: usize,
+    #[command(flatten)]
+    pub cases: BenchCases,
 }
 
 /// One worker's measurement of one case.
@@ -71,7 +78,7 @@ pub fn run_worker(a: &BenchJobArgs, s: &mut WorkerSession, sink: &Sink) -> Resul
         s.kv.create_table(dense_table(id, n))?;
         let vals = vec![0.5f32; n as usize];
         let mut out = vec![0f32; n as usize];
-        let iters = a.iters.unwrap_or(((1u64 << 30) / size).clamp(5, 2000) as usize);
+        let iters = a.cases.iters.unwrap_or(((1u64 << 30) / size).clamp(5, 2000) as usize);
         // warm-up: touch every page on both sides
         let ts = s.kv.push_range(id, 0, &vals)?;
         s.kv.wait(ts)?;
@@ -116,11 +123,11 @@ pub fn run_worker(a: &BenchJobArgs, s: &mut WorkerSession, sink: &Sink) -> Resul
         }
         // release the memory of large cases before the next
         drop(out);
-        if size == 4096 && a.latency_iters > 0 {
+        if size == 4096 && a.cases.latency_iters > 0 {
             s.barrier("bench-latency")?;
-            let mut lat = Vec::with_capacity(a.latency_iters);
+            let mut lat = Vec::with_capacity(a.cases.latency_iters);
             let t0 = Instant::now();
-            for _ in 0..a.latency_iters {
+            for _ in 0..a.cases.latency_iters {
                 let t = Instant::now();
                 let ts = s.kv.push_range(id, 0, &vals)?;
                 s.kv.wait(ts)?;
@@ -145,7 +152,7 @@ pub fn run_worker(a: &BenchJobArgs, s: &mut WorkerSession, sink: &Sink) -> Resul
             );
         }
     }
-    if a.sparse_keys > 0 {
+    if a.cases.sparse_keys > 0 {
         let id = 200;
         s.kv.create_table(TableDef {
             id,
@@ -156,22 +163,12 @@ pub fn run_worker(a: &BenchJobArgs, s: &mut WorkerSession, sink: &Sink) -> Resul
             rule: proto::Rule { name: "add".into(), ..Default::default() },
         })?;
         // Random u64 keys (seeded by rank), sorted and unique as the API requires.
-        let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ (s.rank as u64 + 1);
-        let mut keys: Vec<u64> = (0..a.sparse_keys)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x % (u64::MAX - 1)
-            })
-            .collect();
-        keys.sort_unstable();
-        keys.dedup();
+        let keys = downpour_core::keys::random_sorted_keys(a.cases.sparse_keys, 0x9E37_79B9_7F4A_7C15 ^ (s.rank as u64 + 1));
         let vals = vec![1f32; keys.len()];
         let mut out = vec![0f32; keys.len()];
         let ts = s.kv.push(id, &keys, &vals)?; // creates the keys on the servers
         s.kv.wait(ts)?;
-        let iters = a.iters.unwrap_or(10).max(1);
+        let iters = a.cases.iters.unwrap_or(10).max(1);
         for op in ["push", "pull"] {
             s.barrier(&format!("bench-sparse-{op}"))?;
             let t0 = Instant::now();

@@ -52,9 +52,15 @@ pub fn run(a: &CounterArgs, s: &mut WorkerSession, num_servers: usize, sink: &Si
     let ones = vec![1f32; keys.len() * a.value_len];
     s.barrier("counter-start")?;
     let mut last = None;
-    for _ in 0..a.rounds {
+    let t0 = std::time::Instant::now();
+    let step = (a.rounds / 10).max(1);
+    for r in 1..=a.rounds {
         last = Some(s.kv.push(TABLE, &keys, &ones)?);
         s.kv.clock();
+        if s.rank == 0 && r % step == 0 && r < a.rounds {
+            let rate = r as f64 / t0.elapsed().as_secs_f64().max(1e-9);
+            tracing::info!("counter: round {r}/{} ({:.0} rounds/s, ETA {:.1}s)", a.rounds, rate, (a.rounds - r) as f64 / rate);
+        }
     }
     if let Some(ts) = last {
         s.kv.wait(ts)?;
