@@ -226,3 +226,33 @@ fn a_killed_server_fails_the_job_on_every_node_with_a_clear_message() {
     assert!(werr.contains("server 0"), "worker said: {werr}");
     assert!(cerr.contains("server 0"), "coordinator said: {cerr}");
 }
+
+#[test]
+fn launch_kills_every_child_on_ctrl_c() {
+    use std::process::Stdio;
+    let marker = format!("downpour-sigint-{}-{:?}", std::process::id(), Instant::now());
+    let mut launcher = downpour()
+        .env("DOWNPOUR_TEST_MARKER", &marker)
+        .args(["launch", "--servers", "1", "--workers", "1", "--", "counter", "--keys", "100", "--rounds", "5000000"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(launcher.try_wait().unwrap().is_none(), "the job ended too early");
+    // SIGINT to the launcher alone, as `kill -INT` would (a terminal would signal the whole group)
+    let st = Command::new("kill").args(["-INT", &launcher.id().to_string()]).status().unwrap();
+    assert!(st.success());
+    let status = wait_timeout(&mut launcher, Duration::from_secs(20)).expect("launcher must exit");
+    assert!(!status.success());
+    let err = String::from_utf8_lossy(&launcher.wait_with_output().unwrap().stderr).into_owned();
+    assert!(err.contains("interrupted"), "{err}");
+    std::thread::sleep(Duration::from_millis(200));
+    let left: Vec<_> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| std::fs::read(e.path().join("environ")).map(|b| String::from_utf8_lossy(&b).contains(&marker)).unwrap_or(false))
+        .map(|e| e.file_name())
+        .collect();
+    assert!(left.is_empty(), "processes left behind: {left:?}");
+}
