@@ -1,0 +1,82 @@
+//! Minibatches in the shape the parameter server wants: the sorted, unique union of the
+//! examples' keys (one pull and one push per batch) and each example's features as
+//! positions in that union.
+
+use crate::Example;
+
+/// A minibatch of sparse examples.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Batch {
+    /// Sorted, unique keys of every feature in the batch.
+    pub keys: Vec<u64>,
+    /// Labels, one per example.
+    pub labels: Vec<f32>,
+    /// `offsets[i]..offsets[i+1]` are example i's entries in `index`/`values`.
+    pub offsets: Vec<usize>,
+    /// Position in `keys` of each feature.
+    pub index: Vec<u32>,
+    /// Value of each feature.
+    pub values: Vec<f32>,
+}
+
+impl Batch {
+    /// Number of examples.
+    pub fn len(&self) -> usize {
+        self.labels.len()
+    }
+    /// True for a batch without examples.
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty()
+    }
+
+    /// Builds a batch from examples. Duplicate ids within one example are kept as separate
+    /// features pointing at the same key. O(F log F) for F features.
+    pub fn from_examples(examples: &[Example]) -> Batch {
+        let mut keys: Vec<u64> = examples.iter().flat_map(|e| e.keys.iter().copied()).collect();
+        keys.sort_unstable();
+        keys.dedup();
+        let mut b = Batch { keys, offsets: vec![0], ..Default::default() };
+        for e in examples {
+            b.labels.push(e.label);
+            for (k, v) in e.keys.iter().zip(&e.values) {
+                // present by construction
+                let i = b.keys.partition_point(|x| x < k);
+                b.index.push(i as u32);
+                b.values.push(*v);
+            }
+            b.offsets.push(b.index.len());
+        }
+        b
+    }
+
+    /// Example `i`'s features as (position in `keys`, value).
+    pub fn features(&self, i: usize) -> impl Iterator<Item = (usize, f32)> + '_ {
+        let r = self.offsets[i]..self.offsets[i + 1];
+        self.index[r.clone()].iter().map(|&j| j as usize).zip(self.values[r].iter().copied())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn every_feature_points_at_its_key(exs in proptest::collection::vec(proptest::collection::vec((0u64..50, -2.0f32..2.0), 0..8), 0..10)) {
+            let examples: Vec<Example> = exs.iter().map(|fs| Example {
+                label: 1.0,
+                keys: fs.iter().map(|f| f.0).collect(),
+                values: fs.iter().map(|f| f.1).collect(),
+            }).collect();
+            let b = Batch::from_examples(&examples);
+            prop_assert!(b.keys.windows(2).all(|w| w[0] < w[1]));
+            prop_assert_eq!(b.len(), examples.len());
+            for (i, e) in examples.iter().enumerate() {
+                let fs: Vec<(u64, f32)> = b.features(i).map(|(j, v)| (b.keys[j], v)).collect();
+                let expect: Vec<(u64, f32)> = e.keys.iter().copied().zip(e.values.iter().copied()).collect();
+                prop_assert_eq!(fs, expect);
+            }
+        }
+    }
+}

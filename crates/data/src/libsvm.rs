@@ -1,0 +1,187 @@
+//! Streaming LIBSVM/svmlight reader.
+//!
+//! Format: one example per line, `LABEL [ID[:VALUE]]... [# comment]`. Labels `+1`, `1`
+//! (positive) and `-1`, `0` (negative) are accepted; ids are u64; a missing value means 1.
+//! Blank lines and lines starting with `#` are skipped. A malformed line is an error of the
+//! form `FILE:LINE: what is wrong`. Files are read line by line (never whole), and gzip files
+//! are decompressed on the fly whatever their name.
+
+use crate::Example;
+use flate2::read::MultiGzDecoder;
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use thiserror::Error;
+
+/// A reader error naming the file and line.
+#[derive(Debug, Error)]
+pub enum DataError {
+    /// The file could not be opened or read.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// A line is malformed.
+    #[error("{path}:{line}: {what}")]
+    Malformed {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line number.
+        line: u64,
+        /// What is wrong.
+        what: String,
+    },
+}
+
+/// Parses one LIBSVM line into `ex` (cleared first). `Ok(false)` for a blank or comment line.
+pub fn parse_line(line: &str, ex: &mut Example) -> Result<bool, String> {
+    ex.keys.clear();
+    ex.values.clear();
+    let body = line.split('#').next().unwrap_or("").trim();
+    if body.is_empty() {
+        return Ok(false);
+    }
+    let mut fields = body.split_ascii_whitespace();
+    let label = fields.next().unwrap_or("");
+    ex.label = match label {
+        "1" | "+1" | "1.0" | "+1.0" => 1.0,
+        "0" | "-1" | "0.0" | "-1.0" => 0.0,
+        other => return Err(format!("label {other:?} is not one of +1, 1, -1, 0")),
+    };
+    for f in fields {
+        let (id, val) = match f.split_once(':') {
+            Some((id, v)) => {
+                let v: f32 = v.parse().map_err(|_| format!("feature {f:?}: value {v:?} is not a number"))?;
+                if !v.is_finite() {
+                    return Err(format!("feature {f:?}: value is not finite"));
+                }
+                (id, v)
+            }
+            None => (f, 1.0),
+        };
+        let id: u64 = id.parse().map_err(|_| format!("feature {f:?}: id {id:?} is not an unsigned 64-bit integer"))?;
+        if id == u64::MAX {
+            return Err(format!("feature id {id} is reserved"));
+        }
+        ex.keys.push(id);
+        ex.values.push(val);
+    }
+    Ok(true)
+}
+
+/// Opens `path`, decompressing gzip transparently.
+pub fn open(path: &Path) -> Result<Box<dyn BufRead + Send>, DataError> {
+    let io = |source| DataError::Io { path: path.to_path_buf(), source };
+    let mut f = File::open(path).map_err(io)?;
+    let mut magic = [0u8; 2];
+    let n = f.read(&mut magic).map_err(io)?;
+    let f = File::open(path).map_err(io)?;
+    Ok(if n == 2 && magic == [0x1f, 0x8b] {
+        Box::new(BufReader::with_capacity(1 << 16, MultiGzDecoder::new(BufReader::new(f))))
+    } else {
+        Box::new(BufReader::with_capacity(1 << 16, f))
+    })
+}
+
+/// Streams the examples of one LIBSVM file.
+pub struct LibsvmReader {
+    path: PathBuf,
+    input: Box<dyn BufRead + Send>,
+    line: u64,
+    buf: String,
+}
+
+impl LibsvmReader {
+    /// Opens `path` for reading.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, DataError> {
+        let path = path.as_ref().to_path_buf();
+        let input = open(&path)?;
+        Ok(LibsvmReader { path, input, line: 0, buf: String::new() })
+    }
+
+    /// Reads the next example into `ex`; `Ok(false)` at the end of the file.
+    pub fn next_into(&mut self, ex: &mut Example) -> Result<bool, DataError> {
+        loop {
+            self.buf.clear();
+            let n = self.input.read_line(&mut self.buf).map_err(|source| {
+                // invalid UTF-8 and corrupt gzip data surface here
+                DataError::Malformed { path: self.path.clone(), line: self.line + 1, what: source.to_string() }
+            })?;
+            if n == 0 {
+                return Ok(false);
+            }
+            self.line += 1;
+            match parse_line(&self.buf, ex) {
+                Ok(true) => return Ok(true),
+                Ok(false) => continue,
+                Err(what) => return Err(DataError::Malformed { path: self.path.clone(), line: self.line, what }),
+            }
+        }
+    }
+}
+
+impl Iterator for LibsvmReader {
+    type Item = Result<Example, DataError>;
+    fn next(&mut self) -> Option<Self::Item> {
+        let mut ex = Example::default();
+        match self.next_into(&mut ex) {
+            Ok(true) => Some(Ok(ex)),
+            Ok(false) => None,
+            Err(e) => Some(Err(e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn parses_labels_ids_and_default_values() {
+        let mut ex = Example::default();
+        assert!(parse_line("+1 3:0.5 7 12:2 # comment", &mut ex).unwrap());
+        assert_eq!(ex, Example { label: 1.0, keys: vec![3, 7, 12], values: vec![0.5, 1.0, 2.0] });
+        assert!(parse_line("-1", &mut ex).unwrap());
+        assert_eq!(ex.label, 0.0);
+        assert!(ex.keys.is_empty());
+        assert!(!parse_line("   # only a comment", &mut ex).unwrap());
+        assert!(parse_line("2 1:1", &mut ex).unwrap_err().contains("label"));
+        assert!(parse_line("1 x:1", &mut ex).unwrap_err().contains("unsigned"));
+        assert!(parse_line("1 3:abc", &mut ex).unwrap_err().contains("not a number"));
+        assert!(parse_line("1 3:inf", &mut ex).unwrap_err().contains("finite"));
+    }
+
+    #[test]
+    fn malformed_line_names_file_and_line_and_gzip_is_transparent() {
+        let dir = tempfile::tempdir().unwrap();
+        let plain = dir.path().join("a.txt");
+        std::fs::write(&plain, "1 1:1\n\n0 2:1\n1 3:zz\n").unwrap();
+        let mut r = LibsvmReader::open(&plain).unwrap();
+        assert!(r.next().unwrap().is_ok());
+        assert!(r.next().unwrap().is_ok());
+        let e = r.next().unwrap().unwrap_err().to_string();
+        assert!(e.starts_with(&format!("{}:4: ", plain.display())), "{e}");
+
+        let gz = dir.path().join("b.data");
+        let mut enc = flate2::write::GzEncoder::new(std::fs::File::create(&gz).unwrap(), flate2::Compression::fast());
+        enc.write_all(b"1 5:2\n-1 6\n").unwrap();
+        enc.finish().unwrap();
+        let all: Vec<Example> = LibsvmReader::open(&gz).unwrap().map(|e| e.unwrap()).collect();
+        assert_eq!(all.len(), 2);
+        assert_eq!(all[1], Example { label: 0.0, keys: vec![6], values: vec![1.0] });
+        let missing = LibsvmReader::open(dir.path().join("nope")).err().unwrap().to_string();
+        assert!(missing.contains("nope"), "{missing}");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn arbitrary_lines_never_panic(line in ".{0,80}") {
+            let mut ex = Example::default();
+            let _ = parse_line(&line, &mut ex);
+        }
+    }
+}
