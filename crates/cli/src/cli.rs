@@ -42,6 +42,10 @@ enum Cmd {
         #[arg(long)]
         coordinator: Option<String>,
     },
+    /// Train a model on an embedded cluster (`--servers`, `--workers` after the model name):
+    /// `downpour train linear --train a.svm --test b.svm --out m.json`.
+    #[command(subcommand)]
+    Train(jobs::TrainModel),
     /// Start a coordinator, S servers and W workers as processes on this machine and run a
     /// job: `downpour launch --servers 2 --workers 3 -- counter --keys 1000`.
     Launch {
@@ -169,6 +173,12 @@ fn run(cli: Cli, s: Settings) -> Result<()> {
                 Some(addr) => cluster::run_worker(transport(&s)?.as_ref(), &s, &addr, &job, &stdout_sink()),
                 None => cluster::run_embedded(&s, servers, workers, &job, stdout_sink()),
             }
+        }
+        Cmd::Train(model) => {
+            let (servers, workers) = match &model {
+                jobs::TrainModel::Linear(a) => (a.servers, a.workers),
+            };
+            cluster::run_embedded(&s, servers, workers, &JobCmd::Train(model), stdout_sink())
         }
         Cmd::Launch { servers, workers, job } => {
             // Check the job's flags before starting anything.

@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod counter;
+pub mod linear;
 
 use anyhow::Result;
 use clap::Subcommand;
@@ -19,9 +20,19 @@ pub enum JobCmd {
     /// Every worker adds 1 to the same K keys R times; then every worker checks that each
     /// key equals workers × rounds exactly (the no-lost-update check).
     Counter(counter::CounterArgs),
+    /// Train a model (see `train linear --help`).
+    #[command(subcommand)]
+    Train(TrainModel),
     /// The benchmark's worker side (started by `downpour bench`).
     #[command(hide = true)]
     BenchJob(bench::BenchJobArgs),
+}
+
+/// Models `train` knows.
+#[derive(Subcommand, Debug, Clone)]
+pub enum TrainModel {
+    /// Sparse logistic regression by asynchronous minibatch SGD (FTRL/AdaGrad/SGD on the servers).
+    Linear(linear::LinearArgs),
 }
 
 impl JobCmd {
@@ -30,6 +41,7 @@ impl JobCmd {
         match self {
             JobCmd::Counter(a) => counter::run(a, session, num_servers, sink),
             JobCmd::BenchJob(a) => bench::run_worker(a, session, sink),
+            JobCmd::Train(TrainModel::Linear(a)) => linear::run(a, session, sink),
         }
     }
 }

@@ -1,0 +1,305 @@
+//! `train linear`: sparse logistic regression by asynchronous minibatch SGD on the parameter
+//! server (REFERENCE §2.2). Each worker streams its share of the training examples (example
+//! `i` of the input goes to worker `i mod W`), pulls the weights of a minibatch's keys,
+//! computes the logistic-loss gradient and pushes it; the servers apply FTRL-Proximal
+//! (default), AdaGrad or SGD. The pull of the next minibatch is issued before the current
+//! one is computed. After every epoch worker 0 evaluates on the test set.
+
+use super::Sink;
+use anyhow::{ensure, Context, Result};
+use clap::{Args, ValueEnum};
+use downpour_apps::{linear, metrics};
+use downpour_core::init::Init;
+use downpour_core::proto;
+use downpour_core::table::{Storage, TableDef};
+use downpour_data::batch::Batch;
+use downpour_data::libsvm::LibsvmReader;
+use downpour_data::Example;
+use downpour_worker::{Timestamp, WorkerSession};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// Server-side update rule of the linear model.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Optimizer {
+    /// FTRL-Proximal with L1/L2 (lr = α, β = 1).
+    Ftrl,
+    /// AdaGrad.
+    Adagrad,
+    /// Plain SGD.
+    Sgd,
+}
+
+/// Flags of `train linear`.
+#[derive(Args, Debug, Clone)]
+pub struct LinearArgs {
+    /// Training files (LIBSVM, optionally gzipped).
+    #[arg(long, required = true, num_args = 1..)]
+    pub train: Vec<PathBuf>,
+    /// Test file (LIBSVM), evaluated after every epoch.
+    #[arg(long)]
+    pub test: Option<PathBuf>,
+    /// Passes over the training data.
+    #[arg(long, default_value_t = 1)]
+    pub epochs: usize,
+    /// Examples per minibatch.
+    #[arg(long, default_value_t = 100)]
+    pub batch: usize,
+    /// Update rule on the servers.
+    #[arg(long, value_enum, default_value_t = Optimizer::Ftrl)]
+    pub optimizer: Optimizer,
+    /// Learning rate (α for FTRL).
+    #[arg(long, default_value_t = 0.1)]
+    pub lr: f32,
+    /// L1 strength (FTRL).
+    #[arg(long, default_value_t = 0.0)]
+    pub l1: f32,
+    /// L2 strength (FTRL).
+    #[arg(long, default_value_t = 0.0)]
+    pub l2: f32,
+    /// Write metrics JSON here (worker 0).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// No progress lines.
+    #[arg(long)]
+    pub quiet: bool,
+    /// Servers of the embedded cluster (when run directly, not under `launch`).
+    #[arg(long, default_value_t = 2)]
+    pub servers: usize,
+    /// Workers of the embedded cluster (when run directly, not under `launch`).
+    #[arg(long, default_value_t = 2)]
+    pub workers: usize,
+}
+
+/// Table id of the job's counters (examples seen, summed over workers with rule `add`).
+const STATS: u32 = 11;
+
+/// Table id of the linear model.
+pub const TABLE: u32 = 10;
+
+fn table_def(a: &LinearArgs) -> TableDef {
+    let name = match a.optimizer {
+        Optimizer::Ftrl => "ftrl",
+        Optimizer::Adagrad => "adagrad",
+        Optimizer::Sgd => "sgd",
+    };
+    TableDef {
+        id: TABLE,
+        name: "linear".into(),
+        value_len: 1,
+        storage: Storage::Sparse,
+        init: Init::Zeros,
+        rule: proto::Rule { name: name.into(), lr: a.lr, l1: a.l1, l2: a.l2, ftrl_beta: 1.0, ..Default::default() },
+    }
+}
+
+/// Reads the next minibatch of this worker's share: examples whose global index `i`
+/// satisfies `i % workers == rank`. `None` at the end of the input.
+struct ShareReader {
+    files: Vec<PathBuf>,
+    file: usize,
+    reader: Option<LibsvmReader>,
+    index: u64,
+    rank: u64,
+    workers: u64,
+    ex: Example,
+}
+
+impl ShareReader {
+    fn new(files: &[PathBuf], rank: usize, workers: usize) -> Self {
+        ShareReader {
+            files: files.to_vec(),
+            file: 0,
+            reader: None,
+            index: 0,
+            rank: rank as u64,
+            workers: workers.max(1) as u64,
+            ex: Example::default(),
+        }
+    }
+
+    fn next_batch(&mut self, n: usize) -> Result<Option<Batch>> {
+        let mut exs = Vec::with_capacity(n);
+        while exs.len() < n {
+            if self.reader.is_none() {
+                let Some(path) = self.files.get(self.file) else { break };
+                self.reader = Some(LibsvmReader::open(path)?);
+            }
+            let r = self.reader.as_mut().context("reader")?;
+            if !r.next_into(&mut self.ex)? {
+                self.reader = None;
+                self.file += 1;
+                continue;
+            }
+            let i = self.index;
+            self.index += 1;
+            if i % self.workers == self.rank {
+                exs.push(std::mem::take(&mut self.ex));
+            }
+        }
+        Ok((!exs.is_empty()).then(|| Batch::from_examples(&exs)))
+    }
+}
+
+struct EpochMetrics {
+    auc: Option<f64>,
+    logloss: f64,
+    accuracy: f64,
+    examples: usize,
+}
+
+fn evaluate(s: &mut WorkerSession, test: &PathBuf, batch: usize) -> Result<EpochMetrics> {
+    let mut r = ShareReader::new(std::slice::from_ref(test), 0, 1);
+    let (mut p, mut y) = (Vec::new(), Vec::new());
+    let mut w = Vec::new();
+    while let Some(b) = r.next_batch(batch.max(1000))? {
+        w.resize(b.keys.len(), 0.0);
+        s.kv.pull_into(TABLE, &b.keys, &mut w)?;
+        for i in 0..b.len() {
+            p.push(linear::sigmoid(linear::margin(&b, &w, i)));
+            y.push(b.labels[i]);
+        }
+    }
+    Ok(EpochMetrics {
+        auc: metrics::auc(&p, &y),
+        logloss: metrics::logloss(&p, &y),
+        accuracy: metrics::accuracy(&p, &y),
+        examples: p.len(),
+    })
+}
+
+/// Runs `train linear` on one worker.
+pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
+    ensure!(a.batch >= 1, "--batch must be at least 1");
+    ensure!(a.epochs >= 1, "--epochs must be at least 1");
+    ensure!(a.lr.is_finite() && a.lr > 0.0, "--lr must be a positive number");
+    for f in a.train.iter().chain(a.test.iter()) {
+        ensure!(f.is_file(), "{}: no such file", f.display());
+    }
+    s.kv.create_table(table_def(a))?;
+    s.barrier("linear-start")?;
+    let t0 = Instant::now();
+    let mut total_examples = 0usize;
+    let mut epochs = Vec::new();
+    let mut last = None;
+    for epoch in 1..=a.epochs {
+        let te = Instant::now();
+        let mut reader = ShareReader::new(&a.train, s.rank, s.num_workers);
+        let (mut seen, mut loss_sum, mut loss_n) = (0usize, 0f64, 0usize);
+        let mut last_print = Instant::now();
+        let mut grad = Vec::new();
+        // Pipeline: the pull of batch k+1 is in flight while batch k is computed.
+        let mut cur: Option<(Batch, Timestamp)> = match reader.next_batch(a.batch)? {
+            Some(b) => {
+                let ts = s.kv.pull(TABLE, &b.keys)?;
+                Some((b, ts))
+            }
+            None => None,
+        };
+        while let Some((b, ts)) = cur.take() {
+            let next = reader.next_batch(a.batch)?;
+            let next_ts = match &next {
+                Some(nb) => Some(s.kv.pull(TABLE, &nb.keys)?),
+                None => None,
+            };
+            let w = s.kv.wait_values(ts)?;
+            grad.resize(b.keys.len(), 0.0);
+            let l = linear::loss_and_gradient(&b, &w, &mut grad);
+            // Push the sum of the examples' gradients: the per-coordinate adaptive rules
+            // (FTRL, AdaGrad) expect per-example gradient mass, not a batch mean.
+            let n = b.len() as f32;
+            grad.iter_mut().for_each(|g| *g *= n);
+            last = Some(s.kv.push(TABLE, &b.keys, &grad)?);
+            s.kv.clock();
+            loss_sum += l * b.len() as f64;
+            loss_n += b.len();
+            seen += b.len();
+            if !a.quiet && s.rank == 0 && last_print.elapsed() > Duration::from_secs(1) {
+                last_print = Instant::now();
+                let rate = seen as f64 / te.elapsed().as_secs_f64();
+                tracing::info!(
+                    "epoch {epoch}/{}: {seen} examples (this worker), {rate:.0} ex/s, running loss {:.4}",
+                    a.epochs,
+                    loss_sum / loss_n.max(1) as f64
+                );
+                loss_sum = 0.0;
+                loss_n = 0;
+            }
+            cur = next.zip(next_ts);
+        }
+        if let Some(ts) = last.take() {
+            s.kv.wait(ts)?;
+        }
+        total_examples += seen;
+        s.barrier(&format!("linear-epoch-{epoch}"))?;
+        let wall = t0.elapsed().as_secs_f64();
+        if s.rank == 0 {
+            if let Some(test) = &a.test {
+                let m = evaluate(s, test, a.batch)?;
+                if !a.quiet {
+                    tracing::info!(
+                        "epoch {epoch}: test AUC {} logloss {:.5} accuracy {:.4} on {} examples",
+                        m.auc.map(|x| format!("{x:.5}")).unwrap_or_else(|| "n/a".into()),
+                        m.logloss,
+                        m.accuracy,
+                        m.examples
+                    );
+                }
+                epochs.push((epoch, Some(m), wall));
+            } else {
+                epochs.push((epoch, None, wall));
+            }
+        }
+        s.barrier(&format!("linear-eval-{epoch}"))?;
+    }
+    // Sum the examples seen over workers through the servers (split so f32 sums stay exact).
+    s.kv.create_table(TableDef {
+        id: STATS,
+        name: "linear-stats".into(),
+        value_len: 1,
+        storage: Storage::Dense(downpour_core::KeyRange::new(0, 2)),
+        init: Init::Zeros,
+        rule: proto::Rule { name: "add".into(), ..Default::default() },
+    })?;
+    let parts = [(total_examples % (1 << 20)) as f32, (total_examples >> 20) as f32];
+    let ts = s.kv.push_range(STATS, 0, &parts)?;
+    s.kv.wait(ts)?;
+    s.barrier("linear-stats")?;
+    let mut sum = [0f32; 2];
+    s.kv.pull_range_into(STATS, 0, &mut sum)?;
+    let all_examples = sum[0] as usize + ((sum[1] as usize) << 20);
+    let wall = t0.elapsed().as_secs_f64();
+    if s.rank == 0 {
+        let traffic = s.kv.traffic();
+        let final_m = epochs.last().and_then(|e| e.1.as_ref());
+        let json = serde_json::json!({
+            "test_auc": final_m.and_then(|m| m.auc),
+            "test_logloss": final_m.map(|m| m.logloss),
+            "test_accuracy": final_m.map(|m| m.accuracy),
+            "train_examples": all_examples,
+            "wall_s": wall,
+            "examples_per_s": all_examples as f64 / wall,
+            "bytes_sent": traffic.bytes_sent,
+            "bytes_received": traffic.bytes_received,
+            "epochs": epochs.iter().map(|(e, m, w)| serde_json::json!({
+                "epoch": e, "test_auc": m.as_ref().and_then(|m| m.auc), "test_logloss": m.as_ref().map(|m| m.logloss), "wall_s": w,
+            })).collect::<Vec<_>>(),
+        });
+        if let Some(out) = &a.out {
+            std::fs::write(out, serde_json::to_string_pretty(&json)?).with_context(|| format!("cannot write {}", out.display()))?;
+        }
+        if let Some(m) = final_m {
+            sink(&format!(
+                "train linear: test_auc={} test_logloss={:.5} test_accuracy={:.4} examples={} wall_s={wall:.2}",
+                m.auc.map(|x| format!("{x:.5}")).unwrap_or_else(|| "n/a".into()),
+                m.logloss,
+                m.accuracy,
+                all_examples
+            ));
+        } else {
+            sink(&format!("train linear: done, examples={all_examples} wall_s={wall:.2}"));
+        }
+    }
+    s.barrier("linear-done")?;
+    Ok(())
+}

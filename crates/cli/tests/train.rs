@@ -1,0 +1,121 @@
+//! `train linear` end to end on generated LIBSVM data with a hidden sparse logistic model.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::Command;
+
+fn downpour() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_downpour"));
+    c.env("DOWNPOUR_LOG", "warn");
+    c
+}
+
+/// Writes `n` examples: 15 of 500 features each, label drawn from σ(w·x) with a fixed w.
+fn write_data(path: &Path, n: usize, seed: u64) {
+    let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let w: Vec<f64> = (0..500u64).map(|k| if k % 3 == 0 { ((k * 7919 % 200) as f64 / 100.0) - 1.0 } else { 0.0 } * 2.5).collect();
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+    for _ in 0..n {
+        let mut ks: Vec<u64> = (0..15).map(|_| next() % 500).collect();
+        ks.sort_unstable();
+        ks.dedup();
+        let z: f64 = ks.iter().map(|&k| w[k as usize]).sum();
+        let p = 1.0 / (1.0 + (-z).exp());
+        let y = (next() % 1_000_000) as f64 / 1e6 < p;
+        write!(f, "{}", if y { "+1" } else { "-1" }).unwrap();
+        for k in ks {
+            write!(f, " {k}:1").unwrap();
+        }
+        writeln!(f).unwrap();
+    }
+}
+
+fn metrics(path: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+#[test]
+fn embedded_training_learns_and_writes_metrics() {
+    let d = tempfile::tempdir().unwrap();
+    let (tr, te, out) = (d.path().join("tr.svm"), d.path().join("te.svm"), d.path().join("m.json"));
+    write_data(&tr, 20_000, 1);
+    write_data(&te, 4_000, 2);
+    let o = downpour()
+        .args([
+            "train",
+            "linear",
+            "--train",
+            tr.to_str().unwrap(),
+            "--test",
+            te.to_str().unwrap(),
+            "--epochs",
+            "2",
+            "--out",
+            out.to_str().unwrap(),
+            "--quiet",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let m = metrics(&out);
+    assert!(m["test_auc"].as_f64().unwrap() > 0.75, "{m}");
+    assert!(m["test_logloss"].as_f64().unwrap() < 0.62, "{m}");
+    assert_eq!(m["train_examples"], 40_000);
+    assert_eq!(m["epochs"].as_array().unwrap().len(), 2);
+    for k in ["test_accuracy", "wall_s", "examples_per_s", "bytes_sent", "bytes_received"] {
+        assert!(m.get(k).is_some(), "missing {k}");
+    }
+}
+
+#[test]
+fn one_worker_training_is_deterministic() {
+    let d = tempfile::tempdir().unwrap();
+    let (tr, te) = (d.path().join("tr.svm"), d.path().join("te.svm"));
+    write_data(&tr, 5_000, 3);
+    write_data(&te, 1_000, 4);
+    let run = |out: &Path| {
+        let o = downpour()
+            .args(["train", "linear", "--workers", "1", "--servers", "2", "--train", tr.to_str().unwrap(), "--test", te.to_str().unwrap()])
+            .args(["--out", out.to_str().unwrap(), "--quiet"])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        metrics(out)["test_logloss"].as_f64().unwrap()
+    };
+    assert_eq!(run(&d.path().join("a.json")), run(&d.path().join("b.json")));
+}
+
+#[test]
+fn multi_process_training_learns() {
+    let d = tempfile::tempdir().unwrap();
+    let (tr, te, out) = (d.path().join("tr.svm"), d.path().join("te.svm"), d.path().join("m.json"));
+    write_data(&tr, 20_000, 5);
+    write_data(&te, 4_000, 6);
+    let o = downpour()
+        .args(["launch", "--servers", "2", "--workers", "2", "--", "train", "linear", "--train", tr.to_str().unwrap()])
+        .args(["--test", te.to_str().unwrap(), "--epochs", "2", "--out", out.to_str().unwrap(), "--quiet"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(metrics(&out)["test_auc"].as_f64().unwrap() > 0.75);
+}
+
+#[test]
+fn a_corrupt_training_line_is_reported_with_file_and_line() {
+    let d = tempfile::tempdir().unwrap();
+    let tr = d.path().join("bad.svm");
+    std::fs::write(&tr, "+1 1:1 2:1\n-1 3:1\n+1 4:oops\n").unwrap();
+    let o = downpour()
+        .args(["train", "linear", "--workers", "1", "--servers", "1", "--train", tr.to_str().unwrap(), "--quiet"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains(&format!("{}:3:", tr.display())), "{err}");
+}
