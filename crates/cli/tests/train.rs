@@ -119,3 +119,19 @@ fn a_corrupt_training_line_is_reported_with_file_and_line() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains(&format!("{}:3:", tr.display())), "{err}");
 }
+
+#[test]
+fn multi_process_training_on_the_committed_spam_data_reaches_auc_0_99() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/spamassassin");
+    let d = tempfile::tempdir().unwrap();
+    let out = d.path().join("m.json");
+    let o = downpour()
+        .args(["launch", "--servers", "2", "--workers", "2", "--", "train", "linear", "--format", "text-jsonl"])
+        .args(["--train", root.join("train.jsonl.gz").to_str().unwrap(), "--test", root.join("test.jsonl.gz").to_str().unwrap()])
+        .args(["--epochs", "5", "--lr", "1", "--quiet", "--out", out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let auc = metrics(&out)["test_auc"].as_f64().unwrap();
+    assert!(auc >= 0.99, "test AUC {auc}");
+}

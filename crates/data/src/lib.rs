@@ -4,6 +4,9 @@
 //!
 //! * [`libsvm`]: a streaming LIBSVM/svmlight reader (`.gz` read transparently, detected by
 //!   its magic bytes) whose errors name the file and line;
+//! * [`text`]: JSON-lines text (`--format text-jsonl`) tokenised and feature-hashed with a
+//!   stable, documented hash, log(1+tf) weights, unit L2 norm;
+//! * [`Format`] / [`ExampleReader`]: one reader over both formats;
 //! * [`batch`]: minibatches as the parameter server wants them: the sorted, unique union of
 //!   the examples' keys (what a worker pulls and pushes) plus each example's features as
 //!   indices into that union.
@@ -12,6 +15,7 @@
 
 pub mod batch;
 pub mod libsvm;
+pub mod text;
 
 /// One labelled sparse example.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -22,4 +26,39 @@ pub struct Example {
     pub keys: Vec<u64>,
     /// Feature values, one per key.
     pub values: Vec<f32>,
+}
+
+/// Input format of example files.
+#[derive(Clone, Debug)]
+pub enum Format {
+    /// LIBSVM/svmlight.
+    Libsvm,
+    /// JSON lines with a text and a label field.
+    TextJsonl(text::TextOptions),
+}
+
+/// A reader over either format.
+pub enum ExampleReader {
+    /// LIBSVM.
+    Libsvm(libsvm::LibsvmReader),
+    /// JSON lines.
+    Text(text::JsonlReader),
+}
+
+impl ExampleReader {
+    /// Opens `path` in `format`.
+    pub fn open(path: &std::path::Path, format: &Format) -> Result<Self, libsvm::DataError> {
+        Ok(match format {
+            Format::Libsvm => ExampleReader::Libsvm(libsvm::LibsvmReader::open(path)?),
+            Format::TextJsonl(o) => ExampleReader::Text(text::JsonlReader::open(path, o.clone())?),
+        })
+    }
+
+    /// Reads the next example into `ex`; `Ok(false)` at the end.
+    pub fn next_into(&mut self, ex: &mut Example) -> Result<bool, libsvm::DataError> {
+        match self {
+            ExampleReader::Libsvm(r) => r.next_into(ex),
+            ExampleReader::Text(r) => r.next_into(ex),
+        }
+    }
 }

@@ -13,8 +13,8 @@ use downpour_core::init::Init;
 use downpour_core::proto;
 use downpour_core::table::{Storage, TableDef};
 use downpour_data::batch::Batch;
-use downpour_data::libsvm::LibsvmReader;
-use downpour_data::Example;
+use downpour_data::text::TextOptions;
+use downpour_data::{Example, ExampleReader, Format};
 use downpour_worker::{Timestamp, WorkerSession};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -30,15 +30,53 @@ pub enum Optimizer {
     Sgd,
 }
 
+/// Input formats of `train linear`.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InputFormat {
+    /// LIBSVM/svmlight (`.gz` transparently).
+    Libsvm,
+    /// JSON lines with a text and a label field, tokenised and feature-hashed.
+    TextJsonl,
+}
+
+impl LinearArgs {
+    fn data_format(&self) -> Format {
+        match self.format {
+            InputFormat::Libsvm => Format::Libsvm,
+            InputFormat::TextJsonl => Format::TextJsonl(TextOptions {
+                text_field: self.text_field.clone(),
+                label_field: self.label_field.clone(),
+                hash_bits: self.hash_bits,
+                bigrams: self.bigrams,
+            }),
+        }
+    }
+}
+
 /// Flags of `train linear`.
 #[derive(Args, Debug, Clone)]
 pub struct LinearArgs {
     /// Training files (LIBSVM, optionally gzipped).
     #[arg(long, required = true, num_args = 1..)]
     pub train: Vec<PathBuf>,
-    /// Test file (LIBSVM), evaluated after every epoch.
+    /// Test file, evaluated after every epoch.
     #[arg(long)]
     pub test: Option<PathBuf>,
+    /// Input format.
+    #[arg(long, value_enum, default_value_t = InputFormat::Libsvm)]
+    pub format: InputFormat,
+    /// JSON field with the text (text-jsonl).
+    #[arg(long, default_value = "text")]
+    pub text_field: String,
+    /// JSON field with the label (text-jsonl).
+    #[arg(long, default_value = "label")]
+    pub label_field: String,
+    /// Fold hashed text features into 2^N keys (text-jsonl).
+    #[arg(long)]
+    pub hash_bits: Option<u32>,
+    /// Add bigram features (text-jsonl).
+    #[arg(long)]
+    pub bigrams: bool,
     /// Passes over the training data.
     #[arg(long, default_value_t = 1)]
     pub epochs: usize,
@@ -97,8 +135,9 @@ fn table_def(a: &LinearArgs) -> TableDef {
 /// satisfies `i % workers == rank`. `None` at the end of the input.
 struct ShareReader {
     files: Vec<PathBuf>,
+    format: Format,
     file: usize,
-    reader: Option<LibsvmReader>,
+    reader: Option<ExampleReader>,
     index: u64,
     rank: u64,
     workers: u64,
@@ -106,9 +145,10 @@ struct ShareReader {
 }
 
 impl ShareReader {
-    fn new(files: &[PathBuf], rank: usize, workers: usize) -> Self {
+    fn new(files: &[PathBuf], format: &Format, rank: usize, workers: usize) -> Self {
         ShareReader {
             files: files.to_vec(),
+            format: format.clone(),
             file: 0,
             reader: None,
             index: 0,
@@ -123,7 +163,7 @@ impl ShareReader {
         while exs.len() < n {
             if self.reader.is_none() {
                 let Some(path) = self.files.get(self.file) else { break };
-                self.reader = Some(LibsvmReader::open(path)?);
+                self.reader = Some(ExampleReader::open(path, &self.format)?);
             }
             let r = self.reader.as_mut().context("reader")?;
             if !r.next_into(&mut self.ex)? {
@@ -148,8 +188,8 @@ struct EpochMetrics {
     examples: usize,
 }
 
-fn evaluate(s: &mut WorkerSession, test: &PathBuf, batch: usize) -> Result<EpochMetrics> {
-    let mut r = ShareReader::new(std::slice::from_ref(test), 0, 1);
+fn evaluate(s: &mut WorkerSession, test: &PathBuf, format: &Format, batch: usize) -> Result<EpochMetrics> {
+    let mut r = ShareReader::new(std::slice::from_ref(test), format, 0, 1);
     let (mut p, mut y) = (Vec::new(), Vec::new());
     let mut w = Vec::new();
     while let Some(b) = r.next_batch(batch.max(1000))? {
@@ -176,6 +216,7 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
     for f in a.train.iter().chain(a.test.iter()) {
         ensure!(f.is_file(), "{}: no such file", f.display());
     }
+    let format = a.data_format();
     s.kv.create_table(table_def(a))?;
     s.barrier("linear-start")?;
     let t0 = Instant::now();
@@ -184,7 +225,7 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
     let mut last = None;
     for epoch in 1..=a.epochs {
         let te = Instant::now();
-        let mut reader = ShareReader::new(&a.train, s.rank, s.num_workers);
+        let mut reader = ShareReader::new(&a.train, &format, s.rank, s.num_workers);
         let (mut seen, mut loss_sum, mut loss_n) = (0usize, 0f64, 0usize);
         let mut last_print = Instant::now();
         let mut grad = Vec::new();
@@ -235,7 +276,7 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
         let wall = t0.elapsed().as_secs_f64();
         if s.rank == 0 {
             if let Some(test) = &a.test {
-                let m = evaluate(s, test, a.batch)?;
+                let m = evaluate(s, test, &format, a.batch)?;
                 if !a.quiet {
                     tracing::info!(
                         "epoch {epoch}: test AUC {} logloss {:.5} accuracy {:.4} on {} examples",
