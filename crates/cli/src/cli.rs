@@ -167,9 +167,8 @@ fn run(cli: Cli, s: Settings) -> Result<()> {
             cluster::run_embedded(&s, 2, 3, &job, stdout_sink())?;
             let dir = demo_data_dir()?;
             eprintln!(
-                "demo 2/2: spam filter: sparse logistic regression (FTRL) on {} messages of the SpamAssassin corpus, \
-                 2 servers + 2 workers, embedded",
-                "4,873 training / 1,173 test"
+                "demo 2/2: spam filter: sparse logistic regression (FTRL) on 4,873 training / 1,173 test messages \
+                 of the SpamAssassin corpus, 2 servers + 2 workers, embedded"
             );
             let args = [
                 "linear",
