@@ -45,6 +45,9 @@ enum Cmd {
     /// `downpour train linear --train a.svm --test b.svm --out m.json`.
     #[command(subcommand)]
     Train(jobs::TrainModel),
+    /// Data tools (`data synth-ctr`).
+    #[command(subcommand)]
+    Data(crate::datagen::DataCmd),
     /// Start a coordinator, S servers and W workers as processes on this machine and run a
     /// job: `downpour launch --servers 2 --workers 3 -- counter --keys 1000`.
     Launch {
@@ -207,6 +210,7 @@ fn run(cli: Cli, s: Settings) -> Result<()> {
             };
             cluster::run_embedded(&s, servers, workers, &JobCmd::Train(model), stdout_sink())
         }
+        Cmd::Data(cmd) => crate::datagen::run(cmd),
         Cmd::Launch { servers, workers, job } => {
             // Check the job's flags before starting anything.
             jobs::parse_job(&job).map_err(|e| anyhow::anyhow!("bad job arguments after `--`:\n{e}"))?;

@@ -11,6 +11,7 @@ mod bench;
 mod cli;
 mod cluster;
 mod config;
+mod datagen;
 mod jobs;
 
 fn main() {

@@ -135,3 +135,36 @@ fn multi_process_training_on_the_committed_spam_data_reaches_auc_0_99() {
     let auc = metrics(&out)["test_auc"].as_f64().unwrap();
     assert!(auc >= 0.99, "test AUC {auc}");
 }
+
+#[test]
+fn synth_ctr_is_deterministic_and_learnable() {
+    let d = tempfile::tempdir().unwrap();
+    let gen = |name: &str, n: &str, start: &str| {
+        let p = d.path().join(name);
+        let o = downpour()
+            .args(["data", "synth-ctr", "--examples", n, "--nnz", "20", "--key-space", "100000", "--seed", "9", "--start", start])
+            .args(["--out", p.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        p
+    };
+    let (a, b) = (gen("a.svm", "30000", "0"), gen("b.svm", "30000", "0"));
+    assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
+    let gz = gen("a.svm.gz", "30000", "0");
+    assert!(std::fs::metadata(&gz).unwrap().len() < std::fs::metadata(&a).unwrap().len());
+    let test = gen("t.svm", "5000", "30000");
+    let out = d.path().join("m.json");
+    let o = downpour()
+        .args(["train", "linear", "--train", gz.to_str().unwrap(), "--test", test.to_str().unwrap(), "--epochs", "2", "--quiet"])
+        .args(["--out", out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(metrics(&out)["test_auc"].as_f64().unwrap() > 0.7);
+    let o = downpour()
+        .args(["data", "synth-ctr", "--examples", "10", "--nnz", "20", "--key-space", "10", "--out", "/dev/null"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("--key-space"));
+}

@@ -15,6 +15,7 @@
 
 pub mod batch;
 pub mod libsvm;
+pub mod synth;
 pub mod text;
 
 /// One labelled sparse example.
