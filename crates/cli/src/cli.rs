@@ -45,6 +45,8 @@ enum Cmd {
     /// `downpour train linear --train a.svm --test b.svm --out m.json`.
     #[command(subcommand)]
     Train(jobs::TrainModel),
+    /// Score examples with a model exported by `train linear --model-out` (one probability a line).
+    Predict(crate::model::PredictArgs),
     /// Data tools (`data synth-ctr`).
     #[command(subcommand)]
     Data(crate::datagen::DataCmd),
@@ -211,6 +213,7 @@ fn run(cli: Cli, s: Settings) -> Result<()> {
             cluster::run_embedded(&s, servers, workers, &JobCmd::Train(model), stdout_sink())
         }
         Cmd::Data(cmd) => crate::datagen::run(cmd),
+        Cmd::Predict(a) => crate::model::predict(&a),
         Cmd::Launch { servers, workers, job } => {
             // Check the job's flags before starting anything.
             jobs::parse_job(&job).map_err(|e| anyhow::anyhow!("bad job arguments after `--`:\n{e}"))?;

@@ -13,6 +13,7 @@ mod cluster;
 mod config;
 mod datagen;
 mod jobs;
+mod model;
 
 fn main() {
     std::process::exit(cli::main());

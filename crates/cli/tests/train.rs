@@ -168,3 +168,38 @@ fn synth_ctr_is_deterministic_and_learnable() {
         .unwrap();
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("--key-space"));
 }
+
+#[test]
+fn predict_with_the_exported_model_equals_training_time_evaluation() {
+    let d = tempfile::tempdir().unwrap();
+    let (tr, te, out, model, preds) =
+        (d.path().join("tr.svm"), d.path().join("te.svm"), d.path().join("m.json"), d.path().join("w.safetensors"), d.path().join("p.txt"));
+    write_data(&tr, 8_000, 11);
+    write_data(&te, 2_000, 12);
+    let o = downpour()
+        .args(["train", "linear", "--train", tr.to_str().unwrap(), "--test", te.to_str().unwrap(), "--quiet"])
+        .args(["--out", out.to_str().unwrap(), "--model-out", model.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // the file is plain safetensors: header length, JSON header naming both tensors
+    let bytes = std::fs::read(&model).unwrap();
+    let hlen = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + hlen]).unwrap();
+    assert_eq!(header["keys"]["dtype"], "U64");
+    assert_eq!(header["values"]["dtype"], "F32");
+    assert_eq!(header["values"]["shape"][1], 1);
+    let o = downpour()
+        .args(["predict", "--model", model.to_str().unwrap(), "--data", te.to_str().unwrap(), "--out", preds.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let p: Vec<f64> = std::fs::read_to_string(&preds).unwrap().lines().map(|l| l.parse().unwrap()).collect();
+    let labels: Vec<bool> = std::fs::read_to_string(&te).unwrap().lines().map(|l| l.starts_with('+')).collect();
+    assert_eq!(p.len(), labels.len());
+    let ll = p.iter().zip(&labels).map(|(&p, &y)| -(if y { p } else { 1.0 - p }).clamp(1e-15, 1.0).ln()).sum::<f64>() / p.len() as f64;
+    let trained = metrics(&out)["test_logloss"].as_f64().unwrap();
+    assert!((ll - trained).abs() < 1e-9, "predict logloss {ll} vs training-time {trained}");
+    let o = downpour().args(["predict", "--model", te.to_str().unwrap(), "--data", te.to_str().unwrap()]).output().unwrap();
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("not a safetensors file"));
+}

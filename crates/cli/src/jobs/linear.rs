@@ -39,8 +39,29 @@ pub enum InputFormat {
     TextJsonl,
 }
 
-impl LinearArgs {
-    fn data_format(&self) -> Format {
+/// How example files are read (shared by `train linear` and `predict`).
+#[derive(Args, Debug, Clone)]
+pub struct FormatArgs {
+    /// Input format.
+    #[arg(long, value_enum, default_value_t = InputFormat::Libsvm)]
+    pub format: InputFormat,
+    /// JSON field with the text (text-jsonl).
+    #[arg(long, default_value = "text")]
+    pub text_field: String,
+    /// JSON field with the label (text-jsonl).
+    #[arg(long, default_value = "label")]
+    pub label_field: String,
+    /// Fold hashed text features into 2^N keys (text-jsonl).
+    #[arg(long)]
+    pub hash_bits: Option<u32>,
+    /// Add bigram features (text-jsonl).
+    #[arg(long)]
+    pub bigrams: bool,
+}
+
+impl FormatArgs {
+    /// The reader settings these flags describe.
+    pub fn data_format(&self) -> Format {
         match self.format {
             InputFormat::Libsvm => Format::Libsvm,
             InputFormat::TextJsonl => Format::TextJsonl(TextOptions {
@@ -62,21 +83,8 @@ pub struct LinearArgs {
     /// Test file, evaluated after every epoch.
     #[arg(long)]
     pub test: Option<PathBuf>,
-    /// Input format.
-    #[arg(long, value_enum, default_value_t = InputFormat::Libsvm)]
-    pub format: InputFormat,
-    /// JSON field with the text (text-jsonl).
-    #[arg(long, default_value = "text")]
-    pub text_field: String,
-    /// JSON field with the label (text-jsonl).
-    #[arg(long, default_value = "label")]
-    pub label_field: String,
-    /// Fold hashed text features into 2^N keys (text-jsonl).
-    #[arg(long)]
-    pub hash_bits: Option<u32>,
-    /// Add bigram features (text-jsonl).
-    #[arg(long)]
-    pub bigrams: bool,
+    #[command(flatten)]
+    pub input: FormatArgs,
     /// Passes over the training data.
     #[arg(long, default_value_t = 1)]
     pub epochs: usize,
@@ -95,6 +103,9 @@ pub struct LinearArgs {
     /// L2 strength (FTRL).
     #[arg(long, default_value_t = 0.0)]
     pub l2: f32,
+    /// Export the trained model here (safetensors: `keys` U64 [n], `values` F32 [n, 1]).
+    #[arg(long)]
+    pub model_out: Option<PathBuf>,
     /// Write metrics JSON here (worker 0).
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -216,7 +227,7 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
     for f in a.train.iter().chain(a.test.iter()) {
         ensure!(f.is_file(), "{}: no such file", f.display());
     }
-    let format = a.data_format();
+    let format = a.input.data_format();
     s.kv.create_table(table_def(a))?;
     s.barrier("linear-start")?;
     let t0 = Instant::now();
@@ -326,6 +337,13 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
                 "epoch": e, "test_auc": m.as_ref().and_then(|m| m.auc), "test_logloss": m.as_ref().map(|m| m.logloss), "wall_s": w,
             })).collect::<Vec<_>>(),
         });
+        if let Some(path) = &a.model_out {
+            let (keys, values) = s.kv.pull_range(TABLE, downpour_core::KeyRange::FULL)?;
+            crate::model::save(path, &keys, &values, 1)?;
+            if !a.quiet {
+                tracing::info!("model with {} keys written to {}", keys.len(), path.display());
+            }
+        }
         if let Some(out) = &a.out {
             std::fs::write(out, serde_json::to_string_pretty(&json)?).with_context(|| format!("cannot write {}", out.display()))?;
         }

@@ -1,0 +1,109 @@
+//! Model files: safetensors with two tensors, `keys` (U64 [n], sorted) and `values`
+//! (F32 [n, d]), so `safetensors.numpy.load_file(path)` gives a Python user both arrays.
+//! `downpour predict` loads them and scores examples exactly as training-time evaluation
+//! does (same margin arithmetic; keys absent from the model weigh 0).
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use downpour_apps::linear;
+use downpour_data::batch::Batch;
+use downpour_data::{Example, ExampleReader};
+use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// Writes `keys` (sorted) and `values` (`keys.len() × d`) to `path`.
+pub fn save(path: &Path, keys: &[u64], values: &[f32], d: usize) -> Result<()> {
+    let kb: Vec<u8> = keys.iter().flat_map(|k| k.to_le_bytes()).collect();
+    let vb: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let kt = TensorView::new(Dtype::U64, vec![keys.len()], &kb)?;
+    let vt = TensorView::new(Dtype::F32, vec![keys.len(), d], &vb)?;
+    let meta = HashMap::from([("format".to_string(), "downpour-linear".to_string()), ("value_len".to_string(), d.to_string())]);
+    safetensors::serialize_to_file([("keys", kt), ("values", vt)], Some(meta), path)
+        .with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// A loaded linear model.
+pub struct LinearModel {
+    /// Sorted keys.
+    pub keys: Vec<u64>,
+    /// One weight per key.
+    pub weights: Vec<f32>,
+}
+
+/// Reads a model written by [`save`] (value length 1).
+pub fn load(path: &Path) -> Result<LinearModel> {
+    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let st = SafeTensors::deserialize(&bytes).with_context(|| format!("{} is not a safetensors file", path.display()))?;
+    let k = st.tensor("keys").with_context(|| format!("{}: no `keys` tensor", path.display()))?;
+    let v = st.tensor("values").with_context(|| format!("{}: no `values` tensor", path.display()))?;
+    if k.dtype() != Dtype::U64 || v.dtype() != Dtype::F32 {
+        bail!("{}: `keys` must be U64 and `values` F32", path.display());
+    }
+    let n = k.shape().first().copied().unwrap_or(0);
+    if k.shape().len() != 1 || v.shape() != [n, 1] {
+        bail!("{}: expected keys [n] and values [n, 1], got {:?} and {:?}", path.display(), k.shape(), v.shape());
+    }
+    let keys: Vec<u64> = k.data().chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect();
+    let weights: Vec<f32> = v.data().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap_or([0; 4]))).collect();
+    if keys.windows(2).any(|w| w[0] >= w[1]) {
+        bail!("{}: keys are not sorted and unique", path.display());
+    }
+    Ok(LinearModel { keys, weights })
+}
+
+impl LinearModel {
+    /// The weight of `key` (0 when absent).
+    pub fn weight(&self, key: u64) -> f32 {
+        self.keys.binary_search(&key).map(|i| self.weights[i]).unwrap_or(0.0)
+    }
+}
+
+/// Flags of `downpour predict`.
+#[derive(Args, Debug)]
+pub struct PredictArgs {
+    /// Model file written by `train linear --model-out`.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Examples to score.
+    #[arg(long)]
+    pub data: PathBuf,
+    #[command(flatten)]
+    pub input: crate::jobs::linear::FormatArgs,
+    /// Where to write one probability per line (`-` for standard output).
+    #[arg(long, default_value = "-")]
+    pub out: PathBuf,
+}
+
+/// Scores every example of `--data` with the model.
+pub fn predict(a: &PredictArgs) -> Result<()> {
+    let m = load(&a.model)?;
+    let mut r = ExampleReader::open(&a.data, &a.input.data_format())?;
+    let mut out: Box<dyn Write> = if a.out.as_os_str() == "-" {
+        Box::new(std::io::BufWriter::new(std::io::stdout().lock()))
+    } else {
+        Box::new(std::io::BufWriter::new(std::fs::File::create(&a.out).with_context(|| format!("cannot create {}", a.out.display()))?))
+    };
+    let mut chunk = Vec::with_capacity(1000);
+    let mut ex = Example::default();
+    loop {
+        let more = r.next_into(&mut ex)?;
+        if more {
+            chunk.push(std::mem::take(&mut ex));
+        }
+        if chunk.len() == 1000 || (!more && !chunk.is_empty()) {
+            let b = Batch::from_examples(&chunk);
+            let w: Vec<f32> = b.keys.iter().map(|&k| m.weight(k)).collect();
+            for i in 0..b.len() {
+                writeln!(out, "{}", linear::sigmoid(linear::margin(&b, &w, i))).context("cannot write predictions")?;
+            }
+            chunk.clear();
+        }
+        if !more {
+            break;
+        }
+    }
+    out.flush().context("cannot write predictions")?;
+    Ok(())
+}
