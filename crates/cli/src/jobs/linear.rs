@@ -103,6 +103,12 @@ pub struct LinearArgs {
     /// L2 strength (FTRL).
     #[arg(long, default_value_t = 0.0)]
     pub l2: f32,
+    /// Examples are shuffled within a window of this many per epoch (0 or 1: file order).
+    #[arg(long, default_value_t = 10_000)]
+    pub shuffle_buffer: usize,
+    /// Seed of the shuffle.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
     /// Export the trained model here (safetensors: `keys` U64 [n], `values` F32 [n, 1]).
     #[arg(long)]
     pub model_out: Option<PathBuf>,
@@ -153,11 +159,20 @@ struct ShareReader {
     rank: u64,
     workers: u64,
     ex: Example,
+    /// Shuffle buffer: examples are emitted in a random order within a window of this many.
+    buffer: Vec<Example>,
+    buffer_cap: usize,
+    rng: u64,
+    exhausted: bool,
 }
 
 impl ShareReader {
     fn new(files: &[PathBuf], format: &Format, rank: usize, workers: usize) -> Self {
         ShareReader {
+            buffer: Vec::new(),
+            buffer_cap: 0,
+            rng: 1,
+            exhausted: false,
             files: files.to_vec(),
             format: format.clone(),
             file: 0,
@@ -169,11 +184,18 @@ impl ShareReader {
         }
     }
 
-    fn next_batch(&mut self, n: usize) -> Result<Option<Batch>> {
-        let mut exs = Vec::with_capacity(n);
-        while exs.len() < n {
+    /// Shuffles within a window of `cap` examples, seeded (deterministic per seed, epoch, rank).
+    fn with_shuffle(mut self, cap: usize, seed: u64) -> Self {
+        self.buffer_cap = cap;
+        self.rng = seed | 1;
+        self
+    }
+
+    /// The next example of this worker's share, in file order.
+    fn next_in_order(&mut self) -> Result<Option<Example>> {
+        loop {
             if self.reader.is_none() {
-                let Some(path) = self.files.get(self.file) else { break };
+                let Some(path) = self.files.get(self.file) else { return Ok(None) };
                 self.reader = Some(ExampleReader::open(path, &self.format)?);
             }
             let r = self.reader.as_mut().context("reader")?;
@@ -185,7 +207,37 @@ impl ShareReader {
             let i = self.index;
             self.index += 1;
             if i % self.workers == self.rank {
-                exs.push(std::mem::take(&mut self.ex));
+                return Ok(Some(std::mem::take(&mut self.ex)));
+            }
+        }
+    }
+
+    fn next_example(&mut self) -> Result<Option<Example>> {
+        if self.buffer_cap <= 1 {
+            return self.next_in_order();
+        }
+        while !self.exhausted && self.buffer.len() < self.buffer_cap {
+            match self.next_in_order()? {
+                Some(e) => self.buffer.push(e),
+                None => self.exhausted = true,
+            }
+        }
+        if self.buffer.is_empty() {
+            return Ok(None);
+        }
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        let j = (self.rng % self.buffer.len() as u64) as usize;
+        Ok(Some(self.buffer.swap_remove(j)))
+    }
+
+    fn next_batch(&mut self, n: usize) -> Result<Option<Batch>> {
+        let mut exs = Vec::with_capacity(n);
+        while exs.len() < n {
+            match self.next_example()? {
+                Some(e) => exs.push(e),
+                None => break,
             }
         }
         Ok((!exs.is_empty()).then(|| Batch::from_examples(&exs)))
@@ -236,7 +288,8 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
     let mut last = None;
     for epoch in 1..=a.epochs {
         let te = Instant::now();
-        let mut reader = ShareReader::new(&a.train, &format, s.rank, s.num_workers);
+        let shuffle_seed = a.seed ^ (epoch as u64).wrapping_mul(0x9E37_79B9) ^ (s.rank as u64).wrapping_mul(0x85EB_CA6B);
+        let mut reader = ShareReader::new(&a.train, &format, s.rank, s.num_workers).with_shuffle(a.shuffle_buffer, shuffle_seed);
         let (mut seen, mut loss_sum, mut loss_n) = (0usize, 0f64, 0usize);
         let mut last_print = Instant::now();
         let mut grad = Vec::new();
