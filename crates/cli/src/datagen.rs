@@ -14,6 +14,45 @@ pub enum DataCmd {
     /// Write a click-through-like LIBSVM data set: Zipf-distributed feature popularity, a
     /// hidden sparse true model, logistic labels (`.gz` output when PATH ends in .gz).
     SynthCtr(SynthArgs),
+    /// Write examples (e.g. hashed text) as LIBSVM with 1-based feature ids (`key + 1`), for
+    /// baselines such as liblinear on exactly the features Downpour trains on.
+    Featurize(FeaturizeArgs),
+}
+
+/// Flags of `data featurize`.
+#[derive(Args, Debug)]
+pub struct FeaturizeArgs {
+    /// Input file.
+    #[arg(long = "in")]
+    pub input: PathBuf,
+    #[command(flatten)]
+    pub format: crate::jobs::linear::FormatArgs,
+    /// Output LIBSVM file.
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+fn featurize(a: FeaturizeArgs) -> Result<()> {
+    let mut r = downpour_data::ExampleReader::open(&a.input, &a.format.data_format())?;
+    let file = std::fs::File::create(&a.out).with_context(|| format!("cannot create {}", a.out.display()))?;
+    let mut w = std::io::BufWriter::new(file);
+    let mut ex = Example::default();
+    let mut n = 0u64;
+    while r.next_into(&mut ex)? {
+        let mut kv: Vec<(u64, f32)> = ex.keys.iter().copied().zip(ex.values.iter().copied()).collect();
+        kv.sort_unstable_by_key(|x| x.0);
+        let mut line = String::from(if ex.label > 0.5 { "+1" } else { "-1" });
+        for (k, v) in kv {
+            use std::fmt::Write as _;
+            let _ = write!(line, " {}:{v}", k.saturating_add(1));
+        }
+        line.push('\n');
+        w.write_all(line.as_bytes()).with_context(|| format!("cannot write {}", a.out.display()))?;
+        n += 1;
+    }
+    w.flush().with_context(|| format!("cannot write {}", a.out.display()))?;
+    eprintln!("featurize: wrote {n} examples to {}", a.out.display());
+    Ok(())
 }
 
 /// Flags of `data synth-ctr`.
@@ -47,6 +86,7 @@ pub struct SynthArgs {
 pub fn run(cmd: DataCmd) -> Result<()> {
     match cmd {
         DataCmd::SynthCtr(a) => synth(a),
+        DataCmd::Featurize(a) => featurize(a),
     }
 }
 
