@@ -392,6 +392,9 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
         });
         if let Some(path) = &a.model_out {
             let (keys, values) = s.kv.pull_range(TABLE, downpour_core::KeyRange::FULL)?;
+            // Zero weights (L1-zeroed keys, and test-only keys the evaluation's pulls created)
+            // are left out: `predict` reads an absent key as 0, so scores are unchanged.
+            let (keys, values): (Vec<u64>, Vec<f32>) = keys.into_iter().zip(values).filter(|(_, v)| *v != 0.0).unzip();
             crate::model::save(path, &keys, &values, 1)?;
             if !a.quiet {
                 tracing::info!("model with {} keys written to {}", keys.len(), path.display());
