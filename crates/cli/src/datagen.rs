@@ -38,7 +38,12 @@ fn featurize(a: FeaturizeArgs) -> Result<()> {
     let mut w = std::io::BufWriter::new(file);
     let mut ex = Example::default();
     let mut n = 0u64;
+    let (t0, mut last) = (Instant::now(), Instant::now());
     while r.next_into(&mut ex)? {
+        if last.elapsed() > Duration::from_secs(1) {
+            last = Instant::now();
+            eprintln!("featurize: {n} examples ({:.0}/s)", n as f64 / t0.elapsed().as_secs_f64());
+        }
         let mut kv: Vec<(u64, f32)> = ex.keys.iter().copied().zip(ex.values.iter().copied()).collect();
         kv.sort_unstable_by_key(|x| x.0);
         let mut line = String::from(if ex.label > 0.5 { "+1" } else { "-1" });
