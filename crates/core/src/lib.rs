@@ -16,6 +16,7 @@ compile_error!("Downpour sends keys and values in their in-memory form: little-e
 
 pub mod codec;
 pub mod error;
+pub mod hashstore;
 pub mod init;
 pub mod keys;
 pub mod msg;
