@@ -14,6 +14,7 @@ mod config;
 mod datagen;
 mod jobs;
 mod model;
+mod progress;
 
 fn main() {
     std::process::exit(cli::main());

@@ -34,6 +34,9 @@ pub enum Op {
     PushPullRange = 7,
     /// Liveness check on the data plane.
     Ping = 8,
+    /// Like `Pull`, but never creates a key: missing keys read as their initial value
+    /// (evaluation and serving must not grow the model).
+    Peek = 9,
     /// Register a node with the coordinator. Body: `RegisterRequest`.
     Register = 20,
     /// Wait until every worker has reached the barrier. Body: `BarrierRequest`.
@@ -59,6 +62,7 @@ impl Op {
             6 => PullRange,
             7 => PushPullRange,
             8 => Ping,
+            9 => Peek,
             20 => Register,
             21 => Barrier,
             22 => Heartbeat,
@@ -69,7 +73,7 @@ impl Op {
     }
     /// True for requests whose every chunk is answered (rather than only the last).
     pub fn replies_per_chunk(self) -> bool {
-        matches!(self, Op::Pull | Op::PushPull | Op::PushPullRange)
+        matches!(self, Op::Pull | Op::Peek | Op::PushPull | Op::PushPullRange)
     }
 }
 
@@ -152,6 +156,7 @@ mod tests {
             Op::PullRange,
             Op::PushPullRange,
             Op::Ping,
+            Op::Peek,
             Op::Register,
             Op::Barrier,
             Op::Heartbeat,

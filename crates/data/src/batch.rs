@@ -30,21 +30,34 @@ impl Batch {
     }
 
     /// Builds a batch from examples. Duplicate ids within one example are kept as separate
-    /// features pointing at the same key. O(F log F) for F features.
+    /// features pointing at the same key. One sort of (key, feature) pairs: O(F log F) for F
+    /// features, no search per feature.
     pub fn from_examples(examples: &[Example]) -> Batch {
-        let mut keys: Vec<u64> = examples.iter().flat_map(|e| e.keys.iter().copied()).collect();
-        keys.sort_unstable();
-        keys.dedup();
-        let mut b = Batch { keys, offsets: vec![0], ..Default::default() };
+        let total: usize = examples.iter().map(|e| e.keys.len()).sum();
+        let mut b = Batch {
+            keys: Vec::new(),
+            labels: Vec::with_capacity(examples.len()),
+            offsets: Vec::with_capacity(examples.len() + 1),
+            index: vec![0; total],
+            values: Vec::with_capacity(total),
+        };
+        b.offsets.push(0);
+        let mut pairs: Vec<(u64, u32)> = Vec::with_capacity(total);
         for e in examples {
             b.labels.push(e.label);
             for (k, v) in e.keys.iter().zip(&e.values) {
-                // present by construction
-                let i = b.keys.partition_point(|x| x < k);
-                b.index.push(i as u32);
+                pairs.push((*k, b.values.len() as u32));
                 b.values.push(*v);
             }
-            b.offsets.push(b.index.len());
+            b.offsets.push(b.values.len());
+        }
+        pairs.sort_unstable_by_key(|p| p.0);
+        b.keys.reserve(pairs.len());
+        for (k, pos) in pairs {
+            if b.keys.last() != Some(&k) {
+                b.keys.push(k);
+            }
+            b.index[pos as usize] = (b.keys.len() - 1) as u32;
         }
         b
     }

@@ -7,6 +7,8 @@
 //! * [`text`]: JSON-lines text (`--format text-jsonl`) tokenised and feature-hashed with a
 //!   stable, documented hash, log(1+tf) weights, unit L2 norm;
 //! * [`Format`] / [`ExampleReader`]: one reader over both formats;
+//! * [`lines`] / [`share`]: each worker's share of the input (byte ranges of plain files,
+//!   every W-th line of gzip files), read with a seeded per-epoch shuffle buffer;
 //! * [`batch`]: minibatches as the parameter server wants them: the sorted, unique union of
 //!   the examples' keys (what a worker pulls and pushes) plus each example's features as
 //!   indices into that union.
@@ -15,6 +17,8 @@
 
 pub mod batch;
 pub mod libsvm;
+pub mod lines;
+pub mod share;
 pub mod synth;
 pub mod text;
 
@@ -53,6 +57,22 @@ impl ExampleReader {
             Format::Libsvm => ExampleReader::Libsvm(libsvm::LibsvmReader::open(path)?),
             Format::TextJsonl(o) => ExampleReader::Text(text::JsonlReader::open(path, o.clone())?),
         })
+    }
+
+    /// Opens one worker's piece of a file in `format`.
+    pub fn open_piece(piece: &lines::Piece, format: &Format) -> Result<Self, libsvm::DataError> {
+        Ok(match format {
+            Format::Libsvm => ExampleReader::Libsvm(libsvm::LibsvmReader::open_piece(piece)?),
+            Format::TextJsonl(o) => ExampleReader::Text(text::JsonlReader::open_piece(piece, o.clone())?),
+        })
+    }
+
+    /// Bytes of input consumed so far.
+    pub fn consumed(&self) -> u64 {
+        match self {
+            ExampleReader::Libsvm(r) => r.consumed(),
+            ExampleReader::Text(r) => r.consumed(),
+        }
     }
 
     /// Reads the next example into `ex`; `Ok(false)` at the end.

@@ -6,6 +6,7 @@
 //! form `FILE:LINE: what is wrong`. Files are read line by line (never whole), and gzip files
 //! are decompressed on the fly whatever their name.
 
+use crate::lines::{LineSource, Piece};
 use crate::Example;
 use flate2::read::MultiGzDecoder;
 use std::fs::File;
@@ -38,31 +39,66 @@ pub enum DataError {
 
 /// Parses one LIBSVM line into `ex` (cleared first). `Ok(false)` for a blank or comment line.
 pub fn parse_line(line: &str, ex: &mut Example) -> Result<bool, String> {
+    parse_bytes(line.as_bytes(), ex)
+}
+
+#[inline]
+fn is_space(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\r' | b'\n' | 0x0b | 0x0c)
+}
+
+/// A decimal u64 (digits only); `None` if empty, not all digits, or too large.
+#[inline]
+fn parse_u64(t: &[u8]) -> Option<u64> {
+    if t.is_empty() || t.len() > 20 {
+        return None;
+    }
+    let mut v: u64 = 0;
+    for &c in t {
+        let d = c.wrapping_sub(b'0');
+        if d > 9 {
+            return None;
+        }
+        v = v.checked_mul(10)?.checked_add(d as u64)?;
+    }
+    Some(v)
+}
+
+fn show(t: &[u8]) -> String {
+    format!("{:?}", String::from_utf8_lossy(t))
+}
+
+/// Parses one LIBSVM line given as bytes (the hot path: no UTF-8 check, no allocation).
+pub fn parse_bytes(line: &[u8], ex: &mut Example) -> Result<bool, String> {
     ex.keys.clear();
     ex.values.clear();
-    let body = line.split('#').next().unwrap_or("").trim();
-    if body.is_empty() {
-        return Ok(false);
-    }
-    let mut fields = body.split_ascii_whitespace();
-    let label = fields.next().unwrap_or("");
+    let body = match memchr_hash(line) {
+        Some(i) => &line[..i],
+        None => line,
+    };
+    let mut fields = body.split(|&b| is_space(b)).filter(|t| !t.is_empty());
+    let Some(label) = fields.next() else { return Ok(false) };
     ex.label = match label {
-        "1" | "+1" | "1.0" | "+1.0" => 1.0,
-        "0" | "-1" | "0.0" | "-1.0" => 0.0,
-        other => return Err(format!("label {other:?} is not one of +1, 1, -1, 0")),
+        b"1" | b"+1" | b"1.0" | b"+1.0" => 1.0,
+        b"0" | b"-1" | b"0.0" | b"-1.0" => 0.0,
+        other => return Err(format!("label {} is not one of +1, 1, -1, 0", show(other))),
     };
     for f in fields {
-        let (id, val) = match f.split_once(':') {
-            Some((id, v)) => {
-                let v: f32 = v.parse().map_err(|_| format!("feature {f:?}: value {v:?} is not a number"))?;
-                if !v.is_finite() {
-                    return Err(format!("feature {f:?}: value is not finite"));
+        let (id, val) = match f.iter().position(|&b| b == b':') {
+            Some(c) => {
+                let v = &f[c + 1..];
+                let val: f32 = std::str::from_utf8(v)
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .ok_or_else(|| format!("feature {}: value {} is not a number", show(f), show(v)))?;
+                if !val.is_finite() {
+                    return Err(format!("feature {}: value is not finite", show(f)));
                 }
-                (id, v)
+                (&f[..c], val)
             }
             None => (f, 1.0),
         };
-        let id: u64 = id.parse().map_err(|_| format!("feature {f:?}: id {id:?} is not an unsigned 64-bit integer"))?;
+        let id = parse_u64(id).ok_or_else(|| format!("feature {}: id {} is not an unsigned 64-bit integer", show(f), show(id)))?;
         if id == u64::MAX {
             return Err(format!("feature id {id} is reserved"));
         }
@@ -70,6 +106,11 @@ pub fn parse_line(line: &str, ex: &mut Example) -> Result<bool, String> {
         ex.values.push(val);
     }
     Ok(true)
+}
+
+#[inline]
+fn memchr_hash(line: &[u8]) -> Option<usize> {
+    line.iter().position(|&b| b == b'#')
 }
 
 /// Opens `path`, decompressing gzip transparently.
@@ -86,38 +127,35 @@ pub fn open(path: &Path) -> Result<Box<dyn BufRead + Send>, DataError> {
     })
 }
 
-/// Streams the examples of one LIBSVM file.
+/// Streams the examples of one LIBSVM file, or of one worker's [`Piece`] of it.
 pub struct LibsvmReader {
-    path: PathBuf,
-    input: Box<dyn BufRead + Send>,
-    line: u64,
-    buf: String,
+    src: LineSource,
 }
 
 impl LibsvmReader {
     /// Opens `path` for reading.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, DataError> {
-        let path = path.as_ref().to_path_buf();
-        let input = open(&path)?;
-        Ok(LibsvmReader { path, input, line: 0, buf: String::new() })
+        Ok(LibsvmReader { src: LineSource::open(path.as_ref())? })
+    }
+
+    /// Opens one worker's piece of a file.
+    pub fn open_piece(piece: &Piece) -> Result<Self, DataError> {
+        Ok(LibsvmReader { src: LineSource::open_piece(piece)? })
+    }
+
+    /// Bytes of input consumed so far.
+    pub fn consumed(&self) -> u64 {
+        self.src.consumed()
     }
 
     /// Reads the next example into `ex`; `Ok(false)` at the end of the file.
     pub fn next_into(&mut self, ex: &mut Example) -> Result<bool, DataError> {
         loop {
-            self.buf.clear();
-            let n = self.input.read_line(&mut self.buf).map_err(|source| {
-                // invalid UTF-8 and corrupt gzip data surface here
-                DataError::Malformed { path: self.path.clone(), line: self.line + 1, what: source.to_string() }
-            })?;
-            if n == 0 {
-                return Ok(false);
-            }
-            self.line += 1;
-            match parse_line(&self.buf, ex) {
+            let Some(line) = self.src.next_line()? else { return Ok(false) };
+            match parse_bytes(line, ex) {
                 Ok(true) => return Ok(true),
                 Ok(false) => continue,
-                Err(what) => return Err(DataError::Malformed { path: self.path.clone(), line: self.line, what }),
+                Err(what) => return Err(self.src.error(what)),
             }
         }
     }
@@ -153,6 +191,9 @@ mod tests {
         assert!(parse_line("1 x:1", &mut ex).unwrap_err().contains("unsigned"));
         assert!(parse_line("1 3:abc", &mut ex).unwrap_err().contains("not a number"));
         assert!(parse_line("1 3:inf", &mut ex).unwrap_err().contains("finite"));
+        assert!(parse_line("1 99999999999999999999999:1", &mut ex).unwrap_err().contains("unsigned"));
+        assert!(parse_line("1\t3:1.5e1  4:-2\r", &mut ex).unwrap());
+        assert_eq!(ex.values, vec![15.0, -2.0]);
     }
 
     #[test]

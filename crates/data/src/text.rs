@@ -13,11 +13,11 @@
 //! * **Labels**: `1`, `true`, `"1"`, `"+1"` are positive; `0`, `-1`, `false`, `"0"`, `"-1"`
 //!   negative.
 
-use crate::libsvm::{open, DataError};
+use crate::libsvm::DataError;
+use crate::lines::{LineSource, Piece};
 use crate::Example;
 use std::collections::HashMap;
-use std::io::BufRead;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// How text lines become examples.
 #[derive(Clone, Debug)]
@@ -116,50 +116,56 @@ fn label_of(v: &serde_json::Value) -> Option<f32> {
 
 /// Streams examples from a JSON-lines file (`.gz` transparently).
 pub struct JsonlReader {
-    path: PathBuf,
-    input: Box<dyn BufRead + Send>,
-    line: u64,
-    buf: String,
+    src: LineSource,
     opts: TextOptions,
 }
 
 impl JsonlReader {
     /// Opens `path`.
     pub fn open(path: impl AsRef<Path>, opts: TextOptions) -> Result<Self, DataError> {
-        let path = path.as_ref().to_path_buf();
+        Self::open_piece(&Piece::EveryNth { path: path.as_ref().to_path_buf(), rank: 0, of: 1 }, opts)
+    }
+
+    /// Opens one worker's piece of a file.
+    pub fn open_piece(piece: &Piece, opts: TextOptions) -> Result<Self, DataError> {
         if let Some(b) = opts.hash_bits {
             if !(1..=63).contains(&b) {
-                return Err(DataError::Malformed { path, line: 0, what: format!("--hash-bits must be 1..=63, got {b}") });
+                return Err(DataError::Malformed {
+                    path: piece.path().to_path_buf(),
+                    line: 0,
+                    what: format!("--hash-bits must be 1..=63, got {b}"),
+                });
             }
         }
-        let input = open(&path)?;
-        Ok(JsonlReader { path, input, line: 0, buf: String::new(), opts })
+        Ok(JsonlReader { src: LineSource::open_piece(piece)?, opts })
+    }
+
+    /// Bytes of input consumed so far.
+    pub fn consumed(&self) -> u64 {
+        self.src.consumed()
     }
 
     /// Reads the next example into `ex`; `Ok(false)` at the end.
     pub fn next_into(&mut self, ex: &mut Example) -> Result<bool, DataError> {
         loop {
-            self.buf.clear();
-            let n = self.input.read_line(&mut self.buf).map_err(|e| DataError::Malformed {
-                path: self.path.clone(),
-                line: self.line + 1,
-                what: e.to_string(),
-            })?;
-            if n == 0 {
-                return Ok(false);
-            }
-            self.line += 1;
-            if self.buf.trim().is_empty() {
+            let Some(line) = self.src.next_line()? else { return Ok(false) };
+            if line.iter().all(|b| b.is_ascii_whitespace()) {
                 continue;
             }
-            let bad = |what: String| DataError::Malformed { path: self.path.clone(), line: self.line, what };
-            let v: serde_json::Value = serde_json::from_str(&self.buf).map_err(|e| bad(format!("not JSON: {e}")))?;
-            let text = v
-                .get(&self.opts.text_field)
-                .and_then(|t| t.as_str())
-                .ok_or_else(|| bad(format!("no string field {:?}", self.opts.text_field)))?;
-            let label = v.get(&self.opts.label_field).ok_or_else(|| bad(format!("no field {:?}", self.opts.label_field)))?;
-            ex.label = label_of(label).ok_or_else(|| bad(format!("label {label} is not one of 1, 0, -1, true, false")))?;
+            let v: serde_json::Value = match serde_json::from_slice(line) {
+                Ok(v) => v,
+                Err(e) => return Err(self.src.error(format!("not JSON: {e}"))),
+            };
+            let Some(text) = v.get(&self.opts.text_field).and_then(|t| t.as_str()) else {
+                return Err(self.src.error(format!("no string field {:?}", self.opts.text_field)));
+            };
+            let Some(label) = v.get(&self.opts.label_field) else {
+                return Err(self.src.error(format!("no field {:?}", self.opts.label_field)));
+            };
+            let Some(y) = label_of(label) else {
+                return Err(self.src.error(format!("label {label} is not one of 1, 0, -1, true, false")));
+            };
+            ex.label = y;
             featurize(text, &self.opts, ex);
             return Ok(true);
         }

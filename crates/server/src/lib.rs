@@ -287,7 +287,7 @@ fn handle_frame(st: &ServerState, h: &FrameHeader, ctx: &mut ConnCtx, conn: &mut
             }
             Ok(Ok(()))
         }
-        Op::Pull | Op::PushPull => {
+        Op::Pull | Op::Peek | Op::PushPull => {
             let slot = match lookup(st, ctx, h.table) {
                 Ok(s) => s,
                 Err(e) => return Ok(Err(e)),
@@ -298,6 +298,8 @@ fn handle_frame(st: &ServerState, h: &FrameHeader, ctx: &mut ConnCtx, conn: &mut
                 ctx.out.resize(n, 0.0);
                 if op == Op::Pull {
                     t.pull(&ctx.keys, &mut ctx.out)
+                } else if op == Op::Peek {
+                    t.peek(&ctx.keys, &mut ctx.out)
                 } else {
                     t.push_pull(&ctx.keys, &ctx.vals, &mut ctx.out)
                 }

@@ -294,7 +294,7 @@ impl KvClient {
         out_len: usize,
         mut lent: Option<&mut Lent<'_>>,
     ) -> Result<u64, ClientError> {
-        let with_values = op != Op::Pull;
+        let with_values = !matches!(op, Op::Pull | Op::Peek);
         let (vl, part) = self.check_keys(table, keys, with_values.then_some(values.len()))?;
         let parts: Vec<_> = part.split_keys(keys).collect();
         let ts = self.new_op(parts.len(), vl, op != Op::Push);
@@ -586,12 +586,24 @@ impl KvClient {
 
     /// Pulls `keys` into `out` (`keys.len() × value_len`), blocking until done.
     pub fn pull_into(&mut self, table: u32, keys: &[u64], out: &mut [f32]) -> Result<(), ClientError> {
+        self.read_into(Op::Pull, table, keys, out)
+    }
+
+    /// A blocking keyed read (`Pull` or `Peek`) straight into `out`.
+    fn read_into(&mut self, op: Op, table: u32, keys: &[u64], out: &mut [f32]) -> Result<(), ClientError> {
         let (vl, _, _) = self.info(table)?;
         check_lengths(keys.len(), vl, out.len())?;
         let mut lent = Lent { ts: 0, buf: out };
-        let ts = self.keyed(Op::Pull, table, keys, &[], 0, Some(&mut lent))?;
+        let ts = self.keyed(op, table, keys, &[], 0, Some(&mut lent))?;
         self.drive(ts, Some(&mut lent))?;
         self.finish(ts).map(|_| ())
+    }
+
+    /// Reads `keys` (sorted, unique) into `out` like [`KvClient::pull_into`], but never
+    /// creates a key on a sparse table: missing keys read as the table's initial value and
+    /// the servers' tables are left unchanged. For evaluation and serving.
+    pub fn peek_into(&mut self, table: u32, keys: &[u64], out: &mut [f32]) -> Result<(), ClientError> {
+        self.read_into(Op::Peek, table, keys, out)
     }
 
     /// Pushes and returns the updated values of `keys` in one round trip.

@@ -1,11 +1,13 @@
 //! `train linear`: sparse logistic regression by asynchronous minibatch SGD on the parameter
-//! server (REFERENCE §2.2). Each worker streams its share of the training examples (example
-//! `i` of the input goes to worker `i mod W`), pulls the weights of a minibatch's keys,
+//! server (REFERENCE §2.2). Each worker streams its share of the training examples (a byte
+//! range of every plain file, every W-th line of a gzip file; see `downpour_data::lines`),
+//! parsed on a reader thread a few minibatches ahead, pulls the weights of a minibatch's keys,
 //! computes the logistic-loss gradient and pushes it; the servers apply FTRL-Proximal
 //! (default), AdaGrad or SGD. The pull of the next minibatch is issued before the current
 //! one is computed. After every epoch worker 0 evaluates on the test set.
 
 use super::Sink;
+use crate::progress::Progress;
 use anyhow::{ensure, Context, Result};
 use clap::{Args, ValueEnum};
 use downpour_apps::{linear, metrics};
@@ -13,11 +15,14 @@ use downpour_core::init::Init;
 use downpour_core::proto;
 use downpour_core::table::{Storage, TableDef};
 use downpour_data::batch::Batch;
+use downpour_data::libsvm::DataError;
+use downpour_data::share::ShareReader;
 use downpour_data::text::TextOptions;
-use downpour_data::{Example, ExampleReader, Format};
+use downpour_data::Format;
 use downpour_worker::{Timestamp, WorkerSession};
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::sync::mpsc::{sync_channel, Receiver};
+use std::time::Instant;
 
 /// Server-side update rule of the linear model.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -148,100 +153,32 @@ fn table_def(a: &LinearArgs) -> TableDef {
     }
 }
 
-/// Reads the next minibatch of this worker's share: examples whose global index `i`
-/// satisfies `i % workers == rank`. `None` at the end of the input.
-struct ShareReader {
-    files: Vec<PathBuf>,
-    format: Format,
-    file: usize,
-    reader: Option<ExampleReader>,
-    index: u64,
-    rank: u64,
-    workers: u64,
-    ex: Example,
-    /// Shuffle buffer: examples are emitted in a random order within a window of this many.
-    buffer: Vec<Example>,
-    buffer_cap: usize,
-    rng: u64,
-    exhausted: bool,
-}
+/// One minibatch from the reader thread, with the fraction of the share read so far.
+type BatchMsg = Result<(Batch, Option<f64>), DataError>;
 
-impl ShareReader {
-    fn new(files: &[PathBuf], format: &Format, rank: usize, workers: usize) -> Self {
-        ShareReader {
-            buffer: Vec::new(),
-            buffer_cap: 0,
-            rng: 1,
-            exhausted: false,
-            files: files.to_vec(),
-            format: format.clone(),
-            file: 0,
-            reader: None,
-            index: 0,
-            rank: rank as u64,
-            workers: workers.max(1) as u64,
-            ex: Example::default(),
-        }
-    }
-
-    /// Shuffles within a window of `cap` examples, seeded (deterministic per seed, epoch, rank).
-    fn with_shuffle(mut self, cap: usize, seed: u64) -> Self {
-        self.buffer_cap = cap;
-        self.rng = seed | 1;
-        self
-    }
-
-    /// The next example of this worker's share, in file order.
-    fn next_in_order(&mut self) -> Result<Option<Example>> {
-        loop {
-            if self.reader.is_none() {
-                let Some(path) = self.files.get(self.file) else { return Ok(None) };
-                self.reader = Some(ExampleReader::open(path, &self.format)?);
+/// Reads and prepares this worker's minibatches on a thread of its own (parsing, shuffling,
+/// building the sorted key union), a few batches ahead of training, so the training thread
+/// only computes and communicates. The thread stops at the end of the share, on a read
+/// error (sent as the last message), or when the receiver is dropped.
+fn spawn_reader(mut reader: ShareReader, batch: usize) -> Receiver<BatchMsg> {
+    let (tx, rx) = sync_channel::<BatchMsg>(8);
+    std::thread::Builder::new()
+        .name("reader".into())
+        .spawn(move || loop {
+            let msg = reader.next_batch(batch).map(|b| b.map(|b| (b, reader.progress())));
+            let stop = !matches!(msg, Ok(Some(_)));
+            let msg = match msg {
+                Ok(Some(b)) => Ok(b),
+                Ok(None) => break,
+                Err(e) => Err(e),
+            };
+            if tx.send(msg).is_err() || stop {
+                break;
             }
-            let r = self.reader.as_mut().context("reader")?;
-            if !r.next_into(&mut self.ex)? {
-                self.reader = None;
-                self.file += 1;
-                continue;
-            }
-            let i = self.index;
-            self.index += 1;
-            if i % self.workers == self.rank {
-                return Ok(Some(std::mem::take(&mut self.ex)));
-            }
-        }
-    }
-
-    fn next_example(&mut self) -> Result<Option<Example>> {
-        if self.buffer_cap <= 1 {
-            return self.next_in_order();
-        }
-        while !self.exhausted && self.buffer.len() < self.buffer_cap {
-            match self.next_in_order()? {
-                Some(e) => self.buffer.push(e),
-                None => self.exhausted = true,
-            }
-        }
-        if self.buffer.is_empty() {
-            return Ok(None);
-        }
-        self.rng ^= self.rng << 13;
-        self.rng ^= self.rng >> 7;
-        self.rng ^= self.rng << 17;
-        let j = (self.rng % self.buffer.len() as u64) as usize;
-        Ok(Some(self.buffer.swap_remove(j)))
-    }
-
-    fn next_batch(&mut self, n: usize) -> Result<Option<Batch>> {
-        let mut exs = Vec::with_capacity(n);
-        while exs.len() < n {
-            match self.next_example()? {
-                Some(e) => exs.push(e),
-                None => break,
-            }
-        }
-        Ok((!exs.is_empty()).then(|| Batch::from_examples(&exs)))
-    }
+        })
+        .map(|_| ())
+        .unwrap_or_else(|e| tracing::error!("cannot start the reader thread: {e}"));
+    rx
 }
 
 struct EpochMetrics {
@@ -252,12 +189,13 @@ struct EpochMetrics {
 }
 
 fn evaluate(s: &mut WorkerSession, test: &PathBuf, format: &Format, batch: usize) -> Result<EpochMetrics> {
-    let mut r = ShareReader::new(std::slice::from_ref(test), format, 0, 1);
+    let mut r = ShareReader::for_worker(std::slice::from_ref(test), format, 0, 1)?;
     let (mut p, mut y) = (Vec::new(), Vec::new());
     let mut w = Vec::new();
     while let Some(b) = r.next_batch(batch.max(1000))? {
         w.resize(b.keys.len(), 0.0);
-        s.kv.pull_into(TABLE, &b.keys, &mut w)?;
+        // A read-only pull: test-only keys are not created on the servers.
+        s.kv.peek_into(TABLE, &b.keys, &mut w)?;
         for i in 0..b.len() {
             p.push(linear::sigmoid(linear::margin(&b, &w, i)));
             y.push(b.labels[i]);
@@ -289,22 +227,24 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
     for epoch in 1..=a.epochs {
         let te = Instant::now();
         let shuffle_seed = a.seed ^ (epoch as u64).wrapping_mul(0x9E37_79B9) ^ (s.rank as u64).wrapping_mul(0x85EB_CA6B);
-        let mut reader = ShareReader::new(&a.train, &format, s.rank, s.num_workers).with_shuffle(a.shuffle_buffer, shuffle_seed);
+        let reader = ShareReader::for_worker(&a.train, &format, s.rank, s.num_workers)?.with_shuffle(a.shuffle_buffer, shuffle_seed);
+        let batches = spawn_reader(reader, a.batch);
+        let mut progress = Progress::new(!a.quiet && s.rank == 0, format!("epoch {epoch}/{}", a.epochs));
         let (mut seen, mut loss_sum, mut loss_n) = (0usize, 0f64, 0usize);
-        let mut last_print = Instant::now();
         let mut grad = Vec::new();
+        let next_batch = || -> Result<Option<(Batch, Option<f64>)>> { batches.recv().ok().transpose().map_err(Into::into) };
         // Pipeline: the pull of batch k+1 is in flight while batch k is computed.
-        let mut cur: Option<(Batch, Timestamp)> = match reader.next_batch(a.batch)? {
-            Some(b) => {
+        let mut cur: Option<(Batch, Option<f64>, Timestamp)> = match next_batch()? {
+            Some((b, f)) => {
                 let ts = s.kv.pull(TABLE, &b.keys)?;
-                Some((b, ts))
+                Some((b, f, ts))
             }
             None => None,
         };
-        while let Some((b, ts)) = cur.take() {
-            let next = reader.next_batch(a.batch)?;
+        while let Some((b, frac, ts)) = cur.take() {
+            let next = next_batch()?;
             let next_ts = match &next {
-                Some(nb) => Some(s.kv.pull(TABLE, &nb.keys)?),
+                Some((nb, _)) => Some(s.kv.pull(TABLE, &nb.keys)?),
                 None => None,
             };
             let w = s.kv.wait_values(ts)?;
@@ -319,19 +259,19 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
             loss_sum += l * b.len() as f64;
             loss_n += b.len();
             seen += b.len();
-            if !a.quiet && s.rank == 0 && last_print.elapsed() > Duration::from_secs(1) {
-                last_print = Instant::now();
+            progress.update(frac, || {
                 let rate = seen as f64 / te.elapsed().as_secs_f64();
-                tracing::info!(
-                    "epoch {epoch}/{}: {seen} examples (this worker), {rate:.0} ex/s, running loss {:.4}",
-                    a.epochs,
-                    loss_sum / loss_n.max(1) as f64
-                );
-                loss_sum = 0.0;
-                loss_n = 0;
+                format!("{seen} examples, {rate:.0} ex/s, running loss {:.4}", loss_sum / loss_n.max(1) as f64)
+            });
+            if loss_n >= 100_000 {
+                (loss_sum, loss_n) = (0.0, 0);
             }
-            cur = next.zip(next_ts);
+            cur = match (next, next_ts) {
+                (Some((nb, f)), Some(t)) => Some((nb, f, t)),
+                _ => None,
+            };
         }
+        progress.finish();
         if let Some(ts) = last.take() {
             s.kv.wait(ts)?;
         }
@@ -342,6 +282,11 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
             if let Some(test) = &a.test {
                 let m = evaluate(s, test, &format, a.batch)?;
                 if !a.quiet {
+                    tracing::info!(
+                        "epoch {epoch}: {seen} examples on this worker in {:.1}s ({:.0} ex/s)",
+                        te.elapsed().as_secs_f64(),
+                        seen as f64 / te.elapsed().as_secs_f64()
+                    );
                     tracing::info!(
                         "epoch {epoch}: test AUC {} logloss {:.5} accuracy {:.4} on {} examples",
                         m.auc.map(|x| format!("{x:.5}")).unwrap_or_else(|| "n/a".into()),

@@ -1,0 +1,178 @@
+//! One worker's share of the training input, as minibatches, with a seeded shuffle buffer.
+
+use crate::batch::Batch;
+use crate::libsvm::DataError;
+use crate::lines::{plan_share, Piece};
+use crate::{Example, ExampleReader, Format};
+use std::path::PathBuf;
+
+/// Reads the examples of a list of [`Piece`]s in order, through a shuffle window.
+pub struct ShareReader {
+    pieces: Vec<Piece>,
+    format: Format,
+    next_piece: usize,
+    reader: Option<ExampleReader>,
+    /// Shuffle buffer: examples are emitted in a random order within a window of this many.
+    buffer: Vec<Example>,
+    buffer_cap: usize,
+    rng: u64,
+    exhausted: bool,
+    spare: Example,
+    /// Bytes of the pieces finished so far.
+    done_bytes: u64,
+}
+
+impl ShareReader {
+    /// Worker `rank` of `workers`: its share of `files` (see [`plan_share`]), in file order.
+    pub fn for_worker(files: &[PathBuf], format: &Format, rank: usize, workers: usize) -> Result<Self, DataError> {
+        Ok(Self::new(plan_share(files, rank, workers)?, format))
+    }
+
+    /// Reads exactly `pieces`, in order.
+    pub fn new(pieces: Vec<Piece>, format: &Format) -> Self {
+        ShareReader {
+            pieces,
+            format: format.clone(),
+            next_piece: 0,
+            reader: None,
+            buffer: Vec::new(),
+            buffer_cap: 0,
+            rng: 1,
+            exhausted: false,
+            spare: Example::default(),
+            done_bytes: 0,
+        }
+    }
+
+    /// Emits examples in a random order within a window of `cap` examples (0 or 1: file
+    /// order); the order is a function of `seed` alone.
+    pub fn with_shuffle(mut self, cap: usize, seed: u64) -> Self {
+        self.buffer_cap = cap;
+        self.rng = downpour_core::init::splitmix64(seed) | 1;
+        self
+    }
+
+    /// The pieces this reader reads.
+    pub fn pieces(&self) -> &[Piece] {
+        &self.pieces
+    }
+
+    fn next_in_order(&mut self, ex: &mut Example) -> Result<bool, DataError> {
+        loop {
+            if self.reader.is_none() {
+                let Some(p) = self.pieces.get(self.next_piece) else { return Ok(false) };
+                self.reader = Some(ExampleReader::open_piece(p, &self.format)?);
+                self.next_piece += 1;
+            }
+            if let Some(r) = self.reader.as_mut() {
+                if r.next_into(ex)? {
+                    return Ok(true);
+                }
+            }
+            if let Some(len) = self.pieces.get(self.next_piece.saturating_sub(1)).and_then(Piece::byte_len) {
+                self.done_bytes += len;
+            }
+            self.reader = None;
+        }
+    }
+
+    /// The fraction of the share read so far, in `[0, 1]`; `None` when it cannot be known
+    /// in advance (a gzip piece).
+    pub fn progress(&self) -> Option<f64> {
+        let mut total = 0u64;
+        for p in &self.pieces {
+            total += p.byte_len()?;
+        }
+        if total == 0 {
+            return Some(1.0);
+        }
+        let cur = self.reader.as_ref().map_or(0, |r| r.consumed());
+        Some(((self.done_bytes + cur) as f64 / total as f64).min(1.0))
+    }
+
+    /// The next example of the share; `Ok(None)` at its end.
+    pub fn next_example(&mut self) -> Result<Option<Example>, DataError> {
+        if self.buffer_cap <= 1 {
+            let mut ex = Example::default();
+            return Ok(self.next_in_order(&mut ex)?.then_some(ex));
+        }
+        while !self.exhausted && self.buffer.len() < self.buffer_cap {
+            let mut ex = std::mem::take(&mut self.spare);
+            if self.next_in_order(&mut ex)? {
+                self.buffer.push(ex);
+            } else {
+                self.exhausted = true;
+            }
+        }
+        if self.buffer.is_empty() {
+            return Ok(None);
+        }
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        let j = (self.rng % self.buffer.len() as u64) as usize;
+        Ok(Some(self.buffer.swap_remove(j)))
+    }
+
+    /// The next minibatch of up to `n` examples; `Ok(None)` at the end of the share.
+    pub fn next_batch(&mut self, n: usize) -> Result<Option<Batch>, DataError> {
+        let mut exs = Vec::with_capacity(n);
+        while exs.len() < n {
+            match self.next_example()? {
+                Some(e) => exs.push(e),
+                None => break,
+            }
+        }
+        if exs.is_empty() {
+            return Ok(None);
+        }
+        let b = Batch::from_examples(&exs);
+        // Recycle one example's buffers for the next read.
+        if let Some(e) = exs.pop() {
+            self.spare = e;
+        }
+        Ok(Some(b))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shares_of_all_workers_cover_the_input_once_with_and_without_shuffle() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("a.svm");
+        let text: String = (0..500).map(|i| format!("{} {}:1\n", i % 2, i + 1)).collect();
+        std::fs::write(&p, text).unwrap();
+        for shuffle in [0, 64] {
+            let mut seen = vec![];
+            for r in 0..3 {
+                let mut s = ShareReader::for_worker(std::slice::from_ref(&p), &Format::Libsvm, r, 3).unwrap().with_shuffle(shuffle, 7);
+                while let Some(b) = s.next_batch(10).unwrap() {
+                    seen.extend(b.keys);
+                }
+            }
+            seen.sort_unstable();
+            assert_eq!(seen, (1..=500).collect::<Vec<u64>>());
+        }
+    }
+
+    #[test]
+    fn shuffled_order_is_a_function_of_the_seed() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("a.svm");
+        std::fs::write(&p, (0..100).map(|i| format!("1 {}\n", i + 1)).collect::<String>()).unwrap();
+        let order = |seed| {
+            let mut s = ShareReader::for_worker(std::slice::from_ref(&p), &Format::Libsvm, 0, 1).unwrap().with_shuffle(30, seed);
+            let mut v = vec![];
+            while let Some(e) = s.next_example().unwrap() {
+                v.push(e.keys[0]);
+            }
+            v
+        };
+        assert_eq!(order(1), order(1));
+        assert_ne!(order(1), order(2));
+        assert_ne!(order(1), (1..=100).collect::<Vec<u64>>());
+    }
+}
