@@ -196,6 +196,14 @@ impl Table {
         self.len() == 0
     }
 
+    /// Bytes of memory the stored rows (keys, values, rule state) hold, capacity included.
+    pub fn bytes(&self) -> usize {
+        match &self.store {
+            Store::Dense(d) => (d.w.capacity() + d.s.capacity()) * 4,
+            Store::Sparse(s) => s.bytes(),
+        }
+    }
+
     fn check_keys(&self, keys: &[u64], values: usize) -> Result<()> {
         check_sorted_unique(keys)?;
         check_lengths(keys.len(), self.vl, values)?;

@@ -51,7 +51,7 @@ impl Batch {
             }
             b.offsets.push(b.values.len());
         }
-        pairs.sort_unstable_by_key(|p| p.0);
+        sort_pairs(&mut pairs);
         b.keys.reserve(pairs.len());
         for (k, pos) in pairs {
             if b.keys.last() != Some(&k) {
@@ -69,12 +69,55 @@ impl Batch {
     }
 }
 
+/// Sorts (key, position) pairs by key: an LSD radix sort over the key bytes that are not
+/// zero in every key (3 passes for a 2^24 key space), a comparison sort when keys use more
+/// than 4 bytes. Stable in position, which nothing relies on.
+fn sort_pairs(pairs: &mut Vec<(u64, u32)>) {
+    let used = pairs.iter().fold(0u64, |acc, p| acc | p.0);
+    let bytes = (64 - used.leading_zeros()).div_ceil(8) as usize;
+    if pairs.len() < 64 || bytes > 4 {
+        pairs.sort_unstable_by_key(|p| p.0);
+        return;
+    }
+    let mut dst = vec![(0u64, 0u32); pairs.len()];
+    let mut src = std::mem::take(pairs);
+    for byte in 0..bytes {
+        let shift = byte * 8;
+        let mut count = [0usize; 256];
+        for p in &src {
+            count[((p.0 >> shift) & 0xFF) as usize] += 1;
+        }
+        let mut sum = 0;
+        for c in count.iter_mut() {
+            let n = *c;
+            *c = sum;
+            sum += n;
+        }
+        for p in &src {
+            let d = ((p.0 >> shift) & 0xFF) as usize;
+            dst[count[d]] = *p;
+            count[d] += 1;
+        }
+        std::mem::swap(&mut src, &mut dst);
+    }
+    *pairs = src;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
 
     proptest! {
+        #[test]
+        fn radix_sort_of_pairs_equals_a_comparison_sort(v in proptest::collection::vec((0u64..(1 << 30), any::<u32>()), 0..300), wide in any::<bool>()) {
+            let mut v: Vec<(u64, u32)> = v.into_iter().map(|(k, p)| (if wide { k << 30 } else { k }, p)).collect();
+            let mut expect = v.clone();
+            expect.sort_by_key(|p| p.0);
+            sort_pairs(&mut v);
+            prop_assert_eq!(v, expect);
+        }
+
         #[test]
         fn every_feature_points_at_its_key(exs in proptest::collection::vec(proptest::collection::vec((0u64..50, -2.0f32..2.0), 0..8), 0..10)) {
             let examples: Vec<Example> = exs.iter().map(|fs| Example {

@@ -47,28 +47,12 @@ fn is_space(b: u8) -> bool {
     matches!(b, b' ' | b'\t' | b'\r' | b'\n' | 0x0b | 0x0c)
 }
 
-/// A decimal u64 (digits only); `None` if empty, not all digits, or too large.
-#[inline]
-fn parse_u64(t: &[u8]) -> Option<u64> {
-    if t.is_empty() || t.len() > 20 {
-        return None;
-    }
-    let mut v: u64 = 0;
-    for &c in t {
-        let d = c.wrapping_sub(b'0');
-        if d > 9 {
-            return None;
-        }
-        v = v.checked_mul(10)?.checked_add(d as u64)?;
-    }
-    Some(v)
-}
-
 fn show(t: &[u8]) -> String {
     format!("{:?}", String::from_utf8_lossy(t))
 }
 
-/// Parses one LIBSVM line given as bytes (the hot path: no UTF-8 check, no allocation).
+/// Parses one LIBSVM line given as bytes (the hot path: one scan, no UTF-8 check, no
+/// allocation unless the line is malformed).
 pub fn parse_bytes(line: &[u8], ex: &mut Example) -> Result<bool, String> {
     ex.keys.clear();
     ex.values.clear();
@@ -76,36 +60,86 @@ pub fn parse_bytes(line: &[u8], ex: &mut Example) -> Result<bool, String> {
         Some(i) => &line[..i],
         None => line,
     };
-    let mut fields = body.split(|&b| is_space(b)).filter(|t| !t.is_empty());
-    let Some(label) = fields.next() else { return Ok(false) };
-    ex.label = match label {
+    let n = body.len();
+    let mut i = 0;
+    while i < n && is_space(body[i]) {
+        i += 1;
+    }
+    if i == n {
+        return Ok(false);
+    }
+    let start = i;
+    while i < n && !is_space(body[i]) {
+        i += 1;
+    }
+    ex.label = match &body[start..i] {
         b"1" | b"+1" | b"1.0" | b"+1.0" => 1.0,
         b"0" | b"-1" | b"0.0" | b"-1.0" => 0.0,
         other => return Err(format!("label {} is not one of +1, 1, -1, 0", show(other))),
     };
-    for f in fields {
-        let (id, val) = match f.iter().position(|&b| b == b':') {
-            Some(c) => {
-                let v = &f[c + 1..];
-                let val: f32 = std::str::from_utf8(v)
-                    .ok()
-                    .and_then(|v| v.parse().ok())
-                    .ok_or_else(|| format!("feature {}: value {} is not a number", show(f), show(v)))?;
-                if !val.is_finite() {
-                    return Err(format!("feature {}: value is not finite", show(f)));
-                }
-                (&f[..c], val)
+    loop {
+        while i < n && is_space(body[i]) {
+            i += 1;
+        }
+        if i == n {
+            return Ok(true);
+        }
+        let start = i;
+        // The id: decimal digits, accumulated as they are scanned.
+        let mut id: u64 = 0;
+        let mut ok = true;
+        while i < n {
+            let d = body[i].wrapping_sub(b'0');
+            if d > 9 {
+                break;
             }
-            None => (f, 1.0),
+            match id.checked_mul(10).and_then(|x| x.checked_add(d as u64)) {
+                Some(x) => id = x,
+                None => ok = false,
+            }
+            i += 1;
+        }
+        let id_end = i;
+        let val = if i < n && body[i] == b':' {
+            let vs = i + 1;
+            while i < n && !is_space(body[i]) {
+                i += 1;
+            }
+            Some(&body[vs..i])
+        } else {
+            None
         };
-        let id = parse_u64(id).ok_or_else(|| format!("feature {}: id {} is not an unsigned 64-bit integer", show(f), show(id)))?;
+        if i < n && !is_space(body[i]) {
+            // a non-digit inside the id
+            while i < n && !is_space(body[i]) {
+                i += 1;
+            }
+            ok = false;
+        }
+        let f = &body[start..i];
+        if !ok || id_end == start {
+            let idt = &body[start..f.iter().position(|&b| b == b':').map_or(i, |c| start + c)];
+            return Err(format!("feature {}: id {} is not an unsigned 64-bit integer", show(f), show(idt)));
+        }
         if id == u64::MAX {
             return Err(format!("feature id {id} is reserved"));
         }
+        let v = match val {
+            None => 1.0,
+            Some(v) => {
+                let x: f32 = std::str::from_utf8(v)
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .ok_or_else(|| format!("feature {}: value {} is not a number", show(f), show(v)))?;
+                if !x.is_finite() {
+                    return Err(format!("feature {}: value is not finite", show(f)));
+                }
+                x
+            }
+        };
         ex.keys.push(id);
-        ex.values.push(val);
+        ex.values.push(v);
     }
-    Ok(true)
 }
 
 #[inline]
@@ -189,6 +223,9 @@ mod tests {
         assert!(!parse_line("   # only a comment", &mut ex).unwrap());
         assert!(parse_line("2 1:1", &mut ex).unwrap_err().contains("label"));
         assert!(parse_line("1 x:1", &mut ex).unwrap_err().contains("unsigned"));
+        assert!(parse_line("1 3x:1", &mut ex).unwrap_err().contains("unsigned"));
+        assert!(parse_line("1 :1", &mut ex).unwrap_err().contains("unsigned"));
+        assert!(parse_line("1 -3", &mut ex).unwrap_err().contains("unsigned"));
         assert!(parse_line("1 3:abc", &mut ex).unwrap_err().contains("not a number"));
         assert!(parse_line("1 3:inf", &mut ex).unwrap_err().contains("finite"));
         assert!(parse_line("1 99999999999999999999999:1", &mut ex).unwrap_err().contains("unsigned"));
@@ -223,6 +260,21 @@ mod tests {
         fn arbitrary_lines_never_panic(line in ".{0,80}") {
             let mut ex = Example::default();
             let _ = parse_line(&line, &mut ex);
+        }
+
+        // The scanner agrees with a plain split-and-parse reading of well-formed lines.
+        #[test]
+        fn well_formed_lines_parse_to_their_features(label in proptest::bool::ANY, feats in proptest::collection::vec((0u64..u64::MAX, proptest::option::of(-1e6f32..1e6)), 0..20), sep in "[ \t]{1,3}") {
+            let mut line = if label { "+1".to_string() } else { "-1".to_string() };
+            for (k, v) in &feats {
+                line.push_str(&sep);
+                match v { Some(v) => line.push_str(&format!("{k}:{v}")), None => line.push_str(&k.to_string()) }
+            }
+            let mut ex = Example::default();
+            proptest::prop_assert!(parse_line(&line, &mut ex).unwrap());
+            proptest::prop_assert_eq!(ex.label, if label { 1.0 } else { 0.0 });
+            proptest::prop_assert_eq!(ex.keys, feats.iter().map(|f| f.0).collect::<Vec<_>>());
+            proptest::prop_assert_eq!(ex.values, feats.iter().map(|f| f.1.unwrap_or(1.0)).collect::<Vec<_>>());
         }
     }
 }

@@ -74,6 +74,35 @@ impl ServerState {
         self.stop.store(true, Ordering::Relaxed);
     }
 
+    /// One line per table: keys stored and bytes held, plus the process's peak resident
+    /// memory (Linux) and what that is per stored key.
+    pub fn memory_report(&self) -> String {
+        let tables = self.tables.read();
+        let mut ids: Vec<&u32> = tables.keys().collect();
+        ids.sort();
+        let mut keys_total = 0usize;
+        let mut out = Vec::new();
+        for id in ids {
+            let t = tables[id].table.read();
+            keys_total += t.len();
+            out.push(format!(
+                "table {id} {:?}: {} keys, {:.1} MiB of rows ({:.1} bytes/key)",
+                t.def().name,
+                t.len(),
+                t.bytes() as f64 / (1u64 << 20) as f64,
+                t.bytes() as f64 / t.len().max(1) as f64
+            ));
+        }
+        if let Some(hwm) = peak_rss_bytes() {
+            out.push(format!(
+                "peak RSS {:.1} MiB ({:.1} bytes per stored key)",
+                hwm as f64 / (1u64 << 20) as f64,
+                hwm as f64 / keys_total.max(1) as f64
+            ));
+        }
+        out.join("; ")
+    }
+
     /// Number of keys stored in table `id` on this server.
     pub fn table_len(&self, id: u32) -> Option<usize> {
         self.tables.read().get(&id).map(|t| t.table.read().len())
@@ -492,6 +521,14 @@ pub fn advertised_addr(bound: &str, advertise: Option<&str>) -> Result<String, N
     }
 }
 
+/// The process's peak resident set size (`VmHWM`), where the OS reports it.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
 /// Runs a server node: listen, register with the coordinator, serve, heartbeat; returns
 /// `Ok` when the coordinator ends the job, an error when the job fails or the
 /// coordinator is lost.
@@ -504,6 +541,7 @@ pub fn run_server_node(transport: &dyn Transport, cfg: NodeConfig) -> Result<(),
     let epoch = reg.routing.as_ref().map(|r| r.epoch).unwrap_or(0).max(1);
     server.state().set_placement(reg.node_id, reg.rank, reg.num_servers, epoch);
     tracing::info!("server {} (node {}) serving on {addr}", reg.rank, reg.node_id);
+    let server_state = server.state().clone();
     let handle = server.spawn()?;
     let hb = Duration::from_millis(reg.heartbeat_ms.max(10));
     control.set_timeout(Some(hb * 4 + cfg.connect_timeout))?;
@@ -515,6 +553,9 @@ pub fn run_server_node(transport: &dyn Transport, cfg: NodeConfig) -> Result<(),
             Err(e) => break Err(e.into()),
         }
     };
+    if result.is_ok() {
+        tracing::info!("server {}: {}", reg.rank, server_state.memory_report());
+    }
     handle.shutdown();
     result
 }
