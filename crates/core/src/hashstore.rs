@@ -268,6 +268,14 @@ impl HashStore {
         self.hashes = hashes;
     }
 
+    /// Hints the CPU to load a row soon (a missing slot is ignored).
+    #[inline]
+    pub fn prefetch_row(&self, t: Slot) {
+        if let Some(sh) = self.shards.get(t.shard()) {
+            prefetch(sh.data.as_ptr().wrapping_add(t.index() * self.stride));
+        }
+    }
+
     /// The values of a row.
     #[inline]
     pub fn w(&self, t: Slot) -> &[f32] {

@@ -312,10 +312,17 @@ impl Table {
                         // Gather the rows, apply the rule to the block at once, scatter back.
                         sc.w.clear();
                         sc.s.clear();
-                        for &t in &sc.hslots {
+                        for (i, &t) in sc.hslots.iter().enumerate() {
+                            if let Some(&ahead) = sc.hslots.get(i + 8) {
+                                h.prefetch_row(ahead);
+                            }
                             let (w, s) = h.row_mut(t);
-                            sc.w.extend(w.iter());
-                            sc.s.extend(s.iter());
+                            for x in w.iter() {
+                                sc.w.push(*x);
+                            }
+                            for x in s.iter() {
+                                sc.s.push(*x);
+                            }
                         }
                         self.rule.apply(&mut sc.w, &mut sc.s, &g[base * vl..(base + m) * vl]);
                         for (i, &t) in sc.hslots.iter().enumerate() {
@@ -328,7 +335,10 @@ impl Table {
                         }
                     } else if let Some(out) = out.as_deref_mut() {
                         let o = &mut out[base * vl..(base + m) * vl];
-                        for ((o, &t), &k) in o.chunks_exact_mut(vl).zip(&sc.hslots).zip(kc) {
+                        for (i, ((o, &t), &k)) in o.chunks_exact_mut(vl).zip(&sc.hslots).zip(kc).enumerate() {
+                            if let Some(&ahead) = sc.hslots.get(i + 8) {
+                                h.prefetch_row(ahead);
+                            }
                             if t == MISSING {
                                 init.fill(k, o);
                             } else {

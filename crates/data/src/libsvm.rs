@@ -87,19 +87,17 @@ pub fn parse_bytes(line: &[u8], ex: &mut Example) -> Result<bool, String> {
         let start = i;
         // The id: decimal digits, accumulated as they are scanned.
         let mut id: u64 = 0;
-        let mut ok = true;
         while i < n {
             let d = body[i].wrapping_sub(b'0');
             if d > 9 {
                 break;
             }
-            match id.checked_mul(10).and_then(|x| x.checked_add(d as u64)) {
-                Some(x) => id = x,
-                None => ok = false,
-            }
+            // Cannot overflow within 19 digits; longer ids are checked below.
+            id = id.wrapping_mul(10).wrapping_add(d as u64);
             i += 1;
         }
         let id_end = i;
+        let mut ok = id_end - start < 20 || (id_end - start == 20 && body[start..id_end] <= b"18446744073709551615"[..]);
         let val = if i < n && body[i] == b':' {
             let vs = i + 1;
             while i < n && !is_space(body[i]) {
