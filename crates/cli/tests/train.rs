@@ -103,7 +103,27 @@ fn multi_process_training_learns() {
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    assert!(metrics(&out)["test_auc"].as_f64().unwrap() > 0.75);
+    let m = metrics(&out);
+    assert!(m["test_auc"].as_f64().unwrap() > 0.75, "{m}");
+    // The two workers' byte-range shares cover every example exactly once per epoch.
+    assert_eq!(m["train_examples"], 40_000, "{m}");
+}
+
+#[test]
+fn a_corrupt_line_in_the_second_workers_share_is_reported_with_its_exact_line() {
+    let d = tempfile::tempdir().unwrap();
+    let tr = d.path().join("bad.svm");
+    let mut text: String = (0..1000).map(|i| format!("{} {}:1 {}:0.5\n", i % 2, i + 1, i + 2)).collect();
+    text.push_str("+1 4:oops\n");
+    text.push_str("-1 5:1\n");
+    std::fs::write(&tr, text).unwrap();
+    let o = downpour()
+        .args(["train", "linear", "--workers", "2", "--servers", "1", "--train", tr.to_str().unwrap(), "--quiet"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains(&format!("{}:1001: feature \"4:oops\"", tr.display())), "{err}");
 }
 
 #[test]

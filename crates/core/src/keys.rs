@@ -72,25 +72,46 @@ pub fn check_lengths(keys: usize, value_len: usize, values: usize) -> Result<()>
     Ok(())
 }
 
-/// Index of the first element of sorted `keys[from..]` that is `>= target`, found by
-/// galloping from `from`: O(log d) where d is the distance moved, so a merge walk of two
-/// sorted lists costs O(n) when they are dense in each other and O(n log) at worst.
+const M1: u64 = 0xff51_afd7_ed55_8ccd;
+const M2: u64 = 0xc4ce_b9fe_1a85_ec53;
+
+/// The inverse of an odd number modulo 2^64 (Newton's iteration doubles the correct bits).
+const fn inverse(a: u64) -> u64 {
+    let mut x = a;
+    let mut i = 0;
+    while i < 6 {
+        x = x.wrapping_mul(2u64.wrapping_sub(a.wrapping_mul(x)));
+        i += 1;
+    }
+    x
+}
+
+/// Spreads application ids over the whole key space: a bijection of u64 (MurmurHash3's
+/// 64-bit finaliser). Servers own contiguous key ranges, so ids drawn from a small range
+/// (feature ids below 2^32, say) would otherwise all land on the first server; scrambled,
+/// they split evenly across servers. [`unscramble`] inverts it.
 #[inline]
-pub fn gallop(keys: &[u64], from: usize, target: u64) -> usize {
-    let len = keys.len();
-    if from >= len || keys[from] >= target {
-        return from;
-    }
-    let mut lo = from + 1;
-    let mut step = 1usize;
-    let mut hi = from + 1;
-    while hi < len && keys[hi] < target {
-        lo = hi + 1;
-        step *= 2;
-        hi = from + step;
-    }
-    let hi = hi.min(len);
-    lo + keys[lo..hi].partition_point(|&k| k < target)
+pub fn scramble(id: u64) -> u64 {
+    let mut k = id;
+    k ^= k >> 33;
+    k = k.wrapping_mul(M1);
+    k ^= k >> 33;
+    k = k.wrapping_mul(M2);
+    k ^ (k >> 33)
+}
+
+/// The id that [`scramble`] maps to `key`.
+#[inline]
+pub fn unscramble(key: u64) -> u64 {
+    const I1: u64 = inverse(M1);
+    const I2: u64 = inverse(M2);
+    // x ^= x >> 33 is its own inverse for shifts of 32 or more.
+    let mut k = key;
+    k ^= k >> 33;
+    k = k.wrapping_mul(I2);
+    k ^= k >> 33;
+    k = k.wrapping_mul(I1);
+    k ^ (k >> 33)
 }
 
 /// `n` pseudo-random keys below `u64::MAX` (xorshift64 from `seed`), sorted and unique:
@@ -132,12 +153,9 @@ mod tests {
 
     proptest! {
         #[test]
-        fn gallop_equals_partition_point(mut v in proptest::collection::vec(any::<u64>(), 0..200), from_frac in 0.0f64..1.0, t in any::<u64>()) {
-            v.sort_unstable();
-            v.dedup();
-            let from = ((v.len() as f64) * from_frac) as usize;
-            let expect = from + v[from..].partition_point(|&k| k < t);
-            prop_assert_eq!(gallop(&v, from, t), expect);
+        fn unscramble_inverts_scramble(id in any::<u64>()) {
+            prop_assert_eq!(unscramble(scramble(id)), id);
+            prop_assert_eq!(scramble(unscramble(id)), id);
         }
     }
 }

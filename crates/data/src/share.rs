@@ -20,6 +20,7 @@ pub struct ShareReader {
     spare: Example,
     /// Bytes of the pieces finished so far.
     done_bytes: u64,
+    key_map: Option<fn(u64) -> u64>,
 }
 
 impl ShareReader {
@@ -41,6 +42,7 @@ impl ShareReader {
             exhausted: false,
             spare: Example::default(),
             done_bytes: 0,
+            key_map: None,
         }
     }
 
@@ -49,6 +51,13 @@ impl ShareReader {
     pub fn with_shuffle(mut self, cap: usize, seed: u64) -> Self {
         self.buffer_cap = cap;
         self.rng = downpour_core::init::splitmix64(seed) | 1;
+        self
+    }
+
+    /// Maps every feature id through `map` (e.g. [`downpour_core::keys::scramble`]) as it is
+    /// read. An id that maps to `u64::MAX` (the reserved key) is an error.
+    pub fn with_key_map(mut self, map: fn(u64) -> u64) -> Self {
+        self.key_map = Some(map);
         self
     }
 
@@ -66,6 +75,21 @@ impl ShareReader {
             }
             if let Some(r) = self.reader.as_mut() {
                 if r.next_into(ex)? {
+                    if let Some(map) = self.key_map {
+                        for k in ex.keys.iter_mut() {
+                            let id = *k;
+                            *k = map(id);
+                            if *k == u64::MAX {
+                                let path =
+                                    self.pieces.get(self.next_piece.saturating_sub(1)).map(|p| p.path().to_path_buf()).unwrap_or_default();
+                                return Err(DataError::Malformed {
+                                    path,
+                                    line: 0,
+                                    what: format!("feature id {id} is reserved: it maps to key u64::MAX"),
+                                });
+                            }
+                        }
+                    }
                     return Ok(true);
                 }
             }

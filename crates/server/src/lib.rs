@@ -85,20 +85,14 @@ impl ServerState {
         for id in ids {
             let t = tables[id].table.read();
             keys_total += t.len();
-            out.push(format!(
-                "table {id} {:?}: {} keys, {:.1} MiB of rows ({:.1} bytes/key)",
-                t.def().name,
-                t.len(),
-                t.bytes() as f64 / (1u64 << 20) as f64,
-                t.bytes() as f64 / t.len().max(1) as f64
-            ));
+            out.push(
+                format!("table {id} {:?}: {} keys, {:.1} MiB of rows", t.def().name, t.len(), t.bytes() as f64 / (1u64 << 20) as f64,),
+            );
         }
         if let Some(hwm) = peak_rss_bytes() {
-            out.push(format!(
-                "peak RSS {:.1} MiB ({:.1} bytes per stored key)",
-                hwm as f64 / (1u64 << 20) as f64,
-                hwm as f64 / keys_total.max(1) as f64
-            ));
+            let per_key =
+                if keys_total > 0 { format!(" ({:.1} bytes per stored key)", hwm as f64 / keys_total as f64) } else { String::new() };
+            out.push(format!("peak RSS {:.1} MiB{per_key}", hwm as f64 / (1u64 << 20) as f64));
         }
         out.join("; ")
     }

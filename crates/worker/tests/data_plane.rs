@@ -258,3 +258,28 @@ fn update_rules_apply_on_the_server_path() {
     let expect = -(1.5f32) / ((1.0 + 4.25f32.sqrt()) / 0.5);
     assert!(out.iter().all(|w| (w - expect).abs() < 1e-6), "{out:?}");
 }
+
+#[test]
+fn peek_reads_without_creating_keys_across_servers_and_chunks() {
+    for (name, t) in transports() {
+        let servers = 3;
+        let mut c = cluster(t.as_ref(), servers, 4096);
+        c.kv.create_table(table(3, 2, Storage::Sparse, "add")).unwrap();
+        let keys = spread_keys(3000);
+        let pushed: Vec<u64> = keys.iter().copied().step_by(2).collect();
+        let ts = c.kv.push(3, &pushed, &vec![1.5; pushed.len() * 2]).unwrap();
+        c.kv.wait(ts).unwrap();
+        let mut out = vec![-1.0; keys.len() * 2];
+        c.kv.peek_into(3, &keys, &mut out).unwrap();
+        for (i, v) in out.chunks(2).enumerate() {
+            let expect = if i % 2 == 0 { 1.5 } else { 0.0 };
+            assert_eq!(v, [expect, expect], "{name}: key #{i}");
+        }
+        let stored: usize = c.servers.iter().map(|s| s.state.table_len(3).unwrap()).sum();
+        assert_eq!(stored, pushed.len(), "{name}: a peek must not create keys");
+        // A pull, by contrast, creates them.
+        c.kv.pull_into(3, &keys, &mut out).unwrap();
+        let stored: usize = c.servers.iter().map(|s| s.state.table_len(3).unwrap()).sum();
+        assert_eq!(stored, keys.len(), "{name}");
+    }
+}

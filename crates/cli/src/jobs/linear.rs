@@ -12,6 +12,7 @@ use anyhow::{ensure, Context, Result};
 use clap::{Args, ValueEnum};
 use downpour_apps::{linear, metrics};
 use downpour_core::init::Init;
+use downpour_core::keys::{scramble, unscramble};
 use downpour_core::proto;
 use downpour_core::table::{Storage, TableDef};
 use downpour_data::batch::Batch;
@@ -134,7 +135,8 @@ pub struct LinearArgs {
 /// Table id of the job's counters (examples seen, summed over workers with rule `add`).
 const STATS: u32 = 11;
 
-/// Table id of the linear model.
+/// Table id of the linear model. Feature id `f` is stored under key `scramble(f)`, so the
+/// model spreads evenly over the servers' key ranges whatever range the ids come from.
 pub const TABLE: u32 = 10;
 
 fn table_def(a: &LinearArgs) -> TableDef {
@@ -189,7 +191,7 @@ struct EpochMetrics {
 }
 
 fn evaluate(s: &mut WorkerSession, test: &PathBuf, format: &Format, batch: usize) -> Result<EpochMetrics> {
-    let mut r = ShareReader::for_worker(std::slice::from_ref(test), format, 0, 1)?;
+    let mut r = ShareReader::for_worker(std::slice::from_ref(test), format, 0, 1)?.with_key_map(scramble);
     let (mut p, mut y) = (Vec::new(), Vec::new());
     let mut w = Vec::new();
     while let Some(b) = r.next_batch(batch.max(1000))? {
@@ -227,7 +229,9 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
     for epoch in 1..=a.epochs {
         let te = Instant::now();
         let shuffle_seed = a.seed ^ (epoch as u64).wrapping_mul(0x9E37_79B9) ^ (s.rank as u64).wrapping_mul(0x85EB_CA6B);
-        let reader = ShareReader::for_worker(&a.train, &format, s.rank, s.num_workers)?.with_shuffle(a.shuffle_buffer, shuffle_seed);
+        let reader = ShareReader::for_worker(&a.train, &format, s.rank, s.num_workers)?
+            .with_shuffle(a.shuffle_buffer, shuffle_seed)
+            .with_key_map(scramble);
         let batches = spawn_reader(reader, a.batch);
         let mut progress = Progress::new(!a.quiet && s.rank == 0, format!("epoch {epoch}/{}", a.epochs));
         let (mut seen, mut loss_sum, mut loss_n) = (0usize, 0f64, 0usize);
@@ -337,9 +341,11 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
         });
         if let Some(path) = &a.model_out {
             let (keys, values) = s.kv.pull_range(TABLE, downpour_core::KeyRange::FULL)?;
-            // Zero weights (L1-zeroed keys, and test-only keys the evaluation's pulls created)
-            // are left out: `predict` reads an absent key as 0, so scores are unchanged.
-            let (keys, values): (Vec<u64>, Vec<f32>) = keys.into_iter().zip(values).filter(|(_, v)| *v != 0.0).unzip();
+            // Back to feature ids, in id order. Zero weights (L1-zeroed keys) are left out:
+            // `predict` reads an absent id as 0, so scores are unchanged.
+            let mut pairs: Vec<(u64, f32)> = keys.into_iter().map(unscramble).zip(values).filter(|(_, v)| *v != 0.0).collect();
+            pairs.sort_unstable_by_key(|p| p.0);
+            let (keys, values): (Vec<u64>, Vec<f32>) = pairs.into_iter().unzip();
             crate::model::save(path, &keys, &values, 1)?;
             if !a.quiet {
                 tracing::info!("model with {} keys written to {}", keys.len(), path.display());
