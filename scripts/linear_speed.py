@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""Speed of `train linear` against Vowpal Wabbit on the same synth-ctr file (docs/benchmarks.md).
+
+Generates (once, into $DIR, default /tmp/downpour-speed) a synth-ctr training file of
+$EXAMPLES examples (default 2,000,000) x 40 features over a 2^24 key space and a 200,000-example
+test set of the same hidden model, writes the VW-format copies, then, $RUNS times (default 3):
+  - Vowpal Wabbit (PyPI vowpalwabbit, its command line via `python3 -m vowpalwabbit`):
+    logistic loss, -b 24, one pass; then its test log loss;
+  - Downpour embedded, 1 server + 1 worker;
+  - Downpour local multi-process (`launch`), 2 servers + 1 worker and 2 servers + 2 workers.
+Prints one JSON line per run: examples/s (training examples / training wall seconds), test
+log loss and AUC, and wall seconds including start-up and the test evaluation.
+Needs: pip install vowpalwabbit; a release build (cargo build --release).
+"""
+import json, math, os, subprocess, sys, time
+
+BIN = os.environ.get("DOWNPOUR", "target/release/downpour")
+D = os.environ.get("DIR", "/tmp/downpour-speed")
+N = int(os.environ.get("EXAMPLES", "2000000"))
+RUNS = int(os.environ.get("RUNS", "3"))
+os.makedirs(D, exist_ok=True)
+tr, te = f"{D}/train.svm", f"{D}/test.svm"
+
+
+def run(*a):
+    return subprocess.run(a, check=True, capture_output=True, text=True)
+
+
+def logloss(p, y):
+    return -sum(math.log(min(max(q if t else 1 - q, 1e-15), 1.0)) for q, t in zip(p, y)) / len(p)
+
+
+def auc(p, y):
+    order = sorted(range(len(p)), key=lambda i: p[i])
+    ranks, i = [0.0] * len(p), 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and p[order[j + 1]] == p[order[i]]:
+            j += 1
+        for k in order[i:j + 1]:
+            ranks[k] = (i + j) / 2 + 1
+        i = j + 1
+    npos = sum(y)
+    return (sum(r for r, t in zip(ranks, y) if t) - npos * (npos + 1) / 2) / (npos * (len(y) - npos))
+
+
+if not os.path.exists(tr):
+    gen = ("data", "synth-ctr", "--nnz", "40", "--key-space", "16777216", "--zipf", "1.1", "--seed", "1")
+    run(BIN, *gen, "--examples", str(N), "--out", tr)
+    run(BIN, *gen, "--examples", "200000", "--start", str(N), "--out", te)
+    for src in (tr, te):
+        with open(src) as f, open(src + ".vw", "w") as g:
+            for l in f:
+                p = l.split()
+                g.write(("1" if p[0] in ("1", "+1") else "-1") + " |f " + " ".join(p[1:]) + "\n")
+y = [l.startswith("1") or l.startswith("+1") for l in open(te)]
+
+
+def report(name, cmd):
+    t = time.time()
+    run(*cmd)
+    wall = time.time() - t
+    m = json.load(open(f"{D}/m.json"))
+    ep = m["epochs"][0]  # training wall time of epoch 1, before its test evaluation
+    print(json.dumps({"system": name, "examples_per_s": round(N / ep["wall_s"]), "test_logloss": round(m["test_logloss"], 5),
+                      "test_auc": round(m["test_auc"], 5), "wall_s": round(wall, 2)}), flush=True)
+
+
+JOB = ("train", "linear", "--train", tr, "--test", te, "--quiet", "--out", f"{D}/m.json")
+
+for r in range(RUNS):
+    t = time.time()
+    run(sys.executable, "-m", "vowpalwabbit", "-d", tr + ".vw", "--loss_function", "logistic", "-b", "24", "-f", f"{D}/vw.model", "--quiet")
+    train_s = time.time() - t
+    run(sys.executable, "-m", "vowpalwabbit", "-d", te + ".vw", "-t", "-i", f"{D}/vw.model", "--loss_function", "logistic",
+        "--link", "logistic", "-p", f"{D}/vw.pred", "--quiet")
+    wall = time.time() - t
+    p = [float(l) for l in open(f"{D}/vw.pred")]
+    print(json.dumps({"system": "vowpal wabbit (1 pass)", "examples_per_s": round(N / train_s), "test_logloss": round(logloss(p, y), 5),
+                      "test_auc": round(auc(p, y), 5), "wall_s": round(wall, 2)}), flush=True)
+    report("downpour embedded 1 server + 1 worker", (BIN, "--log", "warn", *JOB, "--servers", "1", "--workers", "1"))
+    for w in (1, 2):
+        report(f"downpour launch 2 servers + {w} worker(s)", (BIN, "--log", "warn", "launch", "--servers", "2", "--workers", str(w), "--", *JOB))
