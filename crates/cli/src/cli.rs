@@ -184,17 +184,20 @@ fn run(cli: Cli, s: Settings) -> Result<()> {
                 "--test",
                 &dir.join("test.jsonl.gz").display().to_string(),
                 "--epochs",
-                "5",
+                "10",
                 "--lr",
-                "1",
+                "4",
+                "--batch",
+                "10",
             ]
             .map(String::from);
             let job = jobs::parse_job(&std::iter::once("train".to_string()).chain(args).collect::<Vec<_>>())?;
             cluster::run_embedded(&s, 2, 2, &job, stdout_sink())?;
             eprintln!(
                 "next: the same job as processes: `downpour launch --servers 2 --workers 2 -- train linear --format text-jsonl \
-                 --train {0}/train.jsonl.gz --test {0}/test.jsonl.gz --epochs 5 --lr 1`; try --bigrams; \
-                 bigger data: your own LIBSVM files (`train linear --train a.svm.gz --test b.svm`); speed: `downpour bench`",
+                 --train {0}/train.jsonl.gz --test {0}/test.jsonl.gz --epochs 10 --lr 4 --batch 10`; the best log loss: \
+                 --batch 1 --lr 8 --epochs 20; try --bigrams; bigger data: `downpour data synth-ctr --examples 2000000 \
+                 --out train.svm` or your own LIBSVM files (`train linear --train a.svm --test b.svm`); speed: `downpour bench`",
                 dir.display()
             );
             Ok(())
@@ -257,6 +260,7 @@ fn run(cli: Cli, s: Settings) -> Result<()> {
                 advertise,
                 connect_timeout: s.connect_timeout,
                 server: ServerConfig { chunk_bytes: s.chunk_bytes, ..Default::default() },
+                own_process: true,
             };
             run_server_node(t.as_ref(), cfg)?;
             Ok(())

@@ -69,6 +69,7 @@ pub fn run_embedded(s: &Settings, servers: usize, workers: usize, job: &JobCmd, 
             advertise: None,
             connect_timeout: s.connect_timeout,
             server: ServerConfig { chunk_bytes: s.chunk_bytes, ..Default::default() },
+            own_process: false,
         };
         server_threads.push(std::thread::Builder::new().name(format!("server-{i}")).spawn(move || run_server_node(&t, cfg))?);
     }

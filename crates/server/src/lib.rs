@@ -74,9 +74,9 @@ impl ServerState {
         self.stop.store(true, Ordering::Relaxed);
     }
 
-    /// One line per table: keys stored and bytes held, plus the process's peak resident
-    /// memory (Linux) and what that is per stored key.
-    pub fn memory_report(&self) -> String {
+    /// One line per table: keys stored and bytes held; with `with_process_memory`, also the
+    /// process's peak resident memory (Linux) and what that is per stored key.
+    pub fn memory_report(&self, with_process_memory: bool) -> String {
         let tables = self.tables.read();
         let mut ids: Vec<&u32> = tables.keys().collect();
         ids.sort();
@@ -89,7 +89,7 @@ impl ServerState {
                 format!("table {id} {:?}: {} keys, {:.1} MiB of rows", t.def().name, t.len(), t.bytes() as f64 / (1u64 << 20) as f64,),
             );
         }
-        if let Some(hwm) = peak_rss_bytes() {
+        if let Some(hwm) = peak_rss_bytes().filter(|_| with_process_memory) {
             let per_key =
                 if keys_total > 0 { format!(" ({:.1} bytes per stored key)", hwm as f64 / keys_total as f64) } else { String::new() };
             out.push(format!("peak RSS {:.1} MiB{per_key}", hwm as f64 / (1u64 << 20) as f64));
@@ -479,6 +479,9 @@ pub struct NodeConfig {
     pub connect_timeout: Duration,
     /// Server settings.
     pub server: ServerConfig,
+    /// The server has its process to itself, so the process's peak memory is the server's
+    /// and is reported per stored key at the end (false for embedded clusters).
+    pub own_process: bool,
 }
 
 /// Why a server node stopped abnormally.
@@ -548,7 +551,7 @@ pub fn run_server_node(transport: &dyn Transport, cfg: NodeConfig) -> Result<(),
         }
     };
     if result.is_ok() {
-        tracing::info!("server {}: {}", reg.rank, server_state.memory_report());
+        tracing::info!("server {}: {}", reg.rank, server_state.memory_report(cfg.own_process));
     }
     handle.shutdown();
     result
