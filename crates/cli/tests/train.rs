@@ -224,3 +224,40 @@ fn predict_with_the_exported_model_equals_training_time_evaluation() {
     let o = downpour().args(["predict", "--model", te.to_str().unwrap(), "--data", te.to_str().unwrap()]).output().unwrap();
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("not a safetensors file"));
 }
+
+#[test]
+fn large_feature_values_are_scaled_automatically_and_the_exported_model_takes_raw_values() {
+    let d = tempfile::tempdir().unwrap();
+    let (tr, te, out, model, preds) =
+        (d.path().join("tr.svm"), d.path().join("te.svm"), d.path().join("m.json"), d.path().join("w.safetensors"), d.path().join("p.txt"));
+    write_data(&tr, 8_000, 13);
+    write_data(&te, 2_000, 14);
+    // the same data with every value 200 instead of 1 (raw counts, pixels…)
+    for p in [&tr, &te] {
+        let s = std::fs::read_to_string(p).unwrap().replace(":1", ":200");
+        std::fs::write(p, s).unwrap();
+    }
+    let o = downpour()
+        .env("DOWNPOUR_LOG", "info")
+        .args(["train", "linear", "--train", tr.to_str().unwrap(), "--test", te.to_str().unwrap(), "--workers", "1"])
+        .args(["--out", out.to_str().unwrap(), "--model-out", model.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("divided by 200"), "{}", String::from_utf8_lossy(&o.stderr));
+    let m = metrics(&out);
+    assert!(m["test_auc"].as_f64().unwrap() > 0.75, "{m}");
+    let o = downpour()
+        .args(["predict", "--model", model.to_str().unwrap(), "--data", te.to_str().unwrap(), "--out", preds.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let p: Vec<f64> = std::fs::read_to_string(&preds).unwrap().lines().map(|l| l.parse().unwrap()).collect();
+    let labels: Vec<bool> = std::fs::read_to_string(&te).unwrap().lines().map(|l| l.starts_with('+')).collect();
+    let ll = p.iter().zip(&labels).map(|(&p, &y)| -(if y { p } else { 1.0 - p }).clamp(1e-15, 1.0).ln()).sum::<f64>() / p.len() as f64;
+    let trained = m["test_logloss"].as_f64().unwrap();
+    // w/200 applied to x equals w applied to x/200 up to f32 rounding
+    assert!((ll - trained).abs() < 1e-5, "predict logloss {ll} vs training-time {trained}");
+    let bad = downpour().args(["train", "linear", "--train", tr.to_str().unwrap(), "--scale", "-3"]).output().unwrap();
+    assert_eq!(bad.status.code(), Some(2), "{}", String::from_utf8_lossy(&bad.stderr));
+}

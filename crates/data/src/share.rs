@@ -21,6 +21,8 @@ pub struct ShareReader {
     /// Bytes of the pieces finished so far.
     done_bytes: u64,
     key_map: Option<fn(u64) -> u64>,
+    /// Every value is multiplied by this (1: unchanged).
+    value_scale: f32,
 }
 
 impl ShareReader {
@@ -43,6 +45,7 @@ impl ShareReader {
             spare: Example::default(),
             done_bytes: 0,
             key_map: None,
+            value_scale: 1.0,
         }
     }
 
@@ -61,6 +64,12 @@ impl ShareReader {
         self
     }
 
+    /// Multiplies every feature value by `factor` as it is read.
+    pub fn with_value_scale(mut self, factor: f32) -> Self {
+        self.value_scale = factor;
+        self
+    }
+
     /// The pieces this reader reads.
     pub fn pieces(&self) -> &[Piece] {
         &self.pieces
@@ -75,6 +84,9 @@ impl ShareReader {
             }
             if let Some(r) = self.reader.as_mut() {
                 if r.next_into(ex)? {
+                    if self.value_scale != 1.0 {
+                        ex.values.iter_mut().for_each(|v| *v *= self.value_scale);
+                    }
                     if let Some(map) = self.key_map {
                         for k in ex.keys.iter_mut() {
                             let id = *k;
@@ -157,6 +169,21 @@ impl ShareReader {
         }
         Ok(Some(b))
     }
+}
+
+/// The largest absolute feature value among the first `n` examples of `path` (0 for none):
+/// a cheap, deterministic look at a data set's scale, the same on every worker.
+pub fn max_abs_value(path: &std::path::Path, format: &Format, n: usize) -> Result<f32, DataError> {
+    let mut r = ExampleReader::open(path, format)?;
+    let mut ex = Example::default();
+    let mut m = 0f32;
+    for _ in 0..n {
+        if !r.next_into(&mut ex)? {
+            break;
+        }
+        m = ex.values.iter().fold(m, |m, v| m.max(v.abs()));
+    }
+    Ok(m)
 }
 
 #[cfg(test)]

@@ -17,7 +17,7 @@ use downpour_core::proto;
 use downpour_core::table::{Storage, TableDef};
 use downpour_data::batch::Batch;
 use downpour_data::libsvm::DataError;
-use downpour_data::share::ShareReader;
+use downpour_data::share::{max_abs_value, ShareReader};
 use downpour_data::text::TextOptions;
 use downpour_data::Format;
 use downpour_worker::{Timestamp, WorkerSession};
@@ -91,8 +91,8 @@ pub struct LinearArgs {
     pub test: Option<PathBuf>,
     #[command(flatten)]
     pub input: FormatArgs,
-    /// Passes over the training data.
-    #[arg(long, default_value_t = 1)]
+    /// Passes over the training data (for millions of examples, 1 is usually enough).
+    #[arg(long, default_value_t = 5)]
     pub epochs: usize,
     /// Examples per minibatch.
     #[arg(long, default_value_t = 100)]
@@ -100,8 +100,8 @@ pub struct LinearArgs {
     /// Update rule on the servers.
     #[arg(long, value_enum, default_value_t = Optimizer::Ftrl)]
     pub optimizer: Optimizer,
-    /// Learning rate (α for FTRL).
-    #[arg(long, default_value_t = 0.1)]
+    /// Learning rate (α for FTRL; 0.1 suits millions of examples and one epoch).
+    #[arg(long, default_value_t = 0.5)]
     pub lr: f32,
     /// L1 strength (FTRL).
     #[arg(long, default_value_t = 0.0)]
@@ -109,6 +109,12 @@ pub struct LinearArgs {
     /// L2 strength (FTRL).
     #[arg(long, default_value_t = 0.0)]
     pub l2: f32,
+    /// Feature value scale: `auto` divides every value by the largest |value| among the first
+    /// 10,000 training examples when that exceeds 1 (raw pixel or count features), `none`
+    /// keeps values as they are, a number divides by that number. The exported model is in
+    /// the unscaled units, so `predict` takes the original files.
+    #[arg(long, default_value = "auto", value_parser = parse_scale)]
+    pub scale: Scale,
     /// Examples are shuffled within a window of this many per epoch (0 or 1: file order).
     #[arg(long, default_value_t = 10_000)]
     pub shuffle_buffer: usize,
@@ -131,6 +137,29 @@ pub struct LinearArgs {
     #[arg(long, default_value_t = 2)]
     pub workers: usize,
 }
+
+/// How feature values are scaled before training (`--scale`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Scale {
+    /// Divide by max(1, the largest |value| of the first 10,000 training examples).
+    Auto,
+    /// Divide by this.
+    Fixed(f32),
+}
+
+fn parse_scale(s: &str) -> Result<Scale, String> {
+    match s {
+        "auto" => Ok(Scale::Auto),
+        "none" => Ok(Scale::Fixed(1.0)),
+        x => match x.parse::<f32>() {
+            Ok(v) if v.is_finite() && v > 0.0 => Ok(Scale::Fixed(v)),
+            _ => Err(format!("{x:?} is not auto, none or a positive number")),
+        },
+    }
+}
+
+/// Examples the automatic scale looks at.
+const SCALE_SAMPLE: usize = 10_000;
 
 /// Table id of the job's counters (examples seen, summed over workers with rule `add`).
 const STATS: u32 = 11;
@@ -190,8 +219,8 @@ struct EpochMetrics {
     examples: usize,
 }
 
-fn evaluate(s: &mut WorkerSession, test: &PathBuf, format: &Format, batch: usize) -> Result<EpochMetrics> {
-    let mut r = ShareReader::for_worker(std::slice::from_ref(test), format, 0, 1)?.with_key_map(scramble);
+fn evaluate(s: &mut WorkerSession, test: &PathBuf, format: &Format, batch: usize, scale: f32) -> Result<EpochMetrics> {
+    let mut r = ShareReader::for_worker(std::slice::from_ref(test), format, 0, 1)?.with_key_map(scramble).with_value_scale(1.0 / scale);
     let (mut p, mut y) = (Vec::new(), Vec::new());
     let mut w = Vec::new();
     while let Some(b) = r.next_batch(batch.max(1000))? {
@@ -220,6 +249,14 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
         ensure!(f.is_file(), "{}: no such file", f.display());
     }
     let format = a.input.data_format();
+    // Every worker reads the same first examples, so all agree on the scale.
+    let scale = match a.scale {
+        Scale::Fixed(v) => v,
+        Scale::Auto => max_abs_value(a.train.first().context("--train needs a file")?, &format, SCALE_SAMPLE)?.max(1.0),
+    };
+    if scale != 1.0 && s.rank == 0 && !a.quiet {
+        tracing::info!("feature values are divided by {scale} (--scale; the exported model is in the original units)");
+    }
     s.kv.create_table(table_def(a))?;
     s.barrier("linear-start")?;
     let t0 = Instant::now();
@@ -231,7 +268,8 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
         let shuffle_seed = a.seed ^ (epoch as u64).wrapping_mul(0x9E37_79B9) ^ (s.rank as u64).wrapping_mul(0x85EB_CA6B);
         let reader = ShareReader::for_worker(&a.train, &format, s.rank, s.num_workers)?
             .with_shuffle(a.shuffle_buffer, shuffle_seed)
-            .with_key_map(scramble);
+            .with_key_map(scramble)
+            .with_value_scale(1.0 / scale);
         let batches = spawn_reader(reader, a.batch);
         let mut progress = Progress::new(!a.quiet && s.rank == 0, format!("epoch {epoch}/{}", a.epochs));
         let (mut seen, mut loss_sum, mut loss_n) = (0usize, 0f64, 0usize);
@@ -284,7 +322,7 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
         let wall = t0.elapsed().as_secs_f64();
         if s.rank == 0 {
             if let Some(test) = &a.test {
-                let m = evaluate(s, test, &format, a.batch)?;
+                let m = evaluate(s, test, &format, a.batch, scale)?;
                 if !a.quiet {
                     tracing::info!(
                         "epoch {epoch}: {seen} examples on this worker in {:.1}s ({:.0} ex/s)",
@@ -343,7 +381,9 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
             let (keys, values) = s.kv.pull_range(TABLE, downpour_core::KeyRange::FULL)?;
             // Back to feature ids, in id order. Zero weights (L1-zeroed keys) are left out:
             // `predict` reads an absent id as 0, so scores are unchanged.
-            let mut pairs: Vec<(u64, f32)> = keys.into_iter().map(unscramble).zip(values).filter(|(_, v)| *v != 0.0).collect();
+            // Weights learnt on values / scale apply to the original values divided by scale.
+            let mut pairs: Vec<(u64, f32)> =
+                keys.into_iter().map(unscramble).zip(values.into_iter().map(|w| w / scale)).filter(|(_, v)| *v != 0.0).collect();
             pairs.sort_unstable_by_key(|p| p.0);
             let (keys, values): (Vec<u64>, Vec<f32>) = pairs.into_iter().unzip();
             crate::model::save(path, &keys, &values, 1)?;
