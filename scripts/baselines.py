@@ -9,7 +9,8 @@ Featurizes the committed SpamAssassin subset with `downpour data featurize` (tex
 Prints one JSON line per system: test AUC, test logloss, train seconds.
 Needs: apt-get install liblinear-tools; pip install vowpalwabbit.
 """
-import json, math, os, subprocess, sys, tempfile, time
+import json, os, subprocess, sys, tempfile, time
+from evalmetrics import auc, logloss
 
 BIN = os.environ.get("DOWNPOUR", "target/release/downpour")
 D = tempfile.mkdtemp()
@@ -17,27 +18,6 @@ D = tempfile.mkdtemp()
 
 def run(*a, **kw):
     return subprocess.run(a, check=True, capture_output=True, text=True, **kw)
-
-
-def auc(p, y):
-    idx = sorted(range(len(p)), key=lambda i: p[i])
-    r, i, rs, npos = 0, 0, 0.0, 0
-    while i < len(idx):
-        j = i
-        while j + 1 < len(idx) and p[idx[j + 1]] == p[idx[i]]:
-            j += 1
-        avg = (i + j) / 2 + 1
-        for k in idx[i:j + 1]:
-            if y[k]:
-                rs += avg
-                npos += 1
-        i = j + 1
-    nneg = len(p) - npos
-    return (rs - npos * (npos + 1) / 2) / (npos * nneg)
-
-
-def logloss(p, y):
-    return -sum(math.log(min(max(q if t else 1 - q, 1e-15), 1.0)) for q, t in zip(p, y)) / len(p)
 
 
 def labels(path):

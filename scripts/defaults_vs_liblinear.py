@@ -9,6 +9,7 @@ What issue 3's check runs: `downpour launch --servers 2 --workers 2 -- train lin
 Prints one JSON line per data set. Needs: apt-get install liblinear-tools; a release build.
 """
 import gzip, json, os, struct, subprocess, tempfile
+from evalmetrics import auc
 
 BIN = os.environ.get("DOWNPOUR", "target/release/downpour")
 MNIST = os.environ.get("MNIST", "../shared/data/mnist")
@@ -17,20 +18,6 @@ D = tempfile.mkdtemp()
 
 def run(*a):
     return subprocess.run(a, check=True, capture_output=True, text=True)
-
-
-def auc(p, y):
-    idx = sorted(range(len(p)), key=lambda i: p[i])
-    ranks, i = [0.0] * len(p), 0
-    while i < len(idx):
-        j = i
-        while j + 1 < len(idx) and p[idx[j + 1]] == p[idx[i]]:
-            j += 1
-        for k in idx[i:j + 1]:
-            ranks[k] = (i + j) / 2 + 1
-        i = j + 1
-    npos = sum(y)
-    return (sum(r for r, t in zip(ranks, y) if t) - npos * (npos + 1) / 2) / (npos * (len(y) - npos))
 
 
 def mnist(split, prefix, scale):

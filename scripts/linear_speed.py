@@ -12,7 +12,8 @@ Prints one JSON line per run: examples/s (training examples / training wall seco
 log loss and AUC, and wall seconds including start-up and the test evaluation.
 Needs: pip install vowpalwabbit; a release build (cargo build --release).
 """
-import json, math, os, subprocess, sys, time
+import json, os, subprocess, sys, time
+from evalmetrics import auc, logloss
 
 BIN = os.environ.get("DOWNPOUR", "target/release/downpour")
 D = os.environ.get("DIR", "/tmp/downpour-speed")
@@ -24,24 +25,6 @@ tr, te = f"{D}/train.svm", f"{D}/test.svm"
 
 def run(*a):
     return subprocess.run(a, check=True, capture_output=True, text=True)
-
-
-def logloss(p, y):
-    return -sum(math.log(min(max(q if t else 1 - q, 1e-15), 1.0)) for q, t in zip(p, y)) / len(p)
-
-
-def auc(p, y):
-    order = sorted(range(len(p)), key=lambda i: p[i])
-    ranks, i = [0.0] * len(p), 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and p[order[j + 1]] == p[order[i]]:
-            j += 1
-        for k in order[i:j + 1]:
-            ranks[k] = (i + j) / 2 + 1
-        i = j + 1
-    npos = sum(y)
-    return (sum(r for r, t in zip(ranks, y) if t) - npos * (npos + 1) / 2) / (npos * (len(y) - npos))
 
 
 if not os.path.exists(tr):

@@ -36,6 +36,20 @@ fn write_data(path: &Path, n: usize, seed: u64) {
     }
 }
 
+/// Runs `predict` with `model` on `data` (writing `preds`) and returns the log loss of its
+/// probabilities against the file's labels.
+fn predict_logloss(model: &Path, data: &Path, preds: &Path) -> f64 {
+    let o = downpour()
+        .args(["predict", "--model", model.to_str().unwrap(), "--data", data.to_str().unwrap(), "--out", preds.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let p: Vec<f64> = std::fs::read_to_string(preds).unwrap().lines().map(|l| l.parse().unwrap()).collect();
+    let labels: Vec<bool> = std::fs::read_to_string(data).unwrap().lines().map(|l| l.starts_with('+')).collect();
+    assert_eq!(p.len(), labels.len());
+    p.iter().zip(&labels).map(|(&p, &y)| -(if y { p } else { 1.0 - p }).clamp(1e-15, 1.0).ln()).sum::<f64>() / p.len() as f64
+}
+
 fn metrics(path: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
@@ -210,15 +224,7 @@ fn predict_with_the_exported_model_equals_training_time_evaluation() {
     assert_eq!(header["keys"]["dtype"], "U64");
     assert_eq!(header["values"]["dtype"], "F32");
     assert_eq!(header["values"]["shape"][1], 1);
-    let o = downpour()
-        .args(["predict", "--model", model.to_str().unwrap(), "--data", te.to_str().unwrap(), "--out", preds.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let p: Vec<f64> = std::fs::read_to_string(&preds).unwrap().lines().map(|l| l.parse().unwrap()).collect();
-    let labels: Vec<bool> = std::fs::read_to_string(&te).unwrap().lines().map(|l| l.starts_with('+')).collect();
-    assert_eq!(p.len(), labels.len());
-    let ll = p.iter().zip(&labels).map(|(&p, &y)| -(if y { p } else { 1.0 - p }).clamp(1e-15, 1.0).ln()).sum::<f64>() / p.len() as f64;
+    let ll = predict_logloss(&model, &te, &preds);
     let trained = metrics(&out)["test_logloss"].as_f64().unwrap();
     assert!((ll - trained).abs() < 1e-9, "predict logloss {ll} vs training-time {trained}");
     let o = downpour().args(["predict", "--model", te.to_str().unwrap(), "--data", te.to_str().unwrap()]).output().unwrap();
@@ -247,14 +253,7 @@ fn large_feature_values_are_scaled_automatically_and_the_exported_model_takes_ra
     assert!(String::from_utf8_lossy(&o.stderr).contains("divided by 200"), "{}", String::from_utf8_lossy(&o.stderr));
     let m = metrics(&out);
     assert!(m["test_auc"].as_f64().unwrap() > 0.75, "{m}");
-    let o = downpour()
-        .args(["predict", "--model", model.to_str().unwrap(), "--data", te.to_str().unwrap(), "--out", preds.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let p: Vec<f64> = std::fs::read_to_string(&preds).unwrap().lines().map(|l| l.parse().unwrap()).collect();
-    let labels: Vec<bool> = std::fs::read_to_string(&te).unwrap().lines().map(|l| l.starts_with('+')).collect();
-    let ll = p.iter().zip(&labels).map(|(&p, &y)| -(if y { p } else { 1.0 - p }).clamp(1e-15, 1.0).ln()).sum::<f64>() / p.len() as f64;
+    let ll = predict_logloss(&model, &te, &preds);
     let trained = m["test_logloss"].as_f64().unwrap();
     // w/200 applied to x equals w applied to x/200 up to f32 rounding
     assert!((ll - trained).abs() < 1e-5, "predict logloss {ll} vs training-time {trained}");
