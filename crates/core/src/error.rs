@@ -47,6 +47,9 @@ pub enum CoreError {
     #[error("malformed message: {0}")]
     Malformed(String),
     /// A size limit was exceeded.
+    #[error("invalid consistency setting: {0}")]
+    /// A consistency model or clock event that makes no sense.
+    Consistency(String),
     #[error("limit exceeded: {0}")]
     Limit(String),
 }

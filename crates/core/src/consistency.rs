@@ -1,0 +1,375 @@
+//! Flexible consistency without I/O: worker clocks, the paper's range-compressed vector
+//! clocks, and the server-side gate that decides when a pull may be answered.
+//!
+//! Each worker has a clock: the number of iterations it has completed (`clock()` advances
+//! it; every push carries the clock of the iteration it belongs to). A server keeps, per
+//! key range, the clock each worker has completed for that range ([`VectorClock`]). Ranges
+//! are stored compressed, as the paper does: one entry for a whole table's range until a
+//! worker reports a clock for part of it, when the entry is split.
+//!
+//! The models ([`Consistency`]) differ only in when a pull issued at clock `c` may be
+//! answered ([`PullGate`]):
+//! * `async`: at once;
+//! * `ssp:τ`: once every worker has completed clock `c − τ` for the pulled range, i.e. the
+//!   pull sees every update of clocks `≤ c − τ − 1` (Bösen's rule; the server defers the
+//!   answer rather than the worker polling, so a blocked worker is released by the push
+//!   that completes the slowest worker's clock, with no extra round trip);
+//! * `bsp` = `ssp:0`: a pull at clock `c` sees every worker's updates of all clocks `< c`.
+//!
+//! Every answered pull reports its staleness: `c` minus the oldest clock fully included
+//! (the range's minimum worker clock), at least 0. For `ssp:τ` it never exceeds τ.
+
+use crate::{CoreError, KeyRange, Result};
+use std::fmt;
+use std::str::FromStr;
+
+/// A consistency model, chosen per table or per job (`--consistency bsp | ssp:TAU | async`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Consistency {
+    /// Bulk synchronous: `ssp:0`.
+    Bsp,
+    /// Stale synchronous parallel with staleness bound τ.
+    Ssp(u64),
+    /// No waiting.
+    Async,
+}
+
+impl Consistency {
+    /// The staleness bound, `None` for `async`.
+    pub fn bound(self) -> Option<u64> {
+        match self {
+            Consistency::Bsp => Some(0),
+            Consistency::Ssp(t) => Some(t),
+            Consistency::Async => None,
+        }
+    }
+}
+
+impl fmt::Display for Consistency {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Consistency::Bsp => write!(f, "bsp"),
+            Consistency::Ssp(t) => write!(f, "ssp:{t}"),
+            Consistency::Async => write!(f, "async"),
+        }
+    }
+}
+
+impl FromStr for Consistency {
+    type Err = CoreError;
+    fn from_str(s: &str) -> Result<Self> {
+        let bad = || CoreError::Consistency(format!("{s:?} is not bsp, async or ssp:TAU (TAU a non-negative integer)"));
+        match s.trim() {
+            "bsp" => Ok(Consistency::Bsp),
+            "async" => Ok(Consistency::Async),
+            x => {
+                let tau = x.strip_prefix("ssp:").ok_or_else(bad)?;
+                tau.parse().map(Consistency::Ssp).map_err(|_| bad())
+            }
+        }
+    }
+}
+
+/// Per key range, the clock each of `W` workers has completed there, compressed: adjacent
+/// ranges with equal clock vectors are kept as one entry.
+#[derive(Clone, Debug)]
+pub struct VectorClock {
+    workers: usize,
+    /// Disjoint, sorted, covering `domain`: (range, clock of each worker).
+    entries: Vec<(KeyRange, Vec<u64>)>,
+}
+
+impl VectorClock {
+    /// Every worker at clock 0 over `domain`. Precondition: `workers >= 1`, `domain` not empty.
+    pub fn new(domain: KeyRange, workers: usize) -> VectorClock {
+        VectorClock { workers: workers.max(1), entries: vec![(domain, vec![0; workers.max(1)])] }
+    }
+
+    /// Number of compressed entries (for tests and reports).
+    pub fn entries(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Records that `worker` has completed `clock` on `range` (clocks never go back: a lower
+    /// clock than the recorded one is ignored). Splits entries at the range's ends as needed
+    /// and merges equal neighbours afterwards.
+    pub fn advance(&mut self, range: KeyRange, worker: usize, clock: u64) -> Result<()> {
+        if worker >= self.workers {
+            return Err(CoreError::Consistency(format!("worker {worker} is not one of the {} workers", self.workers)));
+        }
+        if range.is_empty() {
+            return Ok(());
+        }
+        self.split_at(range.begin);
+        self.split_at(range.end);
+        for (r, clocks) in self.entries.iter_mut() {
+            if r.begin >= range.begin && r.end <= range.end {
+                clocks[worker] = clocks[worker].max(clock);
+            }
+        }
+        self.merge();
+        Ok(())
+    }
+
+    /// The smallest clock any worker has completed anywhere in `range` (`u64::MAX` when the
+    /// range lies outside the domain).
+    pub fn min_clock(&self, range: KeyRange) -> u64 {
+        self.entries
+            .iter()
+            .filter(|(r, _)| !r.intersect(&range).is_empty())
+            .map(|(_, c)| c.iter().copied().min().unwrap_or(0))
+            .min()
+            .unwrap_or(u64::MAX)
+    }
+
+    /// The clock `worker` has completed everywhere in `range` (its minimum over the range).
+    pub fn worker_clock(&self, range: KeyRange, worker: usize) -> u64 {
+        self.entries.iter().filter(|(r, _)| !r.intersect(&range).is_empty()).filter_map(|(_, c)| c.get(worker).copied()).min().unwrap_or(0)
+    }
+
+    fn split_at(&mut self, at: u64) {
+        if let Some(i) = self.entries.iter().position(|(r, _)| r.begin < at && at < r.end) {
+            let (r, c) = self.entries[i].clone();
+            self.entries[i] = (KeyRange::new(r.begin, at), c.clone());
+            self.entries.insert(i + 1, (KeyRange::new(at, r.end), c));
+        }
+    }
+
+    fn merge(&mut self) {
+        let mut out: Vec<(KeyRange, Vec<u64>)> = Vec::with_capacity(self.entries.len());
+        for (r, c) in self.entries.drain(..) {
+            match out.last_mut() {
+                Some((pr, pc)) if pr.end == r.begin && *pc == c => pr.end = r.end,
+                _ => out.push((r, c)),
+            }
+        }
+        self.entries = out;
+    }
+}
+
+/// A pull waiting for the clocks it needs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Waiting {
+    id: u64,
+    range: KeyRange,
+    clock: u64,
+}
+
+/// What the gate decided about a pull.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gate {
+    /// Answer now; the pull sees data of this staleness.
+    Answer {
+        /// Staleness: the pull's clock minus the oldest clock fully included, at least 0.
+        staleness: u64,
+    },
+    /// Hold the pull until [`PullGate::advance`] releases it.
+    Wait,
+}
+
+/// The server-side consistency controller of one table: decides whether a pull may be
+/// answered now, holds the ones that may not, and releases them as worker clocks advance.
+/// Driven by events; no threads, no I/O.
+#[derive(Clone, Debug)]
+pub struct PullGate {
+    model: Consistency,
+    clocks: VectorClock,
+    waiting: Vec<Waiting>,
+}
+
+impl PullGate {
+    /// A gate for `workers` workers over `domain` under `model`.
+    pub fn new(model: Consistency, domain: KeyRange, workers: usize) -> PullGate {
+        PullGate { model, clocks: VectorClock::new(domain, workers), waiting: Vec::new() }
+    }
+
+    /// The model.
+    pub fn model(&self) -> Consistency {
+        self.model
+    }
+
+    /// The vector clock.
+    pub fn clocks(&self) -> &VectorClock {
+        &self.clocks
+    }
+
+    /// Pulls currently held.
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    fn staleness(&self, range: KeyRange, clock: u64) -> u64 {
+        clock.saturating_sub(self.clocks.min_clock(range))
+    }
+
+    fn ready(&self, range: KeyRange, clock: u64) -> bool {
+        match self.model.bound() {
+            None => true,
+            Some(tau) => self.clocks.min_clock(range) >= clock.saturating_sub(tau),
+        }
+    }
+
+    /// A pull `id` of `range` issued by a worker at `clock` (the iterations it has completed).
+    pub fn pull(&mut self, id: u64, range: KeyRange, clock: u64) -> Gate {
+        if self.ready(range, clock) {
+            Gate::Answer { staleness: self.staleness(range, clock) }
+        } else {
+            self.waiting.push(Waiting { id, range, clock });
+            Gate::Wait
+        }
+    }
+
+    /// `worker` has completed `clock` on `range` (its pushes of that clock are applied, or
+    /// it has nothing to push there). Returns the held pulls that may be answered now, with
+    /// their staleness, in the order they arrived.
+    pub fn advance(&mut self, range: KeyRange, worker: usize, clock: u64) -> Result<Vec<(u64, u64)>> {
+        self.clocks.advance(range, worker, clock)?;
+        let mut released = Vec::new();
+        let mut keep = Vec::with_capacity(self.waiting.len());
+        for w in std::mem::take(&mut self.waiting) {
+            if self.ready(w.range, w.clock) {
+                released.push((w.id, self.staleness(w.range, w.clock)));
+            } else {
+                keep.push(w);
+            }
+        }
+        self.waiting = keep;
+        Ok(released)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const D: KeyRange = KeyRange { begin: 0, end: 1000 };
+
+    #[test]
+    fn models_parse_and_print() {
+        for s in ["bsp", "async", "ssp:0", "ssp:16"] {
+            let m: Consistency = s.parse().unwrap();
+            assert_eq!(m.to_string(), if s == "ssp:0" { "ssp:0".to_string() } else { s.to_string() });
+        }
+        assert_eq!("bsp".parse::<Consistency>().unwrap().bound(), Some(0));
+        for bad in ["ssp", "ssp:-1", "ssp:x", "sync", ""] {
+            assert!(bad.parse::<Consistency>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn vector_clock_splits_a_range_and_merges_it_back() {
+        let mut v = VectorClock::new(D, 2);
+        assert_eq!(v.entries(), 1);
+        v.advance(KeyRange::new(100, 200), 0, 3).unwrap();
+        assert_eq!(v.entries(), 3);
+        assert_eq!(v.worker_clock(KeyRange::new(150, 160), 0), 3);
+        assert_eq!(v.worker_clock(KeyRange::new(150, 250), 0), 0);
+        assert_eq!(v.min_clock(KeyRange::new(100, 200)), 0);
+        v.advance(KeyRange::new(100, 200), 1, 3).unwrap();
+        assert_eq!(v.min_clock(KeyRange::new(100, 200)), 3);
+        v.advance(D, 0, 3).unwrap();
+        v.advance(D, 1, 3).unwrap();
+        assert_eq!(v.entries(), 1, "equal neighbours merge");
+        v.advance(D, 1, 1).unwrap();
+        assert_eq!(v.min_clock(D), 3, "clocks never go back");
+        assert!(v.advance(D, 2, 1).is_err());
+    }
+
+    #[test]
+    fn ssp_blocks_a_worker_more_than_tau_ahead_and_releases_it_when_the_slow_one_clocks() {
+        let tau = 2;
+        let mut g = PullGate::new(Consistency::Ssp(tau), D, 2);
+        // worker 0 races ahead to clock 5; worker 1 is at 2
+        g.advance(D, 0, 5).unwrap();
+        g.advance(D, 1, 2).unwrap();
+        assert_eq!(g.pull(1, D, 4), Gate::Answer { staleness: 2 });
+        assert_eq!(g.pull(2, D, 5), Gate::Wait, "5 - 2 > tau");
+        assert_eq!(g.advance(D, 0, 6).unwrap(), vec![], "the fast worker clocking releases nothing");
+        assert_eq!(g.advance(D, 1, 3).unwrap(), vec![(2, 2)], "the slow one clocking releases the pull");
+        assert_eq!(g.waiting(), 0);
+    }
+
+    #[test]
+    fn async_makes_progress_while_one_worker_is_stopped() {
+        let mut g = PullGate::new(Consistency::Async, D, 3);
+        for c in 1..100 {
+            g.advance(D, 0, c).unwrap();
+            assert!(matches!(g.pull(c, D, c), Gate::Answer { staleness } if staleness == c));
+        }
+        assert_eq!(g.waiting(), 0);
+    }
+
+    #[test]
+    fn a_pull_waits_only_for_the_ranges_it_reads() {
+        let mut g = PullGate::new(Consistency::Bsp, D, 2);
+        g.advance(KeyRange::new(0, 500), 0, 1).unwrap();
+        g.advance(KeyRange::new(0, 500), 1, 1).unwrap();
+        assert_eq!(g.pull(1, KeyRange::new(0, 500), 1), Gate::Answer { staleness: 0 });
+        assert_eq!(g.pull(2, KeyRange::new(400, 600), 1), Gate::Wait);
+        assert_eq!(g.advance(KeyRange::new(500, 1000), 1, 1).unwrap(), vec![]);
+        assert_eq!(g.advance(KeyRange::new(500, 1000), 0, 1).unwrap(), vec![(2, 0)]);
+    }
+
+    proptest! {
+        // Seeded random interleavings of push/clock/pull events from W workers: no pull is
+        // ever answered (at once or on release) before every worker has completed clock
+        // c - tau on its range, and its reported staleness never exceeds tau.
+        #[test]
+        fn no_interleaving_answers_a_pull_that_violates_its_bound(
+            tau in 0u64..4,
+            workers in 1usize..5,
+            events in proptest::collection::vec((0usize..5, 0u64..1000, 1u64..300, any::<bool>()), 1..300),
+        ) {
+            let mut g = PullGate::new(Consistency::Ssp(tau), D, workers);
+            // the model's truth: per worker, per key, the clock completed
+            let mut done = vec![vec![0u64; D.end as usize]; workers];
+            let mut clock = vec![0u64; workers];
+            let mut held: Vec<(u64, KeyRange, u64)> = Vec::new();
+            let check = |done: &Vec<Vec<u64>>, r: KeyRange, c: u64, staleness: u64| -> std::result::Result<(), TestCaseError> {
+                let min = (r.begin..r.end).flat_map(|k| done.iter().map(move |d| d[k as usize])).min().unwrap_or(u64::MAX);
+                prop_assert!(min >= c.saturating_sub(tau), "pull at {c} answered with min clock {min}, tau {tau}");
+                prop_assert!(staleness <= tau && staleness == c.saturating_sub(min));
+                Ok(())
+            };
+            let release = |released: Vec<(u64, u64)>, held: &mut Vec<(u64, KeyRange, u64)>, done: &Vec<Vec<u64>>| -> std::result::Result<(), TestCaseError> {
+                for (id, s) in released {
+                    let pos = held.iter().position(|h| h.0 == id);
+                    prop_assert!(pos.is_some(), "released pull {id} was not held");
+                    let (_, hr, hc) = held.remove(pos.unwrap_or(0));
+                    check(done, hr, hc, s)?;
+                }
+                Ok(())
+            };
+            for (i, &(w, start, len, is_clock)) in events.iter().enumerate() {
+                let w = w % workers;
+                let r = KeyRange::new(start, (start + len).min(D.end));
+                if is_clock {
+                    // the worker completes its next clock, on the whole domain or (every
+                    // other time) on one range only, as a push to part of a table does
+                    clock[w] += 1;
+                    let on = if i % 2 == 0 { D } else { r };
+                    for k in on.begin..on.end {
+                        done[w][k as usize] = done[w][k as usize].max(clock[w]);
+                    }
+                    let released = g.advance(on, w, clock[w]).unwrap();
+                    release(released, &mut held, &done)?;
+                } else {
+                    match g.pull(i as u64, r, clock[w]) {
+                        Gate::Answer { staleness } => check(&done, r, clock[w], staleness)?,
+                        Gate::Wait => held.push((i as u64, r, clock[w])),
+                    }
+                }
+            }
+            // once every worker reaches the furthest clock, every held pull is released
+            let top = clock.iter().copied().max().unwrap_or(0);
+            for w in 0..workers {
+                done[w].iter_mut().for_each(|d| *d = top);
+                let released = g.advance(D, w, top).unwrap();
+                release(released, &mut held, &done)?;
+            }
+            prop_assert!(held.is_empty());
+            prop_assert_eq!(g.waiting(), 0);
+        }
+    }
+}
