@@ -15,6 +15,7 @@ fn def(storage: Storage) -> TableDef {
         storage,
         init: Init::Zeros,
         rule: proto::Rule { name: "add".into(), ..Default::default() },
+        consistency: downpour_core::consistency::Consistency::Async,
     }
 }
 

@@ -209,6 +209,12 @@ impl PullGate {
         }
     }
 
+    /// Whether a pull of `range` at `clock` may be answered now, and with what staleness
+    /// (the check alone: nothing is held; for a server that blocks the pulling thread).
+    pub fn check(&self, range: KeyRange, clock: u64) -> Option<u64> {
+        self.ready(range, clock).then(|| self.staleness(range, clock))
+    }
+
     /// A pull `id` of `range` issued by a worker at `clock` (the iterations it has completed).
     pub fn pull(&mut self, id: u64, range: KeyRange, clock: u64) -> Gate {
         if self.ready(range, clock) {

@@ -37,6 +37,9 @@ pub enum Op {
     /// Like `Pull`, but never creates a key: missing keys read as their initial value
     /// (evaluation and serving must not grow the model).
     Peek = 9,
+    /// The sender (worker rank in `worker`) has completed `clock` iterations: every push it
+    /// sent before this frame belongs to clocks up to `clock`. Answered with an ack.
+    Clock = 10,
     /// Register a node with the coordinator. Body: `RegisterRequest`.
     Register = 20,
     /// Wait until every worker has reached the barrier. Body: `BarrierRequest`.
@@ -63,6 +66,7 @@ impl Op {
             7 => PushPullRange,
             8 => Ping,
             9 => Peek,
+            10 => Clock,
             20 => Register,
             21 => Barrier,
             22 => Heartbeat,
@@ -157,6 +161,7 @@ mod tests {
             Op::PushPullRange,
             Op::Ping,
             Op::Peek,
+            Op::Clock,
             Op::Register,
             Op::Barrier,
             Op::Heartbeat,

@@ -10,6 +10,7 @@
 //!   cover a large part of the table; the linear application's minibatches touch a few
 //!   thousand keys of millions, where each binary search missed the cache ~20 times.)
 
+use crate::consistency::Consistency;
 use crate::hashstore::{HashStore, Slot, MISSING};
 use crate::init::Init;
 use crate::keys::{check_lengths, check_sorted_unique};
@@ -55,6 +56,8 @@ pub struct TableDef {
     pub init: Init,
     /// Update rule, in wire form (resolved against a [`RuleRegistry`] on the server).
     pub rule: proto::Rule,
+    /// When pulls of this table may be answered (see [`crate::consistency`]).
+    pub consistency: Consistency,
 }
 
 impl TableDef {
@@ -81,6 +84,7 @@ impl TableDef {
             storage,
             init: Init::from_proto(p.init.as_ref())?,
             rule: p.rule.clone().unwrap_or_else(|| proto::Rule { name: "add".into(), ..Default::default() }),
+            consistency: if p.consistency.is_empty() { Consistency::Async } else { p.consistency.parse()? },
         })
     }
 
@@ -99,6 +103,7 @@ impl TableDef {
             dense_end: e,
             init: Some(self.init.to_proto()),
             rule: Some(self.rule.clone()),
+            consistency: self.consistency.to_string(),
         }
     }
 
@@ -428,6 +433,7 @@ mod tests {
             storage: dense.map(Storage::Dense).unwrap_or(Storage::Sparse),
             init: Init::Zeros,
             rule: proto::Rule { name: rule.into(), lr: 0.1, ..Default::default() },
+            consistency: Consistency::Async,
         }
     }
 

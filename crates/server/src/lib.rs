@@ -13,6 +13,7 @@
 #![warn(missing_docs)]
 
 use downpour_coordinator::client::{ControlClient, ControlError};
+use downpour_core::consistency::{Consistency, PullGate};
 use downpour_core::msg::{self, Op, Status};
 use downpour_core::partition::Partition;
 use downpour_core::proto::{self, FrameHeader};
@@ -20,7 +21,7 @@ use downpour_core::rule::RuleRegistry;
 use downpour_core::table::{Table, TableDef};
 use downpour_core::{CoreError, KeyRange};
 use downpour_transport::{key_bytes, key_bytes_mut, value_bytes, value_bytes_mut, Connection, Listener, Transport, TransportError};
-use parking_lot::RwLock;
+use parking_lot::{Condvar, Mutex, RwLock};
 use prost::Message;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -46,7 +47,19 @@ impl Default for ServerConfig {
 struct TableSlot {
     spec: proto::TableSpec,
     table: RwLock<Table>,
+    /// The consistency controller, for tables with a staleness bound (`bsp`, `ssp:TAU`).
+    gate: Option<GateSlot>,
 }
+
+/// A table's pull gate and the condition variable pulls wait on until clocks advance.
+struct GateSlot {
+    gate: Mutex<PullGate>,
+    advanced: Condvar,
+    owned: KeyRange,
+}
+
+/// How often a pull waiting on its gate checks whether the server is stopping.
+const GATE_POLL: Duration = Duration::from_millis(200);
 
 /// Shared state of one server node.
 pub struct ServerState {
@@ -54,6 +67,7 @@ pub struct ServerState {
     node_id: AtomicU32,
     rank: AtomicU32,
     num_servers: AtomicU32,
+    num_workers: AtomicU32,
     epoch: AtomicU64,
     tables: RwLock<HashMap<u32, Arc<TableSlot>>>,
     stop: AtomicBool,
@@ -61,11 +75,13 @@ pub struct ServerState {
 
 impl ServerState {
     /// Sets where this server sits in the routing table (`rank` of `num_servers`, under
-    /// `epoch`). Must be called before tables are created.
-    pub fn set_placement(&self, node_id: u32, rank: u32, num_servers: u32, epoch: u64) {
+    /// `epoch`) and how many workers the job has (the width of the tables' vector clocks).
+    /// Must be called before tables are created.
+    pub fn set_placement(&self, node_id: u32, rank: u32, num_servers: u32, num_workers: u32, epoch: u64) {
         self.node_id.store(node_id, Ordering::Relaxed);
         self.rank.store(rank, Ordering::Relaxed);
         self.num_servers.store(num_servers.max(1), Ordering::Relaxed);
+        self.num_workers.store(num_workers.max(1), Ordering::Relaxed);
         self.epoch.store(epoch, Ordering::Relaxed);
     }
 
@@ -138,6 +154,7 @@ impl Server {
             node_id: AtomicU32::new(0),
             rank: AtomicU32::new(0),
             num_servers: AtomicU32::new(1),
+            num_workers: AtomicU32::new(1),
             epoch: AtomicU64::new(0),
             tables: RwLock::new(HashMap::new()),
             stop: AtomicBool::new(false),
@@ -315,6 +332,15 @@ fn handle_frame(st: &ServerState, h: &FrameHeader, ctx: &mut ConnCtx, conn: &mut
                 Ok(s) => s,
                 Err(e) => return Ok(Err(e)),
             };
+            // A table with a staleness bound answers once the clocks allow it.
+            let staleness = match (&slot.gate, ctx.keys.first(), ctx.keys.last()) {
+                (Some(g), Some(&first), Some(&last)) => match wait_for_clocks(st, g, KeyRange::new(first, last.saturating_add(1)), h.clock)
+                {
+                    Ok(s) => Some(s),
+                    Err(e) => return Ok(Err(e)),
+                },
+                _ => None,
+            };
             let res = {
                 let mut t = slot.table.write();
                 let n = ctx.keys.len() * t.def().value_len;
@@ -332,7 +358,26 @@ fn handle_frame(st: &ServerState, h: &FrameHeader, ctx: &mut ConnCtx, conn: &mut
             }
             let mut r = msg::reply_to(h, me);
             r.last = h.last;
+            r.staleness = staleness;
             conn.send(&mut r, &[], value_bytes(&ctx.out))?;
+            Ok(Ok(()))
+        }
+        Op::Clock => {
+            let workers = st.num_workers.load(Ordering::Relaxed);
+            if h.worker >= workers {
+                return Ok(Err((Status::InvalidArgument, format!("clock from worker {} of a job of {workers} workers", h.worker))));
+            }
+            let slots: Vec<Arc<TableSlot>> = st.tables.read().values().filter(|t| t.gate.is_some()).cloned().collect();
+            for slot in slots {
+                if let Some(g) = &slot.gate {
+                    if let Err(e) = g.gate.lock().advance(g.owned, h.worker as usize, h.clock) {
+                        return Ok(Err(core_err(e)));
+                    }
+                    g.advanced.notify_all();
+                }
+            }
+            let mut r = msg::reply_to(h, me);
+            conn.send(&mut r, &[], &[])?;
             Ok(Ok(()))
         }
         Op::PullRange => {
@@ -379,6 +424,21 @@ fn handle_frame(st: &ServerState, h: &FrameHeader, ctx: &mut ConnCtx, conn: &mut
     }
 }
 
+/// Blocks until a pull of `range` at `clock` may be answered under the table's gate; returns
+/// its staleness. Gives up with an error when the server is stopping.
+fn wait_for_clocks(st: &ServerState, g: &GateSlot, range: KeyRange, clock: u64) -> Result<u64, (Status, String)> {
+    let mut gate = g.gate.lock();
+    loop {
+        if let Some(s) = gate.check(range, clock) {
+            return Ok(s);
+        }
+        if st.stop.load(Ordering::Relaxed) {
+            return Err((Status::Aborted, "the server is stopping".into()));
+        }
+        g.advanced.wait_for(&mut gate, GATE_POLL);
+    }
+}
+
 fn create_table(st: &ServerState, h: &FrameHeader) -> ReqResult {
     let spec = proto::TableSpec::decode(h.meta.as_ref()).map_err(|e| (Status::InvalidArgument, format!("bad table definition: {e}")))?;
     let def = TableDef::from_proto(&spec).map_err(core_err)?;
@@ -397,8 +457,16 @@ fn create_table(st: &ServerState, h: &FrameHeader) -> ReqResult {
     let n = st.num_servers.load(Ordering::Relaxed) as usize;
     let rank = st.rank.load(Ordering::Relaxed) as usize;
     let owned = Partition::even(def.domain(), n).range(rank.min(n - 1));
+    let workers = st.num_workers.load(Ordering::Relaxed) as usize;
+    let model = def.consistency;
     let table = Table::new(def, owned, &st.cfg.rules).map_err(core_err)?;
-    tables.insert(canonical.id, Arc::new(TableSlot { spec: canonical, table: RwLock::new(table) }));
+    let owned = table.owned();
+    let gate = (model != Consistency::Async && !owned.is_empty()).then(|| GateSlot {
+        gate: Mutex::new(PullGate::new(model, owned, workers)),
+        advanced: Condvar::new(),
+        owned,
+    });
+    tables.insert(canonical.id, Arc::new(TableSlot { spec: canonical, table: RwLock::new(table), gate }));
     Ok(())
 }
 
@@ -536,7 +604,7 @@ pub fn run_server_node(transport: &dyn Transport, cfg: NodeConfig) -> Result<(),
     control.set_timeout(Some(cfg.connect_timeout))?;
     let reg = control.register("server", &addr)?;
     let epoch = reg.routing.as_ref().map(|r| r.epoch).unwrap_or(0).max(1);
-    server.state().set_placement(reg.node_id, reg.rank, reg.num_servers, epoch);
+    server.state().set_placement(reg.node_id, reg.rank, reg.num_servers, reg.num_workers, epoch);
     tracing::info!("server {} (node {}) serving on {addr}", reg.rank, reg.node_id);
     let server_state = server.state().clone();
     let handle = server.spawn()?;

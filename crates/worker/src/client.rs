@@ -134,11 +134,18 @@ struct TableInfo {
     partition: Partition,
 }
 
+/// The staleness histogram's last bucket: this value and above.
+pub const MAX_STALENESS: usize = 1024;
+
 /// A worker's client of the parameter server. See the crate docs.
 pub struct KvClient {
     node_id: u32,
     epoch: u64,
     clock: u64,
+    /// This worker's rank, sent with clock advances (tables with a staleness bound).
+    worker_rank: Option<u32>,
+    /// `staleness[s]`: pulls answered with staleness `s` (the last bucket counts the rest).
+    staleness: Vec<u64>,
     next_id: u64,
     servers: Vec<ServerConn>,
     tables: HashMap<u32, TableInfo>,
@@ -165,7 +172,18 @@ impl KvClient {
         if servers.is_empty() {
             return Err(ClientError::BadReply { server: 0, message: "the routing table lists no server".into() });
         }
-        Ok(KvClient { node_id, epoch: routing.epoch, clock: 0, next_id: 1, servers, tables: HashMap::new(), ops: HashMap::new(), cfg })
+        Ok(KvClient {
+            node_id,
+            epoch: routing.epoch,
+            clock: 0,
+            worker_rank: None,
+            staleness: Vec::new(),
+            next_id: 1,
+            servers,
+            tables: HashMap::new(),
+            ops: HashMap::new(),
+            cfg,
+        })
     }
 
     /// Number of servers.
@@ -173,10 +191,40 @@ impl KvClient {
         self.servers.len()
     }
 
-    /// Advances this worker's clock (iterations completed); sent with every request.
-    pub fn clock(&mut self) -> u64 {
+    /// Sets this worker's rank (0-based), which clock advances carry. [`crate::join_job`]
+    /// does this; a client built by hand must call it before using a table with a
+    /// staleness bound.
+    pub fn set_worker_rank(&mut self, rank: u32) {
+        self.worker_rank = Some(rank);
+    }
+
+    /// Advances this worker's clock (iterations completed; sent with every request) and
+    /// returns it. When a known table has a staleness bound (`bsp`, `ssp:TAU`), every server
+    /// is told, after the pushes already sent, so pulls waiting on this worker can be
+    /// answered; the acknowledgements are read later, like a push's.
+    pub fn clock(&mut self) -> Result<u64, ClientError> {
         self.clock += 1;
-        self.clock
+        if self.tables.values().any(|t| t.def.consistency.bound().is_some()) {
+            let rank = self.worker_rank.ok_or_else(|| ClientError::BadReply {
+                server: 0,
+                message: "a table with a staleness bound needs the worker's rank (KvClient::set_worker_rank)".into(),
+            })?;
+            let ts = self.new_op(self.servers.len(), 0, false);
+            for s in 0..self.servers.len() {
+                self.before_send(s, None)?;
+                let mut h = self.header(Op::Clock, ts, 0);
+                h.worker = rank;
+                self.send(s, &mut h, &[], &[])?;
+                self.push_inflight(s, ts, Reply::Ack, 0, 0);
+            }
+        }
+        Ok(self.clock)
+    }
+
+    /// How many pulls of tables with a staleness bound saw each staleness: entry `s` counts
+    /// staleness `s`; the last entry counts [`MAX_STALENESS`] and above.
+    pub fn staleness_histogram(&self) -> &[u64] {
+        &self.staleness
     }
 
     /// Bytes and frames moved on all server connections.
@@ -466,6 +514,13 @@ impl KvClient {
             let sc = &mut self.servers[s];
             let front = sc.inflight.front_mut().ok_or_else(|| bad("no request in line".into()))?;
             front.got += 1;
+            if let Some(st) = h.staleness {
+                let i = (st as usize).min(MAX_STALENESS);
+                if self.staleness.len() <= i {
+                    self.staleness.resize(i + 1, 0);
+                }
+                self.staleness[i] += 1;
+            }
             let conn = &mut sc.conn;
             match front.reply {
                 Reply::Ack => {

@@ -55,7 +55,8 @@ pub fn join_job(transport: &dyn Transport, cfg: &SessionConfig) -> Result<Worker
     control.set_timeout(Some(cfg.connect_timeout))?;
     let reg = control.register("worker", "")?;
     let routing = reg.routing.clone().unwrap_or_default();
-    let kv = KvClient::connect(transport, &routing, reg.node_id, cfg.kv)?;
+    let mut kv = KvClient::connect(transport, &routing, reg.node_id, cfg.kv)?;
+    kv.set_worker_rank(reg.rank);
     // A barrier may legitimately wait for slow peers: no timeout on the job connection.
     control.set_timeout(None)?;
     let mut hb = ControlClient::connect(transport, &cfg.coordinator, cfg.connect_timeout)?;

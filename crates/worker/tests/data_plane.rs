@@ -2,6 +2,7 @@
 //! the same calls must behave the same over framed TCP, gRPC and in-process channels.
 //! Chunks are kept tiny so every multi-chunk and reply-window path is exercised.
 
+use downpour_core::consistency::Consistency;
 use downpour_core::init::Init;
 use downpour_core::proto;
 use downpour_core::table::{Storage, TableDef};
@@ -33,6 +34,8 @@ fn listen_addr(t: &dyn Transport) -> &'static str {
 struct Cluster {
     servers: Vec<ServerHandle>,
     kv: KvClient,
+    routing: proto::Routing,
+    cfg: KvConfig,
 }
 
 fn cluster(t: &dyn Transport, n: usize, chunk_bytes: usize) -> Cluster {
@@ -40,13 +43,14 @@ fn cluster(t: &dyn Transport, n: usize, chunk_bytes: usize) -> Cluster {
     let mut routing = proto::Routing { epoch: 1, servers: vec![] };
     for i in 0..n {
         let s = Server::bind(t, listen_addr(t), ServerConfig { chunk_bytes, ..Default::default() }).unwrap();
-        s.state().set_placement(10 + i as u32, i as u32, n as u32, 1);
+        s.state().set_placement(10 + i as u32, i as u32, n as u32, 2, 1);
         routing.servers.push(proto::ServerEntry { node_id: 10 + i as u32, addr: s.addr() });
         servers.push(s.spawn().unwrap());
     }
     let cfg = KvConfig { chunk_bytes, request_timeout: Duration::from_secs(20), reply_window: 2, max_outstanding: 16 };
-    let kv = KvClient::connect(t, &routing, 1, cfg).unwrap();
-    Cluster { servers, kv }
+    let mut kv = KvClient::connect(t, &routing, 1, cfg).unwrap();
+    kv.set_worker_rank(0);
+    Cluster { servers, kv, routing, cfg }
 }
 
 fn table(id: u32, vl: usize, storage: Storage, rule: &str) -> TableDef {
@@ -57,6 +61,7 @@ fn table(id: u32, vl: usize, storage: Storage, rule: &str) -> TableDef {
         storage,
         init: Init::Zeros,
         rule: proto::Rule { name: rule.into(), lr: 0.5, ..Default::default() },
+        consistency: Consistency::Async,
     }
 }
 
@@ -281,5 +286,45 @@ fn peek_reads_without_creating_keys_across_servers_and_chunks() {
         c.kv.pull_into(3, &keys, &mut out).unwrap();
         let stored: usize = c.servers.iter().map(|s| s.state.table_len(3).unwrap()).sum();
         assert_eq!(stored, keys.len(), "{name}");
+    }
+}
+
+#[test]
+fn bsp_pull_waits_for_every_workers_clock_and_reports_its_staleness() {
+    for (name, t) in transports() {
+        // two servers, two workers (the cluster's client is worker 0)
+        let mut c = cluster(t.as_ref(), 2, 4096);
+        let mut def = table(4, 1, Storage::Sparse, "add");
+        def.consistency = Consistency::Bsp;
+        c.kv.create_table(def.clone()).unwrap();
+        let mut w1 = KvClient::connect(t.as_ref(), &c.routing, 2, c.cfg).unwrap();
+        w1.set_worker_rank(1);
+        w1.use_table(def);
+        let keys = spread_keys(100);
+        // iteration 1: both push; worker 0 clocks, worker 1 has not yet
+        let a = c.kv.push(4, &keys, &vec![1.0; keys.len()]).unwrap();
+        let b = w1.push(4, &keys, &vec![2.0; keys.len()]).unwrap();
+        c.kv.wait(a).unwrap();
+        w1.wait(b).unwrap();
+        assert_eq!(c.kv.clock().unwrap(), 1);
+        // worker 0's pull at clock 1 must see all of clock 1: it waits for worker 1
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut kv0 = c.kv;
+        let k2 = keys.clone();
+        let puller = std::thread::spawn(move || {
+            let mut out = vec![0f32; k2.len()];
+            kv0.pull_into(4, &k2, &mut out).unwrap();
+            tx.send(out).unwrap();
+            kv0
+        });
+        assert!(rx.recv_timeout(Duration::from_millis(300)).is_err(), "{name}: a bsp pull was answered before every worker clocked");
+        assert_eq!(w1.clock().unwrap(), 1);
+        let out = rx.recv_timeout(Duration::from_secs(10)).expect("the pull is released by the slow worker's clock");
+        assert!(out.iter().all(|&v| v == 3.0), "{name}: the pull sees both workers' pushes");
+        let kv0 = puller.join().unwrap();
+        // both servers answered with staleness 0
+        assert_eq!(kv0.staleness_histogram(), &[2], "{name}");
+        drop(w1);
+        drop(c.servers);
     }
 }

@@ -66,6 +66,7 @@ fn dense_table(id: u32, n: u64) -> TableDef {
         storage: Storage::Dense(KeyRange::new(0, n)),
         init: Init::Zeros,
         rule: proto::Rule { name: "add".into(), ..Default::default() },
+        consistency: downpour_core::consistency::Consistency::Async,
     }
 }
 
@@ -161,6 +162,7 @@ pub fn run_worker(a: &BenchJobArgs, s: &mut WorkerSession, sink: &Sink) -> Resul
             storage: Storage::Sparse,
             init: Init::Zeros,
             rule: proto::Rule { name: "add".into(), ..Default::default() },
+            consistency: downpour_core::consistency::Consistency::Async,
         })?;
         // Random u64 keys (seeded by rank), sorted and unique as the API requires.
         let keys = downpour_core::keys::random_sorted_keys(a.cases.sparse_keys, 0x9E37_79B9_7F4A_7C15 ^ (s.rank as u64 + 1));

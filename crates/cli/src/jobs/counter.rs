@@ -46,6 +46,7 @@ pub fn run(a: &CounterArgs, s: &mut WorkerSession, num_servers: usize, sink: &Si
         storage: Storage::Sparse,
         init: Init::Zeros,
         rule: proto::Rule { name: "add".into(), ..Default::default() },
+        consistency: downpour_core::consistency::Consistency::Async,
     };
     s.kv.create_table(def).context("creating the counter table")?;
     let keys = counter_keys(a.keys);
@@ -56,7 +57,7 @@ pub fn run(a: &CounterArgs, s: &mut WorkerSession, num_servers: usize, sink: &Si
     let step = (a.rounds / 10).max(1);
     for r in 1..=a.rounds {
         last = Some(s.kv.push(TABLE, &keys, &ones)?);
-        s.kv.clock();
+        s.kv.clock()?;
         if s.rank == 0 && r % step == 0 && r < a.rounds {
             let rate = r as f64 / t0.elapsed().as_secs_f64().max(1e-9);
             tracing::info!("counter: round {r}/{} ({:.0} rounds/s, ETA {:.1}s)", a.rounds, rate, (a.rounds - r) as f64 / rate);

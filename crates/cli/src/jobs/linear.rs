@@ -181,6 +181,7 @@ fn table_def(a: &LinearArgs) -> TableDef {
         storage: Storage::Sparse,
         init: Init::Zeros,
         rule: proto::Rule { name: name.into(), lr: a.lr, l1: a.l1, l2: a.l2, ftrl_beta: 1.0, ..Default::default() },
+        consistency: downpour_core::consistency::Consistency::Async,
     }
 }
 
@@ -297,7 +298,7 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
             let n = b.len() as f32;
             grad.iter_mut().for_each(|g| *g *= n);
             last = Some(s.kv.push(TABLE, &b.keys, &grad)?);
-            s.kv.clock();
+            s.kv.clock()?;
             loss_sum += l * b.len() as f64;
             loss_n += b.len();
             seen += b.len();
@@ -352,6 +353,7 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
         storage: Storage::Dense(downpour_core::KeyRange::new(0, 2)),
         init: Init::Zeros,
         rule: proto::Rule { name: "add".into(), ..Default::default() },
+        consistency: downpour_core::consistency::Consistency::Async,
     })?;
     let parts = [(total_examples % (1 << 20)) as f32, (total_examples >> 20) as f32];
     let ts = s.kv.push_range(STATS, 0, &parts)?;
