@@ -260,3 +260,29 @@ fn large_feature_values_are_scaled_automatically_and_the_exported_model_takes_ra
     let bad = downpour().args(["train", "linear", "--train", tr.to_str().unwrap(), "--scale", "-3"]).output().unwrap();
     assert_eq!(bad.status.code(), Some(2), "{}", String::from_utf8_lossy(&bad.stderr));
 }
+
+#[test]
+fn bounded_staleness_is_never_exceeded_on_a_live_cluster() {
+    let d = tempfile::tempdir().unwrap();
+    let (tr, te) = (d.path().join("tr.svm"), d.path().join("te.svm"));
+    write_data(&tr, 10_000, 21);
+    write_data(&te, 2_000, 22);
+    for (model, bound) in [("ssp:2", 2), ("bsp", 0)] {
+        let out = d.path().join(format!("{bound}.json"));
+        let o = downpour()
+            .args(["launch", "--servers", "2", "--workers", "2", "--", "train", "linear", "--train", tr.to_str().unwrap()])
+            .args(["--test", te.to_str().unwrap(), "--epochs", "2", "--consistency", model, "--out", out.to_str().unwrap(), "--quiet"])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{model}: {}", String::from_utf8_lossy(&o.stderr));
+        let m = metrics(&out);
+        assert_eq!(m["consistency"], model);
+        let hist: Vec<u64> = m["staleness_histogram"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+        assert!(hist.iter().sum::<u64>() > 0, "{model}: no pull reported its staleness");
+        assert!(m["staleness_max"].as_u64().unwrap() <= bound, "{model}: {m}");
+        assert!(m["test_auc"].as_f64().unwrap() > 0.75, "{model}: {m}");
+    }
+    let bad = downpour().args(["train", "linear", "--train", tr.to_str().unwrap(), "--consistency", "ssp:x"]).output().unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("ssp:TAU"), "{}", String::from_utf8_lossy(&bad.stderr));
+}

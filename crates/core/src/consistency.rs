@@ -75,6 +75,9 @@ impl FromStr for Consistency {
 #[derive(Clone, Debug)]
 pub struct VectorClock {
     workers: usize,
+    /// Workers that have said they will not clock again until their next clock (the end of
+    /// their share of an epoch): nobody waits for them meanwhile.
+    paused: Vec<bool>,
     /// Disjoint, sorted, covering `domain`: (range, clock of each worker).
     entries: Vec<(KeyRange, Vec<u64>)>,
 }
@@ -82,7 +85,7 @@ pub struct VectorClock {
 impl VectorClock {
     /// Every worker at clock 0 over `domain`. Precondition: `workers >= 1`, `domain` not empty.
     pub fn new(domain: KeyRange, workers: usize) -> VectorClock {
-        VectorClock { workers: workers.max(1), entries: vec![(domain, vec![0; workers.max(1)])] }
+        VectorClock { workers: workers.max(1), paused: vec![false; workers.max(1)], entries: vec![(domain, vec![0; workers.max(1)])] }
     }
 
     /// Number of compressed entries (for tests and reports).
@@ -97,6 +100,7 @@ impl VectorClock {
         if worker >= self.workers {
             return Err(CoreError::Consistency(format!("worker {worker} is not one of the {} workers", self.workers)));
         }
+        self.paused[worker] = false;
         if range.is_empty() {
             return Ok(());
         }
@@ -111,13 +115,25 @@ impl VectorClock {
         Ok(())
     }
 
-    /// The smallest clock any worker has completed anywhere in `range` (`u64::MAX` when the
-    /// range lies outside the domain).
+    /// Marks `worker` as paused: it will not clock again until its next [`VectorClock::advance`],
+    /// and [`VectorClock::min_clock`] ignores it until then.
+    pub fn pause(&mut self, worker: usize) -> Result<()> {
+        match self.paused.get_mut(worker) {
+            Some(p) => {
+                *p = true;
+                Ok(())
+            }
+            None => Err(CoreError::Consistency(format!("worker {worker} is not one of the {} workers", self.workers))),
+        }
+    }
+
+    /// The smallest clock any worker that is not paused has completed anywhere in `range`
+    /// (`u64::MAX` when the range lies outside the domain or every worker is paused).
     pub fn min_clock(&self, range: KeyRange) -> u64 {
         self.entries
             .iter()
             .filter(|(r, _)| !r.intersect(&range).is_empty())
-            .map(|(_, c)| c.iter().copied().min().unwrap_or(0))
+            .map(|(_, c)| c.iter().zip(&self.paused).filter(|(_, p)| !**p).map(|(c, _)| *c).min().unwrap_or(u64::MAX))
             .min()
             .unwrap_or(u64::MAX)
     }
@@ -199,7 +215,8 @@ impl PullGate {
     }
 
     fn staleness(&self, range: KeyRange, clock: u64) -> u64 {
-        clock.saturating_sub(self.clocks.min_clock(range))
+        // With every other worker paused the pull sees everything there is: staleness 0.
+        clock.saturating_sub(self.clocks.min_clock(range).min(clock))
     }
 
     fn ready(&self, range: KeyRange, clock: u64) -> bool {
@@ -225,11 +242,14 @@ impl PullGate {
         }
     }
 
-    /// `worker` has completed `clock` on `range` (its pushes of that clock are applied, or
-    /// it has nothing to push there). Returns the held pulls that may be answered now, with
-    /// their staleness, in the order they arrived.
-    pub fn advance(&mut self, range: KeyRange, worker: usize, clock: u64) -> Result<Vec<(u64, u64)>> {
-        self.clocks.advance(range, worker, clock)?;
+    /// `worker` has no more iterations for now (its share of an epoch is done): pulls stop
+    /// waiting for it until it clocks again. Returns the held pulls released.
+    pub fn pause(&mut self, worker: usize) -> Result<Vec<(u64, u64)>> {
+        self.clocks.pause(worker)?;
+        Ok(self.release())
+    }
+
+    fn release(&mut self) -> Vec<(u64, u64)> {
         let mut released = Vec::new();
         let mut keep = Vec::with_capacity(self.waiting.len());
         for w in std::mem::take(&mut self.waiting) {
@@ -240,7 +260,15 @@ impl PullGate {
             }
         }
         self.waiting = keep;
-        Ok(released)
+        released
+    }
+
+    /// `worker` has completed `clock` on `range` (its pushes of that clock are applied, or
+    /// it has nothing to push there). Returns the held pulls that may be answered now, with
+    /// their staleness, in the order they arrived.
+    pub fn advance(&mut self, range: KeyRange, worker: usize, clock: u64) -> Result<Vec<(u64, u64)>> {
+        self.clocks.advance(range, worker, clock)?;
+        Ok(self.release())
     }
 }
 
@@ -294,6 +322,22 @@ mod tests {
         assert_eq!(g.advance(D, 0, 6).unwrap(), vec![], "the fast worker clocking releases nothing");
         assert_eq!(g.advance(D, 1, 3).unwrap(), vec![(2, 2)], "the slow one clocking releases the pull");
         assert_eq!(g.waiting(), 0);
+    }
+
+    #[test]
+    fn a_paused_worker_is_not_waited_for_until_it_clocks_again() {
+        let mut g = PullGate::new(Consistency::Bsp, D, 2);
+        g.advance(D, 0, 3).unwrap();
+        g.advance(D, 1, 2).unwrap();
+        assert_eq!(g.pull(1, D, 3), Gate::Wait);
+        // worker 1 ran out of data for this epoch
+        assert_eq!(g.pause(1).unwrap(), vec![(1, 0)]);
+        assert_eq!(g.pull(2, D, 4), Gate::Wait, "worker 0 itself has not completed 4");
+        g.advance(D, 0, 4).unwrap();
+        // worker 1 starts its next epoch: it counts again
+        g.advance(D, 1, 3).unwrap();
+        assert_eq!(g.pull(3, D, 4), Gate::Wait);
+        assert!(g.pause(7).is_err());
     }
 
     #[test]

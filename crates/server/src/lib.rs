@@ -370,7 +370,10 @@ fn handle_frame(st: &ServerState, h: &FrameHeader, ctx: &mut ConnCtx, conn: &mut
             let slots: Vec<Arc<TableSlot>> = st.tables.read().values().filter(|t| t.gate.is_some()).cloned().collect();
             for slot in slots {
                 if let Some(g) = &slot.gate {
-                    if let Err(e) = g.gate.lock().advance(g.owned, h.worker as usize, h.clock) {
+                    let mut gate = g.gate.lock();
+                    let done = if h.pause { gate.pause(h.worker as usize) } else { gate.advance(g.owned, h.worker as usize, h.clock) };
+                    drop(gate);
+                    if let Err(e) = done {
                         return Ok(Err(core_err(e)));
                     }
                     g.advanced.notify_all();

@@ -204,6 +204,18 @@ impl KvClient {
     /// answered; the acknowledgements are read later, like a push's.
     pub fn clock(&mut self) -> Result<u64, ClientError> {
         self.clock += 1;
+        self.send_clock(false)?;
+        Ok(self.clock)
+    }
+
+    /// Tells the servers this worker will not clock again until its next [`KvClient::clock`]
+    /// (its share of an epoch is done, say), so other workers' pulls on tables with a
+    /// staleness bound stop waiting for it. Does nothing when no table has a bound.
+    pub fn pause_clock(&mut self) -> Result<(), ClientError> {
+        self.send_clock(true)
+    }
+
+    fn send_clock(&mut self, pause: bool) -> Result<(), ClientError> {
         if self.tables.values().any(|t| t.def.consistency.bound().is_some()) {
             let rank = self.worker_rank.ok_or_else(|| ClientError::BadReply {
                 server: 0,
@@ -214,11 +226,12 @@ impl KvClient {
                 self.before_send(s, None)?;
                 let mut h = self.header(Op::Clock, ts, 0);
                 h.worker = rank;
+                h.pause = pause;
                 self.send(s, &mut h, &[], &[])?;
                 self.push_inflight(s, ts, Reply::Ack, 0, 0);
             }
         }
-        Ok(self.clock)
+        Ok(())
     }
 
     /// How many pulls of tables with a staleness bound saw each staleness: entry `s` counts

@@ -11,6 +11,7 @@ use crate::progress::Progress;
 use anyhow::{ensure, Context, Result};
 use clap::{Args, ValueEnum};
 use downpour_apps::{linear, metrics};
+use downpour_core::consistency::Consistency;
 use downpour_core::init::Init;
 use downpour_core::keys::{scramble, unscramble};
 use downpour_core::proto;
@@ -97,6 +98,11 @@ pub struct LinearArgs {
     /// Examples per minibatch.
     #[arg(long, default_value_t = 100)]
     pub batch: usize,
+    /// Consistency of the model's pulls: `async` (no waiting), `ssp:TAU` (a pull at clock c
+    /// sees every worker's updates of clocks up to c − TAU − 1) or `bsp` (= `ssp:0`). One
+    /// clock is one minibatch.
+    #[arg(long, default_value = "async", value_parser = parse_consistency)]
+    pub consistency: Consistency,
     /// Update rule on the servers.
     #[arg(long, value_enum, default_value_t = Optimizer::Ftrl)]
     pub optimizer: Optimizer,
@@ -147,6 +153,10 @@ pub enum Scale {
     Fixed(f32),
 }
 
+fn parse_consistency(s: &str) -> Result<Consistency, String> {
+    s.parse().map_err(|e: downpour_core::CoreError| e.to_string())
+}
+
 fn parse_scale(s: &str) -> Result<Scale, String> {
     match s {
         "auto" => Ok(Scale::Auto),
@@ -181,7 +191,7 @@ fn table_def(a: &LinearArgs) -> TableDef {
         storage: Storage::Sparse,
         init: Init::Zeros,
         rule: proto::Rule { name: name.into(), lr: a.lr, l1: a.l1, l2: a.l2, ftrl_beta: 1.0, ..Default::default() },
-        consistency: downpour_core::consistency::Consistency::Async,
+        consistency: a.consistency,
     }
 }
 
@@ -315,6 +325,8 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
             };
         }
         progress.finish();
+        // This worker's share is done: nobody waits for its clock until the next epoch.
+        s.kv.pause_clock()?;
         if let Some(ts) = last.take() {
             s.kv.wait(ts)?;
         }
@@ -365,6 +377,19 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
     let wall = t0.elapsed().as_secs_f64();
     if s.rank == 0 {
         let traffic = s.kv.traffic();
+        let hist = s.kv.staleness_histogram();
+        let pulls: u64 = hist.iter().sum();
+        let staleness_max = hist.iter().rposition(|&n| n > 0);
+        let staleness_mean = (pulls > 0).then(|| hist.iter().enumerate().map(|(s, &n)| s as f64 * n as f64).sum::<f64>() / pulls as f64);
+        if pulls > 0 && !a.quiet {
+            tracing::info!(
+                "staleness of worker 0's pulls ({} model): max {}, mean {:.2}, histogram {:?}",
+                a.consistency,
+                staleness_max.unwrap_or(0),
+                staleness_mean.unwrap_or(0.0),
+                hist
+            );
+        }
         let final_m = epochs.last().and_then(|e| e.1.as_ref());
         let json = serde_json::json!({
             "test_auc": final_m.and_then(|m| m.auc),
@@ -375,6 +400,10 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
             "examples_per_s": all_examples as f64 / wall,
             "bytes_sent": traffic.bytes_sent,
             "bytes_received": traffic.bytes_received,
+            "consistency": a.consistency.to_string(),
+            "staleness_max": staleness_max,
+            "staleness_mean": staleness_mean,
+            "staleness_histogram": hist,
             "epochs": epochs.iter().map(|(e, m, w)| serde_json::json!({
                 "epoch": e, "test_auc": m.as_ref().and_then(|m| m.auc), "test_logloss": m.as_ref().map(|m| m.logloss), "wall_s": w,
             })).collect::<Vec<_>>(),
