@@ -286,3 +286,29 @@ fn bounded_staleness_is_never_exceeded_on_a_live_cluster() {
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("ssp:TAU"), "{}", String::from_utf8_lossy(&bad.stderr));
 }
+
+#[test]
+fn straggler_flags_are_checked_and_a_straggling_run_still_learns() {
+    let d = tempfile::tempdir().unwrap();
+    let (tr, out) = (d.path().join("tr.svm"), d.path().join("m.json"));
+    write_data(&tr, 4_000, 31);
+    let run = |extra: &[&str]| {
+        downpour()
+            .args(["train", "linear", "--workers", "2", "--servers", "1", "--train", tr.to_str().unwrap(), "--test", tr.to_str().unwrap()])
+            .args(["--epochs", "1", "--quiet", "--out", out.to_str().unwrap()])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    for bad in [["--straggler", "1"], ["--straggler", "0:0.5"], ["--straggler-tail", "2:3"], ["--straggler-tail", "0.1:x"]] {
+        assert_eq!(run(&bad).status.code(), Some(2), "{bad:?}");
+    }
+    let o = run(&["--straggler", "7:2"]);
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("only 2 workers"), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = run(&["--straggler", "1:3", "--straggler-tail", "0.05:3", "--consistency", "ssp:1"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let m = metrics(&out);
+    let idle = m["idle_fraction"].as_f64().unwrap();
+    assert!((0.0..=1.0).contains(&idle), "{m}");
+    assert!(m["staleness_max"].as_u64().unwrap() <= 1, "{m}");
+}

@@ -24,7 +24,7 @@ use downpour_data::Format;
 use downpour_worker::{Timestamp, WorkerSession};
 use std::path::PathBuf;
 use std::sync::mpsc::{sync_channel, Receiver};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Server-side update rule of the linear model.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -124,9 +124,17 @@ pub struct LinearArgs {
     /// Examples are shuffled within a window of this many per epoch (0 or 1: file order).
     #[arg(long, default_value_t = 10_000)]
     pub shuffle_buffer: usize,
-    /// Seed of the shuffle.
+    /// Seed of the shuffle (and of `--straggler-tail`).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Make worker ID a straggler: its compute (the gradient of a minibatch) takes FACTOR
+    /// times as long (it sleeps FACTOR − 1 times the compute's duration). Format `ID:FACTOR`.
+    #[arg(long, value_parser = parse_straggler)]
+    pub straggler: Option<(usize, f64)>,
+    /// Slow a random fraction P of every worker's iterations by FACTOR (seeded; public
+    /// clouds see about 5 % of iterations at 2–3×). Format `P:FACTOR`.
+    #[arg(long, value_parser = parse_tail)]
+    pub straggler_tail: Option<(f64, f64)>,
     /// Export the trained model here (safetensors: `keys` U64 [n], `values` F32 [n, 1]).
     #[arg(long)]
     pub model_out: Option<PathBuf>,
@@ -151,6 +159,56 @@ pub enum Scale {
     Auto,
     /// Divide by this.
     Fixed(f32),
+}
+
+fn parse_factor(f: &str) -> Result<f64, String> {
+    match f.parse::<f64>() {
+        Ok(x) if x.is_finite() && (1.0..=1000.0).contains(&x) => Ok(x),
+        _ => Err(format!("factor {f:?} is not a number between 1 and 1000")),
+    }
+}
+
+fn parse_straggler(s: &str) -> Result<(usize, f64), String> {
+    let (id, f) = s.split_once(':').ok_or_else(|| format!("{s:?} is not ID:FACTOR"))?;
+    let id = id.parse().map_err(|_| format!("{s:?}: worker id {id:?} is not a number"))?;
+    Ok((id, parse_factor(f)?))
+}
+
+fn parse_tail(s: &str) -> Result<(f64, f64), String> {
+    let (p, f) = s.split_once(':').ok_or_else(|| format!("{s:?} is not P:FACTOR"))?;
+    match p.parse::<f64>() {
+        Ok(p) if (0.0..=1.0).contains(&p) => Ok((p, parse_factor(f)?)),
+        _ => Err(format!("{s:?}: fraction {p:?} is not between 0 and 1")),
+    }
+}
+
+/// How much longer this worker's compute should take: FACTOR − 1 times its duration for the
+/// straggler, and for a seeded random fraction of every worker's iterations.
+struct Slowdown {
+    factor: f64,
+    tail: Option<(f64, f64)>,
+    rng: u64,
+}
+
+impl Slowdown {
+    fn new(a: &LinearArgs, rank: usize) -> Slowdown {
+        let factor = a.straggler.filter(|s| s.0 == rank).map_or(1.0, |s| s.1);
+        Slowdown { factor, tail: a.straggler_tail, rng: downpour_core::init::splitmix64(a.seed ^ 0x5157 ^ rank as u64) | 1 }
+    }
+
+    /// Sleeps as the settings say for a compute step that took `took`.
+    fn apply(&mut self, took: Duration) {
+        let mut f = self.factor;
+        if let Some((p, tf)) = self.tail {
+            self.rng = downpour_core::init::splitmix64(self.rng);
+            if ((self.rng >> 11) as f64 / (1u64 << 53) as f64) < p {
+                f *= tf;
+            }
+        }
+        if f > 1.0 {
+            std::thread::sleep(took.mul_f64(f - 1.0));
+        }
+    }
 }
 
 fn parse_consistency(s: &str) -> Result<Consistency, String> {
@@ -256,6 +314,9 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
     ensure!(a.batch >= 1, "--batch must be at least 1");
     ensure!(a.epochs >= 1, "--epochs must be at least 1");
     ensure!(a.lr.is_finite() && a.lr > 0.0, "--lr must be a positive number");
+    if let Some((id, _)) = a.straggler {
+        ensure!(id < s.num_workers, "--straggler {id}: there are only {} workers (ids 0..{})", s.num_workers, s.num_workers);
+    }
     for f in a.train.iter().chain(a.test.iter()) {
         ensure!(f.is_file(), "{}: no such file", f.display());
     }
@@ -271,6 +332,8 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
     s.kv.create_table(table_def(a))?;
     s.barrier("linear-start")?;
     let t0 = Instant::now();
+    // Time spent waiting: for pulls (including a bounded-staleness wait) and at epoch ends.
+    let mut idle = Duration::ZERO;
     let mut total_examples = 0usize;
     let mut epochs = Vec::new();
     let mut last = None;
@@ -284,6 +347,7 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
         let batches = spawn_reader(reader, a.batch);
         let mut progress = Progress::new(!a.quiet && s.rank == 0, format!("epoch {epoch}/{}", a.epochs));
         let (mut seen, mut loss_sum, mut loss_n) = (0usize, 0f64, 0usize);
+        let mut slowdown = Slowdown::new(a, s.rank);
         let mut grad = Vec::new();
         let next_batch = || -> Result<Option<(Batch, Option<f64>)>> { batches.recv().ok().transpose().map_err(Into::into) };
         // Pipeline: the pull of batch k+1 is in flight while batch k is computed.
@@ -300,15 +364,23 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
                 Some((nb, _)) => Some(s.kv.pull(TABLE, &nb.keys)?),
                 None => None,
             };
+            let waiting = Instant::now();
             let w = s.kv.wait_values(ts)?;
+            idle += waiting.elapsed();
+            let compute = Instant::now();
             grad.resize(b.keys.len(), 0.0);
             let l = linear::loss_and_gradient(&b, &w, &mut grad);
             // Push the sum of the examples' gradients: the per-coordinate adaptive rules
             // (FTRL, AdaGrad) expect per-example gradient mass, not a batch mean.
             let n = b.len() as f32;
             grad.iter_mut().for_each(|g| *g *= n);
+            slowdown.apply(compute.elapsed());
+            // Sending can wait too: a clock advance first reads the replies in flight, i.e.
+            // waits for the prefetched pull, which a bounded staleness may hold.
+            let waiting = Instant::now();
             last = Some(s.kv.push(TABLE, &b.keys, &grad)?);
             s.kv.clock()?;
+            idle += waiting.elapsed();
             loss_sum += l * b.len() as f64;
             loss_n += b.len();
             seen += b.len();
@@ -331,7 +403,9 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
             s.kv.wait(ts)?;
         }
         total_examples += seen;
+        let waiting = Instant::now();
         s.barrier(&format!("linear-epoch-{epoch}"))?;
+        idle += waiting.elapsed();
         let wall = t0.elapsed().as_secs_f64();
         if s.rank == 0 {
             if let Some(test) = &a.test {
@@ -401,6 +475,7 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
             "bytes_sent": traffic.bytes_sent,
             "bytes_received": traffic.bytes_received,
             "consistency": a.consistency.to_string(),
+            "idle_fraction": idle.as_secs_f64() / wall,
             "staleness_max": staleness_max,
             "staleness_mean": staleness_mean,
             "staleness_histogram": hist,

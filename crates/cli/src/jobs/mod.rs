@@ -32,7 +32,7 @@ pub enum JobCmd {
 #[derive(Subcommand, Debug, Clone)]
 pub enum TrainModel {
     /// Sparse logistic regression by asynchronous minibatch SGD (FTRL/AdaGrad/SGD on the servers).
-    Linear(linear::LinearArgs),
+    Linear(Box<linear::LinearArgs>),
 }
 
 impl JobCmd {
