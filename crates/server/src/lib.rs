@@ -333,13 +333,13 @@ fn handle_frame(st: &ServerState, h: &FrameHeader, ctx: &mut ConnCtx, conn: &mut
                 Err(e) => return Ok(Err(e)),
             };
             // A table with a staleness bound answers once the clocks allow it.
-            let staleness = match (&slot.gate, ctx.keys.first(), ctx.keys.last()) {
+            let (staleness, held) = match (&slot.gate, ctx.keys.first(), ctx.keys.last()) {
                 (Some(g), Some(&first), Some(&last)) => match wait_for_clocks(st, g, KeyRange::new(first, last.saturating_add(1)), h.clock)
                 {
-                    Ok(s) => Some(s),
+                    Ok((s, held)) => (Some(s), held),
                     Err(e) => return Ok(Err(e)),
                 },
-                _ => None,
+                _ => (None, Duration::ZERO),
             };
             let res = {
                 let mut t = slot.table.write();
@@ -359,6 +359,7 @@ fn handle_frame(st: &ServerState, h: &FrameHeader, ctx: &mut ConnCtx, conn: &mut
             let mut r = msg::reply_to(h, me);
             r.last = h.last;
             r.staleness = staleness;
+            r.held_us = held.as_micros() as u64;
             conn.send(&mut r, &[], value_bytes(&ctx.out))?;
             Ok(Ok(()))
         }
@@ -428,12 +429,13 @@ fn handle_frame(st: &ServerState, h: &FrameHeader, ctx: &mut ConnCtx, conn: &mut
 }
 
 /// Blocks until a pull of `range` at `clock` may be answered under the table's gate; returns
-/// its staleness. Gives up with an error when the server is stopping.
-fn wait_for_clocks(st: &ServerState, g: &GateSlot, range: KeyRange, clock: u64) -> Result<u64, (Status, String)> {
+/// its staleness and how long it was held. Gives up with an error when the server is stopping.
+fn wait_for_clocks(st: &ServerState, g: &GateSlot, range: KeyRange, clock: u64) -> Result<(u64, Duration), (Status, String)> {
+    let start = std::time::Instant::now();
     let mut gate = g.gate.lock();
     loop {
         if let Some(s) = gate.check(range, clock) {
-            return Ok(s);
+            return Ok((s, start.elapsed()));
         }
         if st.stop.load(Ordering::Relaxed) {
             return Err((Status::Aborted, "the server is stopping".into()));

@@ -127,6 +127,8 @@ struct OpState {
     range_parts: Vec<(Vec<u64>, Vec<f32>)>,
     /// The op has a result to hand back (values, or a lent buffer's completion).
     keep: bool,
+    /// The longest time a server held a part of it for a consistency bound.
+    held_us: u64,
 }
 
 struct TableInfo {
@@ -146,6 +148,8 @@ pub struct KvClient {
     worker_rank: Option<u32>,
     /// `staleness[s]`: pulls answered with staleness `s` (the last bucket counts the rest).
     staleness: Vec<u64>,
+    /// Total time servers held this client's finished pulls for consistency bounds.
+    held: Duration,
     next_id: u64,
     servers: Vec<ServerConn>,
     tables: HashMap<u32, TableInfo>,
@@ -178,6 +182,7 @@ impl KvClient {
             clock: 0,
             worker_rank: None,
             staleness: Vec::new(),
+            held: Duration::ZERO,
             next_id: 1,
             servers,
             tables: HashMap::new(),
@@ -232,6 +237,13 @@ impl KvClient {
             }
         }
         Ok(())
+    }
+
+    /// Total time the servers held this worker's finished pulls until the clocks of a
+    /// table's staleness bound allowed an answer (the time lost to consistency, as opposed
+    /// to the network).
+    pub fn held(&self) -> Duration {
+        self.held
     }
 
     /// How many pulls of tables with a staleness bound saw each staleness: entry `s` counts
@@ -523,7 +535,10 @@ impl KvClient {
                 message: h.error.clone(),
             });
         } else {
-            let op = self.ops.get_mut(&ts);
+            let mut op = self.ops.get_mut(&ts);
+            if let Some(o) = op.as_deref_mut() {
+                o.held_us = o.held_us.max(h.held_us);
+            }
             let sc = &mut self.servers[s];
             let front = sc.inflight.front_mut().ok_or_else(|| bad("no request in line".into()))?;
             front.got += 1;
@@ -604,6 +619,7 @@ impl KvClient {
 
     fn finish(&mut self, ts: u64) -> Result<OpState, ClientError> {
         let mut op = self.ops.remove(&ts).ok_or(ClientError::UnknownTimestamp(Timestamp(ts)))?;
+        self.held += Duration::from_micros(op.held_us);
         match op.error.take() {
             Some(e) => Err(e),
             None => Ok(op),

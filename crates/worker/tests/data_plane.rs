@@ -324,6 +324,8 @@ fn bsp_pull_waits_for_every_workers_clock_and_reports_its_staleness() {
         let kv0 = puller.join().unwrap();
         // both servers answered with staleness 0
         assert_eq!(kv0.staleness_histogram(), &[2], "{name}");
+        // the servers report how long they held it (at least the 300 ms above)
+        assert!(kv0.held() >= Duration::from_millis(250), "{name}: held {:?}", kv0.held());
         drop(w1);
         drop(c.servers);
     }

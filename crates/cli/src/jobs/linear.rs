@@ -127,8 +127,9 @@ pub struct LinearArgs {
     /// Seed of the shuffle (and of `--straggler-tail`).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Make worker ID a straggler: its compute (the gradient of a minibatch) takes FACTOR
-    /// times as long (it sleeps FACTOR − 1 times the compute's duration). Format `ID:FACTOR`.
+    /// Make worker ID a straggler: its own work per minibatch (reading, communicating,
+    /// computing; not the time spent held by a staleness bound) takes FACTOR times as long.
+    /// Format `ID:FACTOR`.
     #[arg(long, value_parser = parse_straggler)]
     pub straggler: Option<(usize, f64)>,
     /// Slow a random fraction P of every worker's iterations by FACTOR (seeded; public
@@ -182,7 +183,7 @@ fn parse_tail(s: &str) -> Result<(f64, f64), String> {
     }
 }
 
-/// How much longer this worker's compute should take: FACTOR − 1 times its duration for the
+/// How much longer this worker's work should take: FACTOR − 1 times its duration for the
 /// straggler, and for a seeded random fraction of every worker's iterations.
 struct Slowdown {
     factor: f64,
@@ -196,7 +197,7 @@ impl Slowdown {
         Slowdown { factor, tail: a.straggler_tail, rng: downpour_core::init::splitmix64(a.seed ^ 0x5157 ^ rank as u64) | 1 }
     }
 
-    /// Sleeps as the settings say for a compute step that took `took`.
+    /// Sleeps as the settings say for work that took `took`.
     fn apply(&mut self, took: Duration) {
         let mut f = self.factor;
         if let Some((p, tf)) = self.tail {
@@ -332,7 +333,8 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
     s.kv.create_table(table_def(a))?;
     s.barrier("linear-start")?;
     let t0 = Instant::now();
-    // Time spent waiting: for pulls (including a bounded-staleness wait) and at epoch ends.
+    // Time lost to synchronisation: at epoch barriers (plus, at the end, the time servers
+    // held this worker's pulls for a staleness bound).
     let mut idle = Duration::ZERO;
     let mut total_examples = 0usize;
     let mut epochs = Vec::new();
@@ -348,6 +350,7 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
         let mut progress = Progress::new(!a.quiet && s.rank == 0, format!("epoch {epoch}/{}", a.epochs));
         let (mut seen, mut loss_sum, mut loss_n) = (0usize, 0f64, 0usize);
         let mut slowdown = Slowdown::new(a, s.rank);
+        let (mut mark, mut held_mark) = (Instant::now(), s.kv.held());
         let mut grad = Vec::new();
         let next_batch = || -> Result<Option<(Batch, Option<f64>)>> { batches.recv().ok().transpose().map_err(Into::into) };
         // Pipeline: the pull of batch k+1 is in flight while batch k is computed.
@@ -364,23 +367,21 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
                 Some((nb, _)) => Some(s.kv.pull(TABLE, &nb.keys)?),
                 None => None,
             };
-            let waiting = Instant::now();
             let w = s.kv.wait_values(ts)?;
-            idle += waiting.elapsed();
-            let compute = Instant::now();
             grad.resize(b.keys.len(), 0.0);
             let l = linear::loss_and_gradient(&b, &w, &mut grad);
             // Push the sum of the examples' gradients: the per-coordinate adaptive rules
             // (FTRL, AdaGrad) expect per-example gradient mass, not a batch mean.
             let n = b.len() as f32;
             grad.iter_mut().for_each(|g| *g *= n);
-            slowdown.apply(compute.elapsed());
-            // Sending can wait too: a clock advance first reads the replies in flight, i.e.
-            // waits for the prefetched pull, which a bounded staleness may hold.
-            let waiting = Instant::now();
+            // A straggler's own work (everything since the last mark except the time servers
+            // held its pulls for the consistency bound) takes FACTOR times as long. The marks
+            // tile the timeline, so over many iterations all of its work is stretched.
+            let held = s.kv.held();
+            slowdown.apply(mark.elapsed().saturating_sub(held - held_mark));
+            (mark, held_mark) = (Instant::now(), held);
             last = Some(s.kv.push(TABLE, &b.keys, &grad)?);
             s.kv.clock()?;
-            idle += waiting.elapsed();
             loss_sum += l * b.len() as f64;
             loss_n += b.len();
             seen += b.len();
@@ -475,7 +476,7 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
             "bytes_sent": traffic.bytes_sent,
             "bytes_received": traffic.bytes_received,
             "consistency": a.consistency.to_string(),
-            "idle_fraction": idle.as_secs_f64() / wall,
+            "idle_fraction": (idle + s.kv.held()).as_secs_f64() / wall,
             "staleness_max": staleness_max,
             "staleness_mean": staleness_mean,
             "staleness_histogram": hist,
