@@ -305,9 +305,14 @@ fn straggler_flags_are_checked_and_a_straggling_run_still_learns() {
     }
     let o = run(&["--straggler", "7:2"]);
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("only 2 workers"), "{}", String::from_utf8_lossy(&o.stderr));
-    let o = run(&["--straggler", "1:3", "--straggler-tail", "0.05:3", "--consistency", "ssp:1"]);
+    let o = run(&["--straggler", "1:3", "--straggler-tail", "0.05:3", "--consistency", "ssp:1", "--eval-every", "5"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let m = metrics(&out);
+    // worker 0 has about 20 minibatches: evaluations every 5 of them, and at the epoch end
+    let evals = m["evals"].as_array().unwrap();
+    assert!(evals.len() >= 4, "{m}");
+    assert_eq!(evals.last().unwrap()["test_logloss"], m["test_logloss"], "{m}");
+    assert!(evals.windows(2).all(|w| w[0]["wall_s"].as_f64() <= w[1]["wall_s"].as_f64()), "{m}");
     let idle = m["idle_fraction"].as_f64().unwrap();
     assert!((0.0..=1.0).contains(&idle), "{m}");
     assert!(m["staleness_max"].as_u64().unwrap() <= 1, "{m}");
