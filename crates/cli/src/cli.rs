@@ -25,8 +25,11 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Cmd {
     /// Run a short demonstration on an embedded cluster (no setup): the counter check and a
-    /// small benchmark.
+    /// spam filter trained on the committed SpamAssassin subset.
     Demo,
+    /// Experiments (`experiment consistency`: the linear job under several consistency models).
+    #[command(subcommand)]
+    Experiment(crate::experiment::ExperimentCmd),
     /// Run the counter job: embedded by default, or as one worker of a cluster with --coordinator.
     Counter {
         #[command(flatten)]
@@ -216,6 +219,7 @@ fn run(cli: Cli, s: Settings) -> Result<()> {
             cluster::run_embedded(&s, servers, workers, &JobCmd::Train(model), stdout_sink())
         }
         Cmd::Data(cmd) => crate::datagen::run(cmd),
+        Cmd::Experiment(cmd) => crate::experiment::run(cmd),
         Cmd::Predict(a) => crate::model::predict(&a),
         Cmd::Launch { servers, workers, job } => {
             // Check the job's flags before starting anything.

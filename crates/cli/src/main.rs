@@ -12,6 +12,7 @@ mod cli;
 mod cluster;
 mod config;
 mod datagen;
+mod experiment;
 mod jobs;
 mod model;
 mod progress;

@@ -317,3 +317,41 @@ fn straggler_flags_are_checked_and_a_straggling_run_still_learns() {
     assert!((0.0..=1.0).contains(&idle), "{m}");
     assert!(m["staleness_max"].as_u64().unwrap() <= 1, "{m}");
 }
+
+#[test]
+fn consistency_experiment_writes_results_that_agree_with_its_plot() {
+    let d = tempfile::tempdir().unwrap();
+    let (tr, te, out) = (d.path().join("tr.svm"), d.path().join("te.svm"), d.path().join("exp"));
+    write_data(&tr, 6_000, 41);
+    write_data(&te, 1_000, 42);
+    let o = downpour()
+        .args(["experiment", "consistency", "--train", tr.to_str().unwrap(), "--test", te.to_str().unwrap()])
+        .args(["--workers", "2", "--servers", "1", "--models", "bsp,ssp:2,async", "--straggler", "1:3", "--target-logloss", "0.6"])
+        .args(["--eval-every", "5", "--out", out.to_str().unwrap(), "--", "--epochs", "2"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r = metrics(&out.join("results.json"));
+    let models = r["models"].as_array().unwrap();
+    assert_eq!(models.len(), 3);
+    let svg = std::fs::read_to_string(out.join("logloss.svg")).unwrap();
+    for (m, bound) in models.iter().zip([Some(0), Some(2), None]) {
+        let name = m["model"].as_str().unwrap();
+        assert!(svg.contains(name), "the plot has no line labelled {name}");
+        match bound {
+            Some(b) => assert!(m["staleness_max"].as_u64().unwrap() <= b, "{m}"),
+            None => assert!(m["staleness_max"].is_null(), "{m}"),
+        }
+        // the time to target is the first point of the curve at or below the target
+        let curve = m["curve"].as_array().unwrap();
+        let first = curve.iter().find(|p| p[1].as_f64().unwrap() <= 0.6).map(|p| p[0].as_f64().unwrap());
+        assert_eq!(m["time_to_target_s"].as_f64(), first, "{m}");
+    }
+    assert!(std::fs::read_to_string(out.join("results.md")).unwrap().contains("| ssp:2 |"));
+    let bad = downpour()
+        .args(["experiment", "consistency", "--train", tr.to_str().unwrap(), "--test", te.to_str().unwrap(), "--models", "bsp,sync"])
+        .args(["--target-logloss", "0.5", "--out", out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("sync"), "{}", String::from_utf8_lossy(&bad.stderr));
+}

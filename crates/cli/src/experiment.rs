@@ -1,0 +1,204 @@
+//! `downpour experiment consistency`: the linear job under several consistency models, each
+//! as a local multi-process cluster (`launch`), and what they cost and bought: time to a
+//! target test log loss, final quality, idle time, observed staleness and traffic. Writes
+//! `results.json`, `results.md` and `logloss.svg` (test log loss against wall-clock time, one
+//! line per model).
+
+use anyhow::{bail, ensure, Context, Result};
+use clap::{Args, Subcommand};
+use downpour_core::consistency::Consistency;
+use plotters::prelude::*;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Experiments.
+#[derive(Subcommand, Debug)]
+pub enum ExperimentCmd {
+    /// Train the linear model under each consistency model and compare them.
+    Consistency(ConsistencyArgs),
+}
+
+/// Flags of `experiment consistency`.
+#[derive(Args, Debug)]
+pub struct ConsistencyArgs {
+    /// Training files.
+    #[arg(long, required = true, num_args = 1..)]
+    pub train: Vec<PathBuf>,
+    /// Test file.
+    #[arg(long)]
+    pub test: PathBuf,
+    /// Worker processes.
+    #[arg(long, default_value_t = 4)]
+    pub workers: usize,
+    /// Server processes.
+    #[arg(long, default_value_t = 2)]
+    pub servers: usize,
+    /// Models to compare, comma-separated.
+    #[arg(long, default_value = "bsp,ssp:1,ssp:4,ssp:16,async", value_delimiter = ',')]
+    pub models: Vec<String>,
+    /// Make worker ID a straggler (`ID:FACTOR`, see `train linear --straggler`).
+    #[arg(long)]
+    pub straggler: Option<String>,
+    /// Slow a random fraction of every worker's minibatches (`P:FACTOR`).
+    #[arg(long)]
+    pub straggler_tail: Option<String>,
+    /// The test log loss whose first crossing is `time_to_target_s`.
+    #[arg(long)]
+    pub target_logloss: f64,
+    /// Worker 0 evaluates every N of its minibatches (the resolution of the time to target).
+    #[arg(long, default_value_t = 20)]
+    pub eval_every: usize,
+    /// Output directory (created).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// More `train linear` flags for every run, after `--` (e.g. `-- --epochs 3 --lr 0.2`).
+    #[arg(last = true)]
+    pub train_flags: Vec<String>,
+}
+
+struct Run {
+    model: String,
+    metrics: serde_json::Value,
+    curve: Vec<(f64, f64)>,
+    time_to_target: Option<f64>,
+}
+
+/// Runs the experiment.
+pub fn run(cmd: ExperimentCmd) -> Result<()> {
+    let ExperimentCmd::Consistency(a) = cmd;
+    ensure!(a.workers >= 1 && a.servers >= 1, "--workers and --servers must be at least 1");
+    ensure!(a.target_logloss.is_finite() && a.target_logloss > 0.0, "--target-logloss must be a positive number");
+    for m in &a.models {
+        m.parse::<Consistency>().with_context(|| format!("--models: {m:?}"))?;
+    }
+    for f in a.train.iter().chain(std::iter::once(&a.test)) {
+        ensure!(f.is_file(), "{}: no such file", f.display());
+    }
+    std::fs::create_dir_all(&a.out).with_context(|| format!("cannot create {}", a.out.display()))?;
+    let exe = std::env::current_exe().context("cannot find the downpour executable")?;
+    let mut runs = Vec::new();
+    for (i, model) in a.models.iter().enumerate() {
+        eprintln!("experiment: model {}/{}: {model}", i + 1, a.models.len());
+        let metrics_path = a.out.join(format!("{}.json", model.replace(':', "-")));
+        let mut c = Command::new(&exe);
+        c.args(["--log", "warn", "launch", "--servers", &a.servers.to_string(), "--workers", &a.workers.to_string(), "--"]);
+        c.args(["train", "linear", "--train"]).args(&a.train).arg("--test").arg(&a.test);
+        c.args(["--consistency", model, "--eval-every", &a.eval_every.to_string(), "--quiet", "--out"]).arg(&metrics_path);
+        if let Some(s) = &a.straggler {
+            c.args(["--straggler", s]);
+        }
+        if let Some(s) = &a.straggler_tail {
+            c.args(["--straggler-tail", s]);
+        }
+        c.args(&a.train_flags);
+        let status = c.status().with_context(|| format!("cannot run {}", exe.display()))?;
+        if !status.success() {
+            bail!("the run under {model} failed ({status})");
+        }
+        let metrics: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(&metrics_path).with_context(|| format!("cannot read {}", metrics_path.display()))?,
+        )
+        .with_context(|| format!("{}: not JSON", metrics_path.display()))?;
+        let curve: Vec<(f64, f64)> = metrics["evals"]
+            .as_array()
+            .map(|v| v.iter().filter_map(|e| Some((e["wall_s"].as_f64()?, e["test_logloss"].as_f64()?))).collect())
+            .unwrap_or_default();
+        let time_to_target = curve.iter().find(|p| p.1 <= a.target_logloss).map(|p| p.0);
+        runs.push(Run { model: model.clone(), metrics, curve, time_to_target });
+    }
+    write_results(&a, &runs)?;
+    plot(&a.out.join("logloss.svg"), &runs, a.target_logloss)?;
+    println!("experiment: results in {} (results.json, results.md, logloss.svg)", a.out.display());
+    Ok(())
+}
+
+fn write_results(a: &ConsistencyArgs, runs: &[Run]) -> Result<()> {
+    let models: Vec<serde_json::Value> = runs
+        .iter()
+        .map(|r| {
+            let m = &r.metrics;
+            serde_json::json!({
+                "model": r.model,
+                "time_to_target_s": r.time_to_target,
+                "final_test_logloss": m["test_logloss"],
+                "final_test_auc": m["test_auc"],
+                "idle_fraction": m["idle_fraction"],
+                "staleness_max": m["staleness_max"],
+                "staleness_mean": m["staleness_mean"],
+                "bytes_sent": m["bytes_sent"],
+                "wall_s": m["wall_s"],
+                "curve": r.curve.iter().map(|(t, l)| serde_json::json!([t, l])).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    let json = serde_json::json!({
+        "target_logloss": a.target_logloss,
+        "workers": a.workers,
+        "servers": a.servers,
+        "straggler": a.straggler,
+        "straggler_tail": a.straggler_tail,
+        "models": models,
+    });
+    let path = a.out.join("results.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&json)?).with_context(|| format!("cannot write {}", path.display()))?;
+    let f = |v: &serde_json::Value, digits: usize| v.as_f64().map(|x| format!("{x:.digits$}")).unwrap_or_else(|| "—".into());
+    let mut md = format!(
+        "Target test log loss {}; {} workers, {} servers; straggler {}; tail {}.\n\n\
+         | model | time to target (s) | final test log loss | final test AUC | idle fraction | staleness max / mean | bytes sent (worker 0) |\n\
+         |---|---|---|---|---|---|---|\n",
+        a.target_logloss,
+        a.workers,
+        a.servers,
+        a.straggler.as_deref().unwrap_or("none"),
+        a.straggler_tail.as_deref().unwrap_or("none")
+    );
+    for r in runs {
+        let m = &r.metrics;
+        md.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} / {} | {} |\n",
+            r.model,
+            r.time_to_target.map(|t| format!("{t:.2}")).unwrap_or_else(|| "never".into()),
+            f(&m["test_logloss"], 5),
+            f(&m["test_auc"], 5),
+            f(&m["idle_fraction"], 3),
+            m["staleness_max"].as_u64().map(|x| x.to_string()).unwrap_or_else(|| "—".into()),
+            f(&m["staleness_mean"], 2),
+            m["bytes_sent"].as_u64().map(|x| x.to_string()).unwrap_or_else(|| "—".into()),
+        ));
+    }
+    let path = a.out.join("results.md");
+    std::fs::write(&path, md).with_context(|| format!("cannot write {}", path.display()))
+}
+
+fn plot(path: &Path, runs: &[Run], target: f64) -> Result<()> {
+    let t_max = runs.iter().flat_map(|r| r.curve.iter().map(|p| p.0)).fold(0.0f64, f64::max).max(1e-3);
+    let l_max = runs.iter().flat_map(|r| r.curve.iter().map(|p| p.1)).fold(target, f64::max) * 1.05;
+    let l_min = runs.iter().flat_map(|r| r.curve.iter().map(|p| p.1)).fold(target, f64::min) * 0.95;
+    let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
+    let e = |e: &dyn std::fmt::Display| anyhow::anyhow!("cannot draw {}: {e}", path.display());
+    root.fill(&WHITE).map_err(|x| e(&x))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption("test log loss against wall-clock time", ("sans-serif", 22))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0.0..t_max * 1.02, l_min..l_max)
+        .map_err(|x| e(&x))?;
+    chart.configure_mesh().x_desc("wall-clock seconds").y_desc("test log loss").draw().map_err(|x| e(&x))?;
+    chart
+        .draw_series(LineSeries::new([(0.0, target), (t_max * 1.02, target)], BLACK.mix(0.4)))
+        .map_err(|x| e(&x))?
+        .label(format!("target {target}"))
+        .legend(|(x, y)| PathElement::new([(x, y), (x + 18, y)], BLACK.mix(0.4)));
+    for (i, r) in runs.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        chart
+            .draw_series(LineSeries::new(r.curve.iter().copied(), color.stroke_width(2)))
+            .map_err(|x| e(&x))?
+            .label(r.model.clone())
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], color.stroke_width(2)));
+    }
+    chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw().map_err(|x| e(&x))?;
+    root.present().map_err(|x| e(&x))?;
+    Ok(())
+}
