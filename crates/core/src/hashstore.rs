@@ -19,6 +19,11 @@
 //! into that shard (which may grow it). [`HashStore::resolve`] returns slots for a whole
 //! batch that are all valid together.
 
+// The key's hash: a full-avalanche mix (MurmurHash3's finaliser, the same bijection the
+// applications use to spread ids over servers), so sequential ids and ids that differ only
+// in high bits spread over shards and slots alike.
+use crate::keys::scramble as mix;
+
 /// Marks an empty slot. Not a valid sparse key.
 pub const EMPTY: u64 = u64::MAX;
 /// Number of shards (a power of two).
@@ -52,17 +57,6 @@ impl Slot {
     pub fn index(self) -> usize {
         self.0 as u32 as usize
     }
-}
-
-/// A full-avalanche mix of the key (the finaliser of MurmurHash3), so sequential ids and
-/// ids that differ only in high bits spread over shards and slots alike.
-#[inline]
-fn mix(mut k: u64) -> u64 {
-    k ^= k >> 33;
-    k = k.wrapping_mul(0xff51_afd7_ed55_8ccd);
-    k ^= k >> 33;
-    k = k.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
-    k ^ (k >> 33)
 }
 
 #[inline]

@@ -8,9 +8,6 @@
 
 use crate::lines::{LineSource, Piece};
 use crate::Example;
-use flate2::read::MultiGzDecoder;
-use std::fs::File;
-use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use thiserror::Error;
 
@@ -143,20 +140,6 @@ pub fn parse_bytes(line: &[u8], ex: &mut Example) -> Result<bool, String> {
 #[inline]
 fn memchr_hash(line: &[u8]) -> Option<usize> {
     line.iter().position(|&b| b == b'#')
-}
-
-/// Opens `path`, decompressing gzip transparently.
-pub fn open(path: &Path) -> Result<Box<dyn BufRead + Send>, DataError> {
-    let io = |source| DataError::Io { path: path.to_path_buf(), source };
-    let mut f = File::open(path).map_err(io)?;
-    let mut magic = [0u8; 2];
-    let n = f.read(&mut magic).map_err(io)?;
-    let f = File::open(path).map_err(io)?;
-    Ok(if n == 2 && magic == [0x1f, 0x8b] {
-        Box::new(BufReader::with_capacity(1 << 16, MultiGzDecoder::new(BufReader::new(f))))
-    } else {
-        Box::new(BufReader::with_capacity(1 << 16, f))
-    })
 }
 
 /// Streams the examples of one LIBSVM file, or of one worker's [`Piece`] of it.
