@@ -17,7 +17,8 @@ pub struct ShareReader {
     buffer_cap: usize,
     rng: u64,
     exhausted: bool,
-    spare: Example,
+    /// Examples whose buffers are reused for the next reads (no allocation per example).
+    spare: Vec<Example>,
     /// Bytes of the pieces finished so far.
     done_bytes: u64,
     key_map: Option<fn(u64) -> u64>,
@@ -42,7 +43,7 @@ impl ShareReader {
             buffer_cap: 0,
             rng: 1,
             exhausted: false,
-            spare: Example::default(),
+            spare: Vec::new(),
             done_bytes: 0,
             key_map: None,
             value_scale: 1.0,
@@ -129,11 +130,11 @@ impl ShareReader {
     /// The next example of the share; `Ok(None)` at its end.
     pub fn next_example(&mut self) -> Result<Option<Example>, DataError> {
         if self.buffer_cap <= 1 {
-            let mut ex = Example::default();
+            let mut ex = self.spare.pop().unwrap_or_default();
             return Ok(self.next_in_order(&mut ex)?.then_some(ex));
         }
         while !self.exhausted && self.buffer.len() < self.buffer_cap {
-            let mut ex = std::mem::take(&mut self.spare);
+            let mut ex = self.spare.pop().unwrap_or_default();
             if self.next_in_order(&mut ex)? {
                 self.buffer.push(ex);
             } else {
@@ -163,10 +164,8 @@ impl ShareReader {
             return Ok(None);
         }
         let b = Batch::from_examples(&exs);
-        // Recycle one example's buffers for the next read.
-        if let Some(e) = exs.pop() {
-            self.spare = e;
-        }
+        // Recycle the examples' buffers for the next reads.
+        self.spare.append(&mut exs);
         Ok(Some(b))
     }
 }

@@ -368,8 +368,9 @@ fn handle_frame(st: &ServerState, h: &FrameHeader, ctx: &mut ConnCtx, conn: &mut
             if h.worker >= workers {
                 return Ok(Err((Status::InvalidArgument, format!("clock from worker {} of a job of {workers} workers", h.worker))));
             }
-            let slots: Vec<Arc<TableSlot>> = st.tables.read().values().filter(|t| t.gate.is_some()).cloned().collect();
-            for slot in slots {
+            // Under the tables' read lock (no copy of the table list per clock); a gate's
+            // mutex is never held while taking that lock, so the order is fixed.
+            for slot in st.tables.read().values() {
                 if let Some(g) = &slot.gate {
                     let mut gate = g.gate.lock();
                     let done = if h.pause { gate.pause(h.worker as usize) } else { gate.advance(g.owned, h.worker as usize, h.clock) };
