@@ -4,6 +4,7 @@
 //! `results.json`, `results.md` and `logloss.svg` (test log loss against wall-clock time, one
 //! line per model).
 
+use crate::jobs::linear;
 use anyhow::{bail, ensure, Context, Result};
 use clap::{Args, Subcommand};
 use downpour_core::consistency::Consistency;
@@ -37,10 +38,10 @@ pub struct ConsistencyArgs {
     #[arg(long, default_value = "bsp,ssp:1,ssp:4,ssp:16,async", value_delimiter = ',')]
     pub models: Vec<String>,
     /// Make worker ID a straggler (`ID:FACTOR`, see `train linear --straggler`).
-    #[arg(long)]
+    #[arg(long, value_parser = check(linear::parse_straggler))]
     pub straggler: Option<String>,
     /// Slow a random fraction of every worker's minibatches (`P:FACTOR`).
-    #[arg(long)]
+    #[arg(long, value_parser = check(linear::parse_tail))]
     pub straggler_tail: Option<String>,
     /// The test log loss whose first crossing is `time_to_target_s`.
     #[arg(long)]
@@ -54,6 +55,12 @@ pub struct ConsistencyArgs {
     /// More `train linear` flags for every run, after `--` (e.g. `-- --epochs 3 --lr 0.2`).
     #[arg(last = true)]
     pub train_flags: Vec<String>,
+}
+
+/// A value parser that checks a flag with `train linear`'s own parser but keeps its text,
+/// which is passed on to every run.
+fn check<T>(parse: fn(&str) -> Result<T, String>) -> impl Fn(&str) -> Result<String, String> + Clone {
+    move |s| parse(s).map(|_| s.to_string())
 }
 
 struct Run {
@@ -80,10 +87,20 @@ pub fn run(cmd: ExperimentCmd) -> Result<()> {
     for (i, model) in a.models.iter().enumerate() {
         eprintln!("experiment: model {}/{}: {model}", i + 1, a.models.len());
         let metrics_path = a.out.join(format!("{}.json", model.replace(':', "-")));
+        // Worker 0's progress lines (every 2 s) show through; the rest of the log stays quiet.
         let mut c = Command::new(&exe);
-        c.args(["--log", "warn", "launch", "--servers", &a.servers.to_string(), "--workers", &a.workers.to_string(), "--"]);
+        c.args([
+            "--log",
+            "warn,downpour::jobs::linear=info,downpour::progress=info",
+            "launch",
+            "--servers",
+            &a.servers.to_string(),
+            "--workers",
+            &a.workers.to_string(),
+            "--",
+        ]);
         c.args(["train", "linear", "--train"]).args(&a.train).arg("--test").arg(&a.test);
-        c.args(["--consistency", model, "--eval-every", &a.eval_every.to_string(), "--quiet", "--out"]).arg(&metrics_path);
+        c.args(["--consistency", model, "--eval-every", &a.eval_every.to_string(), "--out"]).arg(&metrics_path);
         if let Some(s) = &a.straggler {
             c.args(["--straggler", s]);
         }

@@ -174,13 +174,15 @@ fn parse_factor(f: &str) -> Result<f64, String> {
     }
 }
 
-fn parse_straggler(s: &str) -> Result<(usize, f64), String> {
+/// Parses `--straggler ID:FACTOR`.
+pub fn parse_straggler(s: &str) -> Result<(usize, f64), String> {
     let (id, f) = s.split_once(':').ok_or_else(|| format!("{s:?} is not ID:FACTOR"))?;
     let id = id.parse().map_err(|_| format!("{s:?}: worker id {id:?} is not a number"))?;
     Ok((id, parse_factor(f)?))
 }
 
-fn parse_tail(s: &str) -> Result<(f64, f64), String> {
+/// Parses `--straggler-tail P:FACTOR`.
+pub fn parse_tail(s: &str) -> Result<(f64, f64), String> {
     let (p, f) = s.split_once(':').ok_or_else(|| format!("{s:?} is not P:FACTOR"))?;
     match p.parse::<f64>() {
         Ok(p) if (0.0..=1.0).contains(&p) => Ok((p, parse_factor(f)?)),
