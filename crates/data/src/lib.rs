@@ -75,6 +75,14 @@ impl ExampleReader {
         }
     }
 
+    /// A `FILE:LINE: what` error for the example read last (for checks made after parsing).
+    pub fn error(&mut self, what: impl Into<String>) -> libsvm::DataError {
+        match self {
+            ExampleReader::Libsvm(r) => r.error(what),
+            ExampleReader::Text(r) => r.error(what),
+        }
+    }
+
     /// Reads the next example into `ex`; `Ok(false)` at the end.
     pub fn next_into(&mut self, ex: &mut Example) -> Result<bool, libsvm::DataError> {
         match self {

@@ -163,6 +163,11 @@ impl LibsvmReader {
         self.src.consumed()
     }
 
+    /// A `FILE:LINE: what` error for the example read last.
+    pub fn error(&mut self, what: impl Into<String>) -> DataError {
+        self.src.error(what)
+    }
+
     /// Reads the next example into `ex`; `Ok(false)` at the end of the file.
     pub fn next_into(&mut self, ex: &mut Example) -> Result<bool, DataError> {
         loop {

@@ -93,13 +93,7 @@ impl ShareReader {
                             let id = *k;
                             *k = map(id);
                             if *k == u64::MAX {
-                                let path =
-                                    self.pieces.get(self.next_piece.saturating_sub(1)).map(|p| p.path().to_path_buf()).unwrap_or_default();
-                                return Err(DataError::Malformed {
-                                    path,
-                                    line: 0,
-                                    what: format!("feature id {id} is reserved: it maps to key u64::MAX"),
-                                });
+                                return Err(r.error(format!("feature id {id} is reserved: it maps to key u64::MAX")));
                             }
                         }
                     }
@@ -206,6 +200,18 @@ mod tests {
             seen.sort_unstable();
             assert_eq!(seen, (1..=500).collect::<Vec<u64>>());
         }
+    }
+
+    #[test]
+    fn an_id_that_maps_to_the_reserved_key_is_an_error_naming_its_line() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("a.svm");
+        let bad = downpour_core::keys::unscramble(u64::MAX);
+        std::fs::write(&p, format!("1 5:1\n0 7:1 {bad}:1\n")).unwrap();
+        let mut s =
+            ShareReader::for_worker(std::slice::from_ref(&p), &Format::Libsvm, 0, 1).unwrap().with_key_map(downpour_core::keys::scramble);
+        let e = s.next_batch(10).unwrap_err().to_string();
+        assert!(e.starts_with(&format!("{}:2: feature id {bad} is reserved", p.display())), "{e}");
     }
 
     #[test]

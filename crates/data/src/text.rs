@@ -145,6 +145,11 @@ impl JsonlReader {
         self.src.consumed()
     }
 
+    /// A `FILE:LINE: what` error for the example read last.
+    pub fn error(&mut self, what: impl Into<String>) -> DataError {
+        self.src.error(what)
+    }
+
     /// Reads the next example into `ex`; `Ok(false)` at the end.
     pub fn next_into(&mut self, ex: &mut Example) -> Result<bool, DataError> {
         loop {
