@@ -262,31 +262,27 @@ fn table_def(a: &LinearArgs) -> TableDef {
 }
 
 /// One minibatch from the reader thread, with the fraction of the share read so far.
-type BatchMsg = Result<(Batch, Option<f64>), DataError>;
+/// `Ok(None)` marks the end of the share, so a reader that died is told apart from one
+/// that finished.
+type BatchMsg = Result<Option<(Batch, Option<f64>)>, DataError>;
 
 /// Reads and prepares this worker's minibatches on a thread of its own (parsing, shuffling,
 /// building the sorted key union), a few batches ahead of training, so the training thread
-/// only computes and communicates. The thread stops at the end of the share, on a read
-/// error (sent as the last message), or when the receiver is dropped.
-fn spawn_reader(mut reader: ShareReader, batch: usize) -> Receiver<BatchMsg> {
+/// only computes and communicates. The thread stops after sending the end of the share or
+/// a read error, or when the receiver is dropped.
+fn spawn_reader(mut reader: ShareReader, batch: usize) -> Result<Receiver<BatchMsg>> {
     let (tx, rx) = sync_channel::<BatchMsg>(8);
     std::thread::Builder::new()
         .name("reader".into())
         .spawn(move || loop {
             let msg = reader.next_batch(batch).map(|b| b.map(|b| (b, reader.progress())));
-            let stop = !matches!(msg, Ok(Some(_)));
-            let msg = match msg {
-                Ok(Some(b)) => Ok(b),
-                Ok(None) => break,
-                Err(e) => Err(e),
-            };
-            if tx.send(msg).is_err() || stop {
+            let last = !matches!(msg, Ok(Some(_)));
+            if tx.send(msg).is_err() || last {
                 break;
             }
         })
-        .map(|_| ())
-        .unwrap_or_else(|e| tracing::error!("cannot start the reader thread: {e}"));
-    rx
+        .context("cannot start the reader thread")?;
+    Ok(rx)
 }
 
 struct EpochMetrics {
@@ -356,13 +352,18 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
             .with_shuffle(a.shuffle_buffer, shuffle_seed)
             .with_key_map(scramble)
             .with_value_scale(1.0 / scale);
-        let batches = spawn_reader(reader, a.batch);
+        let batches = spawn_reader(reader, a.batch)?;
         let mut progress = Progress::new(!a.quiet && s.rank == 0, format!("epoch {epoch}/{}", a.epochs));
         let (mut seen, mut loss_sum, mut loss_n) = (0usize, 0f64, 0usize);
         let mut slowdown = Slowdown::new(a, s.rank);
         let (mut mark, mut held_mark) = (Instant::now(), s.kv.held());
         let mut grad = Vec::new();
-        let next_batch = || -> Result<Option<(Batch, Option<f64>)>> { batches.recv().ok().transpose().map_err(Into::into) };
+        let next_batch = || -> Result<Option<(Batch, Option<f64>)>> {
+            match batches.recv() {
+                Ok(msg) => Ok(msg?),
+                Err(_) => anyhow::bail!("the reader thread stopped before the end of the data"),
+            }
+        };
         // Pipeline: the pull of batch k+1 is in flight while batch k is computed.
         let mut cur: Option<(Batch, Option<f64>, Timestamp)> = match next_batch()? {
             Some((b, f)) => {
