@@ -233,12 +233,15 @@ impl PullGate {
     }
 
     /// A pull `id` of `range` issued by a worker at `clock` (the iterations it has completed).
+    /// The same decision as [`PullGate::check`] (which the server uses, blocking the pulling
+    /// thread instead of queueing), so the tests of this event form cover it.
     pub fn pull(&mut self, id: u64, range: KeyRange, clock: u64) -> Gate {
-        if self.ready(range, clock) {
-            Gate::Answer { staleness: self.staleness(range, clock) }
-        } else {
-            self.waiting.push(Waiting { id, range, clock });
-            Gate::Wait
+        match self.check(range, clock) {
+            Some(staleness) => Gate::Answer { staleness },
+            None => {
+                self.waiting.push(Waiting { id, range, clock });
+                Gate::Wait
+            }
         }
     }
 
