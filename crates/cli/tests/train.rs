@@ -340,7 +340,8 @@ fn consistency_experiment_writes_results_that_agree_with_its_plot() {
         assert!(svg.contains(name), "the plot has no line labelled {name}");
         match bound {
             Some(b) => assert!(m["staleness_max"].as_u64().unwrap() <= b, "{m}"),
-            None => assert!(m["staleness_max"].is_null(), "{m}"),
+            // async has no bound, but its pulls still report what they saw
+            None => assert!(m["staleness_max"].as_u64().is_some(), "{m}"),
         }
         // the time to target is the first point of the curve at or below the target
         let curve = m["curve"].as_array().unwrap();

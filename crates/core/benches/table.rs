@@ -16,6 +16,8 @@ fn def(storage: Storage) -> TableDef {
         init: Init::Zeros,
         rule: proto::Rule { name: "add".into(), ..Default::default() },
         consistency: downpour_core::consistency::Consistency::Async,
+        aggregate: Default::default(),
+        backup_workers: 0,
     }
 }
 

@@ -1,24 +1,34 @@
 //! Flexible consistency without I/O: worker clocks, the paper's range-compressed vector
-//! clocks, and the server-side gate that decides when a pull may be answered.
+//! clocks, task dependencies on them, and the synchronous rounds of `bsp` tables.
 //!
 //! Each worker has a clock: the number of iterations it has completed (`clock()` advances
-//! it; every push carries the clock of the iteration it belongs to). A server keeps, per
-//! key range, the clock each worker has completed for that range ([`VectorClock`]). Ranges
-//! are stored compressed, as the paper does: one entry for a whole table's range until a
-//! worker reports a clock for part of it, when the entry is split.
+//! it; every request carries the clock it was issued at). A server keeps, per key range,
+//! the clock each worker has completed there ([`VectorClock`]). Ranges are stored
+//! compressed, as the paper does: one entry for a whole table's range until a worker
+//! reports a clock for part of it, when the entry is split.
 //!
-//! The models ([`Consistency`]) differ only in when a pull issued at clock `c` may be
-//! answered ([`PullGate`]):
-//! * `async`: at once;
-//! * `ssp:τ`: once every worker has completed clock `c − τ` for the pulled range, i.e. the
-//!   pull sees every update of clocks `≤ c − τ − 1` (Bösen's rule; the server defers the
-//!   answer rather than the worker polling, so a blocked worker is released by the push
-//!   that completes the slowest worker's clock, with no extra round trip);
-//! * `bsp` = `ssp:0`: a pull at clock `c` sees every worker's updates of all clocks `< c`.
+//! **The models are task dependencies.** Any request may be issued to run after other
+//! tasks have finished (the paper's execute-after-finished): after this worker's own
+//! earlier requests (resolved by the worker's client) and/or after every worker has
+//! completed a given clock (`after_clock`, resolved where the clocks are known: by the
+//! server's [`PullGate`], which holds the request and runs it when the clocks get there).
+//! A consistency model is nothing but the dependency its pulls get
+//! ([`Consistency::pull_after`]):
+//! * `async`: none, the pull runs at once;
+//! * `ssp:τ`: a pull issued at clock `c` runs after every worker completed clock `c − τ`,
+//!   so it sees every update of clocks `≤ c − τ − 1` (Bösen's rule). The server resolves
+//!   the dependency rather than the worker polling for it, so a blocked worker is released
+//!   by the message that completes the slowest worker's clock, with no extra round trip;
+//! * `bsp` = `ssp:0`, plus barrier semantics: pushes are buffered per round and applied
+//!   round by round in worker rank order ([`crate::rounds`]), so a pull at clock `c` sees
+//!   exactly the rounds `< c` and a deterministic job reproduces a sequential run bit for
+//!   bit.
 //!
-//! Every answered pull reports its staleness: `c` minus the oldest clock fully included
-//! (the range's minimum worker clock), at least 0. For `ssp:τ` it never exceeds τ.
+//! Every answered request reports its staleness: its clock minus the oldest clock fully
+//! included (the range's minimum worker clock, or the rounds applied), at least 0. For
+//! `ssp:τ` it never exceeds τ.
 
+use crate::rounds::{Accepted, Aggregate, Round, Rounds};
 use crate::{CoreError, KeyRange, Result};
 use std::fmt;
 use std::str::FromStr;
@@ -42,6 +52,13 @@ impl Consistency {
             Consistency::Ssp(t) => Some(t),
             Consistency::Async => None,
         }
+    }
+
+    /// The task dependency of a pull issued at `clock` (iterations this worker completed):
+    /// the clock every worker must have completed first, `clock − τ`, so the pull sees
+    /// every update of clocks `≤ clock − τ − 1`; `None` (no dependency) for `async`.
+    pub fn pull_after(self, clock: u64) -> Option<u64> {
+        self.bound().map(|tau| clock.saturating_sub(tau))
     }
 }
 
@@ -163,45 +180,82 @@ impl VectorClock {
     }
 }
 
-/// A pull waiting for the clocks it needs.
+/// A request waiting for the clocks it depends on.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Waiting {
     id: u64,
     range: KeyRange,
+    after: u64,
     clock: u64,
 }
 
-/// What the gate decided about a pull.
+/// What the gate decided about a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Gate {
-    /// Answer now; the pull sees data of this staleness.
+    /// Answer now; a pull sees data of this staleness.
     Answer {
-        /// Staleness: the pull's clock minus the oldest clock fully included, at least 0.
+        /// Staleness: the request's clock minus the oldest clock fully included, at least 0.
         staleness: u64,
     },
-    /// Hold the pull until [`PullGate::advance`] releases it.
+    /// Hold the request until [`PullGate::advance`] releases it.
     Wait,
 }
 
-/// The server-side consistency controller of one table: decides whether a pull may be
-/// answered now, holds the ones that may not, and releases them as worker clocks advance.
-/// Driven by events; no threads, no I/O.
+/// What a clock advance (or pause) produced: the synchronous rounds now complete, which the
+/// caller applies to the table first, then the held requests it may answer, with their
+/// staleness, in arrival order.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Advanced {
+    /// Rounds to apply, in order (`bsp` tables only).
+    pub rounds: Vec<Round>,
+    /// `(request id, staleness)` of the released requests.
+    pub released: Vec<(u64, u64)>,
+}
+
+/// The server-side executor of clock dependencies for one table: a request that must run
+/// after every worker completed clock `a` (its `after_clock`, which the worker derives
+/// from its consistency model with [`Consistency::pull_after`]) is held until the table's
+/// clocks reach `a`, then released. Driven by events; no threads, no I/O.
+///
+/// The gate itself knows no model: `ssp:τ`, `bsp` and `async` differ only in the dependency
+/// the worker attaches. For `bsp` tables it also keeps the synchronous [`Rounds`], and a
+/// clock is "reached" when that many rounds are applied.
 #[derive(Clone, Debug)]
 pub struct PullGate {
-    model: Consistency,
     clocks: VectorClock,
+    rounds: Option<Rounds>,
     waiting: Vec<Waiting>,
 }
 
 impl PullGate {
-    /// A gate for `workers` workers over `domain` under `model`.
-    pub fn new(model: Consistency, domain: KeyRange, workers: usize) -> PullGate {
-        PullGate { model, clocks: VectorClock::new(domain, workers), waiting: Vec::new() }
+    /// A gate for `workers` workers over `domain` that applies pushes as they come
+    /// (`ssp:τ`, `async`).
+    pub fn new(domain: KeyRange, workers: usize) -> PullGate {
+        PullGate { clocks: VectorClock::new(domain, workers), rounds: None, waiting: Vec::new() }
     }
 
-    /// The model.
-    pub fn model(&self) -> Consistency {
-        self.model
+    /// A gate for a `bsp` table: pushes are buffered in `rounds` and applied round by round.
+    pub fn with_rounds(domain: KeyRange, workers: usize, rounds: Rounds) -> PullGate {
+        PullGate { clocks: VectorClock::new(domain, workers), rounds: Some(rounds), waiting: Vec::new() }
+    }
+
+    /// A gate for a table of model `model`, with `backup` backup workers and `aggregate`
+    /// for `bsp` (both must be 0 / [`Aggregate::None`] otherwise).
+    pub fn for_model(
+        model: Consistency,
+        domain: KeyRange,
+        workers: usize,
+        backup: usize,
+        aggregate: Aggregate,
+        value_len: usize,
+    ) -> Result<PullGate> {
+        if model == Consistency::Bsp {
+            Ok(PullGate::with_rounds(domain, workers, Rounds::new(workers, backup, aggregate, value_len)?))
+        } else if backup > 0 || aggregate != Aggregate::None {
+            Err(CoreError::Consistency(format!("backup workers and aggregation need a bsp table, not {model}")))
+        } else {
+            Ok(PullGate::new(domain, workers))
+        }
     }
 
     /// The vector clock.
@@ -209,54 +263,79 @@ impl PullGate {
         &self.clocks
     }
 
-    /// Pulls currently held.
+    /// The synchronous rounds, for `bsp` tables.
+    pub fn rounds(&self) -> Option<&Rounds> {
+        self.rounds.as_ref()
+    }
+
+    /// Requests currently held.
     pub fn waiting(&self) -> usize {
         self.waiting.len()
     }
 
-    fn staleness(&self, range: KeyRange, clock: u64) -> u64 {
-        // With every other worker paused the pull sees everything there is: staleness 0.
-        clock.saturating_sub(self.clocks.min_clock(range).min(clock))
-    }
-
-    fn ready(&self, range: KeyRange, clock: u64) -> bool {
-        match self.model.bound() {
-            None => true,
-            Some(tau) => self.clocks.min_clock(range) >= clock.saturating_sub(tau),
+    /// The clock every worker has completed on `range`: rounds applied for `bsp` tables,
+    /// else the range's minimum worker clock (`u64::MAX` when every worker is paused).
+    pub fn completed(&self, range: KeyRange) -> u64 {
+        match &self.rounds {
+            Some(r) => r.applied(),
+            None => self.clocks.min_clock(range),
         }
     }
 
-    /// Whether a pull of `range` at `clock` may be answered now, and with what staleness
-    /// (the check alone: nothing is held; for a server that blocks the pulling thread).
-    pub fn check(&self, range: KeyRange, clock: u64) -> Option<u64> {
-        self.ready(range, clock).then(|| self.staleness(range, clock))
+    fn staleness(&self, range: KeyRange, clock: u64) -> u64 {
+        // With every other worker paused the pull sees everything there is: staleness 0.
+        clock.saturating_sub(self.completed(range).min(clock))
     }
 
-    /// A pull `id` of `range` issued by a worker at `clock` (the iterations it has completed).
-    /// The same decision as [`PullGate::check`] (which the server uses, blocking the pulling
-    /// thread instead of queueing), so the tests of this event form cover it.
-    pub fn pull(&mut self, id: u64, range: KeyRange, clock: u64) -> Gate {
-        match self.check(range, clock) {
+    /// Whether a request on `range` issued at `clock` that runs after every worker completed
+    /// `after` may run now, and with what staleness (the check alone: nothing is held; for a
+    /// server that blocks the requesting thread).
+    pub fn check(&self, range: KeyRange, after: Option<u64>, clock: u64) -> Option<u64> {
+        let ready = match after {
+            None => true,
+            Some(a) => self.completed(range) >= a,
+        };
+        ready.then(|| self.staleness(range, clock))
+    }
+
+    /// A request `id` on `range` issued by a worker at `clock`, to run after `after`. The
+    /// same decision as [`PullGate::check`] (which the server uses, blocking the
+    /// requesting thread instead of queueing), so the tests of this event form cover it.
+    pub fn pull(&mut self, id: u64, range: KeyRange, after: Option<u64>, clock: u64) -> Gate {
+        match self.check(range, after, clock) {
             Some(staleness) => Gate::Answer { staleness },
             None => {
-                self.waiting.push(Waiting { id, range, clock });
+                self.waiting.push(Waiting { id, range, after: after.unwrap_or(0), clock });
                 Gate::Wait
             }
         }
     }
 
-    /// `worker` has no more iterations for now (its share of an epoch is done): pulls stop
-    /// waiting for it until it clocks again. Returns the held pulls released.
-    pub fn pause(&mut self, worker: usize) -> Result<Vec<(u64, u64)>> {
+    /// `worker`'s push of `keys`/`values` at `clock`: `None` when the table applies pushes
+    /// as they come (apply it now), else what the synchronous rounds did with it.
+    pub fn push(&mut self, worker: usize, clock: u64, keys: &[u64], values: &[f32]) -> Result<Option<Accepted>> {
+        match &mut self.rounds {
+            Some(r) => r.push(worker, clock, keys, values).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// `worker` has no more iterations for now (its share is done): nobody waits for it
+    /// until it clocks again.
+    pub fn pause(&mut self, worker: usize) -> Result<Advanced> {
         self.clocks.pause(worker)?;
-        Ok(self.release())
+        let rounds = match &mut self.rounds {
+            Some(r) => r.pause(worker)?,
+            None => Vec::new(),
+        };
+        Ok(Advanced { rounds, released: self.release() })
     }
 
     fn release(&mut self) -> Vec<(u64, u64)> {
         let mut released = Vec::new();
         let mut keep = Vec::with_capacity(self.waiting.len());
         for w in std::mem::take(&mut self.waiting) {
-            if self.ready(w.range, w.clock) {
+            if self.completed(w.range) >= w.after {
                 released.push((w.id, self.staleness(w.range, w.clock)));
             } else {
                 keep.push(w);
@@ -266,12 +345,15 @@ impl PullGate {
         released
     }
 
-    /// `worker` has completed `clock` on `range` (its pushes of that clock are applied, or
-    /// it has nothing to push there). Returns the held pulls that may be answered now, with
-    /// their staleness, in the order they arrived.
-    pub fn advance(&mut self, range: KeyRange, worker: usize, clock: u64) -> Result<Vec<(u64, u64)>> {
+    /// `worker` has completed `clock` on `range` (its pushes of earlier clocks are sent).
+    /// Returns the rounds now complete and the held requests that may run.
+    pub fn advance(&mut self, range: KeyRange, worker: usize, clock: u64) -> Result<Advanced> {
         self.clocks.advance(range, worker, clock)?;
-        Ok(self.release())
+        let rounds = match &mut self.rounds {
+            Some(r) => r.clock(worker, clock)?,
+            None => Vec::new(),
+        };
+        Ok(Advanced { rounds, released: self.release() })
     }
 }
 
@@ -282,6 +364,15 @@ mod tests {
 
     const D: KeyRange = KeyRange { begin: 0, end: 1000 };
 
+    /// A pull under `model`: the dependency the worker attaches, resolved by the gate.
+    fn pull(g: &mut PullGate, model: Consistency, id: u64, r: KeyRange, clock: u64) -> Gate {
+        g.pull(id, r, model.pull_after(clock), clock)
+    }
+
+    fn released(a: Result<Advanced>) -> Vec<(u64, u64)> {
+        a.unwrap().released
+    }
+
     #[test]
     fn models_parse_and_print() {
         for s in ["bsp", "async", "ssp:0", "ssp:16"] {
@@ -289,6 +380,10 @@ mod tests {
             assert_eq!(m.to_string(), if s == "ssp:0" { "ssp:0".to_string() } else { s.to_string() });
         }
         assert_eq!("bsp".parse::<Consistency>().unwrap().bound(), Some(0));
+        assert_eq!(Consistency::Ssp(4).pull_after(10), Some(6));
+        assert_eq!(Consistency::Ssp(4).pull_after(2), Some(0));
+        assert_eq!(Consistency::Bsp.pull_after(3), Some(3));
+        assert_eq!(Consistency::Async.pull_after(3), None);
         for bad in ["ssp", "ssp:-1", "ssp:x", "sync", ""] {
             assert!(bad.parse::<Consistency>().is_err(), "{bad}");
         }
@@ -315,53 +410,75 @@ mod tests {
 
     #[test]
     fn ssp_blocks_a_worker_more_than_tau_ahead_and_releases_it_when_the_slow_one_clocks() {
-        let tau = 2;
-        let mut g = PullGate::new(Consistency::Ssp(tau), D, 2);
+        let m = Consistency::Ssp(2);
+        let mut g = PullGate::new(D, 2);
         // worker 0 races ahead to clock 5; worker 1 is at 2
         g.advance(D, 0, 5).unwrap();
         g.advance(D, 1, 2).unwrap();
-        assert_eq!(g.pull(1, D, 4), Gate::Answer { staleness: 2 });
-        assert_eq!(g.pull(2, D, 5), Gate::Wait, "5 - 2 > tau");
-        assert_eq!(g.advance(D, 0, 6).unwrap(), vec![], "the fast worker clocking releases nothing");
-        assert_eq!(g.advance(D, 1, 3).unwrap(), vec![(2, 2)], "the slow one clocking releases the pull");
+        assert_eq!(pull(&mut g, m, 1, D, 4), Gate::Answer { staleness: 2 });
+        assert_eq!(pull(&mut g, m, 2, D, 5), Gate::Wait, "5 - 2 > tau");
+        assert_eq!(released(g.advance(D, 0, 6)), vec![], "the fast worker clocking releases nothing");
+        assert_eq!(released(g.advance(D, 1, 3)), vec![(2, 2)], "the slow one clocking releases the pull");
         assert_eq!(g.waiting(), 0);
     }
 
     #[test]
     fn a_paused_worker_is_not_waited_for_until_it_clocks_again() {
-        let mut g = PullGate::new(Consistency::Bsp, D, 2);
+        let m = Consistency::Ssp(0);
+        let mut g = PullGate::new(D, 2);
         g.advance(D, 0, 3).unwrap();
         g.advance(D, 1, 2).unwrap();
-        assert_eq!(g.pull(1, D, 3), Gate::Wait);
-        // worker 1 ran out of data for this epoch
-        assert_eq!(g.pause(1).unwrap(), vec![(1, 0)]);
-        assert_eq!(g.pull(2, D, 4), Gate::Wait, "worker 0 itself has not completed 4");
+        assert_eq!(pull(&mut g, m, 1, D, 3), Gate::Wait);
+        // worker 1 ran out of data
+        assert_eq!(released(g.pause(1)), vec![(1, 0)]);
+        assert_eq!(pull(&mut g, m, 2, D, 4), Gate::Wait, "worker 0 itself has not completed 4");
         g.advance(D, 0, 4).unwrap();
-        // worker 1 starts its next epoch: it counts again
+        // worker 1 starts again: it counts again
         g.advance(D, 1, 3).unwrap();
-        assert_eq!(g.pull(3, D, 4), Gate::Wait);
+        assert_eq!(pull(&mut g, m, 3, D, 4), Gate::Wait);
         assert!(g.pause(7).is_err());
     }
 
     #[test]
     fn async_makes_progress_while_one_worker_is_stopped() {
-        let mut g = PullGate::new(Consistency::Async, D, 3);
+        let mut g = PullGate::new(D, 3);
         for c in 1..100 {
             g.advance(D, 0, c).unwrap();
-            assert!(matches!(g.pull(c, D, c), Gate::Answer { staleness } if staleness == c));
+            assert!(matches!(pull(&mut g, Consistency::Async, c, D, c), Gate::Answer { staleness } if staleness == c));
         }
         assert_eq!(g.waiting(), 0);
     }
 
     #[test]
     fn a_pull_waits_only_for_the_ranges_it_reads() {
-        let mut g = PullGate::new(Consistency::Bsp, D, 2);
+        let m = Consistency::Ssp(0);
+        let mut g = PullGate::new(D, 2);
         g.advance(KeyRange::new(0, 500), 0, 1).unwrap();
         g.advance(KeyRange::new(0, 500), 1, 1).unwrap();
-        assert_eq!(g.pull(1, KeyRange::new(0, 500), 1), Gate::Answer { staleness: 0 });
-        assert_eq!(g.pull(2, KeyRange::new(400, 600), 1), Gate::Wait);
-        assert_eq!(g.advance(KeyRange::new(500, 1000), 1, 1).unwrap(), vec![]);
-        assert_eq!(g.advance(KeyRange::new(500, 1000), 0, 1).unwrap(), vec![(2, 0)]);
+        assert_eq!(pull(&mut g, m, 1, KeyRange::new(0, 500), 1), Gate::Answer { staleness: 0 });
+        assert_eq!(pull(&mut g, m, 2, KeyRange::new(400, 600), 1), Gate::Wait);
+        assert_eq!(released(g.advance(KeyRange::new(500, 1000), 1, 1)), vec![]);
+        assert_eq!(released(g.advance(KeyRange::new(500, 1000), 0, 1)), vec![(2, 0)]);
+    }
+
+    #[test]
+    fn bsp_pulls_wait_for_applied_rounds_and_see_exactly_the_earlier_rounds() {
+        let m = Consistency::Bsp;
+        let mut g = PullGate::for_model(m, D, 2, 0, Aggregate::None, 1).unwrap();
+        assert_eq!(g.push(0, 0, &[7], &[1.0]).unwrap(), Some(Accepted::Buffered));
+        let a = g.advance(D, 0, 1).unwrap();
+        assert!(a.rounds.is_empty(), "round 0 waits for worker 1");
+        assert_eq!(pull(&mut g, m, 1, D, 1), Gate::Wait);
+        // worker 1's round-1 push comes early: buffered, not visible to round-1 pulls
+        g.push(1, 0, &[7], &[2.0]).unwrap();
+        g.push(1, 1, &[7], &[5.0]).unwrap();
+        let a = g.advance(D, 1, 1).unwrap();
+        assert_eq!(a.rounds.len(), 1);
+        assert_eq!(a.rounds[0].updates.len(), 2, "both workers' round-0 updates, in rank order");
+        assert_eq!(a.released, vec![(1, 0)]);
+        assert_eq!(g.completed(D), 1);
+        assert!(PullGate::for_model(Consistency::Ssp(1), D, 2, 1, Aggregate::None, 1).is_err(), "backup workers need bsp");
+        assert_eq!(PullGate::new(D, 2).push(0, 0, &[1], &[1.0]).unwrap(), None, "ssp applies pushes as they come");
     }
 
     proptest! {
@@ -374,7 +491,8 @@ mod tests {
             workers in 1usize..5,
             events in proptest::collection::vec((0usize..5, 0u64..1000, 1u64..300, any::<bool>()), 1..300),
         ) {
-            let mut g = PullGate::new(Consistency::Ssp(tau), D, workers);
+            let m = Consistency::Ssp(tau);
+            let mut g = PullGate::new(D, workers);
             // the model's truth: per worker, per key, the clock completed
             let mut done = vec![vec![0u64; D.end as usize]; workers];
             let mut clock = vec![0u64; workers];
@@ -405,10 +523,10 @@ mod tests {
                     for k in on.begin..on.end {
                         done[w][k as usize] = done[w][k as usize].max(clock[w]);
                     }
-                    let released = g.advance(on, w, clock[w]).unwrap();
+                    let released = g.advance(on, w, clock[w]).unwrap().released;
                     release(released, &mut held, &done)?;
                 } else {
-                    match g.pull(i as u64, r, clock[w]) {
+                    match pull(&mut g, m, i as u64, r, clock[w]) {
                         Gate::Answer { staleness } => check(&done, r, clock[w], staleness)?,
                         Gate::Wait => held.push((i as u64, r, clock[w])),
                     }
@@ -418,7 +536,7 @@ mod tests {
             let top = clock.iter().copied().max().unwrap_or(0);
             for w in 0..workers {
                 done[w].iter_mut().for_each(|d| *d = top);
-                let released = g.advance(D, w, top).unwrap();
+                let released = g.advance(D, w, top).unwrap().released;
                 release(released, &mut held, &done)?;
             }
             prop_assert!(held.is_empty());

@@ -22,6 +22,7 @@ pub mod init;
 pub mod keys;
 pub mod msg;
 pub mod partition;
+pub mod rounds;
 pub mod rule;
 pub mod table;
 pub mod tensor;

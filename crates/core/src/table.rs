@@ -15,6 +15,7 @@ use crate::hashstore::{HashStore, Slot, MISSING};
 use crate::init::Init;
 use crate::keys::{check_lengths, check_sorted_unique};
 use crate::proto;
+use crate::rounds::Aggregate;
 use crate::rule::{Rule, RuleRegistry};
 use crate::{CoreError, KeyRange, Result};
 
@@ -58,6 +59,10 @@ pub struct TableDef {
     pub rule: proto::Rule,
     /// When pulls of this table may be answered (see [`crate::consistency`]).
     pub consistency: Consistency,
+    /// `bsp` tables: how a round's updates are combined (see [`crate::rounds`]).
+    pub aggregate: Aggregate,
+    /// `bsp` tables: a round is applied once all but this many workers completed it.
+    pub backup_workers: u32,
 }
 
 impl TableDef {
@@ -77,6 +82,14 @@ impl TableDef {
         } else {
             Storage::Sparse
         };
+        let consistency = if p.consistency.is_empty() { Consistency::Async } else { p.consistency.parse()? };
+        let aggregate: Aggregate = p.aggregate.parse()?;
+        if consistency != Consistency::Bsp && (aggregate != Aggregate::None || p.backup_workers > 0) {
+            return Err(CoreError::InvalidTable(format!(
+                "table {}: aggregation and backup workers need the bsp consistency model, not {consistency}",
+                p.id
+            )));
+        }
         Ok(TableDef {
             id: p.id,
             name: p.name.clone(),
@@ -84,7 +97,9 @@ impl TableDef {
             storage,
             init: Init::from_proto(p.init.as_ref())?,
             rule: p.rule.clone().unwrap_or_else(|| proto::Rule { name: "add".into(), ..Default::default() }),
-            consistency: if p.consistency.is_empty() { Consistency::Async } else { p.consistency.parse()? },
+            consistency,
+            aggregate,
+            backup_workers: p.backup_workers,
         })
     }
 
@@ -104,6 +119,8 @@ impl TableDef {
             init: Some(self.init.to_proto()),
             rule: Some(self.rule.clone()),
             consistency: self.consistency.to_string(),
+            aggregate: if self.aggregate == Aggregate::None { String::new() } else { self.aggregate.to_string() },
+            backup_workers: self.backup_workers,
         }
     }
 
@@ -434,6 +451,8 @@ mod tests {
             init: Init::Zeros,
             rule: proto::Rule { name: rule.into(), lr: 0.1, ..Default::default() },
             consistency: Consistency::Async,
+            aggregate: Aggregate::None,
+            backup_workers: 0,
         }
     }
 

@@ -13,10 +13,12 @@
 #![warn(missing_docs)]
 
 use downpour_coordinator::client::{ControlClient, ControlError};
-use downpour_core::consistency::{Consistency, PullGate};
+use downpour_core::consistency::PullGate;
+use downpour_core::keys::{check_lengths, check_sorted_unique};
 use downpour_core::msg::{self, Op, Status};
 use downpour_core::partition::Partition;
 use downpour_core::proto::{self, FrameHeader};
+use downpour_core::rounds::Accepted;
 use downpour_core::rule::RuleRegistry;
 use downpour_core::table::{Table, TableDef};
 use downpour_core::{CoreError, KeyRange};
@@ -47,15 +49,20 @@ impl Default for ServerConfig {
 struct TableSlot {
     spec: proto::TableSpec,
     table: RwLock<Table>,
-    /// The consistency controller, for tables with a staleness bound (`bsp`, `ssp:TAU`).
+    /// The table's clocks and the requests' clock dependencies (`None` when this server
+    /// owns none of the table's keys).
     gate: Option<GateSlot>,
 }
 
-/// A table's pull gate and the condition variable pulls wait on until clocks advance.
+/// A table's gate and the condition variable requests wait on until clocks advance.
+/// Lock order: the gate's mutex may be held while taking the table's lock, never the
+/// other way round.
 struct GateSlot {
     gate: Mutex<PullGate>,
     advanced: Condvar,
     owned: KeyRange,
+    /// `bsp`: pushes are buffered per round in the gate and applied when rounds complete.
+    rounds: bool,
 }
 
 /// How often a pull waiting on its gate checks whether the server is stopping.
@@ -101,9 +108,17 @@ impl ServerState {
         for id in ids {
             let t = tables[id].table.read();
             keys_total += t.len();
-            out.push(
-                format!("table {id} {:?}: {} keys, {:.1} MiB of rows", t.def().name, t.len(), t.bytes() as f64 / (1u64 << 20) as f64,),
-            );
+            let rounds = match tables[id].gate.as_ref().map(|g| g.gate.lock()) {
+                Some(g) => g.rounds().map(|r| format!(", {} rounds applied, {} late pushes dropped", r.applied(), r.dropped())),
+                None => None,
+            };
+            out.push(format!(
+                "table {id} {:?}: {} keys, {:.1} MiB of rows{}",
+                t.def().name,
+                t.len(),
+                t.bytes() as f64 / (1u64 << 20) as f64,
+                rounds.unwrap_or_default()
+            ));
         }
         if let Some(hwm) = peak_rss_bytes().filter(|_| with_process_memory) {
             let per_key =
@@ -116,6 +131,14 @@ impl ServerState {
     /// Number of keys stored in table `id` on this server.
     pub fn table_len(&self, id: u32) -> Option<usize> {
         self.tables.read().get(&id).map(|t| t.table.read().len())
+    }
+
+    /// For a `bsp` table `id`: synchronous rounds applied on this server, and pushes dropped
+    /// because their round was applied before they came.
+    pub fn rounds(&self, id: u32) -> Option<(u64, u64)> {
+        let tables = self.tables.read();
+        let g = tables.get(&id)?.gate.as_ref()?.gate.lock();
+        g.rounds().map(|r| (r.applied(), r.dropped()))
     }
 }
 
@@ -208,6 +231,8 @@ struct ConnCtx {
     out: Vec<f32>,
     out_keys: Vec<u64>,
     cache: HashMap<u32, Arc<TableSlot>>,
+    /// Chunks of the current push request dropped as late (reported with its ack).
+    dropped: u32,
 }
 
 type ReqResult = Result<(), (Status, String)>;
@@ -218,7 +243,7 @@ fn core_err(e: CoreError) -> (Status, String) {
 
 /// Serves one connection until the peer closes it or the server stops.
 pub fn serve_connection(st: &ServerState, mut conn: Box<dyn Connection>) {
-    let mut ctx = ConnCtx { keys: Vec::new(), vals: Vec::new(), out: Vec::new(), out_keys: Vec::new(), cache: HashMap::new() };
+    let mut ctx = ConnCtx { keys: Vec::new(), vals: Vec::new(), out: Vec::new(), out_keys: Vec::new(), cache: HashMap::new(), dropped: 0 };
     let mut skip: Option<u64> = None;
     // Wake up now and then to notice a stop request.
     let _ = conn.set_recv_timeout(None);
@@ -310,19 +335,25 @@ fn handle_frame(st: &ServerState, h: &FrameHeader, ctx: &mut ConnCtx, conn: &mut
                 Ok(s) => s,
                 Err(e) => return Ok(Err(e)),
             };
-            let res = {
-                let mut t = slot.table.write();
-                if op == Op::Push {
-                    t.push(&ctx.keys, &ctx.vals).map(|_| ())
-                } else {
-                    t.push_range(h.range_begin, &ctx.vals).map(|_| ())
+            let res = match slot.gate.as_ref().filter(|g| g.rounds) {
+                // bsp: buffered under its round, applied when the round completes.
+                Some(g) => buffer_push(st, &slot, g, h, op, ctx),
+                None => {
+                    let mut t = slot.table.write();
+                    if op == Op::Push {
+                        t.push(&ctx.keys, &ctx.vals).map(|_| ()).map_err(core_err)
+                    } else {
+                        t.push_range(h.range_begin, &ctx.vals).map(|_| ()).map_err(core_err)
+                    }
                 }
             };
             if let Err(e) = res {
-                return Ok(Err(core_err(e)));
+                ctx.dropped = 0;
+                return Ok(Err(e));
             }
             if h.last {
                 let mut r = msg::reply_to(h, me);
+                r.dropped = std::mem::take(&mut ctx.dropped);
                 conn.send(&mut r, &[], &[])?;
             }
             Ok(Ok(()))
@@ -332,14 +363,18 @@ fn handle_frame(st: &ServerState, h: &FrameHeader, ctx: &mut ConnCtx, conn: &mut
                 Ok(s) => s,
                 Err(e) => return Ok(Err(e)),
             };
-            // A table with a staleness bound answers once the clocks allow it.
-            let (staleness, held) = match (&slot.gate, ctx.keys.first(), ctx.keys.last()) {
-                (Some(g), Some(&first), Some(&last)) => match wait_for_clocks(st, g, KeyRange::new(first, last.saturating_add(1)), h.clock)
-                {
-                    Ok((s, held)) => (Some(s), held),
-                    Err(e) => return Ok(Err(e)),
-                },
-                _ => (None, Duration::ZERO),
+            if op == Op::PushPull && slot.gate.as_ref().is_some_and(|g| g.rounds) {
+                return Ok(Err((Status::Unsupported, "push-pull on a bsp table: push, clock, then pull".into())));
+            }
+            // Runs once the clocks it depends on are reached; reports what it saw.
+            let (staleness, round, held) = match (&slot.gate, ctx.keys.first(), ctx.keys.last()) {
+                (Some(g), Some(&first), Some(&last)) => {
+                    match wait_for_clocks(st, g, KeyRange::new(first, last.saturating_add(1)), h.after_clock, h.clock) {
+                        Ok(x) => x,
+                        Err(e) => return Ok(Err(e)),
+                    }
+                }
+                _ => (None, None, Duration::ZERO),
             };
             let res = {
                 let mut t = slot.table.write();
@@ -358,7 +393,11 @@ fn handle_frame(st: &ServerState, h: &FrameHeader, ctx: &mut ConnCtx, conn: &mut
             }
             let mut r = msg::reply_to(h, me);
             r.last = h.last;
-            r.staleness = staleness;
+            // A peek (evaluation, serving) is no training read: it reports no staleness.
+            if op != Op::Peek {
+                r.staleness = staleness;
+                r.round = round;
+            }
             r.held_us = held.as_micros() as u64;
             conn.send(&mut r, &[], value_bytes(&ctx.out))?;
             Ok(Ok(()))
@@ -374,10 +413,24 @@ fn handle_frame(st: &ServerState, h: &FrameHeader, ctx: &mut ConnCtx, conn: &mut
                 if let Some(g) = &slot.gate {
                     let mut gate = g.gate.lock();
                     let done = if h.pause { gate.pause(h.worker as usize) } else { gate.advance(g.owned, h.worker as usize, h.clock) };
-                    drop(gate);
-                    if let Err(e) = done {
-                        return Ok(Err(core_err(e)));
+                    let done = match done {
+                        Ok(d) => d,
+                        Err(e) => return Ok(Err(core_err(e))),
+                    };
+                    // Completed rounds are applied before the gate's lock is released, so a
+                    // request that sees them counted also sees them in the table.
+                    if !done.rounds.is_empty() {
+                        let mut t = slot.table.write();
+                        for round in &done.rounds {
+                            for u in &round.updates {
+                                if let Err(e) = t.push(&u.keys, &u.values) {
+                                    // Checked when buffered; a failure here is a bug, not bad input.
+                                    tracing::error!("table {}: round {} could not be applied: {e}", h.table, round.round);
+                                }
+                            }
+                        }
                     }
+                    drop(gate);
                     g.advanced.notify_all();
                 }
             }
@@ -397,6 +450,9 @@ fn handle_frame(st: &ServerState, h: &FrameHeader, ctx: &mut ConnCtx, conn: &mut
                 Ok(s) => s,
                 Err(e) => return Ok(Err(e)),
             };
+            if slot.gate.as_ref().is_some_and(|g| g.rounds) {
+                return Ok(Err((Status::Unsupported, "push-pull on a bsp table: push, clock, then pull".into())));
+            }
             let mut t = slot.table.write();
             let r = match t.push_range(h.range_begin, &ctx.vals) {
                 Ok(r) => r,
@@ -429,20 +485,54 @@ fn handle_frame(st: &ServerState, h: &FrameHeader, ctx: &mut ConnCtx, conn: &mut
     }
 }
 
-/// Blocks until a pull of `range` at `clock` may be answered under the table's gate; returns
-/// its staleness and how long it was held. Gives up with an error when the server is stopping.
-fn wait_for_clocks(st: &ServerState, g: &GateSlot, range: KeyRange, clock: u64) -> Result<(u64, Duration), (Status, String)> {
+/// What a request that ran after its clock dependency saw: staleness, rounds applied
+/// (`bsp` tables) and how long it was held.
+type Seen = (Option<u64>, Option<u64>, Duration);
+
+/// Blocks until a request on `range` issued at `clock` that depends on every worker having
+/// completed `after` may run; returns its staleness, the rounds applied (`bsp` tables) and
+/// how long it was held. Gives up with an error when the server is stopping.
+fn wait_for_clocks(st: &ServerState, g: &GateSlot, range: KeyRange, after: Option<u64>, clock: u64) -> Result<Seen, (Status, String)> {
     let start = std::time::Instant::now();
     let mut gate = g.gate.lock();
     loop {
-        if let Some(s) = gate.check(range, clock) {
-            return Ok((s, start.elapsed()));
+        if let Some(s) = gate.check(range, after, clock) {
+            let round = gate.rounds().map(|r| r.applied());
+            return Ok((Some(s), round, if after.is_some() { start.elapsed() } else { Duration::ZERO }));
         }
         if st.stop.load(Ordering::Relaxed) {
             return Err((Status::Aborted, "the server is stopping".into()));
         }
         g.advanced.wait_for(&mut gate, GATE_POLL);
     }
+}
+
+/// Checks a push to a `bsp` table as the table would, then buffers it under its round.
+fn buffer_push(st: &ServerState, slot: &TableSlot, g: &GateSlot, h: &FrameHeader, op: Op, ctx: &mut ConnCtx) -> ReqResult {
+    let workers = st.num_workers.load(Ordering::Relaxed);
+    if h.worker >= workers {
+        return Err((Status::InvalidArgument, format!("push from worker {} of a job of {workers} workers", h.worker)));
+    }
+    let vl = slot.table.read().def().value_len;
+    if op == Op::PushRange {
+        // Dense chunks travel without keys; the round buffer keeps explicit keys.
+        let n = (ctx.vals.len() / vl) as u64;
+        let end = h.range_begin.checked_add(n).ok_or_else(|| core_err(CoreError::Limit("range end overflows u64".into())))?;
+        ctx.keys.clear();
+        ctx.keys.extend(h.range_begin..end);
+    }
+    check_sorted_unique(&ctx.keys).map_err(core_err)?;
+    check_lengths(ctx.keys.len(), vl, ctx.vals.len()).map_err(core_err)?;
+    for k in [ctx.keys.first(), ctx.keys.last()].into_iter().flatten() {
+        if !g.owned.contains(*k) {
+            return Err(core_err(CoreError::KeyOutOfRange { table: h.table, key: *k, range: g.owned }));
+        }
+    }
+    match g.gate.lock().push(h.worker as usize, h.clock, &ctx.keys, &ctx.vals).map_err(core_err)? {
+        Some(Accepted::Dropped) => ctx.dropped += 1,
+        Some(Accepted::Buffered) | None => {}
+    }
+    Ok(())
 }
 
 fn create_table(st: &ServerState, h: &FrameHeader) -> ReqResult {
@@ -464,14 +554,15 @@ fn create_table(st: &ServerState, h: &FrameHeader) -> ReqResult {
     let rank = st.rank.load(Ordering::Relaxed) as usize;
     let owned = Partition::even(def.domain(), n).range(rank.min(n - 1));
     let workers = st.num_workers.load(Ordering::Relaxed) as usize;
-    let model = def.consistency;
+    let (model, backup, aggregate, vl) = (def.consistency, def.backup_workers as usize, def.aggregate, def.value_len);
     let table = Table::new(def, owned, &st.cfg.rules).map_err(core_err)?;
     let owned = table.owned();
-    let gate = (model != Consistency::Async && !owned.is_empty()).then(|| GateSlot {
-        gate: Mutex::new(PullGate::new(model, owned, workers)),
-        advanced: Condvar::new(),
-        owned,
-    });
+    let gate = if owned.is_empty() {
+        None
+    } else {
+        let gate = PullGate::for_model(model, owned, workers, backup, aggregate, vl).map_err(core_err)?;
+        Some(GateSlot { rounds: gate.rounds().is_some(), gate: Mutex::new(gate), advanced: Condvar::new(), owned })
+    };
     tables.insert(canonical.id, Arc::new(TableSlot { spec: canonical, table: RwLock::new(table), gate }));
     Ok(())
 }

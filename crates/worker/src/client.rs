@@ -11,9 +11,46 @@ use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 use thiserror::Error;
 
-/// Identifies an issued request; wait on it with [`KvClient::wait`].
+/// Identifies an issued request; wait on it with [`KvClient::wait`], or make later
+/// requests run after it ([`After`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Timestamp(pub u64);
+
+/// What a request runs after: the paper's execute-after-finished task dependencies.
+///
+/// * `tasks`: this worker's earlier requests. The client holds the new request (it returns
+///   its timestamp at once) and sends it when they have all finished (acknowledged or
+///   answered), while the caller goes on.
+/// * `clock`: every worker must have completed this clock on the keys the request touches
+///   (for `bsp` tables: this many synchronous rounds applied). The servers know the clocks,
+///   so they resolve it: the request is sent at once and answered when the clocks allow.
+///
+/// The consistency models are such dependencies: [`KvClient::pull`] attaches
+/// [`KvClient::model_deps`], the clock its table's model requires.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct After {
+    /// Earlier requests of this client that must finish first.
+    pub tasks: Vec<Timestamp>,
+    /// Every worker must have completed this clock first.
+    pub clock: Option<u64>,
+}
+
+impl After {
+    /// No dependency: run at once.
+    pub fn none() -> After {
+        After::default()
+    }
+
+    /// After these requests of this client.
+    pub fn tasks(tasks: &[Timestamp]) -> After {
+        After { tasks: tasks.to_vec(), clock: None }
+    }
+
+    /// After every worker completed `clock`.
+    pub fn clock(clock: u64) -> After {
+        After { tasks: Vec::new(), clock: Some(clock) }
+    }
+}
 
 /// Why a client call failed.
 #[derive(Debug, Error)]
@@ -76,6 +113,7 @@ impl Default for KvConfig {
     }
 }
 
+#[derive(Clone, Copy)]
 enum Reply {
     Ack,
     /// Values arrive in order, one chunk per request chunk.
@@ -101,6 +139,8 @@ struct Inflight {
     keys: Vec<u64>,
     vals: Vec<f32>,
     part: usize,
+    /// Bytes of values the reply will carry (`usize::MAX`: not known in advance).
+    reply_bytes: usize,
 }
 
 /// One server's share of a request: units `[begin, end)` (key indices or keys), whose
@@ -129,12 +169,32 @@ struct OpState {
     keep: bool,
     /// The longest time a server held a part of it for a consistency bound.
     held_us: u64,
+    /// Issued but held by the client until its task dependencies finish.
+    deferred: bool,
+}
+
+/// A request held until the tasks it depends on finish; sent as issued.
+struct Deferred {
+    ts: u64,
+    op: Op,
+    table: u32,
+    keys: Vec<u64>,
+    values: Vec<f32>,
+    out_len: usize,
+    clock: u64,
+    after_clock: Option<u64>,
+    tasks: Vec<u64>,
 }
 
 struct TableInfo {
     def: TableDef,
     partition: Partition,
 }
+
+/// Reply bytes that may stay unread on a connection while the client sends: well below
+/// what the socket buffers (and HTTP/2's initial flow-control window) hold, so a server
+/// writing them never blocks on a client that is itself blocked writing.
+const REPLY_SLACK: usize = 32 << 10;
 
 /// The staleness histogram's last bucket: this value and above.
 pub const MAX_STALENESS: usize = 1024;
@@ -150,6 +210,16 @@ pub struct KvClient {
     staleness: Vec<u64>,
     /// Total time servers held this client's finished pulls for consistency bounds.
     held: Duration,
+    /// Pushes the servers dropped as late (a backup worker's round already applied).
+    dropped: u64,
+    /// Times the clock was moved up to the servers' applied rounds.
+    fast_forwards: u64,
+    /// The clock and clock dependency of the request being sent (a deferred request is
+    /// sent with those it was issued with).
+    issuing: Option<(u64, Option<u64>)>,
+    /// The timestamp a deferred request was issued under, for the op being sent.
+    reuse_ts: Option<u64>,
+    deferred: VecDeque<Deferred>,
     next_id: u64,
     servers: Vec<ServerConn>,
     tables: HashMap<u32, TableInfo>,
@@ -183,6 +253,11 @@ impl KvClient {
             worker_rank: None,
             staleness: Vec::new(),
             held: Duration::ZERO,
+            dropped: 0,
+            fast_forwards: 0,
+            issuing: None,
+            reuse_ts: None,
+            deferred: VecDeque::new(),
             next_id: 1,
             servers,
             tables: HashMap::new(),
@@ -204,9 +279,11 @@ impl KvClient {
     }
 
     /// Advances this worker's clock (iterations completed; sent with every request) and
-    /// returns it. When a known table has a staleness bound (`bsp`, `ssp:TAU`), every server
-    /// is told, after the pushes already sent, so pulls waiting on this worker can be
-    /// answered; the acknowledgements are read later, like a push's.
+    /// returns it. Once the worker's rank is set, every server is told, after the pushes
+    /// already sent, so requests waiting on this worker's clock can run (and `bsp` rounds
+    /// complete); the acknowledgements are read later, like a push's. Without a rank
+    /// (a client built by hand that never set one) nothing is sent, which is an error when
+    /// a known table has a staleness bound.
     pub fn clock(&mut self) -> Result<u64, ClientError> {
         self.clock += 1;
         self.send_clock(false)?;
@@ -221,11 +298,9 @@ impl KvClient {
     }
 
     fn send_clock(&mut self, pause: bool) -> Result<(), ClientError> {
-        if self.tables.values().any(|t| t.def.consistency.bound().is_some()) {
-            let rank = self.worker_rank.ok_or_else(|| ClientError::BadReply {
-                server: 0,
-                message: "a table with a staleness bound needs the worker's rank (KvClient::set_worker_rank)".into(),
-            })?;
+        let bounded = self.tables.values().any(|t| t.def.consistency.bound().is_some());
+        if bounded || (self.worker_rank.is_some() && !self.tables.is_empty()) {
+            let rank = self.rank_for_bounded()?;
             let ts = self.new_op(self.servers.len(), 0, false);
             for s in 0..self.servers.len() {
                 self.before_send(s, None)?;
@@ -237,6 +312,37 @@ impl KvClient {
             }
         }
         Ok(())
+    }
+
+    fn rank_for_bounded(&self) -> Result<u32, ClientError> {
+        self.worker_rank.ok_or_else(|| ClientError::BadReply {
+            server: 0,
+            message: "a table with a staleness bound needs the worker's rank (KvClient::set_worker_rank)".into(),
+        })
+    }
+
+    /// The worker's clock: iterations completed (moved up to the servers' applied rounds
+    /// when a `bsp` table is ahead of this worker, e.g. a late backup worker).
+    pub fn current_clock(&self) -> u64 {
+        self.clock
+    }
+
+    /// The dependency a pull of `table` gets from the table's consistency model at the
+    /// current clock ([`downpour_core::consistency::Consistency::pull_after`]).
+    pub fn model_deps(&self, table: u32) -> Result<After, ClientError> {
+        let t = self.tables.get(&table).ok_or(ClientError::UnknownTable(table))?;
+        Ok(After { tasks: Vec::new(), clock: t.def.consistency.pull_after(self.clock) })
+    }
+
+    /// Pushes the servers dropped because their round was already applied (this worker
+    /// was late as a backup worker of a `bsp` table).
+    pub fn dropped_pushes(&self) -> u64 {
+        self.dropped
+    }
+
+    /// Times this worker's clock was moved up to a `bsp` table's applied rounds.
+    pub fn fast_forwards(&self) -> u64 {
+        self.fast_forwards
     }
 
     /// Total time the servers held this worker's finished pulls until the clocks of a
@@ -300,18 +406,136 @@ impl KvClient {
 
     fn header(&mut self, op: Op, ts: u64, table: u32) -> FrameHeader {
         let mut h = msg::request(op, self.node_id, ts, self.epoch, table);
-        h.clock = self.clock;
+        match self.issuing {
+            Some((clock, after)) => {
+                h.clock = clock;
+                h.after_clock = after;
+            }
+            None => h.clock = self.clock,
+        }
+        h.worker = self.worker_rank.unwrap_or(0);
         h
     }
 
     fn new_op(&mut self, parts: usize, vl: usize, keep: bool) -> u64 {
-        let ts = self.next_id;
-        self.next_id += 1;
+        let ts = match self.reuse_ts.take() {
+            Some(ts) => ts,
+            None => {
+                let ts = self.next_id;
+                self.next_id += 1;
+                ts
+            }
+        };
         self.ops.insert(ts, OpState { parts_left: parts, vl, keep, ..Default::default() });
         ts
     }
 
+    /// Whether request `ts` has finished (answered, acknowledged or failed).
+    fn finished(&self, ts: u64) -> bool {
+        match self.ops.get(&ts) {
+            None => true,
+            Some(o) => !o.deferred && o.parts_left == 0,
+        }
+    }
+
+    /// Issues a keyed request after `after`: sent now when its task dependencies have
+    /// finished, else held (keys and values copied) and sent by a later call that sees them
+    /// finish. Returns its timestamp.
+    fn issue(&mut self, op: Op, table: u32, keys: &[u64], values: &[f32], out_len: usize, after: &After) -> Result<u64, ClientError> {
+        let mut tasks = Vec::with_capacity(after.tasks.len());
+        for t in &after.tasks {
+            if t.0 >= self.next_id {
+                return Err(ClientError::UnknownTimestamp(*t));
+            }
+            if !self.finished(t.0) {
+                tasks.push(t.0);
+            }
+        }
+        if op == Op::Push || op == Op::PushPull {
+            self.check_rank_for(table)?;
+        }
+        if tasks.is_empty() {
+            self.issuing = Some((self.clock, after.clock));
+            let r = self.keyed(op, table, keys, values, out_len, None);
+            self.issuing = None;
+            return r;
+        }
+        // Check now, so a bad request fails at issue and not when it is finally sent.
+        let vl = self.check_keys(table, keys, (!matches!(op, Op::Pull | Op::Peek)).then_some(values.len()))?.0;
+        let ts = self.new_op(1, vl, op != Op::Push);
+        if let Some(o) = self.ops.get_mut(&ts) {
+            o.deferred = true;
+        }
+        self.deferred.push_back(Deferred {
+            ts,
+            op,
+            table,
+            keys: keys.to_vec(),
+            values: values.to_vec(),
+            out_len,
+            clock: self.clock,
+            after_clock: after.clock,
+            tasks,
+        });
+        Ok(ts)
+    }
+
+    /// A push to a `bsp` table must say which worker it comes from.
+    fn check_rank_for(&self, table: u32) -> Result<(), ClientError> {
+        match self.tables.get(&table) {
+            Some(t) if t.def.consistency == downpour_core::consistency::Consistency::Bsp => self.rank_for_bounded().map(|_| ()),
+            _ => Ok(()),
+        }
+    }
+
+    /// Sends the held requests whose task dependencies have all finished, in issue order.
+    fn send_ready_deferred(&mut self) -> Result<(), ClientError> {
+        let mut i = 0;
+        while i < self.deferred.len() {
+            let ready = self.deferred[i].tasks.iter().all(|&t| self.finished(t));
+            if !ready {
+                i += 1;
+                continue;
+            }
+            let Some(d) = self.deferred.remove(i) else { break };
+            if let Some(o) = self.ops.get_mut(&d.ts) {
+                o.deferred = false;
+            }
+            let keep_values = self.ops.remove(&d.ts);
+            self.issuing = Some((d.clock, d.after_clock));
+            self.reuse_ts = Some(d.ts);
+            let r = self.keyed(d.op, d.table, &d.keys, &d.values, d.out_len, None);
+            self.issuing = None;
+            self.reuse_ts = None;
+            if let Err(e) = r {
+                // The request failed as it was sent: its waiter gets the error.
+                let mut o = keep_values.unwrap_or_default();
+                o.parts_left = 0;
+                o.error = Some(e);
+                o.keep = true;
+                self.ops.insert(d.ts, o);
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads replies until every task request `ts` depends on has finished and it is sent.
+    fn release_deferred(&mut self, ts: u64) -> Result<(), ClientError> {
+        loop {
+            self.send_ready_deferred()?;
+            let Some(d) = self.deferred.iter().find(|d| d.ts == ts) else { return Ok(()) };
+            let Some(&dep) = d.tasks.iter().find(|&&t| !self.finished(t)) else { continue };
+            // Dependencies are earlier requests, so this recursion ends.
+            self.release_deferred(dep)?;
+            self.drive(dep, None)?;
+        }
+    }
+
     fn push_inflight(&mut self, s: usize, ts: u64, reply: Reply, base: usize, part: usize) {
+        self.push_inflight_sized(s, ts, reply, base, part, if matches!(reply, Reply::Ack) { 0 } else { usize::MAX });
+    }
+
+    fn push_inflight_sized(&mut self, s: usize, ts: u64, reply: Reply, base: usize, part: usize, reply_bytes: usize) {
         self.servers[s].inflight.push_back(Inflight {
             ts,
             reply,
@@ -322,6 +546,7 @@ impl KvClient {
             keys: Vec::new(),
             vals: Vec::new(),
             part,
+            reply_bytes,
         });
     }
 
@@ -330,11 +555,14 @@ impl KvClient {
     }
 
     /// Before sending on connection `s`: read replies that could otherwise fill the socket
-    /// while we write (value-carrying replies) and bound the outstanding acks.
+    /// while we write (value-carrying replies beyond [`REPLY_SLACK`] bytes in all) and bound
+    /// the outstanding acks. Small replies may stay unread, so a push can go out while the
+    /// server still holds a prefetched pull for its clock dependency.
     fn before_send(&mut self, s: usize, mut lent: Option<&mut Lent<'_>>) -> Result<(), ClientError> {
         loop {
             let c = &self.servers[s];
-            let big = c.inflight.iter().any(|f| !matches!(f.reply, Reply::Ack));
+            let pending: usize = c.inflight.iter().map(|f| f.reply_bytes).fold(0, usize::saturating_add);
+            let big = pending > REPLY_SLACK;
             if !big && c.inflight.len() < self.cfg.max_outstanding {
                 return Ok(());
             }
@@ -410,6 +638,7 @@ impl KvClient {
             self.before_send(p.server, lent.as_deref_mut())?;
         }
         let acked_once = matches!(op, Op::Push | Op::PushRange);
+        let vl = self.ops.get(&ts).map(|o| o.vl.max(1)).unwrap_or(1);
         let mut next: Vec<u64> = parts.iter().map(|p| p.begin).collect();
         let mut active = parts.iter().filter(|p| p.end > p.begin).count();
         while active > 0 {
@@ -429,7 +658,8 @@ impl KvClient {
                 let (k, v) = payload(b, e);
                 self.send(p.server, &mut h, k, v)?;
                 if b == p.begin {
-                    self.push_inflight(p.server, ts, if acked_once { Reply::Ack } else { Reply::Seq }, p.base, pi);
+                    let reply_bytes = if acked_once { 0 } else { (p.end - p.begin) as usize * 4 * vl };
+                    self.push_inflight_sized(p.server, ts, if acked_once { Reply::Ack } else { Reply::Seq }, p.base, pi, reply_bytes);
                 } else if let Some(f) = self.servers[p.server].inflight.back_mut() {
                     f.sent += 1;
                 }
@@ -539,6 +769,13 @@ impl KvClient {
             if let Some(o) = op.as_deref_mut() {
                 o.held_us = o.held_us.max(h.held_us);
             }
+            self.dropped += h.dropped as u64;
+            // A bsp table applied rounds this worker has not completed (it was late as a
+            // backup worker, or paused): its next pushes belong to the current round.
+            if let Some(round) = h.round.filter(|&r| r > self.clock) {
+                self.clock = round;
+                self.fast_forwards += 1;
+            }
             let sc = &mut self.servers[s];
             let front = sc.inflight.front_mut().ok_or_else(|| bad("no request in line".into()))?;
             front.got += 1;
@@ -614,6 +851,9 @@ impl KvClient {
                 self.recv_one(s, lent.as_deref_mut())?;
             }
         }
+        if lent.is_none() && !self.deferred.is_empty() {
+            self.send_ready_deferred()?;
+        }
         Ok(())
     }
 
@@ -630,6 +870,7 @@ impl KvClient {
     /// have completed (every part acknowledged or answered). Returns the request's error,
     /// if it failed. For pulls, the values stay available to [`KvClient::wait_values`].
     pub fn wait(&mut self, ts: Timestamp) -> Result<(), ClientError> {
+        self.release_deferred(ts.0)?;
         if !self.ops.contains_key(&ts.0) {
             // Issued and already completed successfully, or never issued.
             return if ts.0 < self.next_id { Ok(()) } else { Err(ClientError::UnknownTimestamp(ts)) };
@@ -652,6 +893,7 @@ impl KvClient {
         if !self.ops.contains_key(&ts.0) {
             return Err(ClientError::UnknownTimestamp(ts));
         }
+        self.release_deferred(ts.0)?;
         self.drive(ts.0, None)?;
         Ok(self.finish(ts.0)?.values)
     }
@@ -659,13 +901,29 @@ impl KvClient {
     /// Pushes `values` (`keys.len() × value_len`) to `keys` (sorted, unique). Returns once
     /// every byte is handed to the network; wait on the timestamp for the acknowledgement.
     pub fn push(&mut self, table: u32, keys: &[u64], values: &[f32]) -> Result<Timestamp, ClientError> {
-        self.keyed(Op::Push, table, keys, values, 0, None).map(Timestamp)
+        self.push_after(table, keys, values, &After::none())
     }
 
-    /// Issues a pull of `keys` (sorted, unique); take the values with [`KvClient::wait_values`].
+    /// Issues a push that runs after `after` (see [`After`]); returns its timestamp at once.
+    /// A push held for its tasks keeps a copy of `keys` and `values`.
+    pub fn push_after(&mut self, table: u32, keys: &[u64], values: &[f32], after: &After) -> Result<Timestamp, ClientError> {
+        self.send_ready_deferred()?;
+        self.issue(Op::Push, table, keys, values, 0, after).map(Timestamp)
+    }
+
+    /// Issues a pull of `keys` (sorted, unique) under the table's consistency model (the
+    /// dependency [`KvClient::model_deps`]); take the values with [`KvClient::wait_values`].
     pub fn pull(&mut self, table: u32, keys: &[u64]) -> Result<Timestamp, ClientError> {
+        let deps = self.model_deps(table)?;
+        self.pull_after(table, keys, &deps)
+    }
+
+    /// Issues a pull of `keys` that runs after exactly `after` (see [`After`]; the table's
+    /// model adds nothing: merge [`KvClient::model_deps`] in to keep its guarantee).
+    pub fn pull_after(&mut self, table: u32, keys: &[u64], after: &After) -> Result<Timestamp, ClientError> {
+        self.send_ready_deferred()?;
         let vl = self.info(table)?.0;
-        self.keyed(Op::Pull, table, keys, &[], keys.len() * vl, None).map(Timestamp)
+        self.issue(Op::Pull, table, keys, &[], keys.len() * vl, after).map(Timestamp)
     }
 
     /// Pulls `keys` into `out` (`keys.len() × value_len`), blocking until done.
@@ -673,12 +931,17 @@ impl KvClient {
         self.read_into(Op::Pull, table, keys, out)
     }
 
-    /// A blocking keyed read (`Pull` or `Peek`) straight into `out`.
+    /// A blocking keyed read (`Pull` under the table's model, or `Peek` at once) straight
+    /// into `out`.
     fn read_into(&mut self, op: Op, table: u32, keys: &[u64], out: &mut [f32]) -> Result<(), ClientError> {
         let (vl, _, _) = self.info(table)?;
         check_lengths(keys.len(), vl, out.len())?;
+        let after = if op == Op::Pull { self.model_deps(table)?.clock } else { None };
         let mut lent = Lent { ts: 0, buf: out };
-        let ts = self.keyed(op, table, keys, &[], 0, Some(&mut lent))?;
+        self.issuing = Some((self.clock, after));
+        let ts = self.keyed(op, table, keys, &[], 0, Some(&mut lent));
+        self.issuing = None;
+        let ts = ts?;
         self.drive(ts, Some(&mut lent))?;
         self.finish(ts).map(|_| ())
     }
@@ -692,14 +955,20 @@ impl KvClient {
 
     /// Pushes and returns the updated values of `keys` in one round trip.
     pub fn push_pull(&mut self, table: u32, keys: &[u64], values: &[f32]) -> Result<Timestamp, ClientError> {
-        self.keyed(Op::PushPull, table, keys, values, values.len(), None).map(Timestamp)
+        self.send_ready_deferred()?;
+        let deps = self.model_deps(table)?;
+        self.issue(Op::PushPull, table, keys, values, values.len(), &deps).map(Timestamp)
     }
 
     /// Fused push-pull into `out`, blocking until done.
     pub fn push_pull_into(&mut self, table: u32, keys: &[u64], values: &[f32], out: &mut [f32]) -> Result<(), ClientError> {
         check_lengths(out.len(), 1, values.len())?;
+        let after = self.model_deps(table)?.clock;
         let mut lent = Lent { ts: 0, buf: out };
-        let ts = self.keyed(Op::PushPull, table, keys, values, 0, Some(&mut lent))?;
+        self.issuing = Some((self.clock, after));
+        let ts = self.keyed(Op::PushPull, table, keys, values, 0, Some(&mut lent));
+        self.issuing = None;
+        let ts = ts?;
         self.drive(ts, Some(&mut lent))?;
         self.finish(ts).map(|_| ())
     }
@@ -710,6 +979,7 @@ impl KvClient {
         let vl = self.info(table)?.0;
         let n = (values.len() / vl) as u64;
         let end = begin.checked_add(n).ok_or_else(|| CoreError::Limit("range end overflows u64".into()))?;
+        self.check_rank_for(table)?;
         self.ranged(Op::PushRange, table, KeyRange::new(begin, end), values, None).map(Timestamp)
     }
 

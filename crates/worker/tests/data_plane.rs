@@ -62,6 +62,8 @@ fn table(id: u32, vl: usize, storage: Storage, rule: &str) -> TableDef {
         init: Init::Zeros,
         rule: proto::Rule { name: rule.into(), lr: 0.5, ..Default::default() },
         consistency: Consistency::Async,
+        aggregate: Default::default(),
+        backup_workers: 0,
     }
 }
 

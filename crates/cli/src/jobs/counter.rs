@@ -47,6 +47,8 @@ pub fn run(a: &CounterArgs, s: &mut WorkerSession, num_servers: usize, sink: &Si
         init: Init::Zeros,
         rule: proto::Rule { name: "add".into(), ..Default::default() },
         consistency: downpour_core::consistency::Consistency::Async,
+        aggregate: Default::default(),
+        backup_workers: 0,
     };
     s.kv.create_table(def).context("creating the counter table")?;
     let keys = counter_keys(a.keys);

@@ -15,6 +15,7 @@ use downpour_core::consistency::Consistency;
 use downpour_core::init::Init;
 use downpour_core::keys::{scramble, unscramble};
 use downpour_core::proto;
+use downpour_core::rounds::Aggregate;
 use downpour_core::table::{Storage, TableDef};
 use downpour_data::batch::Batch;
 use downpour_data::libsvm::DataError;
@@ -103,6 +104,15 @@ pub struct LinearArgs {
     /// clock is one minibatch.
     #[arg(long, default_value = "async", value_parser = parse_consistency)]
     pub consistency: Consistency,
+    /// With `--consistency bsp`: how the servers combine a round's pushes. `none` applies
+    /// each worker's gradient in rank order; `sum` adds them per key and applies the rule
+    /// once (large-batch SGD); `avg` divides that sum by the round's contributors.
+    #[arg(long, default_value = "none", value_parser = parse_aggregate)]
+    pub aggregate: Aggregate,
+    /// With `--consistency bsp`: apply each round once all but B workers completed it; the
+    /// late pushes are dropped and counted (`dropped_pushes` in the metrics).
+    #[arg(long, default_value_t = 0, value_name = "B")]
+    pub backup_workers: u32,
     /// Update rule on the servers.
     #[arg(long, value_enum, default_value_t = Optimizer::Ftrl)]
     pub optimizer: Optimizer,
@@ -223,6 +233,10 @@ fn parse_consistency(s: &str) -> Result<Consistency, String> {
     s.parse().map_err(|e: downpour_core::CoreError| e.to_string())
 }
 
+fn parse_aggregate(s: &str) -> Result<Aggregate, String> {
+    s.parse().map_err(|e: downpour_core::CoreError| e.to_string())
+}
+
 fn parse_scale(s: &str) -> Result<Scale, String> {
     match s {
         "auto" => Ok(Scale::Auto),
@@ -258,6 +272,8 @@ fn table_def(a: &LinearArgs) -> TableDef {
         init: Init::Zeros,
         rule: proto::Rule { name: name.into(), lr: a.lr, l1: a.l1, l2: a.l2, ftrl_beta: 1.0, ..Default::default() },
         consistency: a.consistency,
+        aggregate: a.aggregate,
+        backup_workers: a.backup_workers,
     }
 }
 
@@ -318,6 +334,16 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
     ensure!(a.batch >= 1, "--batch must be at least 1");
     ensure!(a.epochs >= 1, "--epochs must be at least 1");
     ensure!(a.lr.is_finite() && a.lr > 0.0, "--lr must be a positive number");
+    if a.consistency != Consistency::Bsp {
+        ensure!(a.aggregate == Aggregate::None, "--aggregate {} needs --consistency bsp (rounds to aggregate)", a.aggregate);
+        ensure!(a.backup_workers == 0, "--backup-workers needs --consistency bsp (rounds to complete without them)");
+    }
+    ensure!(
+        (a.backup_workers as usize) < s.num_workers,
+        "--backup-workers {}: at least one of the {} workers must complete each round",
+        a.backup_workers,
+        s.num_workers
+    );
     if let Some((id, _)) = a.straggler {
         ensure!(id < s.num_workers, "--straggler {id}: there are only {} workers (ids 0..{})", s.num_workers, s.num_workers);
     }
@@ -414,15 +440,21 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
             };
         }
         progress.finish();
-        // This worker's share is done: nobody waits for its clock until the next epoch.
-        s.kv.pause_clock()?;
-        if let Some(ts) = last.take() {
-            s.kv.wait(ts)?;
-        }
         total_examples += seen;
-        let waiting = Instant::now();
-        s.barrier(&format!("linear-epoch-{epoch}"))?;
-        idle += waiting.elapsed();
+        // Workers go from one epoch to the next without waiting for each other (their clocks
+        // keep counting, so the consistency model still binds them); only the last epoch
+        // ends at a barrier, so the final evaluation sees every worker's updates.
+        let final_epoch = epoch == a.epochs;
+        if final_epoch {
+            // This worker's share is done: nobody waits for its clock any more.
+            s.kv.pause_clock()?;
+            if let Some(ts) = last.take() {
+                s.kv.wait(ts)?;
+            }
+            let waiting = Instant::now();
+            s.barrier("linear-trained")?;
+            idle += waiting.elapsed();
+        }
         let wall = t0.elapsed().as_secs_f64();
         if s.rank == 0 {
             if let Some(test) = &a.test {
@@ -447,25 +479,30 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
                 epochs.push((epoch, None, wall));
             }
         }
-        s.barrier(&format!("linear-eval-{epoch}"))?;
+        if final_epoch {
+            s.barrier("linear-evaluated")?;
+        }
     }
     // Sum the examples seen over workers through the servers (split so f32 sums stay exact).
     s.kv.create_table(TableDef {
         id: STATS,
         name: "linear-stats".into(),
         value_len: 1,
-        storage: Storage::Dense(downpour_core::KeyRange::new(0, 2)),
+        storage: Storage::Dense(downpour_core::KeyRange::new(0, 3)),
         init: Init::Zeros,
         rule: proto::Rule { name: "add".into(), ..Default::default() },
         consistency: downpour_core::consistency::Consistency::Async,
+        aggregate: Default::default(),
+        backup_workers: 0,
     })?;
-    let parts = [(total_examples % (1 << 20)) as f32, (total_examples >> 20) as f32];
+    let parts = [(total_examples % (1 << 20)) as f32, (total_examples >> 20) as f32, s.kv.dropped_pushes() as f32];
     let ts = s.kv.push_range(STATS, 0, &parts)?;
     s.kv.wait(ts)?;
     s.barrier("linear-stats")?;
-    let mut sum = [0f32; 2];
+    let mut sum = [0f32; 3];
     s.kv.pull_range_into(STATS, 0, &mut sum)?;
     let all_examples = sum[0] as usize + ((sum[1] as usize) << 20);
+    let dropped = sum[2] as u64;
     let wall = t0.elapsed().as_secs_f64();
     if s.rank == 0 {
         let traffic = s.kv.traffic();
@@ -473,6 +510,9 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
         let pulls: u64 = hist.iter().sum();
         let staleness_max = hist.iter().rposition(|&n| n > 0);
         let staleness_mean = (pulls > 0).then(|| hist.iter().enumerate().map(|(s, &n)| s as f64 * n as f64).sum::<f64>() / pulls as f64);
+        if dropped > 0 && !a.quiet {
+            tracing::info!("{dropped} late pushes were dropped (--backup-workers {})", a.backup_workers);
+        }
         if pulls > 0 && !a.quiet {
             tracing::info!(
                 "staleness of worker 0's pulls ({} model): max {}, mean {:.2}, histogram {:?}",
@@ -493,6 +533,10 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
             "bytes_sent": traffic.bytes_sent,
             "bytes_received": traffic.bytes_received,
             "consistency": a.consistency.to_string(),
+            "aggregate": a.aggregate.to_string(),
+            "backup_workers": a.backup_workers,
+            "dropped_pushes": dropped,
+            "clock_fast_forwards": s.kv.fast_forwards(),
             "idle_fraction": (idle + s.kv.held()).as_secs_f64() / wall,
             "staleness_max": staleness_max,
             "staleness_mean": staleness_mean,

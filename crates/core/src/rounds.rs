@@ -1,0 +1,319 @@
+//! Synchronous rounds for `bsp` tables, without I/O: the barrier semantics that make a
+//! deterministic job reproduce a sequential run exactly, synchronous aggregation
+//! (large-batch SGD) and backup workers.
+//!
+//! A worker's pushes carry the clock they belong to (the round: iterations completed when
+//! the push was issued). A `bsp` table does not apply a push when it arrives: it buffers it
+//! under its round and worker, and applies round `k` once enough workers have completed it
+//! (said so with a clock above `k`): all of them, or all but `backup` with backup workers.
+//! Rounds are applied in order, and within a round the contributions in worker rank order,
+//! so the floating-point result does not depend on arrival order:
+//! * [`Aggregate::None`]: each worker's update is applied in turn, in rank order;
+//! * [`Aggregate::Sum`]/[`Aggregate::Avg`]: the updates are summed per key (in rank order),
+//!   divided by the number of contributors for `Avg`, and the update rule runs once.
+//!
+//! A push for a round already applied (a backup worker that came late) is dropped and
+//! counted. A paused worker (its share of an epoch is done) is not waited for.
+
+use crate::{CoreError, Result};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+/// How a synchronous round combines the workers' updates.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Aggregate {
+    /// Apply each worker's update in turn, in rank order.
+    #[default]
+    None,
+    /// Sum the updates per key and apply the rule once.
+    Sum,
+    /// Average the updates per key over the round's contributors and apply the rule once.
+    Avg,
+}
+
+impl fmt::Display for Aggregate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Aggregate::None => "none",
+            Aggregate::Sum => "sum",
+            Aggregate::Avg => "avg",
+        })
+    }
+}
+
+impl FromStr for Aggregate {
+    type Err = CoreError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim() {
+            "" | "none" => Ok(Aggregate::None),
+            "sum" => Ok(Aggregate::Sum),
+            "avg" => Ok(Aggregate::Avg),
+            x => Err(CoreError::Consistency(format!("aggregate {x:?} is not none, sum or avg"))),
+        }
+    }
+}
+
+/// One worker's buffered update for a round: keys (sorted, unique within one push) and
+/// `value_len` values each, appended push after push.
+#[derive(Clone, Debug, Default)]
+struct Contribution {
+    /// Each push's keys and values, in arrival order (chunks of one push are consecutive).
+    pushes: Vec<(Vec<u64>, Vec<f32>)>,
+}
+
+/// An update to apply to the table: push `values` to `keys`, in this order.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Update {
+    /// Sorted, unique keys.
+    pub keys: Vec<u64>,
+    /// `keys.len() × value_len` values.
+    pub values: Vec<f32>,
+}
+
+/// A round ready to apply: its number and the updates, in the order to apply them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Round {
+    /// The round (clock) number.
+    pub round: u64,
+    /// Workers whose updates are in it.
+    pub contributors: usize,
+    /// Updates to push to the table, in order.
+    pub updates: Vec<Update>,
+}
+
+/// What happened to a buffered push.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Accepted {
+    /// Buffered for its round.
+    Buffered,
+    /// Its round was already applied without this worker: dropped (a late backup worker).
+    Dropped,
+}
+
+/// The synchronous-round buffer of one `bsp` table on one server.
+#[derive(Clone, Debug)]
+pub struct Rounds {
+    workers: usize,
+    backup: usize,
+    aggregate: Aggregate,
+    value_len: usize,
+    /// Rounds `[0, applied)` have been applied.
+    applied: u64,
+    /// Per worker: rounds completed (its clock).
+    clocks: Vec<u64>,
+    paused: Vec<bool>,
+    pending: BTreeMap<u64, Vec<Contribution>>,
+    dropped: u64,
+}
+
+impl Rounds {
+    /// A buffer for `workers` workers with `backup` backup workers (a round applies after
+    /// `workers − backup` have completed it). Errors unless `backup < workers`.
+    pub fn new(workers: usize, backup: usize, aggregate: Aggregate, value_len: usize) -> Result<Rounds> {
+        let workers = workers.max(1);
+        if backup >= workers {
+            return Err(CoreError::Consistency(format!(
+                "{backup} backup workers of {workers}: at least one worker must complete each round (use fewer than {workers})"
+            )));
+        }
+        Ok(Rounds {
+            workers,
+            backup,
+            aggregate,
+            value_len: value_len.max(1),
+            applied: 0,
+            clocks: vec![0; workers],
+            paused: vec![false; workers],
+            pending: BTreeMap::new(),
+            dropped: 0,
+        })
+    }
+
+    /// Rounds applied so far: `[0, applied())`.
+    pub fn applied(&self) -> u64 {
+        self.applied
+    }
+
+    /// Pushes dropped because their round was applied before they came.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+
+    /// Rounds with buffered updates not yet applied.
+    pub fn pending(&self) -> usize {
+        self.pending.len()
+    }
+
+    fn check_worker(&self, worker: usize) -> Result<()> {
+        if worker >= self.workers {
+            return Err(CoreError::Consistency(format!("worker {worker} is not one of the {} workers", self.workers)));
+        }
+        Ok(())
+    }
+
+    /// Buffers `worker`'s push of `keys`/`values` for `round`. Preconditions: `keys` sorted
+    /// and unique, `values.len() == keys.len() × value_len` (the table checks both first).
+    pub fn push(&mut self, worker: usize, round: u64, keys: &[u64], values: &[f32]) -> Result<Accepted> {
+        self.check_worker(worker)?;
+        if values.len() != keys.len() * self.value_len {
+            return Err(CoreError::Consistency(format!("{} values for {} keys of length {}", values.len(), keys.len(), self.value_len)));
+        }
+        if round < self.applied || round < self.clocks[worker] {
+            self.dropped += 1;
+            return Ok(Accepted::Dropped);
+        }
+        let workers = self.workers;
+        let slot = self.pending.entry(round).or_insert_with(|| vec![Contribution::default(); workers]);
+        slot[worker].pushes.push((keys.to_vec(), values.to_vec()));
+        Ok(Accepted::Buffered)
+    }
+
+    /// `worker` has completed `clock` rounds (rounds `< clock`). Returns the rounds that are
+    /// now complete, in order, to apply before answering any pull.
+    pub fn clock(&mut self, worker: usize, clock: u64) -> Result<Vec<Round>> {
+        self.check_worker(worker)?;
+        self.paused[worker] = false;
+        self.clocks[worker] = self.clocks[worker].max(clock);
+        Ok(self.release())
+    }
+
+    /// `worker` will not clock again until its next [`Rounds::clock`]: rounds stop waiting
+    /// for it. Returns the rounds that are now complete.
+    pub fn pause(&mut self, worker: usize) -> Result<Vec<Round>> {
+        self.check_worker(worker)?;
+        self.paused[worker] = true;
+        Ok(self.release())
+    }
+
+    fn complete(&self, k: u64) -> bool {
+        let done = self.clocks.iter().zip(&self.paused).filter(|(c, p)| **p || **c > k).count();
+        // A round no one has reached is not complete, even with everyone paused.
+        done + self.backup >= self.workers && self.clocks.iter().any(|c| *c > k)
+    }
+
+    fn release(&mut self) -> Vec<Round> {
+        let mut out = Vec::new();
+        while self.complete(self.applied) {
+            let k = self.applied;
+            self.applied += 1;
+            let Some(contribs) = self.pending.remove(&k) else { continue };
+            // Only workers that completed the round count; a partial push of one that had
+            // not is dropped with it.
+            let mut parts = Vec::new();
+            for (w, c) in contribs.into_iter().enumerate() {
+                if c.pushes.is_empty() {
+                    continue;
+                }
+                if self.clocks[w] > k {
+                    parts.push(c);
+                } else {
+                    self.dropped += c.pushes.len() as u64;
+                }
+            }
+            if parts.is_empty() {
+                continue;
+            }
+            let contributors = parts.len();
+            let updates = match self.aggregate {
+                Aggregate::None => parts.into_iter().flat_map(|c| c.pushes).map(|(keys, values)| Update { keys, values }).collect(),
+                Aggregate::Sum | Aggregate::Avg => {
+                    let scale = if self.aggregate == Aggregate::Avg { Some(contributors as f32) } else { None };
+                    vec![merge(parts.into_iter().flat_map(|c| c.pushes), self.value_len, scale)]
+                }
+            };
+            out.push(Round { round: k, contributors, updates });
+        }
+        out
+    }
+}
+
+/// Sums pushes per key, in the order given (so rank order within a key), and divides by
+/// `scale` when given.
+fn merge(pushes: impl Iterator<Item = (Vec<u64>, Vec<f32>)>, vl: usize, scale: Option<f32>) -> Update {
+    let mut rows: Vec<(u64, usize, usize)> = Vec::new(); // (key, push index, row in push)
+    let pushes: Vec<(Vec<u64>, Vec<f32>)> = pushes.collect();
+    for (p, (keys, _)) in pushes.iter().enumerate() {
+        rows.extend(keys.iter().enumerate().map(|(i, &k)| (k, p, i)));
+    }
+    // Stable: equal keys keep push (rank, then arrival) order, so the sums are deterministic.
+    rows.sort_by_key(|r| r.0);
+    let mut keys: Vec<u64> = Vec::with_capacity(rows.len());
+    let mut values: Vec<f32> = Vec::with_capacity(rows.len() * vl);
+    for (k, p, i) in rows {
+        let src = &pushes[p].1[i * vl..(i + 1) * vl];
+        if keys.last() == Some(&k) {
+            let n = values.len();
+            for (d, s) in values[n - vl..].iter_mut().zip(src) {
+                *d += *s;
+            }
+        } else {
+            keys.push(k);
+            values.extend_from_slice(src);
+        }
+    }
+    if let Some(s) = scale {
+        values.iter_mut().for_each(|v| *v /= s);
+    }
+    Update { keys, values }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_round_applies_only_when_every_worker_completed_it_in_rank_order() {
+        let mut r = Rounds::new(3, 0, Aggregate::None, 1).unwrap();
+        assert_eq!(r.push(2, 0, &[5], &[3.0]).unwrap(), Accepted::Buffered);
+        assert_eq!(r.push(0, 0, &[5], &[1.0]).unwrap(), Accepted::Buffered);
+        assert!(r.clock(2, 1).unwrap().is_empty());
+        assert!(r.clock(0, 1).unwrap().is_empty());
+        let done = r.clock(1, 1).unwrap();
+        assert_eq!(done.len(), 1);
+        assert_eq!(done[0].contributors, 2);
+        assert_eq!(done[0].updates, vec![Update { keys: vec![5], values: vec![1.0] }, Update { keys: vec![5], values: vec![3.0] }]);
+        assert_eq!(r.applied(), 1);
+    }
+
+    #[test]
+    fn sum_and_avg_merge_per_key_and_apply_once() {
+        for (agg, want) in [(Aggregate::Sum, vec![1.0, 6.0, 3.0]), (Aggregate::Avg, vec![0.5, 3.0, 1.5])] {
+            let mut r = Rounds::new(2, 0, agg, 1).unwrap();
+            r.push(1, 0, &[2, 3], &[4.0, 3.0]).unwrap();
+            r.push(0, 0, &[1, 2], &[1.0, 2.0]).unwrap();
+            r.clock(1, 1).unwrap();
+            let done = r.clock(0, 1).unwrap();
+            assert_eq!(done[0].updates, vec![Update { keys: vec![1, 2, 3], values: want }]);
+        }
+    }
+
+    #[test]
+    fn backup_workers_finish_rounds_without_the_stalled_one_and_drop_its_late_pushes() {
+        let mut r = Rounds::new(3, 1, Aggregate::Avg, 1).unwrap();
+        for k in 0..5 {
+            r.push(0, k, &[1], &[2.0]).unwrap();
+            r.push(1, k, &[1], &[4.0]).unwrap();
+            r.clock(0, k + 1).unwrap();
+            let done = r.clock(1, k + 1).unwrap();
+            assert_eq!(done.len(), 1, "round {k} completes with worker 2 stalled");
+            assert_eq!(done[0].updates[0].values, vec![3.0]);
+        }
+        assert_eq!(r.applied(), 5);
+        // worker 2 wakes up with its round-0 push: too late
+        assert_eq!(r.push(2, 0, &[1], &[100.0]).unwrap(), Accepted::Dropped);
+        assert_eq!(r.dropped(), 1);
+        assert!(Rounds::new(2, 2, Aggregate::Sum, 1).is_err());
+    }
+
+    #[test]
+    fn a_paused_worker_is_not_waited_for_and_an_all_paused_job_applies_nothing_new() {
+        let mut r = Rounds::new(2, 0, Aggregate::None, 1).unwrap();
+        r.push(0, 0, &[1], &[1.0]).unwrap();
+        r.clock(0, 1).unwrap();
+        assert_eq!(r.pause(1).unwrap().len(), 1);
+        r.pause(0).unwrap();
+        assert_eq!(r.applied(), 1, "no round beyond the furthest clock");
+        assert!(r.pause(2).is_err());
+    }
+}
