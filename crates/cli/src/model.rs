@@ -8,20 +8,36 @@ use clap::Args;
 use downpour_apps::linear;
 use downpour_data::batch::Batch;
 use downpour_data::{Example, ExampleReader};
-use safetensors::tensor::{Dtype, SafeTensors, TensorView};
-use std::collections::HashMap;
+use safetensors::tensor::{Dtype, SafeTensors};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-/// Writes `keys` (sorted) and `values` (`keys.len() × d`) to `path`.
+/// Writes `keys` (sorted) and `values` (`keys.len() × d`) to `path`. The same model gives
+/// the same bytes (the header is written in a fixed order), so runs can be compared with
+/// `cmp`.
 pub fn save(path: &Path, keys: &[u64], values: &[f32], d: usize) -> Result<()> {
-    let kb: Vec<u8> = keys.iter().flat_map(|k| k.to_le_bytes()).collect();
-    let vb: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-    let kt = TensorView::new(Dtype::U64, vec![keys.len()], &kb)?;
-    let vt = TensorView::new(Dtype::F32, vec![keys.len(), d], &vb)?;
-    let meta = HashMap::from([("format".to_string(), "downpour-linear".to_string()), ("value_len".to_string(), d.to_string())]);
-    safetensors::serialize_to_file([("keys", kt), ("values", vt)], Some(meta), path)
-        .with_context(|| format!("cannot write {}", path.display()))
+    if values.len() != keys.len() * d {
+        bail!("{} values for {} keys of length {d}", values.len(), keys.len());
+    }
+    let (kn, vn) = (keys.len() * 8, values.len() * 4);
+    let mut header = format!(
+        r#"{{"__metadata__":{{"format":"downpour-linear","value_len":"{d}"}},"keys":{{"dtype":"U64","shape":[{}],"data_offsets":[0,{kn}]}},"values":{{"dtype":"F32","shape":[{},{d}],"data_offsets":[{kn},{}]}}}}"#,
+        keys.len(),
+        keys.len(),
+        kn + vn
+    );
+    // safetensors pads the header with spaces to a multiple of 8 bytes
+    while header.len() % 8 != 0 {
+        header.push(' ');
+    }
+    let mut bytes = Vec::with_capacity(8 + header.len() + kn + vn);
+    bytes.extend_from_slice(&(header.len() as u64).to_le_bytes());
+    bytes.extend_from_slice(header.as_bytes());
+    bytes.extend(keys.iter().flat_map(|k| k.to_le_bytes()));
+    bytes.extend(values.iter().flat_map(|v| v.to_le_bytes()));
+    // the file must read back as safetensors
+    SafeTensors::deserialize(&bytes).context("internal error: the model file header is not valid safetensors")?;
+    std::fs::write(path, bytes).with_context(|| format!("cannot write {}", path.display()))
 }
 
 /// A loaded linear model.

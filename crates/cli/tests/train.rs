@@ -356,3 +356,61 @@ fn consistency_experiment_writes_results_that_agree_with_its_plot() {
         .unwrap();
     assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("sync"), "{}", String::from_utf8_lossy(&bad.stderr));
 }
+
+#[test]
+fn bsp_training_gives_the_same_model_bits_with_or_without_a_straggler() {
+    // Two workers on two servers under bsp: rounds are applied in rank order, so neither the
+    // timing nor a straggler changes a single bit of the model (async makes no such promise).
+    let d = tempfile::tempdir().unwrap();
+    let tr = d.path().join("tr.svm");
+    write_data(&tr, 4_000, 51);
+    let run = |name: &str, extra: &[&str]| -> Vec<u8> {
+        let model = d.path().join(format!("{name}.safetensors"));
+        let o = downpour()
+            .args(["train", "linear", "--workers", "2", "--servers", "2", "--train", tr.to_str().unwrap(), "--epochs", "2"])
+            .args(["--consistency", "bsp", "--batch", "50", "--model-out", model.to_str().unwrap(), "--quiet"])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{name}: {}", String::from_utf8_lossy(&o.stderr));
+        std::fs::read(model).unwrap()
+    };
+    let plain = run("plain", &[]);
+    assert!(plain == run("straggler", &["--straggler", "1:3"]), "a straggler changed the bsp model");
+    assert!(plain == run("tail", &["--straggler-tail", "0.3:3", "--seed", "1"]), "random slow iterations changed the bsp model");
+    // aggregation is deterministic too, and a different computation
+    let sum = run("sum", &["--aggregate", "sum"]);
+    assert!(sum == run("sum2", &["--straggler", "0:2", "--aggregate", "sum"]), "a straggler changed the aggregated bsp model");
+    assert!(sum != plain, "aggregation made no difference");
+}
+
+#[test]
+fn backup_workers_and_aggregation_need_bsp_and_fewer_backups_than_workers() {
+    let d = tempfile::tempdir().unwrap();
+    let tr = d.path().join("tr.svm");
+    write_data(&tr, 500, 61);
+    let run = |extra: &[&str]| {
+        downpour().args(["train", "linear", "--workers", "2", "--train", tr.to_str().unwrap(), "--quiet"]).args(extra).output().unwrap()
+    };
+    for (args, says) in [
+        (&["--aggregate", "avg"][..], "--consistency bsp"),
+        (&["--backup-workers", "1", "--consistency", "ssp:2"][..], "--consistency bsp"),
+        (&["--backup-workers", "2", "--consistency", "bsp"][..], "at least one of the 2 workers"),
+    ] {
+        let o = run(args);
+        assert!(
+            !o.status.success() && String::from_utf8_lossy(&o.stderr).contains(says),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    let o = run(&["--aggregate", "mean"]);
+    assert_eq!(o.status.code(), Some(2), "an unknown aggregate is a usage error");
+    let out = d.path().join("m.json");
+    let o = run(&["--consistency", "bsp", "--aggregate", "avg", "--backup-workers", "1", "--out", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let m = metrics(&out);
+    assert_eq!(m["aggregate"], "avg");
+    assert_eq!(m["backup_workers"], 1);
+    assert!(m["dropped_pushes"].as_u64().is_some(), "{m}");
+}

@@ -888,6 +888,18 @@ impl KvClient {
         Ok(())
     }
 
+    /// Waits until every request issued so far (held ones included) has finished: pushes,
+    /// clocks and pauses acknowledged, so the servers have applied all of this worker's
+    /// work. Returns the first error among requests nobody else will wait on.
+    pub fn wait_all(&mut self) -> Result<(), ClientError> {
+        while let Some(d) = self.deferred.front() {
+            let ts = d.ts;
+            self.release_deferred(ts)?;
+        }
+        self.drive(u64::MAX, None)?;
+        Ok(())
+    }
+
     /// Waits for pull (or push-pull) `ts` and takes its values.
     pub fn wait_values(&mut self, ts: Timestamp) -> Result<Vec<f32>, ClientError> {
         if !self.ops.contains_key(&ts.0) {

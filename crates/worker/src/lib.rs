@@ -20,5 +20,5 @@
 mod client;
 mod session;
 
-pub use client::{ClientError, KvClient, KvConfig, Timestamp};
+pub use client::{After, ClientError, KvClient, KvConfig, Timestamp};
 pub use session::{join_job, SessionConfig, WorkerSession};

@@ -5,13 +5,14 @@
 use downpour_core::consistency::Consistency;
 use downpour_core::init::Init;
 use downpour_core::proto;
+use downpour_core::rounds::Aggregate;
 use downpour_core::table::{Storage, TableDef};
 use downpour_core::tensor::TensorMap;
 use downpour_core::KeyRange;
 use downpour_server::{Server, ServerConfig, ServerHandle};
 use downpour_transport::inproc::InProcTransport;
 use downpour_transport::{network_transport, NetConfig, Transport, TransportKind};
-use downpour_worker::{ClientError, KvClient, KvConfig};
+use downpour_worker::{After, ClientError, KvClient, KvConfig};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -39,11 +40,16 @@ struct Cluster {
 }
 
 fn cluster(t: &dyn Transport, n: usize, chunk_bytes: usize) -> Cluster {
+    cluster_of(t, n, chunk_bytes, 2)
+}
+
+/// `n` servers for a job of `workers` workers; the returned client is worker 0.
+fn cluster_of(t: &dyn Transport, n: usize, chunk_bytes: usize, workers: u32) -> Cluster {
     let mut servers = Vec::new();
     let mut routing = proto::Routing { epoch: 1, servers: vec![] };
     for i in 0..n {
         let s = Server::bind(t, listen_addr(t), ServerConfig { chunk_bytes, ..Default::default() }).unwrap();
-        s.state().set_placement(10 + i as u32, i as u32, n as u32, 2, 1);
+        s.state().set_placement(10 + i as u32, i as u32, n as u32, workers, 1);
         routing.servers.push(proto::ServerEntry { node_id: 10 + i as u32, addr: s.addr() });
         servers.push(s.spawn().unwrap());
     }
@@ -329,6 +335,107 @@ fn bsp_pull_waits_for_every_workers_clock_and_reports_its_staleness() {
         // the servers report how long they held it (at least the 300 ms above)
         assert!(kv0.held() >= Duration::from_millis(250), "{name}: held {:?}", kv0.held());
         drop(w1);
+        drop(c.servers);
+    }
+}
+
+#[test]
+fn backup_workers_finish_rounds_with_one_worker_stalled_and_its_late_pushes_are_dropped() {
+    for (name, t) in transports() {
+        // three workers, one backup: rounds complete with any two of them
+        let mut c = cluster_of(t.as_ref(), 2, 4096, 3);
+        let mut def = table(5, 1, Storage::Sparse, "add");
+        def.consistency = Consistency::Bsp;
+        def.aggregate = Aggregate::Avg;
+        def.backup_workers = 1;
+        c.kv.create_table(def.clone()).unwrap();
+        let connect = |rank: u32| {
+            let mut w = KvClient::connect(t.as_ref(), &c.routing, 20 + rank, c.cfg).unwrap();
+            w.set_worker_rank(rank);
+            w.use_table(def.clone());
+            w
+        };
+        let (w1, mut w2) = (connect(1), connect(2));
+        let keys = spread_keys(100);
+        let rounds = 10;
+        // worker r pushes r+1 every round; worker 2 is stalled and sends nothing
+        let run = |mut kv: KvClient, v: f32| {
+            let keys = keys.clone();
+            std::thread::spawn(move || {
+                let mut out = vec![0f32; keys.len()];
+                for _ in 0..rounds {
+                    kv.push(5, &keys, &vec![v; keys.len()]).unwrap();
+                    kv.clock().unwrap();
+                    // the round's pull waits for the round to be applied
+                    kv.pull_into(5, &keys, &mut out).unwrap();
+                }
+                (kv, out)
+            })
+        };
+        let (a, b) = (run(c.kv, 1.0), run(w1, 2.0));
+        let (kv0, out0) = a.join().unwrap();
+        let (_kv1, out1) = b.join().unwrap();
+        // each round adds the average of the two pushes
+        assert!(out0.iter().chain(&out1).all(|&v| v == 1.5 * rounds as f32), "{name}: {:?}", &out0[..3]);
+        for s in &c.servers {
+            assert_eq!(s.state.rounds(5), Some((rounds as u64, 0)), "{name}");
+        }
+        assert_eq!(kv0.staleness_histogram().iter().skip(1).sum::<u64>(), 0, "{name}: bsp pulls saw staleness 0");
+        // the stalled worker wakes up with its round-0 push: too late, dropped on both servers
+        let ts = w2.push(5, &keys, &vec![100.0; keys.len()]).unwrap();
+        w2.wait(ts).unwrap();
+        assert_eq!(w2.dropped_pushes(), 2, "{name}");
+        // its next pull moves its clock up to the servers' rounds, so it can contribute again
+        let mut out = vec![0f32; keys.len()];
+        w2.pull_into(5, &keys, &mut out).unwrap();
+        assert!(out.iter().all(|&v| v == 1.5 * rounds as f32), "{name}: the dropped push was not applied");
+        assert_eq!(w2.current_clock(), rounds as u64, "{name}");
+        assert_eq!(w2.fast_forwards(), 1, "{name}");
+        for s in &c.servers {
+            assert_eq!(s.state.rounds(5), Some((rounds as u64, 1)), "{name}");
+        }
+        drop(c.servers);
+    }
+}
+
+#[test]
+fn a_request_issued_after_a_task_is_held_until_that_task_finishes() {
+    for (name, t) in transports() {
+        let mut c = cluster(t.as_ref(), 2, 4096);
+        let mut bsp = table(6, 1, Storage::Sparse, "add");
+        bsp.consistency = Consistency::Bsp;
+        c.kv.create_table(bsp.clone()).unwrap();
+        c.kv.create_table(table(7, 1, Storage::Sparse, "add")).unwrap();
+        let mut w1 = KvClient::connect(t.as_ref(), &c.routing, 2, c.cfg).unwrap();
+        w1.set_worker_rank(1);
+        w1.use_table(bsp);
+        let keys = spread_keys(50);
+        // worker 0 completes round 0; its pull of round 1's state waits for worker 1
+        c.kv.clock().unwrap();
+        let p = c.kv.pull_after(6, &keys, &After::clock(1)).unwrap();
+        // a push that must run after that pull: held by the client, not sent
+        let q = c.kv.push_after(7, &keys, &vec![4.0; keys.len()], &After::tasks(&[p])).unwrap();
+        assert!(q > p);
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(c.servers.iter().map(|s| s.state.table_len(7).unwrap()).sum::<usize>(), 0, "{name}: the push ran before its task");
+        // an unknown task is refused at issue
+        assert!(matches!(
+            c.kv.push_after(7, &keys, &vec![1.0; keys.len()], &After::tasks(&[downpour_worker::Timestamp(10_000)])),
+            Err(ClientError::UnknownTimestamp(_))
+        ));
+        let releaser = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            w1.clock().unwrap();
+            w1
+        });
+        // waiting on the held push reads the pull's reply, then sends the push
+        c.kv.wait(q).unwrap();
+        assert_eq!(c.servers.iter().map(|s| s.state.table_len(7).unwrap()).sum::<usize>(), keys.len(), "{name}");
+        assert_eq!(c.kv.wait_values(p).unwrap().len(), keys.len(), "{name}");
+        let mut out = vec![0f32; keys.len()];
+        c.kv.peek_into(7, &keys, &mut out).unwrap();
+        assert!(out.iter().all(|&v| v == 4.0), "{name}");
+        drop(releaser.join().unwrap());
         drop(c.servers);
     }
 }

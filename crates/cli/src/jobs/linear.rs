@@ -370,7 +370,7 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
     // (wall seconds, test log loss, test AUC) of every evaluation, in time order.
     let mut evals: Vec<(f64, f64, Option<f64>)> = Vec::new();
     let mut batches_done = 0usize;
-    let mut last = None;
+
     for epoch in 1..=a.epochs {
         let te = Instant::now();
         let shuffle_seed = a.seed ^ (epoch as u64).wrapping_mul(0x9E37_79B9) ^ (s.rank as u64).wrapping_mul(0x85EB_CA6B);
@@ -417,7 +417,7 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
             let held = s.kv.held();
             slowdown.apply(mark.elapsed().saturating_sub(held - held_mark));
             (mark, held_mark) = (Instant::now(), held);
-            last = Some(s.kv.push(TABLE, &b.keys, &grad)?);
+            s.kv.push(TABLE, &b.keys, &grad)?;
             s.kv.clock()?;
             loss_sum += l * b.len() as f64;
             loss_n += b.len();
@@ -448,9 +448,9 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
         if final_epoch {
             // This worker's share is done: nobody waits for its clock any more.
             s.kv.pause_clock()?;
-            if let Some(ts) = last.take() {
-                s.kv.wait(ts)?;
-            }
+            // Every push, clock and pause acknowledged: once all workers pass the barrier,
+            // every round is applied and the model is final.
+            s.kv.wait_all()?;
             let waiting = Instant::now();
             s.barrier("linear-trained")?;
             idle += waiting.elapsed();
