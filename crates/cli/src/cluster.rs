@@ -37,6 +37,9 @@ pub fn coordinator_config(s: &Settings, servers: usize, workers: usize) -> Coord
 pub fn run_worker(transport: &dyn Transport, s: &Settings, coordinator: &str, job: &JobCmd, sink: &Sink) -> Result<()> {
     let cfg = SessionConfig { coordinator: coordinator.to_string(), connect_timeout: s.connect_timeout, kv: kv_config(s) };
     let mut session = join_job(transport, &cfg).context("joining the job")?;
+    if job.wants_reader(session.rank) {
+        session.open_reader(transport).context("opening the evaluator's connections")?;
+    }
     let servers = session.kv.num_servers();
     match job.run(&mut session, servers, sink) {
         Ok(()) => {

@@ -208,6 +208,8 @@ pub struct KvClient {
     worker_rank: Option<u32>,
     /// `staleness[s]`: pulls answered with staleness `s` (the last bucket counts the rest).
     staleness: Vec<u64>,
+    /// Largest staleness any pull saw (the histogram caps at [`MAX_STALENESS`]).
+    staleness_max: Option<u64>,
     /// Total time servers held this client's finished pulls for consistency bounds.
     held: Duration,
     /// Pushes the servers dropped as late (a backup worker's round already applied).
@@ -252,6 +254,7 @@ impl KvClient {
             clock: 0,
             worker_rank: None,
             staleness: Vec::new(),
+            staleness_max: None,
             held: Duration::ZERO,
             dropped: 0,
             fast_forwards: 0,
@@ -352,10 +355,17 @@ impl KvClient {
         self.held
     }
 
-    /// How many pulls of tables with a staleness bound saw each staleness: entry `s` counts
-    /// staleness `s`; the last entry counts [`MAX_STALENESS`] and above.
+    /// How many pulls saw each staleness (their clock minus the oldest clock the values
+    /// fully include): entry `s` counts staleness `s`; the last entry counts
+    /// [`MAX_STALENESS`] and above. Only pulls on servers that track clocks report one
+    /// (every table once the worker's rank is set); peeks report none.
     pub fn staleness_histogram(&self) -> &[u64] {
         &self.staleness
+    }
+
+    /// The largest staleness any pull saw (uncapped), `None` before any pull reported one.
+    pub fn staleness_max(&self) -> Option<u64> {
+        self.staleness_max
     }
 
     /// Bytes and frames moved on all server connections.
@@ -780,6 +790,7 @@ impl KvClient {
             let front = sc.inflight.front_mut().ok_or_else(|| bad("no request in line".into()))?;
             front.got += 1;
             if let Some(st) = h.staleness {
+                self.staleness_max = Some(self.staleness_max.map_or(st, |m| m.max(st)));
                 let i = (st as usize).min(MAX_STALENESS);
                 if self.staleness.len() <= i {
                     self.staleness.resize(i + 1, 0);

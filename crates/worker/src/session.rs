@@ -28,6 +28,12 @@ pub struct WorkerSession {
     pub num_workers: usize,
     /// This worker's node id.
     pub node_id: u32,
+    /// A second client on the same servers, without a rank (it never clocks or pushes to
+    /// `bsp` tables): for reading the model beside training, e.g. an evaluator thread.
+    /// Opened by [`WorkerSession::open_reader`].
+    pub reader: Option<KvClient>,
+    routing: downpour_core::proto::Routing,
+    kv_cfg: KvConfig,
     control: ControlClient,
     hb_stop: Arc<AtomicBool>,
     hb_error: Arc<Mutex<Option<String>>>,
@@ -92,6 +98,9 @@ pub fn join_job(transport: &dyn Transport, cfg: &SessionConfig) -> Result<Worker
         rank: reg.rank as usize,
         num_workers: reg.num_workers as usize,
         node_id: reg.node_id,
+        reader: None,
+        routing,
+        kv_cfg: cfg.kv,
         control,
         hb_stop,
         hb_error,
@@ -107,6 +116,12 @@ impl WorkerSession {
             Some(e) => Err(SessionError::Job(e)),
             None => Ok(()),
         }
+    }
+
+    /// Opens [`WorkerSession::reader`]: another connection to every server.
+    pub fn open_reader(&mut self, transport: &dyn Transport) -> Result<(), SessionError> {
+        self.reader = Some(KvClient::connect(transport, &self.routing, self.node_id, self.kv_cfg)?);
+        Ok(())
     }
 
     /// Waits until every worker has reached the barrier `name`.

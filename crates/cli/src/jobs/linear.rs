@@ -22,7 +22,7 @@ use downpour_data::libsvm::DataError;
 use downpour_data::share::{max_abs_value, ShareReader};
 use downpour_data::text::TextOptions;
 use downpour_data::Format;
-use downpour_worker::{Timestamp, WorkerSession};
+use downpour_worker::{KvClient, Timestamp, WorkerSession};
 use std::path::PathBuf;
 use std::sync::mpsc::{sync_channel, Receiver};
 use std::time::{Duration, Instant};
@@ -301,6 +301,50 @@ fn spawn_reader(mut reader: ShareReader, batch: usize) -> Result<Receiver<BatchM
     Ok(rx)
 }
 
+/// One evaluation: (wall seconds since training started, test log loss, test AUC).
+type EvalPoint = (f64, f64, Option<f64>);
+
+/// Evaluates the test set on its own thread whenever asked (requests that come while one
+/// is running are merged into the next), recording (wall seconds, log loss, AUC).
+struct Evaluator {
+    tx: std::sync::mpsc::Sender<()>,
+    thread: std::thread::JoinHandle<Result<Vec<EvalPoint>>>,
+}
+
+impl Evaluator {
+    fn spawn(mut kv: KvClient, test: PathBuf, format: Format, batch: usize, scale: f32, t0: Instant) -> Result<Evaluator> {
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("evaluator".into())
+            .spawn(move || {
+                let mut out = Vec::new();
+                while rx.recv().is_ok() {
+                    while rx.try_recv().is_ok() {}
+                    let m = evaluate(&mut kv, &test, &format, batch, scale)?;
+                    out.push((t0.elapsed().as_secs_f64(), m.logloss, m.auc));
+                }
+                Ok(out)
+            })
+            .context("cannot start the evaluator thread")?;
+        Ok(Evaluator { tx, thread })
+    }
+
+    /// Asks for an evaluation of the current weights (returns at once).
+    fn request(&self) {
+        // A failed send means the thread ended on an error, which finish() reports.
+        let _ = self.tx.send(());
+    }
+
+    /// Stops after the evaluation under way; returns every point, in time order.
+    fn finish(self) -> Result<Vec<EvalPoint>> {
+        drop(self.tx);
+        match self.thread.join() {
+            Ok(r) => r.context("evaluation failed"),
+            Err(_) => anyhow::bail!("the evaluator thread panicked"),
+        }
+    }
+}
+
 struct EpochMetrics {
     auc: Option<f64>,
     logloss: f64,
@@ -308,14 +352,16 @@ struct EpochMetrics {
     examples: usize,
 }
 
-fn evaluate(s: &mut WorkerSession, test: &PathBuf, format: &Format, batch: usize, scale: f32) -> Result<EpochMetrics> {
+/// Scores the test set with the servers' current weights, read with `kv` (peeks: no key is
+/// created, nothing waits for clocks).
+fn evaluate(kv: &mut KvClient, test: &PathBuf, format: &Format, batch: usize, scale: f32) -> Result<EpochMetrics> {
     let mut r = ShareReader::for_worker(std::slice::from_ref(test), format, 0, 1)?.with_key_map(scramble).with_value_scale(1.0 / scale);
     let (mut p, mut y) = (Vec::new(), Vec::new());
     let mut w = Vec::new();
     while let Some(b) = r.next_batch(batch.max(1000))? {
         w.resize(b.keys.len(), 0.0);
         // A read-only pull: test-only keys are not created on the servers.
-        s.kv.peek_into(TABLE, &b.keys, &mut w)?;
+        kv.peek_into(TABLE, &b.keys, &mut w)?;
         for i in 0..b.len() {
             p.push(linear::sigmoid(linear::margin(&b, &w, i)));
             y.push(b.labels[i]);
@@ -370,6 +416,15 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
     // (wall seconds, test log loss, test AUC) of every evaluation, in time order.
     let mut evals: Vec<(f64, f64, Option<f64>)> = Vec::new();
     let mut batches_done = 0usize;
+    // Worker 0's evaluations every --eval-every minibatches run on their own thread and
+    // connections, so they neither slow worker 0's training nor (under bsp) everyone's.
+    let mut evaluator = match (s.reader.take(), &a.test) {
+        (Some(mut kv), Some(test)) if a.eval_every > 0 => {
+            kv.use_table(table_def(a));
+            Some(Evaluator::spawn(kv, test.clone(), format.clone(), a.batch, scale, t0)?)
+        }
+        _ => None,
+    };
 
     for epoch in 1..=a.epochs {
         let te = Instant::now();
@@ -423,9 +478,10 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
             loss_n += b.len();
             seen += b.len();
             batches_done += 1;
-            if let (0, true, Some(test)) = (s.rank, a.eval_every > 0 && batches_done.is_multiple_of(a.eval_every.max(1)), &a.test) {
-                let m = evaluate(s, test, &format, a.batch, scale)?;
-                evals.push((t0.elapsed().as_secs_f64(), m.logloss, m.auc));
+            if a.eval_every > 0 && batches_done.is_multiple_of(a.eval_every.max(1)) {
+                if let Some(e) = &evaluator {
+                    e.request();
+                }
             }
             progress.update(frac, || {
                 let rate = seen as f64 / te.elapsed().as_secs_f64();
@@ -458,7 +514,13 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
         let wall = t0.elapsed().as_secs_f64();
         if s.rank == 0 {
             if let Some(test) = &a.test {
-                let m = evaluate(s, test, &format, a.batch, scale)?;
+                if final_epoch {
+                    // The evaluator's points come before this final one.
+                    if let Some(e) = evaluator.take() {
+                        evals.extend(e.finish()?);
+                    }
+                }
+                let m = evaluate(&mut s.kv, test, &format, a.batch, scale)?;
                 if !a.quiet {
                     tracing::info!(
                         "epoch {epoch}: {seen} examples on this worker in {:.1}s ({:.0} ex/s)",
@@ -504,22 +566,36 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
     let all_examples = sum[0] as usize + ((sum[1] as usize) << 20);
     let dropped = sum[2] as u64;
     let wall = t0.elapsed().as_secs_f64();
+    evals.sort_by(|x, y| x.0.total_cmp(&y.0));
     if s.rank == 0 {
         let traffic = s.kv.traffic();
         let hist = s.kv.staleness_histogram();
         let pulls: u64 = hist.iter().sum();
-        let staleness_max = hist.iter().rposition(|&n| n > 0);
+        let staleness_max = s.kv.staleness_max();
         let staleness_mean = (pulls > 0).then(|| hist.iter().enumerate().map(|(s, &n)| s as f64 * n as f64).sum::<f64>() / pulls as f64);
         if dropped > 0 && !a.quiet {
             tracing::info!("{dropped} late pushes were dropped (--backup-workers {})", a.backup_workers);
         }
         if pulls > 0 && !a.quiet {
+            // The histogram in full when short; else its percentiles (all of it is in --out).
+            let shape = if hist.len() <= 20 {
+                format!("histogram {hist:?}")
+            } else {
+                let pct = |q: f64| {
+                    let want = (q * pulls as f64).ceil() as u64;
+                    let mut acc = 0;
+                    hist.iter().position(|&n| {
+                        acc += n;
+                        acc >= want
+                    })
+                };
+                format!("p50 {:?}, p90 {:?}, p99 {:?}", pct(0.5).unwrap_or(0), pct(0.9).unwrap_or(0), pct(0.99).unwrap_or(0))
+            };
             tracing::info!(
-                "staleness of worker 0's pulls ({} model): max {}, mean {:.2}, histogram {:?}",
+                "staleness of worker 0's {pulls} pulls ({} model): max {}, mean {:.2}, {shape}",
                 a.consistency,
                 staleness_max.unwrap_or(0),
                 staleness_mean.unwrap_or(0.0),
-                hist
             );
         }
         let final_m = epochs.last().and_then(|e| e.1.as_ref());

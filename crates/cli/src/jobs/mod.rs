@@ -36,6 +36,15 @@ pub enum TrainModel {
 }
 
 impl JobCmd {
+    /// Whether worker `rank` of this job reads the model beside training (and needs
+    /// [`WorkerSession::reader`]).
+    pub fn wants_reader(&self, rank: usize) -> bool {
+        match self {
+            JobCmd::Train(TrainModel::Linear(a)) => rank == 0 && a.eval_every > 0 && a.test.is_some(),
+            _ => false,
+        }
+    }
+
     /// Runs the job on this worker.
     pub fn run(&self, session: &mut WorkerSession, num_servers: usize, sink: &Sink) -> Result<()> {
         match self {
