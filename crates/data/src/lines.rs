@@ -67,9 +67,17 @@ fn is_gzip(path: &Path) -> Result<bool, DataError> {
     Ok(n == 2 && magic == [0x1f, 0x8b])
 }
 
-/// The share of worker `rank` of `workers` over `files`: a byte range of every uncompressed
-/// file and every `workers`-th line of every gzip file. Every line of every file belongs to
-/// exactly one worker's share. Fails if a file cannot be opened.
+/// Bytes below which an uncompressed file is not cut into more blocks than workers.
+const MIN_BLOCK: u64 = 64 << 10;
+/// Most blocks per worker per file.
+const MAX_BLOCKS_PER_WORKER: u64 = 64;
+
+/// The share of worker `rank` of `workers` over `files`: of every uncompressed file, every
+/// `workers`-th of its byte blocks (up to 64 blocks a worker, of at least 64 KiB), and of every
+/// gzip file every `workers`-th line. Interleaved blocks rather than one contiguous range, so
+/// a file sorted or grouped by label (as many public sets are) still gives every worker a
+/// share that looks like the whole file. Every line of every file belongs to exactly one
+/// worker's share (the block holding its first byte). Fails if a file cannot be opened.
 pub fn plan_share(files: &[PathBuf], rank: usize, workers: usize) -> Result<Vec<Piece>, DataError> {
     let w = workers.max(1) as u64;
     let r = rank as u64;
@@ -79,8 +87,12 @@ pub fn plan_share(files: &[PathBuf], rank: usize, workers: usize) -> Result<Vec<
             pieces.push(Piece::EveryNth { path: path.clone(), rank: r, of: w });
         } else {
             let len = std::fs::metadata(path).map_err(|source| DataError::Io { path: path.clone(), source })?.len();
-            let cut = |i: u64| ((len as u128 * i as u128) / w as u128) as u64;
-            pieces.push(Piece::Bytes { path: path.clone(), begin: cut(r), end: cut(r + 1) });
+            let per_worker = (len / (w * MIN_BLOCK)).clamp(1, MAX_BLOCKS_PER_WORKER);
+            let blocks = w * per_worker;
+            let cut = |i: u64| ((len as u128 * i as u128) / blocks as u128) as u64;
+            for b in (r..blocks).step_by(w as usize) {
+                pieces.push(Piece::Bytes { path: path.clone(), begin: cut(b), end: cut(b + 1) });
+            }
         }
     }
     Ok(pieces)
@@ -265,16 +277,44 @@ mod tests {
     fn byte_range_shares_give_every_line_to_exactly_one_worker() {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("a.txt");
-        let lines: Vec<String> = (0..997).map(|i| format!("line {i} {}", "x".repeat(i % 13))).collect();
+        // big enough for several blocks per worker
+        let mut lines: Vec<String> = (0..40_000).map(|i| format!("line {i} {}", "x".repeat(i % 13))).collect();
         std::fs::write(&p, lines.join("\n") + "\n").unwrap();
+        lines.sort();
         for w in [1, 2, 3, 7, 64] {
             let mut got: Vec<String> = vec![];
             for r in 0..w {
                 let share = plan_share(std::slice::from_ref(&p), r, w).unwrap();
-                assert!(matches!(share[0], Piece::Bytes { .. }));
-                got.extend(all_lines(&share[0]));
+                assert!(share.iter().all(|p| matches!(p, Piece::Bytes { .. })));
+                for piece in &share {
+                    got.extend(all_lines(piece));
+                }
             }
+            got.sort();
             assert_eq!(got, lines, "{w} workers");
+        }
+    }
+
+    #[test]
+    fn a_file_grouped_by_label_gives_every_worker_both_labels() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("grouped.svm");
+        // the first half all label 0, the second all label 1
+        let lines: Vec<String> = (0..200_000).map(|i| format!("{} 1:{i}", if i < 100_000 { 0 } else { 1 })).collect();
+        std::fs::write(&p, lines.join("\n") + "\n").unwrap();
+        for r in 0..2 {
+            let share = plan_share(std::slice::from_ref(&p), r, 2).unwrap();
+            assert!(share.len() > 1, "one block only");
+            let mut ones = 0usize;
+            let mut n = 0usize;
+            for piece in &share {
+                for l in all_lines(piece) {
+                    n += 1;
+                    ones += l.starts_with('1') as usize;
+                }
+            }
+            let frac = ones as f64 / n as f64;
+            assert!((0.4..0.6).contains(&frac), "worker {r}: {frac} of its examples are label 1");
         }
     }
 
