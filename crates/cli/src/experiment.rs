@@ -46,7 +46,7 @@ pub struct ConsistencyArgs {
     /// The test log loss whose first crossing is `time_to_target_s`.
     #[arg(long)]
     pub target_logloss: f64,
-    /// Worker 0 evaluates every N of its minibatches (the resolution of the time to target).
+    /// Worker 0 asks for an evaluation every N of its minibatches, run on a separate thread (the resolution of the time to target).
     #[arg(long, default_value_t = 20)]
     pub eval_every: usize,
     /// Output directory (created).

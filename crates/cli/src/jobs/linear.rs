@@ -408,7 +408,7 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
     s.kv.create_table(table_def(a))?;
     s.barrier("linear-start")?;
     let t0 = Instant::now();
-    // Time lost to synchronisation: at epoch barriers (plus, at the end, the time servers
+    // Time lost to synchronisation: at the final barrier (plus, at the end, the time servers
     // held this worker's pulls for a staleness bound).
     let mut idle = Duration::ZERO;
     let mut total_examples = 0usize;
