@@ -308,9 +308,10 @@ fn straggler_flags_are_checked_and_a_straggling_run_still_learns() {
     let o = run(&["--straggler", "1:3", "--straggler-tail", "0.05:3", "--consistency", "ssp:1", "--eval-every", "5"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let m = metrics(&out);
-    // worker 0 has about 20 minibatches: evaluations every 5 of them, and at the epoch end
+    // worker 0 has about 20 minibatches: evaluations asked for every 5 of them (requests
+    // that come while one runs are merged, so at least one runs), and the final one
     let evals = m["evals"].as_array().unwrap();
-    assert!(evals.len() >= 4, "{m}");
+    assert!(evals.len() >= 2, "{m}");
     assert_eq!(evals.last().unwrap()["test_logloss"], m["test_logloss"], "{m}");
     assert!(evals.windows(2).all(|w| w[0]["wall_s"].as_f64() <= w[1]["wall_s"].as_f64()), "{m}");
     let idle = m["idle_fraction"].as_f64().unwrap();

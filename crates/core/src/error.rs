@@ -46,12 +46,22 @@ pub enum CoreError {
     /// A malformed frame or message.
     #[error("malformed message: {0}")]
     Malformed(String),
-    /// A size limit was exceeded.
-    #[error("invalid consistency setting: {0}")]
     /// A consistency model or clock event that makes no sense.
+    #[error("invalid consistency setting: {0}")]
     Consistency(String),
+    /// A size limit was exceeded.
     #[error("limit exceeded: {0}")]
     Limit(String),
+    /// A filter could not decode a payload (corrupt, or encoded by a different filter setup).
+    #[error("cannot decode the payload: {0}")]
+    Codec(String),
+    /// A key list sent as its signature is not in the receiver's cache: the sender must send
+    /// the keys again.
+    #[error("key cache miss: slot {slot} does not hold the signed key list")]
+    KeyCacheMiss {
+        /// The cache slot the sender named.
+        slot: u32,
+    },
 }
 
 /// Result with a [`CoreError`].

@@ -17,6 +17,7 @@ compile_error!("Downpour sends keys and values in their in-memory form: little-e
 pub mod codec;
 pub mod consistency;
 pub mod error;
+pub mod filter;
 pub mod hashstore;
 pub mod init;
 pub mod keys;

@@ -1,0 +1,248 @@
+//! User-defined filters on the message path, without I/O: what a sender does to a message's
+//! keys and values before they go on the wire, and what the receiver does to undo it.
+//!
+//! A [`Pipeline`] is a list of [`Filter`]s configured per table and direction. The sender
+//! runs [`Pipeline::encode`] (filters in order), the receiver [`Pipeline::decode`] (in reverse
+//! order); every filter records what it did in the message's [`proto::Encoding`], which
+//! travels in the frame header, so the receiver decodes exactly what was encoded even when a
+//! filter chose to do nothing (compression that would not pay, say).
+//!
+//! A [`Message`] has two forms: typed (`keys`, `values`) and wire (`key_bytes`,
+//! `value_bytes`). Filters that change what is sent (significantly-modified, KKT) work on the
+//! typed form; filters that change how it is sent (low precision, key caching, compression)
+//! on the wire form, calling [`Message::to_wire`] first. Built-in filters:
+//! * [`sigmod::SignificantlyModified`]: push an entry only when its accumulated change exceeds
+//!   a threshold; the rest accumulates locally and is never lost;
+//! * [`quant::LowPrecision`]: f16, bf16 or 8-bit fixed point with a per-message scale, with
+//!   error feedback (the rounding error is carried into the next push);
+//! * [`keycache::KeyCache`]: a key list the receiver has seen is replaced by its 128-bit
+//!   signature; a receiver that no longer holds it answers a miss and the sender resends;
+//! * [`compress::Compress`]: sorted keys delta-varint coded, then LZ4 or Zstandard, each part
+//!   left raw when compressing it does not pay.
+
+pub mod compress;
+pub mod keycache;
+pub mod quant;
+pub mod sigmod;
+
+use crate::proto;
+use crate::{CoreError, Result};
+
+/// One message's payload as the filters see it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Message {
+    /// Sorted, unique keys (typed form).
+    pub keys: Vec<u64>,
+    /// `keys.len() × value_len` values (typed form; empty for a request without values).
+    pub values: Vec<f32>,
+    /// Values per key.
+    pub value_len: usize,
+    /// Wire form of the keys (valid when `wire` is true).
+    pub key_bytes: Vec<u8>,
+    /// Wire form of the values (valid when `wire` is true).
+    pub value_bytes: Vec<u8>,
+    /// Whether the wire form is current (the typed form may then be stale).
+    pub wire: bool,
+    /// What was done to the wire form.
+    pub enc: proto::Encoding,
+}
+
+impl Message {
+    /// A message in typed form. Precondition: `values` is empty or `keys.len() × value_len`.
+    pub fn new(keys: Vec<u64>, values: Vec<f32>, value_len: usize) -> Message {
+        Message { keys, values, value_len: value_len.max(1), ..Default::default() }
+    }
+
+    /// A received message in wire form with its encoding.
+    pub fn from_wire(key_bytes: Vec<u8>, value_bytes: Vec<u8>, value_len: usize, enc: proto::Encoding) -> Message {
+        Message { key_bytes, value_bytes, value_len: value_len.max(1), wire: true, enc, ..Default::default() }
+    }
+
+    /// Makes the wire form current: raw little-endian keys and f32 values, unless a filter has
+    /// already produced them.
+    pub fn to_wire(&mut self) {
+        if !self.wire {
+            self.enc.num_keys = self.keys.len() as u64;
+            self.key_bytes = self.keys.iter().flat_map(|k| k.to_le_bytes()).collect();
+            self.value_bytes = self.values.iter().flat_map(|v| v.to_le_bytes()).collect();
+            self.wire = true;
+        }
+    }
+
+    /// Makes the typed form current from raw wire bytes (after every filter has decoded).
+    /// Errors when the bytes do not hold whole keys and values of the declared count.
+    pub fn to_typed(&mut self) -> Result<()> {
+        if !self.wire {
+            return Ok(());
+        }
+        if !self.key_bytes.len().is_multiple_of(8) || !self.value_bytes.len().is_multiple_of(4) {
+            return Err(CoreError::Codec(format!(
+                "decoded payload of {} key bytes and {} value bytes is not whole keys and values",
+                self.key_bytes.len(),
+                self.value_bytes.len()
+            )));
+        }
+        self.keys = self.key_bytes.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect();
+        self.values = self.value_bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap_or([0; 4]))).collect();
+        if self.enc.num_keys != self.keys.len() as u64 {
+            return Err(CoreError::Codec(format!("decoded {} keys, the sender encoded {}", self.keys.len(), self.enc.num_keys)));
+        }
+        if !self.values.is_empty() && self.values.len() != self.keys.len() * self.value_len {
+            return Err(CoreError::Codec(format!(
+                "decoded {} values for {} keys of length {}",
+                self.values.len(),
+                self.keys.len(),
+                self.value_len
+            )));
+        }
+        self.wire = false;
+        Ok(())
+    }
+
+    /// Bytes this message takes on the wire now (its wire form, or the raw size of its typed form).
+    pub fn wire_len(&self) -> usize {
+        if self.wire {
+            self.key_bytes.len() + self.value_bytes.len()
+        } else {
+            self.keys.len() * 8 + self.values.len() * 4
+        }
+    }
+}
+
+/// A filter on the message path. The sender calls [`Filter::encode`], the receiver
+/// [`Filter::decode`] on its own instance configured the same way. Both must agree through
+/// [`proto::Encoding`] alone: a filter records in `m.enc` everything its decode needs.
+pub trait Filter: Send {
+    /// Short name, for traffic reports.
+    fn name(&self) -> &'static str;
+    /// Sender side: transforms `m`.
+    fn encode(&mut self, m: &mut Message) -> Result<()>;
+    /// Receiver side: undoes [`Filter::encode`] as recorded in `m.enc`. Filters that only
+    /// decide what is sent (significantly-modified, KKT) have nothing to undo.
+    fn decode(&mut self, m: &mut Message) -> Result<()> {
+        let _ = m;
+        Ok(())
+    }
+}
+
+/// Bytes before and after one filter, summed over messages.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FilterTraffic {
+    /// The filter's name.
+    pub name: &'static str,
+    /// Messages it saw.
+    pub messages: u64,
+    /// Payload bytes before it ran.
+    pub bytes_in: u64,
+    /// Payload bytes after it ran.
+    pub bytes_out: u64,
+}
+
+/// The filters of one table and direction, in sender order, with per-filter byte counts.
+#[derive(Default)]
+pub struct Pipeline {
+    filters: Vec<Box<dyn Filter>>,
+    traffic: Vec<FilterTraffic>,
+}
+
+impl Pipeline {
+    /// An empty pipeline (messages go raw).
+    pub fn new() -> Pipeline {
+        Pipeline::default()
+    }
+
+    /// Appends `f` (runs after the filters already added when encoding).
+    pub fn push(&mut self, f: Box<dyn Filter>) {
+        self.traffic.push(FilterTraffic { name: f.name(), ..Default::default() });
+        self.filters.push(f);
+    }
+
+    /// Whether there is any filter.
+    pub fn is_empty(&self) -> bool {
+        self.filters.is_empty()
+    }
+
+    /// Sender side: runs every filter in order, then makes the wire form current.
+    pub fn encode(&mut self, m: &mut Message) -> Result<()> {
+        for (f, t) in self.filters.iter_mut().zip(self.traffic.iter_mut()) {
+            t.messages += 1;
+            t.bytes_in += m.wire_len() as u64;
+            f.encode(m)?;
+            t.bytes_out += m.wire_len() as u64;
+        }
+        m.to_wire();
+        Ok(())
+    }
+
+    /// Receiver side: runs every filter's decode in reverse order, then makes the typed form
+    /// current.
+    pub fn decode(&mut self, m: &mut Message) -> Result<()> {
+        for (f, t) in self.filters.iter_mut().zip(self.traffic.iter_mut()).rev() {
+            t.messages += 1;
+            t.bytes_out += m.wire_len() as u64;
+            f.decode(m)?;
+            t.bytes_in += m.wire_len() as u64;
+        }
+        m.to_typed()
+    }
+
+    /// Bytes before and after each filter so far (for the receiver, "before" is what the
+    /// filter restored and "after" what arrived).
+    pub fn traffic(&self) -> &[FilterTraffic] {
+        &self.traffic
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn sorted_keys(mut k: Vec<u64>) -> Vec<u64> {
+        k.sort_unstable();
+        k.dedup();
+        k
+    }
+
+    proptest! {
+        #[test]
+        fn a_pipeline_of_lossless_filters_round_trips_exactly(
+            raw in proptest::collection::vec(any::<u64>(), 0..400),
+            vl in 1usize..4,
+            zstd in any::<bool>(),
+        ) {
+            let keys = sorted_keys(raw);
+            let values: Vec<f32> = (0..keys.len() * vl).map(|i| (i as f32).sin()).collect();
+            let codec = if zstd { compress::Codec::Zstd(3) } else { compress::Codec::Lz4 };
+            let mut tx = Pipeline::new();
+            tx.push(Box::new(keycache::KeyCache::new(8, 1 << 20)));
+            tx.push(Box::new(compress::Compress::new(codec)));
+            let mut rx = Pipeline::new();
+            rx.push(Box::new(keycache::KeyCache::new(8, 1 << 20)));
+            rx.push(Box::new(compress::Compress::new(codec)));
+            for round in 0..3 {
+                let mut m = Message::new(keys.clone(), values.clone(), vl);
+                tx.encode(&mut m).unwrap();
+                if round > 0 && keys.len() >= keycache::MIN_KEYS {
+                    prop_assert!(m.enc.keys_omitted, "a repeated key list goes as its signature");
+                }
+                let mut got = Message::from_wire(m.key_bytes, m.value_bytes, vl, m.enc);
+                rx.decode(&mut got).unwrap();
+                prop_assert_eq!(&got.keys, &keys);
+                prop_assert_eq!(got.values.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), values.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+            }
+        }
+    }
+
+    #[test]
+    fn a_raw_message_decodes_with_an_empty_pipeline_and_bad_lengths_are_errors() {
+        let mut m = Message::new(vec![1, 5, 9], vec![1.0, 2.0, 3.0], 1);
+        Pipeline::new().encode(&mut m).unwrap();
+        assert_eq!(m.key_bytes.len(), 24);
+        let mut r = Message::from_wire(m.key_bytes.clone(), m.value_bytes.clone(), 1, m.enc.clone());
+        Pipeline::new().decode(&mut r).unwrap();
+        assert_eq!(r.keys, vec![1, 5, 9]);
+        let mut bad = Message::from_wire(m.key_bytes[..20].to_vec(), m.value_bytes, 1, m.enc);
+        assert!(Pipeline::new().decode(&mut bad).is_err());
+    }
+}
