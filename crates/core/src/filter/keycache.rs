@@ -132,6 +132,14 @@ impl Filter for KeyCache {
         Ok(())
     }
 
+    fn omits_known_parts(&self) -> bool {
+        true
+    }
+
+    fn forget(&mut self, sig: &[u8]) {
+        KeyCache::forget(self, sig)
+    }
+
     fn decode(&mut self, m: &mut Message) -> Result<()> {
         if m.enc.key_sig.is_empty() {
             return Ok(());

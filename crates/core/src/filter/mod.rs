@@ -123,6 +123,18 @@ pub trait Filter: Send {
         let _ = m;
         Ok(())
     }
+
+    /// True for a filter that may leave out part of the message on the assumption that
+    /// the receiver holds it (key caching): [`Pipeline::encode_resendable`] keeps what went
+    /// into it, so the message can be resent in full after a miss.
+    fn omits_known_parts(&self) -> bool {
+        false
+    }
+
+    /// Sender: the receiver answered a miss for the part with this signature.
+    fn forget(&mut self, sig: &[u8]) {
+        let _ = sig;
+    }
 }
 
 /// Bytes before and after one filter, summed over messages.
@@ -174,6 +186,43 @@ impl Pipeline {
         Ok(())
     }
 
+    /// Like [`Pipeline::encode`], and returns the message as it was before the first filter
+    /// that omits parts the receiver is assumed to hold, when there is one: give it to
+    /// [`Pipeline::resend`] if the receiver answers a miss.
+    pub fn encode_resendable(&mut self, m: &mut Message) -> Result<Option<Message>> {
+        let mut snapshot = None;
+        for (f, t) in self.filters.iter_mut().zip(self.traffic.iter_mut()) {
+            if f.omits_known_parts() && snapshot.is_none() {
+                m.to_wire();
+                snapshot = Some(m.clone());
+            }
+            t.messages += 1;
+            t.bytes_in += m.wire_len() as u64;
+            f.encode(m)?;
+            t.bytes_out += m.wire_len() as u64;
+        }
+        m.to_wire();
+        Ok(snapshot)
+    }
+
+    /// After a miss for signature `sig`: every filter forgets it, and `snapshot` (from
+    /// [`Pipeline::encode_resendable`]) is encoded again by the filters after the omitting one
+    /// only, so the message goes whole and nothing upstream (accumulations, carried errors)
+    /// counts twice.
+    pub fn resend(&mut self, mut snapshot: Message, sig: &[u8]) -> Result<Message> {
+        let mut after = false;
+        for f in self.filters.iter_mut() {
+            f.forget(sig);
+            if after {
+                f.encode(&mut snapshot)?;
+            } else if f.omits_known_parts() {
+                after = true;
+            }
+        }
+        snapshot.to_wire();
+        Ok(snapshot)
+    }
+
     /// Receiver side: runs every filter's decode in reverse order, then makes the typed form
     /// current.
     pub fn decode(&mut self, m: &mut Message) -> Result<()> {
@@ -190,6 +239,148 @@ impl Pipeline {
     /// filter restored and "after" what arrived).
     pub fn traffic(&self) -> &[FilterTraffic] {
         &self.traffic
+    }
+}
+
+/// A table's filter settings (`TableSpec.filters`, `--filters`): a comma-separated list of
+/// `sigmod:T` (significantly-modified, threshold T), `f16` | `bf16` | `q8` (low-precision
+/// values; pushes carry their rounding error forward), `keycache[:SLOTS]` (default 64 slots)
+/// and `lz4` | `zstd[:LEVEL]` (default level 3). They always run in that order, whatever the
+/// order written; `none` or empty is no filter.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FilterSpec {
+    /// Significantly-modified threshold.
+    pub sigmod: Option<f32>,
+    /// Low-precision values.
+    pub precision: Option<quant::Precision>,
+    /// Key-cache slots.
+    pub keycache: Option<usize>,
+    /// Compression.
+    pub codec: Option<compress::Codec>,
+}
+
+/// Bytes of key lists a receiver keeps per connection and table (key caching).
+pub const KEY_CACHE_BYTES: usize = 64 << 20;
+
+impl FilterSpec {
+    /// Whether any filter is set.
+    pub fn is_empty(&self) -> bool {
+        *self == FilterSpec::default()
+    }
+
+    /// The worker's pipeline for its requests (pushes and pulls) to one server.
+    pub fn request_sender(&self) -> Pipeline {
+        let mut p = Pipeline::new();
+        if let Some(t) = self.sigmod {
+            p.push(Box::new(sigmod::SignificantlyModified::new(t)));
+        }
+        if let Some(q) = self.precision {
+            p.push(Box::new(quant::LowPrecision::new(q, true)));
+        }
+        self.lossless(&mut p);
+        p
+    }
+
+    /// The server's pipeline for one connection's requests (the decoding side of
+    /// [`FilterSpec::request_sender`]).
+    pub fn request_receiver(&self) -> Pipeline {
+        let mut p = Pipeline::new();
+        if let Some(q) = self.precision {
+            p.push(Box::new(quant::LowPrecision::new(q, false)));
+        }
+        self.lossless(&mut p);
+        p
+    }
+
+    /// Both ends' pipeline for pull replies (values only: low precision without carried
+    /// errors, then compression).
+    pub fn reply(&self) -> Pipeline {
+        let mut p = Pipeline::new();
+        if let Some(q) = self.precision {
+            p.push(Box::new(quant::LowPrecision::new(q, false)));
+        }
+        if let Some(c) = self.codec {
+            p.push(Box::new(compress::Compress::new(c)));
+        }
+        p
+    }
+
+    fn lossless(&self, p: &mut Pipeline) {
+        if let Some(n) = self.keycache {
+            p.push(Box::new(keycache::KeyCache::new(n, KEY_CACHE_BYTES)));
+        }
+        if let Some(c) = self.codec {
+            p.push(Box::new(compress::Compress::new(c)));
+        }
+    }
+}
+
+impl std::fmt::Display for FilterSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut parts = Vec::new();
+        if let Some(t) = self.sigmod {
+            parts.push(format!("sigmod:{t}"));
+        }
+        match self.precision {
+            Some(quant::Precision::F16) => parts.push("f16".into()),
+            Some(quant::Precision::Bf16) => parts.push("bf16".into()),
+            Some(quant::Precision::Q8) => parts.push("q8".into()),
+            None => {}
+        }
+        if let Some(n) = self.keycache {
+            parts.push(format!("keycache:{n}"));
+        }
+        match self.codec {
+            Some(compress::Codec::Lz4) => parts.push("lz4".into()),
+            Some(compress::Codec::Zstd(l)) => parts.push(format!("zstd:{l}")),
+            None => {}
+        }
+        write!(f, "{}", if parts.is_empty() { "none".to_string() } else { parts.join(",") })
+    }
+}
+
+impl std::str::FromStr for FilterSpec {
+    type Err = CoreError;
+    fn from_str(s: &str) -> Result<FilterSpec> {
+        let mut spec = FilterSpec::default();
+        let bad = |what: &str| {
+            CoreError::InvalidTable(format!("filter {what:?}: expected sigmod:T, f16, bf16, q8, keycache[:SLOTS], lz4 or zstd[:LEVEL]"))
+        };
+        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty() && *p != "none") {
+            let (name, arg) = match part.split_once(':') {
+                Some((n, a)) => (n, Some(a)),
+                None => (part, None),
+            };
+            match (name, arg) {
+                ("sigmod", Some(a)) => {
+                    let t: f32 = a.parse().map_err(|_| bad(part))?;
+                    if !t.is_finite() || t < 0.0 {
+                        return Err(bad(part));
+                    }
+                    spec.sigmod = Some(t);
+                }
+                ("f16", None) => spec.precision = Some(quant::Precision::F16),
+                ("bf16", None) => spec.precision = Some(quant::Precision::Bf16),
+                ("q8", None) => spec.precision = Some(quant::Precision::Q8),
+                ("keycache", a) => {
+                    let n: usize = a.map(|a| a.parse().map_err(|_| bad(part))).transpose()?.unwrap_or(64);
+                    if n == 0 || n > 1 << 16 {
+                        return Err(bad(part));
+                    }
+                    spec.keycache = Some(n);
+                }
+                ("lz4", None) => spec.codec = Some(compress::Codec::Lz4),
+                ("zstd", a) => {
+                    let l: i32 = a.map(|a| a.parse().map_err(|_| bad(part))).transpose()?.unwrap_or(3);
+                    if !(1..=19).contains(&l) {
+                        return Err(bad(part));
+                    }
+                    spec.codec = Some(compress::Codec::Zstd(l));
+                }
+                _ => return Err(bad(part)),
+            }
+        }
+        Ok(spec)
     }
 }
 
@@ -232,6 +423,44 @@ mod tests {
                 prop_assert_eq!(got.values.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), values.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
             }
         }
+    }
+
+    #[test]
+    fn filter_specs_parse_print_and_refuse_nonsense() {
+        let s: FilterSpec = "lz4, keycache, q8,sigmod:0.01".parse().unwrap();
+        assert_eq!(s.to_string(), "sigmod:0.01,q8,keycache:64,lz4");
+        assert_eq!(s.to_string().parse::<FilterSpec>().unwrap(), s);
+        assert!("none".parse::<FilterSpec>().unwrap().is_empty());
+        assert!("".parse::<FilterSpec>().unwrap().is_empty());
+        for bad in ["gzip", "sigmod", "sigmod:-1", "keycache:0", "zstd:99", "q8:3", "lz4:1"] {
+            assert!(bad.parse::<FilterSpec>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_miss_is_cured_by_resending_the_snapshot_without_counting_twice() {
+        let spec: FilterSpec = "sigmod:0,keycache:2,lz4".parse().unwrap();
+        let mut tx = spec.request_sender();
+        let mut rx = spec.request_receiver();
+        let keys: Vec<u64> = (0..100).collect();
+        // first send: keys travel and are cached
+        let mut m = Message::new(keys.clone(), vec![1.0; 100], 1);
+        tx.encode_resendable(&mut m).unwrap();
+        let mut r = Message::from_wire(m.key_bytes, m.value_bytes, 1, m.enc);
+        rx.decode(&mut r).unwrap();
+        // the receiver loses its cache (a new server process, say)
+        let mut rx = spec.request_receiver();
+        let mut m = Message::new(keys.clone(), vec![2.0; 100], 1);
+        let snapshot = tx.encode_resendable(&mut m).unwrap().unwrap();
+        assert!(m.enc.keys_omitted);
+        let sig = m.enc.key_sig.clone();
+        let mut r = Message::from_wire(m.key_bytes, m.value_bytes, 1, m.enc);
+        assert!(matches!(rx.decode(&mut r), Err(CoreError::KeyCacheMiss { .. })));
+        let again = tx.resend(snapshot, &sig).unwrap();
+        let mut r = Message::from_wire(again.key_bytes, again.value_bytes, 1, again.enc);
+        rx.decode(&mut r).unwrap();
+        assert_eq!(r.keys, keys);
+        assert_eq!(r.values, vec![2.0; 100], "the accumulation was not applied twice");
     }
 
     #[test]
