@@ -18,6 +18,7 @@ fn def(storage: Storage) -> TableDef {
         consistency: downpour_core::consistency::Consistency::Async,
         aggregate: Default::default(),
         backup_workers: 0,
+        filters: Default::default(),
     }
 }
 

@@ -58,6 +58,17 @@ pub fn decode_header(bytes: &[u8], limits: &FrameLimits) -> Result<FrameHeader> 
 
 /// Checks the payload sizes a header announces.
 pub fn check_payload(h: &FrameHeader, limits: &FrameLimits) -> Result<()> {
+    // A filtered payload (compressed, low-precision) has any length; its filters check it.
+    if h.encoding.is_some() {
+        let total = h.keys_len.checked_add(h.values_len).ok_or_else(|| CoreError::Malformed("payload size overflows".into()))?;
+        if total > limits.max_payload_bytes {
+            return Err(CoreError::Limit(format!(
+                "frame payload of {total} bytes exceeds the limit of {} bytes",
+                limits.max_payload_bytes
+            )));
+        }
+        return Ok(());
+    }
     if !h.keys_len.is_multiple_of(8) {
         return Err(CoreError::Malformed(format!("keys payload of {} bytes is not a whole number of u64 keys", h.keys_len)));
     }

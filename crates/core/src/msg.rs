@@ -101,6 +101,8 @@ pub enum Status {
     Unsupported = 6,
     /// An internal error.
     Internal = 7,
+    /// A key list sent as its signature is not in the server's cache: send the keys again.
+    KeyCacheMiss = 8,
 }
 
 impl Status {
@@ -114,6 +116,7 @@ impl Status {
             4 => Status::ResourceExhausted,
             5 => Status::Aborted,
             6 => Status::Unsupported,
+            8 => Status::KeyCacheMiss,
             _ => Status::Internal,
         }
     }

@@ -11,6 +11,7 @@
 //!   thousand keys of millions, where each binary search missed the cache ~20 times.)
 
 use crate::consistency::Consistency;
+use crate::filter::FilterSpec;
 use crate::hashstore::{HashStore, Slot, MISSING};
 use crate::init::Init;
 use crate::keys::{check_lengths, check_sorted_unique};
@@ -63,6 +64,8 @@ pub struct TableDef {
     pub aggregate: Aggregate,
     /// `bsp` tables: a round is applied once all but this many workers completed it.
     pub backup_workers: u32,
+    /// Filters on this table's keyed pushes, pulls and peeks (see [`crate::filter`]).
+    pub filters: FilterSpec,
 }
 
 impl TableDef {
@@ -100,6 +103,7 @@ impl TableDef {
             consistency,
             aggregate,
             backup_workers: p.backup_workers,
+            filters: p.filters.parse()?,
         })
     }
 
@@ -121,6 +125,7 @@ impl TableDef {
             consistency: self.consistency.to_string(),
             aggregate: if self.aggregate == Aggregate::None { String::new() } else { self.aggregate.to_string() },
             backup_workers: self.backup_workers,
+            filters: if self.filters.is_empty() { String::new() } else { self.filters.to_string() },
         }
     }
 
@@ -453,6 +458,7 @@ mod tests {
             consistency: Consistency::Async,
             aggregate: Aggregate::None,
             backup_workers: 0,
+            filters: Default::default(),
         }
     }
 

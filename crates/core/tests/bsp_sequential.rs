@@ -27,6 +27,7 @@ fn def(aggregate: Aggregate) -> TableDef {
         consistency: Consistency::Bsp,
         aggregate,
         backup_workers: 0,
+        filters: Default::default(),
     }
 }
 

@@ -14,6 +14,7 @@
 
 use downpour_coordinator::client::{ControlClient, ControlError};
 use downpour_core::consistency::PullGate;
+use downpour_core::filter::{Message as FilterMessage, Pipeline};
 use downpour_core::keys::{check_lengths, check_sorted_unique};
 use downpour_core::msg::{self, Op, Status};
 use downpour_core::partition::Partition;
@@ -233,6 +234,17 @@ struct ConnCtx {
     cache: HashMap<u32, Arc<TableSlot>>,
     /// Chunks of the current push request dropped as late (reported with its ack).
     dropped: u32,
+    /// Raw payload of a filtered frame, decoded once its table is known.
+    kbytes: Vec<u8>,
+    vbytes: Vec<u8>,
+    /// Per table with filters: this connection's decoding state (key cache) and reply encoder.
+    pipes: HashMap<u32, TablePipes>,
+}
+
+/// The filter pipelines of one table on one connection.
+struct TablePipes {
+    request: Pipeline,
+    reply: Pipeline,
 }
 
 type ReqResult = Result<(), (Status, String)>;
@@ -243,7 +255,17 @@ fn core_err(e: CoreError) -> (Status, String) {
 
 /// Serves one connection until the peer closes it or the server stops.
 pub fn serve_connection(st: &ServerState, mut conn: Box<dyn Connection>) {
-    let mut ctx = ConnCtx { keys: Vec::new(), vals: Vec::new(), out: Vec::new(), out_keys: Vec::new(), cache: HashMap::new(), dropped: 0 };
+    let mut ctx = ConnCtx {
+        keys: Vec::new(),
+        vals: Vec::new(),
+        out: Vec::new(),
+        out_keys: Vec::new(),
+        cache: HashMap::new(),
+        dropped: 0,
+        kbytes: Vec::new(),
+        vbytes: Vec::new(),
+        pipes: HashMap::new(),
+    };
     let mut skip: Option<u64> = None;
     // Wake up now and then to notice a stop request.
     let _ = conn.set_recv_timeout(None);
@@ -257,7 +279,15 @@ pub fn serve_connection(st: &ServerState, mut conn: Box<dyn Connection>) {
                 break;
             }
         };
-        if h.keys_len + h.values_len > 0 {
+        if h.encoding.is_some() {
+            // A filtered payload: raw bytes now, decoded by the table's filters.
+            ctx.kbytes.resize(h.keys_len as usize, 0);
+            ctx.vbytes.resize(h.values_len as usize, 0);
+            if let Err(e) = conn.recv_payload(&mut ctx.kbytes, &mut ctx.vbytes) {
+                tracing::warn!("closing connection from {}: {e}", conn.peer());
+                break;
+            }
+        } else if h.keys_len + h.values_len > 0 {
             ctx.keys.resize((h.keys_len / 8) as usize, 0);
             ctx.vals.resize((h.values_len / 4) as usize, 0.0);
             if let Err(e) = conn.recv_payload(key_bytes_mut(&mut ctx.keys), value_bytes_mut(&mut ctx.vals)) {
@@ -335,6 +365,9 @@ fn handle_frame(st: &ServerState, h: &FrameHeader, ctx: &mut ConnCtx, conn: &mut
                 Ok(s) => s,
                 Err(e) => return Ok(Err(e)),
             };
+            if let Err(e) = decode_filtered(h, &slot, ctx) {
+                return Ok(Err(e));
+            }
             let res = match slot.gate.as_ref().filter(|g| g.rounds) {
                 // bsp: buffered under its round, applied when the round completes.
                 Some(g) => buffer_push(st, &slot, g, h, op, ctx),
@@ -363,6 +396,9 @@ fn handle_frame(st: &ServerState, h: &FrameHeader, ctx: &mut ConnCtx, conn: &mut
                 Ok(s) => s,
                 Err(e) => return Ok(Err(e)),
             };
+            if let Err(e) = decode_filtered(h, &slot, ctx) {
+                return Ok(Err(e));
+            }
             if op == Op::PushPull && slot.gate.as_ref().is_some_and(|g| g.rounds) {
                 return Ok(Err((Status::Unsupported, "push-pull on a bsp table: push, clock, then pull".into())));
             }
@@ -399,6 +435,19 @@ fn handle_frame(st: &ServerState, h: &FrameHeader, ctx: &mut ConnCtx, conn: &mut
                 r.round = round;
             }
             r.held_us = held.as_micros() as u64;
+            if h.encoding.is_some() {
+                // The reply goes through the table's reply filters too.
+                let Some(p) = ctx.pipes.get_mut(&h.table) else {
+                    return Ok(Err((Status::Internal, "no filters for an encoded request".into())));
+                };
+                let mut m = FilterMessage::new(Vec::new(), std::mem::take(&mut ctx.out), 1);
+                if let Err(e) = p.reply.encode(&mut m) {
+                    return Ok(Err(core_err(e)));
+                }
+                r.encoding = Some(m.enc);
+                conn.send(&mut r, &[], &m.value_bytes)?;
+                return Ok(Ok(()));
+            }
             conn.send(&mut r, &[], value_bytes(&ctx.out))?;
             Ok(Ok(()))
         }
@@ -504,6 +553,32 @@ fn wait_for_clocks(st: &ServerState, g: &GateSlot, range: KeyRange, after: Optio
             return Err((Status::Aborted, "the server is stopping".into()));
         }
         g.advanced.wait_for(&mut gate, GATE_POLL);
+    }
+}
+
+/// Decodes a filtered frame's payload into `ctx.keys`/`ctx.vals` with the table's filters
+/// (this connection's pipeline, made on first use). Frames without an encoding pass as they are.
+fn decode_filtered(h: &FrameHeader, slot: &TableSlot, ctx: &mut ConnCtx) -> ReqResult {
+    let Some(enc) = &h.encoding else { return Ok(()) };
+    let (spec, vl) = {
+        let t = slot.table.read();
+        (t.def().filters.clone(), t.def().value_len)
+    };
+    if spec.is_empty() {
+        return Err((Status::InvalidArgument, format!("table {} has no filters, but the frame is filtered", h.table)));
+    }
+    let p = ctx.pipes.entry(h.table).or_insert_with(|| TablePipes { request: spec.request_receiver(), reply: spec.reply() });
+    let mut m = FilterMessage::from_wire(std::mem::take(&mut ctx.kbytes), std::mem::take(&mut ctx.vbytes), vl, enc.clone());
+    match p.request.decode(&mut m) {
+        Ok(()) => {
+            ctx.keys = m.keys;
+            ctx.vals = m.values;
+            Ok(())
+        }
+        Err(CoreError::KeyCacheMiss { slot }) => {
+            Err((Status::KeyCacheMiss, format!("key cache slot {slot} does not hold the signed key list")))
+        }
+        Err(e) => Err(core_err(e)),
     }
 }
 

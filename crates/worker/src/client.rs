@@ -1,3 +1,4 @@
+use downpour_core::filter::{FilterTraffic, Message as FilterMessage, Pipeline};
 use downpour_core::keys::{check_lengths, check_sorted_unique};
 use downpour_core::msg::{self, Op, Status};
 use downpour_core::partition::Partition;
@@ -124,6 +125,10 @@ enum Reply {
     },
     /// Sparse range: keys and values appended.
     SparseRange,
+    /// Values encoded by `table`'s reply filters (one frame per request part).
+    Filtered {
+        table: u32,
+    },
 }
 
 struct Inflight {
@@ -141,6 +146,8 @@ struct Inflight {
     part: usize,
     /// Bytes of values the reply will carry (`usize::MAX`: not known in advance).
     reply_bytes: usize,
+    /// A filtered request that may have to go again after a key-cache miss.
+    resend: Option<Resend>,
 }
 
 /// One server's share of a request: units `[begin, end)` (key indices or keys), whose
@@ -189,6 +196,21 @@ struct Deferred {
 struct TableInfo {
     def: TableDef,
     partition: Partition,
+    /// Per server, for a table with filters: the request encoder and reply decoder.
+    pipes: Vec<TablePipes>,
+}
+
+/// The filter pipelines of one table towards one server.
+struct TablePipes {
+    request: Pipeline,
+    reply: Pipeline,
+}
+
+/// What a filtered request needs to go again, whole, after a key-cache miss.
+struct Resend {
+    header: FrameHeader,
+    sig: prost::bytes::Bytes,
+    snapshot: FilterMessage,
 }
 
 /// Reply bytes that may stay unread on a connection while the client sends: well below
@@ -401,7 +423,35 @@ impl KvClient {
     /// without contacting them.
     pub fn use_table(&mut self, def: TableDef) {
         let partition = Partition::even(def.domain(), self.servers.len());
-        self.tables.insert(def.id, TableInfo { def, partition });
+        let pipes = if def.filters.is_empty() {
+            Vec::new()
+        } else {
+            (0..self.servers.len()).map(|_| TablePipes { request: def.filters.request_sender(), reply: def.filters.reply() }).collect()
+        };
+        self.tables.insert(def.id, TableInfo { def, partition, pipes });
+    }
+
+    /// Bytes before and after each filter of table `table`, summed over servers:
+    /// `(direction, filter)` with direction `push/pull requests` (sent) or `pull replies`
+    /// (received). Empty for a table without filters.
+    pub fn filter_traffic(&self, table: u32) -> Vec<(&'static str, FilterTraffic)> {
+        let Some(t) = self.tables.get(&table) else { return Vec::new() };
+        let mut out: Vec<(&'static str, FilterTraffic)> = Vec::new();
+        for p in &t.pipes {
+            for (dir, pipe) in [("push/pull requests", &p.request), ("pull replies", &p.reply)] {
+                for f in pipe.traffic() {
+                    match out.iter_mut().find(|(d, x)| *d == dir && x.name == f.name) {
+                        Some((_, x)) => {
+                            x.messages += f.messages;
+                            x.bytes_in += f.bytes_in;
+                            x.bytes_out += f.bytes_out;
+                        }
+                        None => out.push((dir, f.clone())),
+                    }
+                }
+            }
+        }
+        out
     }
 
     /// The definition of a known table.
@@ -557,6 +607,7 @@ impl KvClient {
             vals: Vec::new(),
             part,
             reply_bytes,
+            resend: None,
         });
     }
 
@@ -605,6 +656,9 @@ impl KvClient {
         out_len: usize,
         mut lent: Option<&mut Lent<'_>>,
     ) -> Result<u64, ClientError> {
+        if self.tables.get(&table).is_some_and(|t| !t.pipes.is_empty()) {
+            return self.keyed_filtered(op, table, keys, values, out_len, lent);
+        }
         let with_values = !matches!(op, Op::Pull | Op::Peek);
         let (vl, part) = self.check_keys(table, keys, with_values.then_some(values.len()))?;
         let parts: Vec<_> = part.split_keys(keys).collect();
@@ -626,6 +680,91 @@ impl KvClient {
         };
         self.send_parts(op, ts, table, &parts, per_chunk, false, lent, payload)?;
         Ok(ts)
+    }
+
+    /// A keyed request on a table with filters: one frame per server, encoded by that
+    /// server's request pipeline; the replies come back through its reply pipeline.
+    fn keyed_filtered(
+        &mut self,
+        op: Op,
+        table: u32,
+        keys: &[u64],
+        values: &[f32],
+        out_len: usize,
+        mut lent: Option<&mut Lent<'_>>,
+    ) -> Result<u64, ClientError> {
+        if op == Op::PushPull {
+            return Err(CoreError::InvalidTable(format!("table {table} has filters: push, then pull (no fused push-pull)")).into());
+        }
+        let with_values = op == Op::Push;
+        let (vl, part) = self.check_keys(table, keys, with_values.then_some(values.len()))?;
+        let parts: Vec<_> = part.split_keys(keys).collect();
+        let ts = self.new_op(parts.len(), vl, op != Op::Push);
+        if let Some(l) = lent.as_deref_mut() {
+            l.ts = ts;
+        } else if op != Op::Push {
+            if let Some(o) = self.ops.get_mut(&ts) {
+                o.values = vec![0.0; out_len];
+            }
+        }
+        for (pi, (s, r)) in parts.into_iter().enumerate() {
+            self.before_send(s, lent.as_deref_mut())?;
+            let vals = if with_values { values[r.start * vl..r.end * vl].to_vec() } else { Vec::new() };
+            let mut m = FilterMessage::new(keys[r.clone()].to_vec(), vals, vl);
+            let pipes = self.tables.get_mut(&table).and_then(|t| t.pipes.get_mut(s)).ok_or(ClientError::UnknownTable(table))?;
+            let snapshot = pipes.request.encode_resendable(&mut m)?;
+            let mut h = self.header(op, ts, table);
+            let resend = snapshot.map(|snapshot| Resend { header: h.clone(), sig: m.enc.key_sig.clone(), snapshot });
+            h.encoding = Some(m.enc);
+            self.send(s, &mut h, &m.key_bytes, &m.value_bytes)?;
+            let reply = if op == Op::Push { Reply::Ack } else { Reply::Filtered { table } };
+            let reply_bytes = if op == Op::Push { 0 } else { r.len() * vl * 4 };
+            self.push_inflight_sized(s, ts, reply, r.start * vl, pi, reply_bytes);
+            if let Some(f) = self.servers[s].inflight.back_mut() {
+                f.resend = resend;
+            }
+        }
+        Ok(ts)
+    }
+
+    /// Pushes what the filters of `table` hold back (the significantly-modified filter's
+    /// accumulations), so nothing pushed stays on the worker; call it at the end of training.
+    /// Returns the push timestamps (none when nothing was held or the table has no filters).
+    pub fn flush_filters(&mut self, table: u32) -> Result<Vec<Timestamp>, ClientError> {
+        let n = self.tables.get(&table).map(|t| t.pipes.len()).ok_or(ClientError::UnknownTable(table))?;
+        let vl = self.info(table)?.0;
+        let mut out = Vec::new();
+        for s in 0..n {
+            let pipes = self.tables.get_mut(&table).and_then(|t| t.pipes.get_mut(s)).ok_or(ClientError::UnknownTable(table))?;
+            pipes.request.flush_next();
+            let mut m = FilterMessage::new(Vec::new(), Vec::new(), vl);
+            pipes.request.encode(&mut m)?;
+            if m.enc.num_keys == 0 {
+                continue;
+            }
+            self.before_send(s, None)?;
+            let ts = self.new_op(1, vl, false);
+            let mut h = self.header(Op::Push, ts, table);
+            h.encoding = Some(m.enc);
+            self.send(s, &mut h, &m.key_bytes, &m.value_bytes)?;
+            self.push_inflight(s, ts, Reply::Ack, 0, 0);
+            out.push(Timestamp(ts));
+        }
+        Ok(out)
+    }
+
+    /// The server did not hold a key list the request named by signature: send the request
+    /// again with its keys, from the snapshot taken before the key cache.
+    fn resend_after_miss(&mut self, s: usize, table: u32, resend: Resend, mut f: Inflight) -> Result<(), ClientError> {
+        let pipes = self.tables.get_mut(&table).and_then(|t| t.pipes.get_mut(s)).ok_or(ClientError::UnknownTable(table))?;
+        let m = pipes.request.resend(resend.snapshot, &resend.sig)?;
+        let mut h = resend.header;
+        h.encoding = Some(m.enc);
+        self.send(s, &mut h, &m.key_bytes, &m.value_bytes)?;
+        f.got = 0;
+        f.filled = 0;
+        self.servers[s].inflight.push_back(f);
+        Ok(())
     }
 
     /// Sends the parts of request `ts` in chunks of `per_chunk` keys, one chunk per server
@@ -768,6 +907,14 @@ impl KvClient {
             let mut k = vec![0u8; h.keys_len as usize];
             let mut v = vec![0u8; h.values_len as usize];
             self.servers[s].conn.recv_payload(&mut k, &mut v).map_err(terr)?;
+            if Status::from_u32(h.status) == Status::KeyCacheMiss {
+                let front = self.servers[s].inflight.front_mut().ok_or_else(|| bad("no request in line".into()))?;
+                if let (Some(resend), Reply::Ack | Reply::Filtered { .. }) = (front.resend.take(), front.reply) {
+                    let table = resend.header.table;
+                    let f = self.servers[s].inflight.pop_front().ok_or_else(|| bad("no request in line".into()))?;
+                    return self.resend_after_miss(s, table, resend, f);
+                }
+            }
             failure = Some(ClientError::Server {
                 server: s,
                 addr: self.servers[s].addr.clone(),
@@ -825,6 +972,29 @@ impl KvClient {
                         return Err(bad(format!("reply of {nv} values at offset {start} overflows the result of {} values", dest.len())));
                     }
                     conn.recv_payload(&mut [], value_bytes_mut(&mut dest[start..start + nv])).map_err(terr)?;
+                }
+                Reply::Filtered { table } => {
+                    let mut kb = vec![0u8; h.keys_len as usize];
+                    let mut vb = vec![0u8; h.values_len as usize];
+                    conn.recv_payload(&mut kb, &mut vb).map_err(terr)?;
+                    let enc = h.encoding.clone().unwrap_or_default();
+                    let mut m = FilterMessage::from_wire(kb, vb, 1, enc);
+                    let pipes = self.tables.get_mut(&table).and_then(|t| t.pipes.get_mut(s)).ok_or(ClientError::UnknownTable(table))?;
+                    pipes.reply.decode(&mut m).map_err(|e| bad(format!("filtered reply: {e}")))?;
+                    let start = front.base;
+                    let dest: &mut [f32] = match lent {
+                        Some(l) if l.ts == ts => l.buf,
+                        _ => match op {
+                            Some(o) => &mut o.values,
+                            None => return Err(bad(format!("reply for unknown request {ts}"))),
+                        },
+                    };
+                    let nv = m.values.len();
+                    if start + nv > dest.len() {
+                        return Err(bad(format!("reply of {nv} values at offset {start} overflows the result of {} values", dest.len())));
+                    }
+                    dest[start..start + nv].copy_from_slice(&m.values);
+                    front.filled += nv;
                 }
                 Reply::SparseRange => {
                     let (k0, v0) = (front.keys.len(), front.vals.len());

@@ -70,6 +70,7 @@ fn table(id: u32, vl: usize, storage: Storage, rule: &str) -> TableDef {
         consistency: Consistency::Async,
         aggregate: Default::default(),
         backup_workers: 0,
+        filters: Default::default(),
     }
 }
 
@@ -436,6 +437,64 @@ fn a_request_issued_after_a_task_is_held_until_that_task_finishes() {
         c.kv.peek_into(7, &keys, &mut out).unwrap();
         assert!(out.iter().all(|&v| v == 4.0), "{name}");
         drop(releaser.join().unwrap());
+        drop(c.servers);
+    }
+}
+
+#[test]
+fn filtered_tables_round_trip_and_a_key_cache_miss_is_cured_by_resending() {
+    for (name, t) in transports() {
+        let mut c = cluster(t.as_ref(), 2, 4096);
+        let keys = spread_keys(3000);
+        let vals: Vec<f32> = (0..keys.len()).map(|i| (i % 17) as f32 * 0.25).collect();
+        // lossless filters: exact values; repeated key lists travel as signatures
+        let mut def = table(8, 1, Storage::Sparse, "add");
+        def.filters = "keycache:8,zstd".parse().unwrap();
+        c.kv.create_table(def).unwrap();
+        for _ in 0..3 {
+            let ts = c.kv.push(8, &keys, &vals).unwrap();
+            c.kv.wait(ts).unwrap();
+        }
+        let mut out = vec![0f32; keys.len()];
+        c.kv.pull_into(8, &keys, &mut out).unwrap();
+        assert_eq!(out, vals.iter().map(|v| v * 3.0).collect::<Vec<_>>(), "{name}");
+        let traffic = c.kv.filter_traffic(8);
+        let kc = traffic.iter().find(|(d, f)| *d == "push/pull requests" && f.name == "key-cache").unwrap().1.clone();
+        assert_eq!(kc.messages, 8, "{name}: 4 requests × 2 servers");
+        assert_eq!(kc.bytes_in - kc.bytes_out, 3 * keys.len() as u64 * 8, "{name}: three of four key lists went as signatures: {kc:?}");
+        // low precision: within its error; the server's reply goes back in 8 bits too
+        let mut def = table(9, 1, Storage::Sparse, "add");
+        def.filters = "q8,lz4".parse().unwrap();
+        c.kv.create_table(def).unwrap();
+        let ts = c.kv.push(9, &keys, &vals).unwrap();
+        c.kv.wait(ts).unwrap();
+        let ts = c.kv.pull(9, &keys).unwrap();
+        let got = c.kv.wait_values(ts).unwrap();
+        let max = 4.0f32;
+        assert!(got.iter().zip(&vals).all(|(g, v)| (g - v).abs() <= 2.0 * max / 254.0 + 1e-6), "{name}");
+        // a key list the server never stored: this client thinks the first request put it
+        // in the cache, but the table did not exist yet, so nothing was decoded
+        let mut late = table(10, 1, Storage::Sparse, "add");
+        late.filters = "keycache:2".parse().unwrap();
+        c.kv.use_table(late.clone());
+        let ts = c.kv.push(10, &keys, &vals).unwrap();
+        assert!(matches!(c.kv.wait(ts), Err(ClientError::Server { status: downpour_core::msg::Status::UnknownTable, .. })), "{name}");
+        let mut other = KvClient::connect(t.as_ref(), &c.routing, 5, c.cfg).unwrap();
+        other.create_table(late).unwrap();
+        // the same keys again: sent as a signature, missed, resent whole, applied once
+        let ts = c.kv.push(10, &keys, &vals).unwrap();
+        c.kv.wait(ts).unwrap();
+        let mut out = vec![0f32; keys.len()];
+        other.pull_into(10, &keys, &mut out).unwrap();
+        assert_eq!(out, vals, "{name}");
+        // a filtered frame to a table without filters is refused, the server keeps serving
+        let mut wrong = table(1, 1, Storage::Sparse, "add");
+        other.create_table(wrong.clone()).unwrap();
+        wrong.filters = "lz4".parse().unwrap();
+        c.kv.use_table(wrong);
+        let ts = c.kv.push(1, &keys, &vals).unwrap();
+        assert!(c.kv.wait(ts).is_err(), "{name}");
+        c.kv.pull_into(8, &keys, &mut out).unwrap();
         drop(c.servers);
     }
 }

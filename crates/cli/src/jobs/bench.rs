@@ -69,6 +69,7 @@ fn dense_table(id: u32, n: u64) -> TableDef {
         consistency: downpour_core::consistency::Consistency::Async,
         aggregate: Default::default(),
         backup_workers: 0,
+        filters: Default::default(),
     }
 }
 
@@ -167,6 +168,7 @@ pub fn run_worker(a: &BenchJobArgs, s: &mut WorkerSession, sink: &Sink) -> Resul
             consistency: downpour_core::consistency::Consistency::Async,
             aggregate: Default::default(),
             backup_workers: 0,
+            filters: Default::default(),
         })?;
         // Random u64 keys (seeded by rank), sorted and unique as the API requires.
         let keys = downpour_core::keys::random_sorted_keys(a.cases.sparse_keys, 0x9E37_79B9_7F4A_7C15 ^ (s.rank as u64 + 1));

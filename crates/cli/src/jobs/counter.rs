@@ -49,6 +49,7 @@ pub fn run(a: &CounterArgs, s: &mut WorkerSession, num_servers: usize, sink: &Si
         consistency: downpour_core::consistency::Consistency::Async,
         aggregate: Default::default(),
         backup_workers: 0,
+        filters: Default::default(),
     };
     s.kv.create_table(def).context("creating the counter table")?;
     let keys = counter_keys(a.keys);

@@ -12,6 +12,7 @@ use anyhow::{ensure, Context, Result};
 use clap::{Args, ValueEnum};
 use downpour_apps::{linear, metrics};
 use downpour_core::consistency::Consistency;
+use downpour_core::filter::FilterSpec;
 use downpour_core::init::Init;
 use downpour_core::keys::{scramble, unscramble};
 use downpour_core::proto;
@@ -113,6 +114,14 @@ pub struct LinearArgs {
     /// late pushes are dropped and counted (`dropped_pushes` in the metrics).
     #[arg(long, default_value_t = 0, value_name = "B")]
     pub backup_workers: u32,
+    /// Message filters on the model's pushes and pulls, comma-separated: `sigmod:T`
+    /// (send a weight's gradient only once its accumulated change exceeds T; the rest waits,
+    /// never lost), `f16`, `bf16` or `q8` (low-precision values; pushes carry their rounding
+    /// error forward), `keycache[:SLOTS]` (a key list the server has seen goes as a 128-bit
+    /// signature) and `lz4` or `zstd[:LEVEL]`. Traffic before and after each filter is in
+    /// the metrics (`filters`).
+    #[arg(long, default_value = "none", value_parser = parse_filters)]
+    pub filters: FilterSpec,
     /// Update rule on the servers.
     #[arg(long, value_enum, default_value_t = Optimizer::Ftrl)]
     pub optimizer: Optimizer,
@@ -233,6 +242,10 @@ fn parse_consistency(s: &str) -> Result<Consistency, String> {
     s.parse().map_err(|e: downpour_core::CoreError| e.to_string())
 }
 
+fn parse_filters(s: &str) -> Result<FilterSpec, String> {
+    s.parse().map_err(|e: downpour_core::CoreError| e.to_string())
+}
+
 fn parse_aggregate(s: &str) -> Result<Aggregate, String> {
     s.parse().map_err(|e: downpour_core::CoreError| e.to_string())
 }
@@ -274,6 +287,7 @@ fn table_def(a: &LinearArgs) -> TableDef {
         consistency: a.consistency,
         aggregate: a.aggregate,
         backup_workers: a.backup_workers,
+        filters: a.filters.clone(),
     }
 }
 
@@ -502,6 +516,8 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
         // ends at a barrier, so the final evaluation sees every worker's updates.
         let final_epoch = epoch == a.epochs;
         if final_epoch {
+            // What the filters held back (significantly-modified accumulations) goes now.
+            s.kv.flush_filters(TABLE)?;
             // This worker's share is done: nobody waits for its clock any more.
             s.kv.pause_clock()?;
             // Every push, clock and pause acknowledged: once all workers pass the barrier,
@@ -556,6 +572,7 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
         consistency: downpour_core::consistency::Consistency::Async,
         aggregate: Default::default(),
         backup_workers: 0,
+        filters: Default::default(),
     })?;
     let parts = [(total_examples % (1 << 20)) as f32, (total_examples >> 20) as f32, s.kv.dropped_pushes() as f32];
     let ts = s.kv.push_range(STATS, 0, &parts)?;
@@ -573,6 +590,23 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
         let pulls: u64 = hist.iter().sum();
         let staleness_max = s.kv.staleness_max();
         let staleness_mean = (pulls > 0).then(|| hist.iter().enumerate().map(|(s, &n)| s as f64 * n as f64).sum::<f64>() / pulls as f64);
+        let filter_traffic = s.kv.filter_traffic(TABLE);
+        if !filter_traffic.is_empty() && !a.quiet {
+            for (dir, f) in &filter_traffic {
+                tracing::info!(
+                    "filter {:<22} on worker 0's {dir}: {} messages, {} -> {} bytes ({:.2}x)",
+                    f.name,
+                    f.messages,
+                    f.bytes_in,
+                    f.bytes_out,
+                    if dir.starts_with("pull replies") {
+                        f.bytes_out as f64 / f.bytes_in.max(1) as f64
+                    } else {
+                        f.bytes_in as f64 / f.bytes_out.max(1) as f64
+                    }
+                );
+            }
+        }
         if dropped > 0 && !a.quiet {
             tracing::info!("{dropped} late pushes were dropped (--backup-workers {})", a.backup_workers);
         }
@@ -612,6 +646,10 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
             "aggregate": a.aggregate.to_string(),
             "backup_workers": a.backup_workers,
             "dropped_pushes": dropped,
+            "filters": a.filters.to_string(),
+            "filter_traffic": filter_traffic.iter().map(|(dir, f)| serde_json::json!({
+                "direction": dir, "filter": f.name, "messages": f.messages, "bytes_in": f.bytes_in, "bytes_out": f.bytes_out,
+            })).collect::<Vec<_>>(),
             "clock_fast_forwards": s.kv.fast_forwards(),
             "idle_fraction": (idle + s.kv.held()).as_secs_f64() / wall,
             "staleness_max": staleness_max,

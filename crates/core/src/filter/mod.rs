@@ -87,7 +87,8 @@ impl Message {
         if self.enc.num_keys != self.keys.len() as u64 {
             return Err(CoreError::Codec(format!("decoded {} keys, the sender encoded {}", self.keys.len(), self.enc.num_keys)));
         }
-        if !self.values.is_empty() && self.values.len() != self.keys.len() * self.value_len {
+        // A values-only message (a pull reply) has no keys to check against.
+        if !self.values.is_empty() && !self.keys.is_empty() && self.values.len() != self.keys.len() * self.value_len {
             return Err(CoreError::Codec(format!(
                 "decoded {} values for {} keys of length {}",
                 self.values.len(),
@@ -135,6 +136,10 @@ pub trait Filter: Send {
     fn forget(&mut self, sig: &[u8]) {
         let _ = sig;
     }
+
+    /// Sender: the next message should also carry everything this filter holds back (the
+    /// end of training, say), so nothing stays behind.
+    fn flush_next(&mut self) {}
 }
 
 /// Bytes before and after one filter, summed over messages.
@@ -233,6 +238,14 @@ impl Pipeline {
             t.bytes_in += m.wire_len() as u64;
         }
         m.to_typed()
+    }
+
+    /// Sender: every filter's next message carries what it holds back
+    /// ([`Filter::flush_next`]); encode an empty message next to send it.
+    pub fn flush_next(&mut self) {
+        for f in self.filters.iter_mut() {
+            f.flush_next();
+        }
     }
 
     /// Bytes before and after each filter so far (for the receiver, "before" is what the

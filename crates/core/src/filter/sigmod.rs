@@ -15,13 +15,15 @@ pub struct SignificantlyModified {
     index: HashMap<u64, usize>,
     acc: Vec<f32>,
     value_len: usize,
+    /// The next message also carries everything held.
+    flushing: bool,
 }
 
 impl SignificantlyModified {
     /// Sends a key once some element of its accumulated update exceeds `threshold` (≥ 0) in
     /// absolute value.
     pub fn new(threshold: f32) -> SignificantlyModified {
-        SignificantlyModified { threshold: threshold.max(0.0), index: HashMap::new(), acc: Vec::new(), value_len: 0 }
+        SignificantlyModified { threshold: threshold.max(0.0), index: HashMap::new(), acc: Vec::new(), value_len: 0, flushing: false }
     }
 
     /// Everything still accumulated, as (sorted keys, values), and forgets it.
@@ -46,9 +48,29 @@ impl Filter for SignificantlyModified {
         "significantly-modified"
     }
 
+    fn flush_next(&mut self) {
+        self.flushing = true;
+    }
+
     fn encode(&mut self, m: &mut Message) -> Result<()> {
         if m.wire {
             return Err(CoreError::Codec("the significantly-modified filter must come before filters that encode the wire form".into()));
+        }
+        if self.flushing {
+            // Add this message to what is held, then send all of it.
+            self.flushing = false;
+            let vl = if m.keys.is_empty() { self.value_len.max(1) } else { m.value_len };
+            if !m.values.is_empty() {
+                let t = std::mem::replace(&mut self.threshold, f32::INFINITY);
+                let r = self.encode(m);
+                self.threshold = t;
+                r?;
+            }
+            let (keys, values) = self.flush();
+            m.keys = keys;
+            m.values = values;
+            m.value_len = vl;
+            return Ok(());
         }
         if m.values.is_empty() {
             return Ok(());
@@ -116,6 +138,21 @@ mod tests {
                 prop_assert!((sent[i] - pushed[i]).abs() < 1e-3, "key {i}: pushed {} sent {}", pushed[i], sent[i]);
             }
         }
+    }
+
+    #[test]
+    fn a_flushed_message_carries_everything_held() {
+        let mut f = SignificantlyModified::new(1.0);
+        let mut m = Message::new(vec![1, 2], vec![0.5, 0.25], 1);
+        f.encode(&mut m).unwrap();
+        assert!(m.keys.is_empty());
+        f.flush_next();
+        let mut m = Message::new(vec![3], vec![0.1], 1);
+        f.encode(&mut m).unwrap();
+        assert_eq!((m.keys, m.values), (vec![1, 2, 3], vec![0.5, 0.25, 0.1]));
+        let mut m = Message::new(vec![1], vec![0.5], 1);
+        f.encode(&mut m).unwrap();
+        assert!(m.keys.is_empty(), "back to holding after the flush");
     }
 
     #[test]
