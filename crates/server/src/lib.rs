@@ -14,7 +14,7 @@
 
 use downpour_coordinator::client::{ControlClient, ControlError};
 use downpour_core::consistency::PullGate;
-use downpour_core::filter::{Message as FilterMessage, Pipeline};
+use downpour_core::filter::{FilterTraffic, Message as FilterMessage, Pipeline};
 use downpour_core::keys::{check_lengths, check_sorted_unique};
 use downpour_core::msg::{self, Op, Status};
 use downpour_core::partition::Partition;
@@ -53,6 +53,48 @@ struct TableSlot {
     /// The table's clocks and the requests' clock dependencies (`None` when this server
     /// owns none of the table's keys).
     gate: Option<GateSlot>,
+    /// Bytes before and after each filter, over all connections (tables with filters).
+    filter_stats: FilterStats,
+}
+
+/// Per filter of a table, summed over connections: (direction, name, [messages, bytes in,
+/// bytes out]). "In" is the filter's decoded side, "out" its wire side.
+#[derive(Default)]
+struct FilterStats {
+    rows: Vec<(&'static str, &'static str, [AtomicU64; 3])>,
+}
+
+impl FilterStats {
+    fn new(request: &Pipeline, reply: &Pipeline) -> FilterStats {
+        let mut rows = Vec::new();
+        for (dir, p) in [("requests received", request), ("replies sent", reply)] {
+            for f in p.traffic() {
+                rows.push((dir, f.name, [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)]));
+            }
+        }
+        FilterStats { rows }
+    }
+
+    /// Adds what `pipes` counted since `pipes.reported`.
+    fn add(&self, pipes: &mut TablePipes) {
+        let now: Vec<FilterTraffic> = pipes.request.traffic().iter().chain(pipes.reply.traffic()).cloned().collect();
+        for ((row, n), last) in self.rows.iter().zip(&now).zip(pipes.reported.iter()) {
+            row.2[0].fetch_add(n.messages - last.messages, Ordering::Relaxed);
+            row.2[1].fetch_add(n.bytes_in - last.bytes_in, Ordering::Relaxed);
+            row.2[2].fetch_add(n.bytes_out - last.bytes_out, Ordering::Relaxed);
+        }
+        pipes.reported = now;
+    }
+
+    fn report(&self) -> Vec<(&'static str, FilterTraffic)> {
+        self.rows
+            .iter()
+            .map(|(dir, name, c)| {
+                let [m, i, o] = [&c[0], &c[1], &c[2]].map(|a| a.load(Ordering::Relaxed));
+                (*dir, FilterTraffic { name, messages: m, bytes_in: i, bytes_out: o })
+            })
+            .collect()
+    }
 }
 
 /// A table's gate and the condition variable requests wait on until clocks advance.
@@ -120,6 +162,12 @@ impl ServerState {
                 t.bytes() as f64 / (1u64 << 20) as f64,
                 rounds.unwrap_or_default()
             ));
+            for (dir, f) in tables[id].filter_stats.report().iter().filter(|(_, f)| f.messages > 0) {
+                out.push(format!(
+                    "table {id} filter {} on {dir}: {} messages, {} bytes decoded, {} on the wire",
+                    f.name, f.messages, f.bytes_in, f.bytes_out
+                ));
+            }
         }
         if let Some(hwm) = peak_rss_bytes().filter(|_| with_process_memory) {
             let per_key =
@@ -132,6 +180,13 @@ impl ServerState {
     /// Number of keys stored in table `id` on this server.
     pub fn table_len(&self, id: u32) -> Option<usize> {
         self.tables.read().get(&id).map(|t| t.table.read().len())
+    }
+
+    /// Bytes before ("in", decoded) and after ("out", on the wire) each filter of table `id`,
+    /// over all connections: `(direction, counts)`, direction `requests received` or
+    /// `replies sent`.
+    pub fn filter_traffic(&self, id: u32) -> Vec<(&'static str, FilterTraffic)> {
+        self.tables.read().get(&id).map(|t| t.filter_stats.report()).unwrap_or_default()
     }
 
     /// For a `bsp` table `id`: synchronous rounds applied on this server, and pushes dropped
@@ -245,6 +300,8 @@ struct ConnCtx {
 struct TablePipes {
     request: Pipeline,
     reply: Pipeline,
+    /// Their counts when last added to the table's [`FilterStats`].
+    reported: Vec<FilterTraffic>,
 }
 
 type ReqResult = Result<(), (Status, String)>;
@@ -441,7 +498,9 @@ fn handle_frame(st: &ServerState, h: &FrameHeader, ctx: &mut ConnCtx, conn: &mut
                     return Ok(Err((Status::Internal, "no filters for an encoded request".into())));
                 };
                 let mut m = FilterMessage::new(Vec::new(), std::mem::take(&mut ctx.out), 1);
-                if let Err(e) = p.reply.encode(&mut m) {
+                let encoded = p.reply.encode(&mut m);
+                slot.filter_stats.add(p);
+                if let Err(e) = encoded {
                     return Ok(Err(core_err(e)));
                 }
                 r.encoding = Some(m.enc);
@@ -567,9 +626,18 @@ fn decode_filtered(h: &FrameHeader, slot: &TableSlot, ctx: &mut ConnCtx) -> ReqR
     if spec.is_empty() {
         return Err((Status::InvalidArgument, format!("table {} has no filters, but the frame is filtered", h.table)));
     }
-    let p = ctx.pipes.entry(h.table).or_insert_with(|| TablePipes { request: spec.request_receiver(), reply: spec.reply() });
+    let p = ctx.pipes.entry(h.table).or_insert_with(|| {
+        let (request, reply) = (spec.request_receiver(), spec.reply());
+        let reported = request.traffic().iter().chain(reply.traffic()).cloned().collect();
+        TablePipes { request, reply, reported }
+    });
     let mut m = FilterMessage::from_wire(std::mem::take(&mut ctx.kbytes), std::mem::take(&mut ctx.vbytes), vl, enc.clone());
-    match p.request.decode(&mut m) {
+    let decoded = p.request.decode(&mut m);
+    if h.op != Op::Pull as u32 && h.op != Op::Peek as u32 {
+        // pulls are counted once their reply is encoded
+        slot.filter_stats.add(p);
+    }
+    match decoded {
         Ok(()) => {
             ctx.keys = m.keys;
             ctx.vals = m.values;
@@ -630,6 +698,7 @@ fn create_table(st: &ServerState, h: &FrameHeader) -> ReqResult {
     let owned = Partition::even(def.domain(), n).range(rank.min(n - 1));
     let workers = st.num_workers.load(Ordering::Relaxed) as usize;
     let (model, backup, aggregate, vl) = (def.consistency, def.backup_workers as usize, def.aggregate, def.value_len);
+    let spec_filters = def.filters.clone();
     let table = Table::new(def, owned, &st.cfg.rules).map_err(core_err)?;
     let owned = table.owned();
     let gate = if owned.is_empty() {
@@ -638,7 +707,12 @@ fn create_table(st: &ServerState, h: &FrameHeader) -> ReqResult {
         let gate = PullGate::for_model(model, owned, workers, backup, aggregate, vl).map_err(core_err)?;
         Some(GateSlot { rounds: gate.rounds().is_some(), gate: Mutex::new(gate), advanced: Condvar::new(), owned })
     };
-    tables.insert(canonical.id, Arc::new(TableSlot { spec: canonical, table: RwLock::new(table), gate }));
+    let filter_stats = if spec_filters.is_empty() {
+        FilterStats::default()
+    } else {
+        FilterStats::new(&spec_filters.request_receiver(), &spec_filters.reply())
+    };
+    tables.insert(canonical.id, Arc::new(TableSlot { spec: canonical, table: RwLock::new(table), gate, filter_stats }));
     Ok(())
 }
 

@@ -462,6 +462,15 @@ fn filtered_tables_round_trip_and_a_key_cache_miss_is_cured_by_resending() {
         let kc = traffic.iter().find(|(d, f)| *d == "push/pull requests" && f.name == "key-cache").unwrap().1.clone();
         assert_eq!(kc.messages, 8, "{name}: 4 requests × 2 servers");
         assert_eq!(kc.bytes_in - kc.bytes_out, 3 * keys.len() as u64 * 8, "{name}: three of four key lists went as signatures: {kc:?}");
+        // the servers count the same on their side
+        let server_kc: Vec<_> = c
+            .servers
+            .iter()
+            .flat_map(|s| s.state.filter_traffic(8))
+            .filter(|(d, f)| *d == "requests received" && f.name == "key-cache")
+            .collect();
+        assert_eq!(server_kc.iter().map(|(_, f)| f.messages).sum::<u64>(), 8, "{name}");
+        assert_eq!(server_kc.iter().map(|(_, f)| f.bytes_in - f.bytes_out).sum::<u64>(), 3 * keys.len() as u64 * 8, "{name}");
         // low precision: within its error; the server's reply goes back in 8 bits too
         let mut def = table(9, 1, Storage::Sparse, "add");
         def.filters = "q8,lz4".parse().unwrap();
