@@ -89,6 +89,7 @@ pub fn run(a: &BenchArgs, common: &CommonArgs, s: &Settings, interrupted: Arc<At
             args.extend(["--iters".into(), i.to_string()]);
         }
         args.extend(["--latency-iters".into(), a.cases.latency_iters.to_string(), "--sparse-keys".into(), a.cases.sparse_keys.to_string()]);
+        args.extend(["--sparse-filters".into(), a.cases.sparse_filters.clone()]);
         launch_local(LocalRun {
             common,
             settings: s,
@@ -120,7 +121,10 @@ pub fn run(a: &BenchArgs, common: &CommonArgs, s: &Settings, interrupted: Arc<At
     }
     let transport = format!("{:?}", s.transport).to_lowercase();
     if !a.json {
-        println!("{:<8} {:>9} {:<15} {:>9} {:>12} {:>9} {:>9} {:>6}", "case", "size", "op", "GB/s", "Mkeys/s", "p50 µs", "p99 µs", "iters");
+        println!(
+            "{:<8} {:>9} {:<15} {:>9} {:>12} {:>9} {:>9} {:>6} {:>10}",
+            "case", "size", "op", "GB/s", "Mkeys/s", "p50 µs", "p99 µs", "iters", "wire MB"
+        );
     }
     for ((_, bytes, _), xs) in groups {
         let secs = xs.iter().map(|x| x.secs).fold(0f64, f64::max);
@@ -130,6 +134,7 @@ pub fn run(a: &BenchArgs, common: &CommonArgs, s: &Settings, interrupted: Arc<At
         let kps = keys as f64 / secs;
         let p50 = xs.iter().filter_map(|x| x.p50_us).fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))));
         let p99 = xs.iter().filter_map(|x| x.p99_us).fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))));
+        let wire: u64 = xs.iter().map(|x| x.wire).sum();
         let x = &xs[0];
         if a.json {
             let obj = serde_json::json!({
@@ -138,13 +143,26 @@ pub fn run(a: &BenchArgs, common: &CommonArgs, s: &Settings, interrupted: Arc<At
                 "servers": a.servers, "workers": a.workers, "bytes": bytes, "op": x.op,
                 "gbps": gbps, "keys_per_s": kps, "p50_us": p50, "p99_us": p99,
                 "iters": x.iters, "transport": transport, "mode": mode,
+                "wire_bytes": (x.case == "sparse").then_some(wire),
             });
             println!("{obj}");
         } else {
             let f = |v: Option<f64>| v.map(|v| format!("{v:.1}")).unwrap_or_else(|| "-".into());
             let size = if x.case == "sparse" { format!("{}k keys", bytes / 4 / 1000) } else { human(bytes) };
             let kcol = if x.case == "sparse" { format!("{:.1}", kps / 1e6) } else { "-".into() };
-            println!("{:<8} {:>9} {:<15} {:>9.2} {:>12} {:>9} {:>9} {:>6}", x.case, size, x.op, gbps, kcol, f(p50), f(p99), x.iters);
+            let wcol = if x.case == "sparse" { format!("{:.1}", wire as f64 / 1e6) } else { "-".into() };
+            println!(
+                "{:<8} {:>9} {:<15} {:>9.2} {:>12} {:>9} {:>9} {:>6} {:>10}",
+                x.case,
+                size,
+                x.op,
+                gbps,
+                kcol,
+                f(p50),
+                f(p99),
+                x.iters,
+                wcol
+            );
         }
     }
     Ok(())

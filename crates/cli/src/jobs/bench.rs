@@ -25,6 +25,10 @@ pub struct BenchCases {
     /// Keys of the sparse case (0 skips it).
     #[arg(long, default_value_t = 1_000_000)]
     pub sparse_keys: usize,
+    /// Filters on the sparse case's table (as `train linear --filters`): it pushes and pulls
+    /// the same keys every iteration, so `keycache` shows what key caching saves.
+    #[arg(long, default_value = "none")]
+    pub sparse_filters: String,
 }
 
 /// Flags of the worker side of the benchmark.
@@ -50,6 +54,9 @@ pub struct Sample {
     pub secs: f64,
     pub p50_us: Option<f64>,
     pub p99_us: Option<f64>,
+    /// Bytes this worker's connections moved during the case (frames and payload, after filters).
+    #[serde(default)]
+    pub wire: u64,
 }
 
 fn emit(sink: &Sink, s: &Sample) {
@@ -119,6 +126,7 @@ pub fn run_worker(a: &BenchJobArgs, s: &mut WorkerSession, sink: &Sink) -> Resul
                     secs,
                     p50_us: None,
                     p99_us: None,
+                    wire: 0,
                 },
             );
             if s.rank == 0 {
@@ -152,6 +160,7 @@ pub fn run_worker(a: &BenchJobArgs, s: &mut WorkerSession, sink: &Sink) -> Resul
                     secs,
                     p50_us: Some(pct(0.5)),
                     p99_us: Some(pct(0.99)),
+                    wire: 0,
                 },
             );
         }
@@ -168,7 +177,7 @@ pub fn run_worker(a: &BenchJobArgs, s: &mut WorkerSession, sink: &Sink) -> Resul
             consistency: downpour_core::consistency::Consistency::Async,
             aggregate: Default::default(),
             backup_workers: 0,
-            filters: Default::default(),
+            filters: a.cases.sparse_filters.parse().map_err(|e: downpour_core::CoreError| anyhow::anyhow!("--sparse-filters: {e}"))?,
         })?;
         // Random u64 keys (seeded by rank), sorted and unique as the API requires.
         let keys = downpour_core::keys::random_sorted_keys(a.cases.sparse_keys, 0x9E37_79B9_7F4A_7C15 ^ (s.rank as u64 + 1));
@@ -179,6 +188,7 @@ pub fn run_worker(a: &BenchJobArgs, s: &mut WorkerSession, sink: &Sink) -> Resul
         let iters = a.cases.iters.unwrap_or(10).max(1);
         for op in ["push", "pull"] {
             s.barrier(&format!("bench-sparse-{op}"))?;
+            let before = s.kv.traffic();
             let t0 = Instant::now();
             for _ in 0..iters {
                 if op == "push" {
@@ -189,6 +199,8 @@ pub fn run_worker(a: &BenchJobArgs, s: &mut WorkerSession, sink: &Sink) -> Resul
                 }
             }
             let secs = t0.elapsed().as_secs_f64();
+            let after = s.kv.traffic();
+            let wire = (after.bytes_sent + after.bytes_received) - (before.bytes_sent + before.bytes_received);
             let k = keys.len() as u64 * iters as u64;
             emit(
                 sink,
@@ -202,6 +214,7 @@ pub fn run_worker(a: &BenchJobArgs, s: &mut WorkerSession, sink: &Sink) -> Resul
                     secs,
                     p50_us: None,
                     p99_us: None,
+                    wire,
                 },
             );
             if s.rank == 0 {
