@@ -65,9 +65,42 @@ macro_rules! with_step {
                 };
                 $body
             }
-            Rule::Custom(..) => {}
+            Rule::Custom(..) | Rule::Bpg { .. } => {}
         }
     };
+}
+
+/// The largest trust region of the BPG step (δ_max).
+pub const BPG_DELTA_MAX: f32 = 5.0;
+
+/// One coordinate's proximal step of the delayed block proximal gradient method (the
+/// paper's server step, `../shared/REFERENCE.md` §2.1), on a row `(w, δ − 1, inactive)` with
+/// the aggregated `(g, u, thr)`: g the gradient, u the bound on the diagonal Hessian, thr the
+/// KKT margin of this pass (negative: KKT filter off, every coordinate re-evaluated).
+/// A coordinate at zero whose |g| < λ − thr is marked inactive and left at zero; otherwise
+/// `w += clamp(d, −δ, δ)` with d the minimiser of the quadratic model plus λ|w|, and
+/// `δ = min(5, 2|d| + 0.1)`. δ is stored minus 1 so that a new (zero) row starts at δ = 1.
+#[inline]
+pub fn bpg_step(row: &mut [f32], grad: &[f32], l1: f32) {
+    let (w, delta) = (row[0], 1.0 + row[1]);
+    let (g, u, thr) = (grad[0], grad[1], grad[2]);
+    let (gp, gm) = (g + l1, g - l1);
+    if w == 0.0 && thr >= 0.0 && gp > thr && gm < -thr {
+        row[2] = 1.0;
+        return;
+    }
+    row[2] = 0.0;
+    let h = u.max(0.0) + 1e-10;
+    let d = if gp <= h * w {
+        -gp / h
+    } else if gm >= h * w {
+        -gm / h
+    } else {
+        -w
+    };
+    let d = d.clamp(-delta, delta);
+    row[0] = w + d;
+    row[1] = (2.0 * d.abs() + 0.1).min(BPG_DELTA_MAX) - 1.0;
 }
 
 /// A user-defined update rule.
@@ -132,6 +165,12 @@ pub enum Rule {
         /// L2 strength λ₂.
         l2: f32,
     },
+    /// The delayed block proximal gradient step for L1 logistic regression ([`bpg_step`]):
+    /// rows of 3 values `(w, δ − 1, inactive)`, pushed rows `(g, u, thr)`; value length 3.
+    Bpg {
+        /// λ, the L1 strength.
+        l1: f32,
+    },
     /// A user-defined rule.
     Custom(String, Arc<dyn UpdateRule>),
 }
@@ -147,6 +186,7 @@ impl fmt::Debug for Rule {
             Rule::Adagrad { lr, eps } => write!(f, "Adagrad {{ lr: {lr}, eps: {eps} }}"),
             Rule::Adam { lr, b1, b2, eps } => write!(f, "Adam {{ lr: {lr}, b1: {b1}, b2: {b2}, eps: {eps} }}"),
             Rule::Ftrl { alpha, beta, l1, l2 } => write!(f, "Ftrl {{ alpha: {alpha}, beta: {beta}, l1: {l1}, l2: {l2} }}"),
+            Rule::Bpg { l1 } => write!(f, "Bpg {{ l1: {l1} }}"),
         }
     }
 }
@@ -155,7 +195,7 @@ impl Rule {
     /// Extra f32 of state per element.
     pub fn state_per_element(&self) -> usize {
         match self {
-            Rule::Assign | Rule::Add | Rule::Sgd { .. } => 0,
+            Rule::Assign | Rule::Add | Rule::Sgd { .. } | Rule::Bpg { .. } => 0,
             Rule::Momentum { .. } | Rule::Adagrad { .. } => 1,
             Rule::Ftrl { .. } => 2,
             Rule::Adam { .. } => 3,
@@ -175,6 +215,13 @@ impl Rule {
             Rule::Add => return w.iter_mut().zip(grad).for_each(|(w, g)| *w += g),
             Rule::Sgd { lr } => return w.iter_mut().zip(grad).for_each(|(w, g)| *w -= lr * g),
             Rule::Custom(_, ref r) => return r.apply(w, state, grad),
+            Rule::Bpg { l1 } => {
+                // rows of 3, never split by the table
+                for (row, g) in w.chunks_exact_mut(3).zip(grad.chunks_exact(3)) {
+                    bpg_step(row, g, l1);
+                }
+                return;
+            }
             _ => {}
         }
         let k = self.state_per_element();
@@ -198,6 +245,10 @@ impl Rule {
             }
             return;
         }
+        if let Rule::Bpg { .. } = self {
+            // value length 3 only (checked by Table::new); never called for it
+            return;
+        }
         with_step!(self, step => {
             for (&t, g) in slots.iter().zip(grad) {
                 step(&mut w[t], &mut state[t * k..(t + 1) * k], *g);
@@ -216,6 +267,7 @@ impl Rule {
             Rule::Adagrad { lr, eps } => (p.name, p.lr, p.eps) = ("adagrad".into(), lr, eps),
             Rule::Adam { lr, b1, b2, eps } => (p.name, p.lr, p.beta1, p.beta2, p.eps) = ("adam".into(), lr, b1, b2, eps),
             Rule::Ftrl { alpha, beta, l1, l2 } => (p.name, p.lr, p.ftrl_beta, p.l1, p.l2) = ("ftrl".into(), alpha, beta, l1, l2),
+            Rule::Bpg { l1 } => (p.name, p.l1) = ("bpg".into(), l1),
             Rule::Custom(ref name, _) => p.name = name.clone(),
         }
         p
@@ -279,6 +331,7 @@ impl RuleRegistry {
                 l1: nonneg("l1", p.l1)?,
                 l2: nonneg("l2", p.l2)?,
             },
+            "bpg" => Rule::Bpg { l1: nonneg("l1", p.l1)? },
             name => match self.custom.get(name) {
                 Some(r) => Rule::Custom(name.to_string(), r.clone()),
                 None => {
@@ -293,7 +346,7 @@ impl RuleRegistry {
 }
 
 /// Names of the built-in rules.
-pub const BUILTIN: [&str; 7] = ["assign", "add", "sgd", "momentum", "adagrad", "adam", "ftrl"];
+pub const BUILTIN: [&str; 8] = ["assign", "add", "sgd", "momentum", "adagrad", "adam", "ftrl", "bpg"];
 
 #[cfg(test)]
 mod tests {

@@ -181,6 +181,9 @@ impl Table {
     pub fn new(def: TableDef, owned: KeyRange, rules: &RuleRegistry) -> Result<Table> {
         let rule = rules.resolve(&def.rule)?;
         let vl = def.value_len;
+        if matches!(rule, crate::rule::Rule::Bpg { .. }) && vl != 3 {
+            return Err(CoreError::InvalidRule(format!("table {}: the bpg rule needs value length 3 (w, δ, inactive), not {vl}", def.id)));
+        }
         let sl = vl * rule.state_per_element();
         let owned = owned.intersect(&def.domain());
         let store = match def.storage {
