@@ -215,6 +215,7 @@ fn run(cli: Cli, s: Settings) -> Result<()> {
         Cmd::Train(model) => {
             let (servers, workers) = match &model {
                 jobs::TrainModel::Linear(a) => (a.servers, a.workers),
+                jobs::TrainModel::L1lr(a) => (a.servers, a.workers),
             };
             cluster::run_embedded(&s, servers, workers, &JobCmd::Train(model), stdout_sink())
         }

@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod counter;
+pub mod l1lr;
 pub mod linear;
 
 use anyhow::Result;
@@ -33,6 +34,8 @@ pub enum JobCmd {
 pub enum TrainModel {
     /// Sparse logistic regression by asynchronous minibatch SGD (FTRL/AdaGrad/SGD on the servers).
     Linear(Box<linear::LinearArgs>),
+    /// L1-regularised logistic regression by the delayed block proximal gradient method.
+    L1lr(Box<l1lr::L1lrArgs>),
 }
 
 impl JobCmd {
@@ -51,6 +54,7 @@ impl JobCmd {
             JobCmd::Counter(a) => counter::run(a, session, num_servers, sink),
             JobCmd::BenchJob(a) => bench::run_worker(a, session, sink),
             JobCmd::Train(TrainModel::Linear(a)) => linear::run(a, session, sink),
+            JobCmd::Train(TrainModel::L1lr(a)) => l1lr::run(a, session, sink),
         }
     }
 }
