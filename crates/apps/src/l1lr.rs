@@ -19,28 +19,15 @@ pub struct BlockColumns {
     pub vals: Vec<Vec<f32>>,
 }
 
-impl BlockColumns {
-    /// Per example (of `n`), how many of this block's features it has: the factor that makes
-    /// the per-coordinate curvature bounds a bound for the whole block's simultaneous step.
-    pub fn example_counts(&self, n: usize) -> Vec<f32> {
-        let mut c = vec![0f32; n];
-        for rows in &self.rows {
-            for &i in rows {
-                c[i as usize] += 1.0;
-            }
-        }
-        c
-    }
-}
-
 /// Gradient and curvature bound of the block's features. `y`: labels ±1; `dual`: the
-/// worker's `exp(y⟨w, x⟩)` per example; `counts`: [`BlockColumns::example_counts`];
+/// worker's `exp(y⟨w, x⟩)` per example; `counts`: scratch, one zero per example, left zero;
 /// `delta[j]`: the feature's trust region; `active[j]`: whether to compute it (a feature the
-/// KKT filter has switched off gets `g = u = 0`). Preconditions: `delta`, `active`, `g` and
-/// `u` have one entry per feature of `cols`; `y`, `dual`, `counts` one per example.
+/// KKT filter has switched off gets `g = u = 0` and does not move). Preconditions: `delta`,
+/// `active`, `g` and `u` have one entry per feature of `cols`; `y`, `dual`, `counts` one per
+/// example.
 ///
 /// `u_j = Σ_i c_i min(p_i(1 − p_i) e^{|x_ij| δ_j}, 1/4) x_ij²` with `c_i` the number of the
-/// block's features example i has: every coordinate of the block moves at once, and by
+/// block's active features example i has: every active coordinate moves at once, and by
 /// Cauchy–Schwarz `(Σ_j x_ij d_j)² ≤ c_i Σ_j x_ij² d_j²`, so the separable model the servers
 /// minimise stays an upper bound of the loss (inside the trust region) and every iteration
 /// decreases the objective. Without `c_i` (the per-coordinate bound of §2.1) a block of
@@ -50,12 +37,17 @@ pub fn block_gradient(
     cols: &BlockColumns,
     y: &[f32],
     dual: &[f64],
-    counts: &[f32],
+    counts: &mut [f32],
     delta: &[f32],
     active: &[bool],
     g: &mut [f32],
     u: &mut [f32],
 ) {
+    for (rows, _) in cols.rows.iter().zip(active).filter(|(_, a)| **a) {
+        for &i in rows {
+            counts[i as usize] += 1.0;
+        }
+    }
     for j in 0..cols.rows.len() {
         if !active[j] {
             g[j] = 0.0;
@@ -72,6 +64,11 @@ pub fn block_gradient(
         }
         g[j] = gj as f32;
         u[j] = uj as f32;
+    }
+    for (rows, _) in cols.rows.iter().zip(active).filter(|(_, a)| **a) {
+        for &i in rows {
+            counts[i as usize] = 0.0;
+        }
     }
 }
 
@@ -194,8 +191,9 @@ mod tests {
                 let delta: Vec<f32> = feats[b].iter().map(|&j| 1.0 + server[j][1]).collect();
                 let active: Vec<bool> = feats[b].iter().map(|&j| thr < 0.0 || server[j][2] == 0.0).collect();
                 let (mut g, mut u) = (vec![0f32; m], vec![0f32; m]);
-                let counts = cols[b].example_counts(n);
-                block_gradient(&cols[b], &y, &dual, &counts, &delta, &active, &mut g, &mut u);
+                let mut counts = vec![0f32; n];
+                block_gradient(&cols[b], &y, &dual, &mut counts, &delta, &active, &mut g, &mut u);
+                assert!(counts.iter().all(|c| *c == 0.0), "the scratch is left zero");
                 let mut dw = vec![0f32; m];
                 for (k, &j) in feats[b].iter().enumerate() {
                     if !active[k] {

@@ -111,11 +111,12 @@ const STATS: u32 = 21;
 struct Block {
     keys: Vec<u64>,
     cols: BlockColumns,
-    /// Per example: how many of the block's features it has.
-    counts: Vec<f32>,
     /// `(w, δ − 1, inactive)` per feature, as last pulled.
     rows: Vec<[f32; 3]>,
 }
+
+/// Every this many passes, coordinates the KKT filter switched off are computed again.
+const RECHECK: usize = 4;
 
 /// The KKT margin of pass `p` (0-based): coordinates at zero with |g| ≤ λ − margin are
 /// skipped; the margin shrinks as the passes go, and is off (negative) in the final pass.
@@ -136,7 +137,7 @@ fn load(a: &L1lrArgs, s: &WorkerSession) -> Result<(Vec<Block>, Vec<f32>)> {
     // feature position in batch.keys -> (block, index in block)
     let nb = a.blocks as u64;
     let mut blocks: Vec<Block> =
-        (0..a.blocks).map(|_| Block { keys: Vec::new(), cols: BlockColumns::default(), counts: Vec::new(), rows: Vec::new() }).collect();
+        (0..a.blocks).map(|_| Block { keys: Vec::new(), cols: BlockColumns::default(), rows: Vec::new() }).collect();
     let mut place = Vec::with_capacity(batch.keys.len());
     for &k in &batch.keys {
         let b = &mut blocks[(k % nb) as usize];
@@ -152,9 +153,6 @@ fn load(a: &L1lrArgs, s: &WorkerSession) -> Result<(Vec<Block>, Vec<f32>)> {
             blocks[b].cols.rows[j].push(i as u32);
             blocks[b].cols.vals[j].push(v);
         }
-    }
-    for b in blocks.iter_mut() {
-        b.counts = b.cols.example_counts(y.len());
     }
     Ok((blocks, y))
 }
@@ -202,6 +200,8 @@ pub fn run(a: &L1lrArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
     }
     let (mut blocks, y) = load(a, s).context("reading the training share")?;
     let mut dual = vec![1f64; y.len()];
+    // per example: active features of the current block (scratch of block_gradient)
+    let mut counts = vec![0f32; y.len()];
     s.kv.create_table(TableDef {
         id: TABLE,
         name: "l1lr".into(),
@@ -249,10 +249,14 @@ pub fn run(a: &L1lrArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
             let blk = &blocks[b];
             let n = blk.keys.len();
             let delta: Vec<f32> = blk.rows.iter().map(|r| 1.0 + r[1]).collect();
-            let active: Vec<bool> = blk.rows.iter().map(|r| thr < 0.0 || r[2] == 0.0).collect();
+            // KKT filter: a coordinate the servers marked inactive is skipped, but every
+            // RECHECK-th pass all are computed again, so one whose gradient has grown since
+            // (as other weights moved) can leave zero
+            let recheck = pass % RECHECK == RECHECK - 1;
+            let active: Vec<bool> = blk.rows.iter().map(|r| thr < 0.0 || recheck || r[2] == 0.0).collect();
             g.resize(n, 0.0);
             u.resize(n, 0.0);
-            block_gradient(&blk.cols, &y, &dual, &blk.counts, &delta, &active, &mut g, &mut u);
+            block_gradient(&blk.cols, &y, &dual, &mut counts, &delta, &active, &mut g, &mut u);
             // the KKT filter: switched-off coordinates are neither computed nor sent
             let keys: Vec<u64> = blk.keys.iter().zip(&active).filter(|(_, a)| **a).map(|(k, _)| *k).collect();
             grad.clear();
