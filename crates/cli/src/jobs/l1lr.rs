@@ -36,6 +36,15 @@ use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+/// On or off.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Switch {
+    /// On.
+    On,
+    /// Off.
+    Off,
+}
+
 /// Algorithms of `train l1lr`.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Algorithm {
@@ -73,6 +82,10 @@ pub struct L1lrArgs {
     /// Stop after this many passes at the latest.
     #[arg(long, default_value_t = 500)]
     pub max_passes: usize,
+    /// The KKT filter: coordinates the optimality conditions pin at zero are neither computed
+    /// nor sent (`off` computes and sends every coordinate every pass).
+    #[arg(long, value_enum, default_value_t = Switch::On)]
+    pub kkt: Switch,
     /// Message filters on the model's pushes and pulls (as `train linear --filters`).
     #[arg(long, default_value = "none", value_parser = parse_filters)]
     pub filters: FilterSpec,
@@ -175,9 +188,12 @@ struct Pending {
     ts: Timestamp,
 }
 
-/// Waits for `p`, folds the weight changes into the duals and keeps the new rows.
-fn apply_pull(s: &mut WorkerSession, p: Pending, blocks: &mut [Block], y: &[f32], dual: &mut [f64]) -> Result<()> {
+/// Waits for `p` (adding the time to `waited`), folds the weight changes into the duals and
+/// keeps the new rows.
+fn apply_pull(s: &mut WorkerSession, p: Pending, blocks: &mut [Block], y: &[f32], dual: &mut [f64], waited: &mut Duration) -> Result<()> {
+    let w0 = Instant::now();
     let vals = s.kv.wait_values(p.ts)?;
+    *waited += w0.elapsed();
     let b = &mut blocks[p.block];
     let mut dw = vec![0f32; b.keys.len()];
     for (j, row) in b.rows.iter_mut().enumerate() {
@@ -235,16 +251,19 @@ pub fn run(a: &L1lrArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
     let mut passes: Vec<serde_json::Value> = Vec::new();
     let (mut g, mut u, mut grad) = (Vec::new(), Vec::new(), Vec::new());
     let mut final_pass = false;
+    // bytes of the per-pass objective reports (worker 0 reads the whole model for ‖w‖₁),
+    // kept apart from the training traffic
+    let mut report_bytes = 0u64;
     let mut last_obj = f64::INFINITY;
     let (mut objective, mut nnz) = (f64::NAN, 0usize);
     let mut progress = Progress::new(!a.quiet && s.rank == 0, "passes".to_string());
     for pass in 0..a.max_passes + 1 {
-        let thr = if final_pass { -1.0 } else { kkt_margin(a.lambda, pass) };
+        let thr = if final_pass || a.kkt == Switch::Off { -1.0 } else { kkt_margin(a.lambda, pass) };
         for b in order(a.blocks, a.seed, pass) {
             // bounded delay: iterations older than t − tau have finished
             while pending.front().is_some_and(|p| p.iteration + a.tau < t) {
                 let p = pending.pop_front().context("no pull in flight")?;
-                apply_pull(s, p, &mut blocks, &y, &mut dual)?;
+                apply_pull(s, p, &mut blocks, &y, &mut dual, &mut idle)?;
             }
             let blk = &blocks[b];
             let n = blk.keys.len();
@@ -277,8 +296,9 @@ pub fn run(a: &L1lrArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
         }
         // the pass's objective, summed over workers
         while let Some(p) = pending.pop_front() {
-            apply_pull(s, p, &mut blocks, &y, &mut dual)?;
+            apply_pull(s, p, &mut blocks, &y, &mut dual, &mut idle)?;
         }
+        let before_report = s.kv.traffic();
         let loss = logistic_loss(&dual);
         let hi = loss as f32;
         let ts = s.kv.push_range(STATS, 4 * pass as u64, &[hi, (loss - hi as f64) as f32])?;
@@ -313,6 +333,8 @@ pub fn run(a: &L1lrArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
         idle += w0.elapsed();
         let mut flag = [0f32];
         s.kv.pull_range_into(STATS, 4 * pass as u64 + 2, &mut flag)?;
+        let after_report = s.kv.traffic();
+        report_bytes += (after_report.bytes_sent + after_report.bytes_received) - (before_report.bytes_sent + before_report.bytes_received);
         if flag[0] > 0.0 {
             if final_pass || pass + 1 >= a.max_passes {
                 break;
@@ -350,10 +372,14 @@ pub fn run(a: &L1lrArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
             "passes": passes,
             "iterations": t,
             "wall_s": wall,
-            "idle_fraction": (idle + s.kv.held()).as_secs_f64() / wall,
+            // time worker 0 spent waiting: for its pulls (the bounded delay) and at barriers
+            "idle_fraction": idle.as_secs_f64() / wall,
             "bytes_sent": traffic.bytes_sent,
             "bytes_received": traffic.bytes_received,
+            "report_bytes": report_bytes,
+            "training_bytes": traffic.bytes_sent + traffic.bytes_received - report_bytes,
             "filters": a.filters.to_string(),
+            "kkt": a.kkt == Switch::On,
             "filter_traffic": filter_traffic.iter().map(|(dir, f)| serde_json::json!({
                 "direction": dir, "filter": f.name, "messages": f.messages, "bytes_in": f.bytes_in, "bytes_out": f.bytes_out,
             })).collect::<Vec<_>>(),

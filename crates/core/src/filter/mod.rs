@@ -257,7 +257,7 @@ impl Pipeline {
 
 /// A table's filter settings (`TableSpec.filters`, `--filters`): a comma-separated list of
 /// `sigmod:T` (significantly-modified, threshold T), `f16` | `bf16` | `q8` (low-precision
-/// values; pushes carry their rounding error forward), `keycache[:SLOTS]` (default 64 slots)
+/// values; pushes carry their rounding error forward), `keycache[:SLOTS]` (default 1024 slots)
 /// and `lz4` | `zstd[:LEVEL]` (default level 3). They always run in that order, whatever the
 /// order written; `none` or empty is no filter.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -376,7 +376,7 @@ impl std::str::FromStr for FilterSpec {
                 ("bf16", None) => spec.precision = Some(quant::Precision::Bf16),
                 ("q8", None) => spec.precision = Some(quant::Precision::Q8),
                 ("keycache", a) => {
-                    let n: usize = a.map(|a| a.parse().map_err(|_| bad(part))).transpose()?.unwrap_or(64);
+                    let n: usize = a.map(|a| a.parse().map_err(|_| bad(part))).transpose()?.unwrap_or(1024);
                     if n == 0 || n > 1 << 16 {
                         return Err(bad(part));
                     }
@@ -441,7 +441,7 @@ mod tests {
     #[test]
     fn filter_specs_parse_print_and_refuse_nonsense() {
         let s: FilterSpec = "lz4, keycache, q8,sigmod:0.01".parse().unwrap();
-        assert_eq!(s.to_string(), "sigmod:0.01,q8,keycache:64,lz4");
+        assert_eq!(s.to_string(), "sigmod:0.01,q8,keycache:1024,lz4");
         assert_eq!(s.to_string().parse::<FilterSpec>().unwrap(), s);
         assert!("none".parse::<FilterSpec>().unwrap().is_empty());
         assert!("".parse::<FilterSpec>().unwrap().is_empty());
