@@ -10,7 +10,9 @@
 //! so the floating-point result does not depend on arrival order:
 //! * [`Aggregate::None`]: each worker's update is applied in turn, in rank order;
 //! * [`Aggregate::Sum`]/[`Aggregate::Avg`]: the updates are summed per key (in rank order),
-//!   divided by the number of contributors for `Avg`, and the update rule runs once.
+//!   divided for `Avg` by the number of workers that completed the round (W, or fewer with
+//!   backup workers or paused workers; the same on every server and for every key, whether
+//!   or not a worker pushed that key), and the update rule runs once.
 //!
 //! A push for a round already applied (a backup worker that came late) is dropped and
 //! counted. A paused worker (its share of an epoch is done) is not waited for.
@@ -28,7 +30,8 @@ pub enum Aggregate {
     None,
     /// Sum the updates per key and apply the rule once.
     Sum,
-    /// Average the updates per key over the round's contributors and apply the rule once.
+    /// Average the updates per key over the workers that completed the round and apply the
+    /// rule once.
     Avg,
 }
 
@@ -215,10 +218,11 @@ impl Rounds {
                 continue;
             }
             let contributors = parts.len();
+            let completed = self.clocks.iter().filter(|c| **c > k).count().max(1);
             let updates = match self.aggregate {
                 Aggregate::None => parts.into_iter().flat_map(|c| c.pushes).map(|(keys, values)| Update { keys, values }).collect(),
                 Aggregate::Sum | Aggregate::Avg => {
-                    let scale = if self.aggregate == Aggregate::Avg { Some(contributors as f32) } else { None };
+                    let scale = if self.aggregate == Aggregate::Avg { Some(completed as f32) } else { None };
                     vec![merge(parts.into_iter().flat_map(|c| c.pushes), self.value_len, scale)]
                 }
             };
@@ -286,6 +290,16 @@ mod tests {
             let done = r.clock(0, 1).unwrap();
             assert_eq!(done[0].updates, vec![Update { keys: vec![1, 2, 3], values: want }]);
         }
+    }
+
+    #[test]
+    fn avg_divides_by_the_workers_that_completed_the_round_even_for_keys_one_pushed() {
+        let mut r = Rounds::new(2, 0, Aggregate::Avg, 1).unwrap();
+        // only worker 0 has keys on this server this round
+        r.push(0, 0, &[1], &[4.0]).unwrap();
+        r.clock(1, 1).unwrap();
+        let done = r.clock(0, 1).unwrap();
+        assert_eq!(done[0].updates[0].values, vec![2.0], "4 / 2 workers, not 4 / 1 pusher");
     }
 
     #[test]

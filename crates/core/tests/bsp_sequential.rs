@@ -275,3 +275,13 @@ fn two_message_orders_of_a_bsp_job_give_the_same_trained_bits() {
     // ...and the model did learn something (the comparison is not between two zero vectors).
     assert!(a.iter().any(|v| *v != 0.0));
 }
+
+#[test]
+fn avg_over_servers_where_one_worker_has_no_keys_matches_the_sequential_run() {
+    // found by the proptest: on some server only one of the two workers pushed keys in a
+    // round; the average must still be over both workers, as the sequential run takes it
+    let (seed, order, workers, servers, rounds) = (14546355519405147944, 0, 2, 3, 3);
+    let want: Vec<u32> = sequential(seed, workers, rounds, Aggregate::Avg).iter().map(|v| v.to_bits()).collect();
+    let got: Vec<u32> = distributed(seed, order, workers, servers, rounds, Aggregate::Avg).iter().map(|v| v.to_bits()).collect();
+    assert_eq!(got, want);
+}
