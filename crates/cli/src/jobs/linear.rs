@@ -551,7 +551,8 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
                         m.examples
                     );
                 }
-                evals.push((wall, m.logloss, m.auc));
+                // stamped after the evaluation (and after the evaluator thread's last point)
+                evals.push((t0.elapsed().as_secs_f64(), m.logloss, m.auc));
                 epochs.push((epoch, Some(m), wall));
             } else {
                 epochs.push((epoch, None, wall));
