@@ -14,7 +14,7 @@
 
 use downpour_coordinator::client::{ControlClient, ControlError};
 use downpour_core::consistency::PullGate;
-use downpour_core::filter::{FilterTraffic, Message as FilterMessage, Pipeline};
+use downpour_core::filter::{FilterRegistry, FilterTraffic, Message as FilterMessage, Pipeline};
 use downpour_core::keys::{check_lengths, check_sorted_unique};
 use downpour_core::msg::{self, Op, Status};
 use downpour_core::partition::Partition;
@@ -39,11 +39,13 @@ pub struct ServerConfig {
     pub chunk_bytes: usize,
     /// Update rules the server knows (built-ins plus user rules).
     pub rules: RuleRegistry,
+    /// User filters the server knows (tables name them as `user:NAME`).
+    pub filters: FilterRegistry,
 }
 
 impl Default for ServerConfig {
     fn default() -> Self {
-        ServerConfig { chunk_bytes: 2 << 20, rules: RuleRegistry::new() }
+        ServerConfig { chunk_bytes: 2 << 20, rules: RuleRegistry::new(), filters: FilterRegistry::new() }
     }
 }
 
@@ -422,7 +424,7 @@ fn handle_frame(st: &ServerState, h: &FrameHeader, ctx: &mut ConnCtx, conn: &mut
                 Ok(s) => s,
                 Err(e) => return Ok(Err(e)),
             };
-            if let Err(e) = decode_filtered(h, &slot, ctx) {
+            if let Err(e) = decode_filtered(st, h, &slot, ctx) {
                 return Ok(Err(e));
             }
             let res = match slot.gate.as_ref().filter(|g| g.rounds) {
@@ -453,7 +455,7 @@ fn handle_frame(st: &ServerState, h: &FrameHeader, ctx: &mut ConnCtx, conn: &mut
                 Ok(s) => s,
                 Err(e) => return Ok(Err(e)),
             };
-            if let Err(e) = decode_filtered(h, &slot, ctx) {
+            if let Err(e) = decode_filtered(st, h, &slot, ctx) {
                 return Ok(Err(e));
             }
             if op == Op::PushPull && slot.gate.as_ref().is_some_and(|g| g.rounds) {
@@ -617,7 +619,7 @@ fn wait_for_clocks(st: &ServerState, g: &GateSlot, range: KeyRange, after: Optio
 
 /// Decodes a filtered frame's payload into `ctx.keys`/`ctx.vals` with the table's filters
 /// (this connection's pipeline, made on first use). Frames without an encoding pass as they are.
-fn decode_filtered(h: &FrameHeader, slot: &TableSlot, ctx: &mut ConnCtx) -> ReqResult {
+fn decode_filtered(st: &ServerState, h: &FrameHeader, slot: &TableSlot, ctx: &mut ConnCtx) -> ReqResult {
     let Some(enc) = &h.encoding else { return Ok(()) };
     let (spec, vl) = {
         let t = slot.table.read();
@@ -626,11 +628,15 @@ fn decode_filtered(h: &FrameHeader, slot: &TableSlot, ctx: &mut ConnCtx) -> ReqR
     if spec.is_empty() {
         return Err((Status::InvalidArgument, format!("table {} has no filters, but the frame is filtered", h.table)));
     }
-    let p = ctx.pipes.entry(h.table).or_insert_with(|| {
-        let (request, reply) = (spec.request_receiver(), spec.reply());
-        let reported = request.traffic().iter().chain(reply.traffic()).cloned().collect();
-        TablePipes { request, reply, reported }
-    });
+    let p = match ctx.pipes.entry(h.table) {
+        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+        std::collections::hash_map::Entry::Vacant(e) => {
+            // checked when the table was created, so this succeeds
+            let (_, request, reply) = spec.pipelines(&st.cfg.filters).map_err(core_err)?;
+            let reported = request.traffic().iter().chain(reply.traffic()).cloned().collect();
+            e.insert(TablePipes { request, reply, reported })
+        }
+    };
     let mut m = FilterMessage::from_wire(std::mem::take(&mut ctx.kbytes), std::mem::take(&mut ctx.vbytes), vl, enc.clone());
     let decoded = p.request.decode(&mut m);
     if h.op != Op::Pull as u32 && h.op != Op::Peek as u32 {
@@ -710,7 +716,9 @@ fn create_table(st: &ServerState, h: &FrameHeader) -> ReqResult {
     let filter_stats = if spec_filters.is_empty() {
         FilterStats::default()
     } else {
-        FilterStats::new(&spec_filters.request_receiver(), &spec_filters.reply())
+        // also refuses a table naming a user filter this server does not know
+        let (_, request, reply) = spec_filters.pipelines(&st.cfg.filters).map_err(core_err)?;
+        FilterStats::new(&request, &reply)
     };
     tables.insert(canonical.id, Arc::new(TableSlot { spec: canonical, table: RwLock::new(table), gate, filter_stats }));
     Ok(())

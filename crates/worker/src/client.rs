@@ -1,4 +1,4 @@
-use downpour_core::filter::{FilterTraffic, Message as FilterMessage, Pipeline};
+use downpour_core::filter::{FilterRegistry, FilterTraffic, Message as FilterMessage, Pipeline};
 use downpour_core::keys::{check_lengths, check_sorted_unique};
 use downpour_core::msg::{self, Op, Status};
 use downpour_core::partition::Partition;
@@ -198,6 +198,8 @@ struct TableInfo {
     partition: Partition,
     /// Per server, for a table with filters: the request encoder and reply decoder.
     pipes: Vec<TablePipes>,
+    /// Why its filters could not be built (a user filter not registered on this worker).
+    filter_error: Option<String>,
 }
 
 /// The filter pipelines of one table towards one server.
@@ -244,6 +246,7 @@ pub struct KvClient {
     /// The timestamp a deferred request was issued under, for the op being sent.
     reuse_ts: Option<u64>,
     deferred: VecDeque<Deferred>,
+    filter_registry: FilterRegistry,
     next_id: u64,
     servers: Vec<ServerConn>,
     tables: HashMap<u32, TableInfo>,
@@ -283,6 +286,7 @@ impl KvClient {
             issuing: None,
             reuse_ts: None,
             deferred: VecDeque::new(),
+            filter_registry: FilterRegistry::new(),
             next_id: 1,
             servers,
             tables: HashMap::new(),
@@ -423,12 +427,26 @@ impl KvClient {
     /// without contacting them.
     pub fn use_table(&mut self, def: TableDef) {
         let partition = Partition::even(def.domain(), self.servers.len());
-        let pipes = if def.filters.is_empty() {
-            Vec::new()
-        } else {
-            (0..self.servers.len()).map(|_| TablePipes { request: def.filters.request_sender(), reply: def.filters.reply() }).collect()
-        };
-        self.tables.insert(def.id, TableInfo { def, partition, pipes });
+        let mut pipes = Vec::new();
+        let mut filter_error = None;
+        if !def.filters.is_empty() {
+            for _ in 0..self.servers.len() {
+                match def.filters.pipelines(&self.filter_registry) {
+                    Ok((request, _, reply)) => pipes.push(TablePipes { request, reply }),
+                    Err(e) => {
+                        filter_error = Some(e.to_string());
+                        break;
+                    }
+                }
+            }
+        }
+        self.tables.insert(def.id, TableInfo { def, partition, pipes, filter_error });
+    }
+
+    /// The user filters this worker knows (tables name them as `user:NAME`). Set it before
+    /// declaring or creating the tables that use them.
+    pub fn set_filter_registry(&mut self, reg: FilterRegistry) {
+        self.filter_registry = reg;
     }
 
     /// Bytes before and after each filter of table `table`, summed over servers:
@@ -656,6 +674,9 @@ impl KvClient {
         out_len: usize,
         mut lent: Option<&mut Lent<'_>>,
     ) -> Result<u64, ClientError> {
+        if let Some(e) = self.tables.get(&table).and_then(|t| t.filter_error.clone()) {
+            return Err(CoreError::InvalidTable(format!("table {table}: {e}")).into());
+        }
         if self.tables.get(&table).is_some_and(|t| !t.pipes.is_empty()) {
             return self.keyed_filtered(op, table, keys, values, out_len, lent);
         }

@@ -507,3 +507,56 @@ fn filtered_tables_round_trip_and_a_key_cache_miss_is_cured_by_resending() {
         drop(c.servers);
     }
 }
+
+/// A user filter for the test: values travel negated (and come back as they were).
+struct Negate;
+
+impl downpour_core::filter::Filter for Negate {
+    fn name(&self) -> &'static str {
+        "negate"
+    }
+    fn encode(&mut self, m: &mut downpour_core::filter::Message) -> downpour_core::Result<()> {
+        m.values.iter_mut().for_each(|v| *v = -*v);
+        Ok(())
+    }
+    fn decode(&mut self, m: &mut downpour_core::filter::Message) -> downpour_core::Result<()> {
+        m.to_typed()?;
+        m.values.iter_mut().for_each(|v| *v = -*v);
+        Ok(())
+    }
+}
+
+#[test]
+fn a_user_filter_registered_on_both_ends_runs_and_an_unknown_one_is_refused() {
+    use downpour_core::filter::FilterRegistry;
+    let mut reg = FilterRegistry::new();
+    reg.register("negate", std::sync::Arc::new(|| Box::new(Negate) as Box<dyn downpour_core::filter::Filter>)).unwrap();
+    assert!(reg.register("bad name", std::sync::Arc::new(|| Box::new(Negate) as Box<dyn downpour_core::filter::Filter>)).is_err());
+    let t: Arc<dyn Transport> = Arc::new(InProcTransport::new());
+    let cfg = ServerConfig { chunk_bytes: 4096, filters: reg.clone(), ..Default::default() };
+    let s = Server::bind(t.as_ref(), "inproc://0", cfg).unwrap();
+    s.state().set_placement(10, 0, 1, 1, 1);
+    let routing = proto::Routing { epoch: 1, servers: vec![proto::ServerEntry { node_id: 10, addr: s.addr() }] };
+    let server = s.spawn().unwrap();
+    let kcfg = KvConfig { chunk_bytes: 4096, request_timeout: Duration::from_secs(20), reply_window: 2, max_outstanding: 16 };
+    let mut kv = KvClient::connect(t.as_ref(), &routing, 1, kcfg).unwrap();
+    kv.set_filter_registry(reg);
+    let mut def = table(11, 1, Storage::Sparse, "add");
+    def.filters = "user:negate,lz4".parse().unwrap();
+    kv.create_table(def.clone()).unwrap();
+    let keys = spread_keys(100);
+    let vals: Vec<f32> = (0..100).map(|i| i as f32).collect();
+    let ts = kv.push(11, &keys, &vals).unwrap();
+    kv.wait(ts).unwrap();
+    let mut out = vec![0f32; 100];
+    kv.pull_into(11, &keys, &mut out).unwrap();
+    assert_eq!(out, vals, "negated on the way in and out, decoded on both ends");
+    assert!(kv.filter_traffic(11).iter().any(|(_, f)| f.name == "negate" && f.messages > 0));
+    // a server that does not know the filter refuses the table
+    let mut other = def.clone();
+    other.id = 12;
+    other.filters = "user:missing".parse().unwrap();
+    let e = kv.create_table(other).unwrap_err().to_string();
+    assert!(e.contains("user:missing") && e.contains("not registered"), "{e}");
+    drop(server);
+}

@@ -27,6 +27,46 @@ pub mod sigmod;
 
 use crate::proto;
 use crate::{CoreError, Result};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Makes a fresh instance of a user filter (one per pipeline: per connection, table and
+/// direction, so instances may keep state).
+pub type FilterFactory = Arc<dyn Fn() -> Box<dyn Filter> + Send + Sync>;
+
+/// User filters by name. A table names them in its filter list as `user:NAME`; every worker
+/// and every server must have registered the same names (the servers with
+/// `ServerConfig::filters`, the workers with `KvClient::set_filter_registry`) before the table
+/// is used, or the table is refused with a clear error.
+#[derive(Clone, Default)]
+pub struct FilterRegistry {
+    custom: HashMap<String, FilterFactory>,
+}
+
+impl FilterRegistry {
+    /// A registry with no user filter.
+    pub fn new() -> FilterRegistry {
+        FilterRegistry::default()
+    }
+
+    /// Registers `make` under `name` (letters, digits, `_` and `-`).
+    pub fn register(&mut self, name: &str, make: FilterFactory) -> Result<()> {
+        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
+            return Err(CoreError::InvalidTable(format!("filter name {name:?}: use letters, digits, _ and -")));
+        }
+        self.custom.insert(name.to_string(), make);
+        Ok(())
+    }
+
+    fn make(&self, name: &str) -> Result<Box<dyn Filter>> {
+        match self.custom.get(name) {
+            Some(f) => Ok(f()),
+            None => {
+                Err(CoreError::InvalidTable(format!("filter user:{name} is not registered here (register it on every worker and server)")))
+            }
+        }
+    }
+}
 
 /// One message's payload as the filters see it.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -256,12 +296,16 @@ impl Pipeline {
 }
 
 /// A table's filter settings (`TableSpec.filters`, `--filters`): a comma-separated list of
-/// `sigmod:T` (significantly-modified, threshold T), `f16` | `bf16` | `q8` (low-precision
-/// values; pushes carry their rounding error forward), `keycache[:SLOTS]` (default 1024 slots)
-/// and `lz4` | `zstd[:LEVEL]` (default level 3). They always run in that order, whatever the
-/// order written; `none` or empty is no filter.
+/// `user:NAME` (a filter registered in a [`FilterRegistry`]; user filters run first, in the
+/// order written, on the typed form, in requests and replies), `sigmod:T`
+/// (significantly-modified, threshold T), `f16` | `bf16` | `q8` (low-precision values; pushes
+/// carry their rounding error forward), `keycache[:SLOTS]` (default 1024 slots) and
+/// `lz4` | `zstd[:LEVEL]` (default level 3). The built-ins always run in that order, whatever
+/// the order written; `none` or empty is no filter.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct FilterSpec {
+    /// User filters, by registered name, in order.
+    pub user: Vec<String>,
     /// Significantly-modified threshold.
     pub sigmod: Option<f32>,
     /// Low-precision values.
@@ -281,7 +325,24 @@ impl FilterSpec {
         *self == FilterSpec::default()
     }
 
-    /// The worker's pipeline for its requests (pushes and pulls) to one server.
+    /// The pipelines with user filters from `reg` in front: (request sender, request
+    /// receiver, reply). Errors when a user filter is not registered.
+    pub fn pipelines(&self, reg: &FilterRegistry) -> Result<(Pipeline, Pipeline, Pipeline)> {
+        let with_user = |built: Pipeline| -> Result<Pipeline> {
+            let mut p = Pipeline::new();
+            for name in &self.user {
+                p.push(reg.make(name)?);
+            }
+            for f in built.filters {
+                p.push(f);
+            }
+            Ok(p)
+        };
+        Ok((with_user(self.request_sender())?, with_user(self.request_receiver())?, with_user(self.reply())?))
+    }
+
+    /// The worker's pipeline for its requests (pushes and pulls) to one server (built-in
+    /// filters only; [`FilterSpec::pipelines`] adds the user filters).
     pub fn request_sender(&self) -> Pipeline {
         let mut p = Pipeline::new();
         if let Some(t) = self.sigmod {
@@ -330,7 +391,7 @@ impl FilterSpec {
 
 impl std::fmt::Display for FilterSpec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mut parts = Vec::new();
+        let mut parts: Vec<String> = self.user.iter().map(|n| format!("user:{n}")).collect();
         if let Some(t) = self.sigmod {
             parts.push(format!("sigmod:{t}"));
         }
@@ -357,7 +418,9 @@ impl std::str::FromStr for FilterSpec {
     fn from_str(s: &str) -> Result<FilterSpec> {
         let mut spec = FilterSpec::default();
         let bad = |what: &str| {
-            CoreError::InvalidTable(format!("filter {what:?}: expected sigmod:T, f16, bf16, q8, keycache[:SLOTS], lz4 or zstd[:LEVEL]"))
+            CoreError::InvalidTable(format!(
+                "filter {what:?}: expected user:NAME, sigmod:T, f16, bf16, q8, keycache[:SLOTS], lz4 or zstd[:LEVEL]"
+            ))
         };
         for part in s.split(',').map(str::trim).filter(|p| !p.is_empty() && *p != "none") {
             let (name, arg) = match part.split_once(':') {
@@ -365,6 +428,7 @@ impl std::str::FromStr for FilterSpec {
                 None => (part, None),
             };
             match (name, arg) {
+                ("user", Some(n)) if !n.is_empty() => spec.user.push(n.to_string()),
                 ("sigmod", Some(a)) => {
                     let t: f32 = a.parse().map_err(|_| bad(part))?;
                     if !t.is_finite() || t < 0.0 {
@@ -444,6 +508,10 @@ mod tests {
         assert_eq!(s.to_string(), "sigmod:0.01,q8,keycache:1024,lz4");
         assert_eq!(s.to_string().parse::<FilterSpec>().unwrap(), s);
         assert!("none".parse::<FilterSpec>().unwrap().is_empty());
+        let u: FilterSpec = "zstd,user:mine,user:other".parse().unwrap();
+        assert_eq!(u.to_string(), "user:mine,user:other,zstd:3");
+        assert!(u.pipelines(&FilterRegistry::new()).is_err(), "unregistered user filters are refused");
+        assert!("user:".parse::<FilterSpec>().is_err());
         assert!("".parse::<FilterSpec>().unwrap().is_empty());
         for bad in ["gzip", "sigmod", "sigmod:-1", "keycache:0", "zstd:99", "q8:3", "lz4:1"] {
             assert!(bad.parse::<FilterSpec>().is_err(), "{bad}");
