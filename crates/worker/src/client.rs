@@ -663,6 +663,20 @@ impl KvClient {
         Ok((vl, part))
     }
 
+    /// Registers a keyed request of `parts` parts; its values go to the caller's lent buffer
+    /// when there is one, else to a result of `out_len` values kept for `wait_values`.
+    fn new_keyed_op(&mut self, op: Op, parts: usize, vl: usize, out_len: usize, lent: Option<&mut Lent<'_>>) -> u64 {
+        let ts = self.new_op(parts, vl, op != Op::Push);
+        if let Some(l) = lent {
+            l.ts = ts;
+        } else if op != Op::Push {
+            if let Some(o) = self.ops.get_mut(&ts) {
+                o.values = vec![0.0; out_len];
+            }
+        }
+        ts
+    }
+
     /// Sends a keyed request (Push, Pull or PushPull) in chunks to every server owning
     /// some of `keys`.
     fn keyed(
@@ -683,14 +697,7 @@ impl KvClient {
         let with_values = !matches!(op, Op::Pull | Op::Peek);
         let (vl, part) = self.check_keys(table, keys, with_values.then_some(values.len()))?;
         let parts: Vec<_> = part.split_keys(keys).collect();
-        let ts = self.new_op(parts.len(), vl, op != Op::Push);
-        if let Some(l) = lent.as_deref_mut() {
-            l.ts = ts;
-        } else if op != Op::Push {
-            if let Some(o) = self.ops.get_mut(&ts) {
-                o.values = vec![0.0; out_len];
-            }
-        }
+        let ts = self.new_keyed_op(op, parts.len(), vl, out_len, lent.as_deref_mut());
         let per_chunk = (self.cfg.chunk_bytes / (8 + if with_values { 4 * vl } else { 0 })).max(1) as u64;
         let parts: Vec<Part> =
             parts.into_iter().map(|(s, r)| Part { server: s, begin: r.start as u64, end: r.end as u64, base: r.start * vl }).collect();
@@ -720,14 +727,7 @@ impl KvClient {
         let with_values = op == Op::Push;
         let (vl, part) = self.check_keys(table, keys, with_values.then_some(values.len()))?;
         let parts: Vec<_> = part.split_keys(keys).collect();
-        let ts = self.new_op(parts.len(), vl, op != Op::Push);
-        if let Some(l) = lent.as_deref_mut() {
-            l.ts = ts;
-        } else if op != Op::Push {
-            if let Some(o) = self.ops.get_mut(&ts) {
-                o.values = vec![0.0; out_len];
-            }
-        }
+        let ts = self.new_keyed_op(op, parts.len(), vl, out_len, lent.as_deref_mut());
         for (pi, (s, r)) in parts.into_iter().enumerate() {
             self.before_send(s, lent.as_deref_mut())?;
             let vals = if with_values { values[r.start * vl..r.end * vl].to_vec() } else { Vec::new() };

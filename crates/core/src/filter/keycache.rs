@@ -47,7 +47,8 @@ pub struct KeyCache {
 
 impl KeyCache {
     /// A cache of `slots` key lists (at least 1) holding at most `max_bytes` of keys on the
-    /// receiver.
+    /// receiver. Sender and receiver must use the same `max_bytes`: the sender never caches a
+    /// list larger than that.
     pub fn new(slots: usize, max_bytes: usize) -> KeyCache {
         let slots = slots.max(1);
         KeyCache {
@@ -109,7 +110,9 @@ impl Filter for KeyCache {
 
     fn encode(&mut self, m: &mut Message) -> Result<()> {
         m.to_wire();
-        if (m.enc.num_keys as usize) < MIN_KEYS {
+        // Too short to be worth a signature, or too long for the receiver to keep (it would
+        // miss every time and cost a resend per message): sent as it is.
+        if (m.enc.num_keys as usize) < MIN_KEYS || m.key_bytes.len() > self.max_bytes {
             return Ok(());
         }
         let sig = signature(&m.key_bytes);
@@ -193,7 +196,7 @@ mod tests {
             budget_lists in 1usize..6,
         ) {
             let pool: Vec<Vec<u64>> = (0..6u64).map(|i| (0..(10 + i * 3)).map(|k| k * 7 + i).collect()).collect();
-            let mut tx = KeyCache::new(slots, 0);
+            let mut tx = KeyCache::new(slots, 1 << 20);
             let mut rx = KeyCache::new(slots, budget_lists * 8 * 30);
             for (n, &which) in lists.iter().enumerate() {
                 if evictions[n % evictions.len()] {
@@ -240,6 +243,16 @@ mod tests {
             assert_eq!(r.keys, keys);
         }
         assert_eq!(sizes, vec![8000, 0, 0]);
+    }
+
+    #[test]
+    fn a_list_larger_than_the_receivers_budget_always_travels_whole() {
+        let keys: Vec<u64> = (0..100).collect();
+        let mut tx = KeyCache::new(4, 400);
+        for _ in 0..3 {
+            let m = send(&mut tx, &keys);
+            assert!(m.enc.key_sig.is_empty() && m.key_bytes.len() == 800, "800 bytes of keys > 400: never cached");
+        }
     }
 
     #[test]
