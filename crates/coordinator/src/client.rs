@@ -102,6 +102,13 @@ impl ControlClient {
         crate::decode_body(&r).map_err(ControlError::Malformed)
     }
 
+    /// Sends a worker's reports to the BPG task scheduler and returns its next tasks (held by
+    /// the coordinator until there is one when `req.wait`).
+    pub fn schedule(&mut self, req: &proto::ScheduleRequest) -> Result<proto::ScheduleReply, ControlError> {
+        let r = self.call(Op::Schedule, req.encode_to_vec())?;
+        crate::decode_body(&r).map_err(ControlError::Malformed)
+    }
+
     /// Reports that this worker is done (`ok == false` fails the job with `message`).
     pub fn done(&mut self, ok: bool, message: &str) -> Result<(), ControlError> {
         self.call(Op::Done, proto::DoneRequest { ok, message: message.into() }.encode_to_vec()).map(|_| ())

@@ -14,6 +14,7 @@ pub mod client;
 
 use downpour_core::msg::{self, Op, Status};
 use downpour_core::proto::{self, FrameHeader};
+use downpour_core::schedule::{wire, BpgScheduler};
 use downpour_transport::{Connection, Listener};
 use parking_lot::{Condvar, Mutex};
 use prost::Message;
@@ -61,6 +62,8 @@ struct State {
     failed: Option<String>,
     shutdown: bool,
     heartbeating: HashSet<u32>,
+    /// The BPG task scheduler, built from the first worker's plan.
+    schedule: Option<BpgScheduler>,
 }
 
 impl State {
@@ -83,6 +86,9 @@ pub struct Coordinator {
     cfg: CoordinatorConfig,
     state: Mutex<State>,
     cv: Condvar,
+    /// Wakes workers held by the task scheduler (kept apart from `cv`, which answers the
+    /// long-polled heartbeats: a scheduler event per iteration must not wake those).
+    sched_cv: Condvar,
     started: Instant,
 }
 
@@ -102,6 +108,7 @@ impl Coordinator {
             cfg,
             state: Mutex::new(State { next_id: 1, ..Default::default() }),
             cv: Condvar::new(),
+            sched_cv: Condvar::new(),
             started: Instant::now(),
         })
     }
@@ -154,6 +161,7 @@ impl Coordinator {
             st.failed = Some(reason);
         }
         self.cv.notify_all();
+        self.sched_cv.notify_all();
     }
 
     fn monitor(&self) {
@@ -254,6 +262,10 @@ impl Coordinator {
                 Ok(Vec::new())
             }
             Some(Op::GetRouting) => Ok(self.state.lock().routing().encode_to_vec()),
+            Some(Op::Schedule) => {
+                let req = proto::ScheduleRequest::decode(h.meta.as_ref()).map_err(bad)?;
+                self.schedule(h.sender, req).map(|r| r.encode_to_vec())
+            }
             Some(Op::Ping) => Ok(Vec::new()),
             _ => Err((Status::Unsupported, format!("op {} is not served by the coordinator", h.op))),
         }
@@ -335,6 +347,71 @@ impl Coordinator {
                 return Ok(());
             }
             self.cv.wait_for(&mut st, Duration::from_millis(200));
+        }
+    }
+
+    /// A worker's reports to the BPG task scheduler, and its next tasks (held until there is
+    /// one when `req.wait`).
+    fn schedule(&self, node: u32, req: proto::ScheduleRequest) -> Result<proto::ScheduleReply, (Status, String)> {
+        let invalid = |e: downpour_core::schedule::ScheduleError| (Status::InvalidArgument, e.to_string());
+        let mut st = self.state.lock();
+        let rank = match st.roles.get(&node) {
+            Some(("worker", rank)) => *rank as usize,
+            _ => return Err((Status::InvalidArgument, format!("{} is not a registered worker", st.describe(node)))),
+        };
+        let plan = req.plan.as_ref().map(wire::plan_from_proto);
+        match (&st.schedule, plan) {
+            (None, None) => return Err((Status::InvalidArgument, "the first schedule call must carry the plan".into())),
+            (None, Some(plan)) => {
+                if plan.workers != self.cfg.workers {
+                    return Err((
+                        Status::InvalidArgument,
+                        format!("the plan is for {} workers, the job has {}", plan.workers, self.cfg.workers),
+                    ));
+                }
+                tracing::info!(
+                    "BPG scheduler: {} blocks, tau {}, at most {} passes, epsilon {:e}, KKT filter {}",
+                    plan.blocks,
+                    plan.tau,
+                    plan.max_passes,
+                    plan.epsilon,
+                    if plan.kkt { "on" } else { "off" }
+                );
+                st.schedule = Some(BpgScheduler::new(plan).map_err(invalid)?);
+            }
+            (Some(s), Some(plan)) if s.plan() != &plan => {
+                return Err((Status::InvalidArgument, format!("{} sent a plan that differs from the job's", st.describe(node))));
+            }
+            _ => {}
+        }
+        let mut reply = proto::ScheduleReply::default();
+        {
+            let sched = st.schedule.as_mut().ok_or((Status::Internal, "no scheduler".to_string()))?;
+            sched.finished(rank, req.finished).map_err(invalid)?;
+            for l in &req.losses {
+                sched.loss(rank, l.pass as usize, l.loss).map_err(invalid)?;
+            }
+            if let Some(e) = &req.evaluated {
+                if rank != 0 {
+                    return Err((Status::InvalidArgument, "only worker 0 evaluates passes".into()));
+                }
+                let r = sched.evaluated(e.pass as usize, e.l1, e.nnz).map_err(invalid)?;
+                tracing::debug!("pass {}: objective {:.6} (change {:.2e}), {} non-zero", r.pass + 1, r.objective, r.change, r.nnz);
+                reply.reports.push(wire::report_to_proto(&r));
+            }
+        }
+        self.sched_cv.notify_all();
+        loop {
+            if let Some(r) = &st.failed {
+                return Err((Status::Aborted, format!("job failed: {r}")));
+            }
+            let sched = st.schedule.as_mut().ok_or((Status::Internal, "no scheduler".to_string()))?;
+            let tasks = sched.poll(rank).map_err(invalid)?;
+            if !tasks.is_empty() || !req.wait {
+                reply.tasks = tasks.iter().map(wire::task_to_proto).collect();
+                return Ok(reply);
+            }
+            self.sched_cv.wait_for(&mut st, Duration::from_millis(200));
         }
     }
 

@@ -25,6 +25,7 @@ pub mod msg;
 pub mod partition;
 pub mod rounds;
 pub mod rule;
+pub mod schedule;
 pub mod table;
 pub mod tensor;
 

@@ -50,6 +50,9 @@ pub enum Op {
     Done = 23,
     /// The current routing table. Reply body: `Routing`.
     GetRouting = 24,
+    /// A worker's reports to the BPG task scheduler and its request for the next tasks.
+    /// Body: `ScheduleRequest`; reply body: `ScheduleReply`.
+    Schedule = 25,
 }
 
 impl Op {
@@ -72,6 +75,7 @@ impl Op {
             22 => Heartbeat,
             23 => Done,
             24 => GetRouting,
+            25 => Schedule,
             _ => return None,
         })
     }
@@ -170,6 +174,7 @@ mod tests {
             Op::Heartbeat,
             Op::Done,
             Op::GetRouting,
+            Op::Schedule,
         ] {
             assert_eq!(Op::from_u32(op as u32), Some(op));
         }

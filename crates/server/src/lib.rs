@@ -589,7 +589,7 @@ fn handle_frame(st: &ServerState, h: &FrameHeader, ctx: &mut ConnCtx, conn: &mut
             }
             Ok(Ok(()))
         }
-        Op::Register | Op::Barrier | Op::Heartbeat | Op::Done | Op::GetRouting => {
+        Op::Register | Op::Barrier | Op::Heartbeat | Op::Done | Op::GetRouting | Op::Schedule => {
             Ok(Err((Status::Unsupported, format!("{op:?} is a coordinator call; this is a server"))))
         }
     }

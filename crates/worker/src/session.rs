@@ -131,6 +131,13 @@ impl WorkerSession {
         Ok(())
     }
 
+    /// One call to the coordinator's BPG task scheduler: this worker's reports, and its next
+    /// tasks (see `downpour_core::schedule`).
+    pub fn schedule(&mut self, req: &downpour_core::proto::ScheduleRequest) -> Result<downpour_core::proto::ScheduleReply, SessionError> {
+        self.check()?;
+        Ok(self.control.schedule(req)?)
+    }
+
     /// Reports the job result to the coordinator and stops the heartbeat.
     pub fn finish(&mut self, ok: bool, message: &str) -> Result<(), SessionError> {
         self.finished = true;

@@ -2,17 +2,20 @@
 //! block proximal gradient method, the paper's evaluation job (`../shared/REFERENCE.md` §2.1).
 //!
 //! Every worker holds its share of the examples in memory, in column form per feature block,
-//! with `dual_i = exp(y_i⟨w, x_i⟩)`. All workers walk the same schedule: pass after pass, the
-//! blocks in a seeded shuffled order, one iteration (one clock) per block. In iteration t a
-//! worker computes, for the block's features it has and the KKT filter leaves active, the
-//! gradient and curvature bound, pushes `(g, u, thr)` and clocks; the model table is `bsp`
-//! with `--aggregate sum`, so the servers sum iteration t over all workers and run the `bpg`
-//! proximal step once per coordinate. The worker then issues the pull of the block's new
-//! weights as a task that runs after every worker completed clock t+1 (the servers hold it
-//! until round t is applied), and before iteration t it waits only for the pulls of
-//! iterations ≤ t − TAU − 1: bounded delay TAU, built from task dependencies. After every pass
-//! the objective is summed over workers and printed; the run stops when its relative change
-//! falls below `--epsilon`, after one more pass with the KKT filter off.
+//! with `dual_i = exp(y_i⟨w, x_i⟩)`. The coordinator is the task scheduler
+//! (`downpour_core::schedule`): it hands every worker the same sequence of iterations, one
+//! feature block each, under bounded delay TAU (iteration t only once every worker finished
+//! t − TAU − 1), asks worker 0 to evaluate each pass, prints nothing itself and decides when
+//! to stop. In iteration t a worker computes, for the block's features it has and the KKT
+//! filter leaves active, the gradient and curvature bound, pushes `(g, u, thr)` and clocks; the
+//! model table is `bsp` with `--aggregate sum`, so the servers sum iteration t over all workers
+//! and run the `bpg` proximal step once per coordinate. The worker issues the pull of the
+//! block's new weights as a task that runs after every worker completed clock t+1 (the servers
+//! hold it until round t is applied); once it has folded them into its margins it reports the
+//! iteration finished. After the last iteration of a pass it reports its logistic loss;
+//! worker 0 reads ‖w‖₁ from the servers and the scheduler prints nothing but returns the
+//! objective, which worker 0 shows. Once the relative change falls below `--epsilon`, one
+//! final pass runs with the KKT filter off, then the job ends.
 
 use super::linear::FormatArgs;
 use super::Sink;
@@ -23,10 +26,11 @@ use downpour_apps::l1lr::{block_gradient, logistic_loss, update_duals, BlockColu
 use downpour_apps::{linear, metrics};
 use downpour_core::consistency::Consistency;
 use downpour_core::filter::FilterSpec;
-use downpour_core::init::{splitmix64, Init};
+use downpour_core::init::Init;
 use downpour_core::keys::{scramble, unscramble};
 use downpour_core::proto;
 use downpour_core::rounds::Aggregate;
+use downpour_core::schedule::{wire, BpgPlan, Iteration, PassReport, Task};
 use downpour_core::table::{Storage, TableDef};
 use downpour_core::KeyRange;
 use downpour_data::batch::Batch;
@@ -76,7 +80,8 @@ pub struct L1lrArgs {
     /// λ, the L1 strength.
     #[arg(long, default_value_t = 1.0)]
     pub lambda: f32,
-    /// Stop when the objective's relative change over a pass falls below this.
+    /// Stop when the objective's relative change per pass, averaged over the last 4 passes,
+    /// falls below this.
     #[arg(long, default_value_t = 1e-6)]
     pub epsilon: f64,
     /// Stop after this many passes at the latest.
@@ -115,10 +120,10 @@ fn parse_filters(s: &str) -> Result<FilterSpec, String> {
 
 /// Table of the model: rows `(w, δ − 1, inactive)` under the `bpg` rule.
 const TABLE: u32 = 20;
-/// Per-pass sums over workers: keys `4p`, `4p + 1` the logistic loss of pass p (an f64 split
-/// into two f32), `4p + 2` the stop flag.
-const STATS: u32 = 21;
-
+/// Every worker's totals at the end, [`SUMMARY_LEN`] values at key `rank * SUMMARY_LEN`:
+/// training bytes sent and received (in MiB), idle seconds, wall seconds.
+const SUMMARY: u32 = 21;
+const SUMMARY_LEN: u64 = 4;
 /// One block's share of this worker: its features (scrambled keys, sorted), columns and the
 /// worker's copy of their rows.
 struct Block {
@@ -126,15 +131,6 @@ struct Block {
     cols: BlockColumns,
     /// `(w, δ − 1, inactive)` per feature, as last pulled.
     rows: Vec<[f32; 3]>,
-}
-
-/// Every this many passes, coordinates the KKT filter switched off are computed again.
-const RECHECK: usize = 4;
-
-/// The KKT margin of pass `p` (0-based): coordinates at zero with |g| ≤ λ − margin are
-/// skipped; the margin shrinks as the passes go, and is off (negative) in the final pass.
-fn kkt_margin(lambda: f32, pass: usize) -> f32 {
-    lambda * 0.5 / (1.0 + pass as f32)
 }
 
 fn load(a: &L1lrArgs, s: &WorkerSession) -> Result<(Vec<Block>, Vec<f32>)> {
@@ -170,21 +166,9 @@ fn load(a: &L1lrArgs, s: &WorkerSession) -> Result<(Vec<Block>, Vec<f32>)> {
     Ok((blocks, y))
 }
 
-/// The block order of pass `p`: a seeded shuffle, the same on every worker.
-fn order(blocks: usize, seed: u64, pass: usize) -> Vec<usize> {
-    let mut o: Vec<usize> = (0..blocks).collect();
-    let mut x = splitmix64(seed ^ (pass as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    for i in (1..o.len()).rev() {
-        x = splitmix64(x);
-        o.swap(i, (x % (i as u64 + 1)) as usize);
-    }
-    o
-}
-
 /// A pull of a block's new rows, in flight.
 struct Pending {
-    iteration: u64,
-    block: usize,
+    it: Iteration,
     ts: Timestamp,
 }
 
@@ -194,7 +178,7 @@ fn apply_pull(s: &mut WorkerSession, p: Pending, blocks: &mut [Block], y: &[f32]
     let w0 = Instant::now();
     let vals = s.kv.wait_values(p.ts)?;
     *waited += w0.elapsed();
-    let b = &mut blocks[p.block];
+    let b = &mut blocks[p.it.block];
     let mut dw = vec![0f32; b.keys.len()];
     for (j, row) in b.rows.iter_mut().enumerate() {
         let new = [vals[3 * j], vals[3 * j + 1], vals[3 * j + 2]];
@@ -207,10 +191,17 @@ fn apply_pull(s: &mut WorkerSession, p: Pending, blocks: &mut [Block], y: &[f32]
 
 /// Runs `train l1lr` on one worker.
 pub fn run(a: &L1lrArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
-    ensure!(a.blocks >= 1, "--blocks must be at least 1");
-    ensure!(a.lambda.is_finite() && a.lambda > 0.0, "--lambda must be a positive number");
-    ensure!(a.epsilon.is_finite() && a.epsilon > 0.0, "--epsilon must be a positive number");
-    ensure!(a.max_passes >= 1, "--max-passes must be at least 1");
+    let plan = BpgPlan {
+        workers: s.num_workers,
+        blocks: a.blocks,
+        tau: a.tau,
+        seed: a.seed,
+        max_passes: a.max_passes,
+        epsilon: a.epsilon,
+        lambda: a.lambda as f64,
+        kkt: a.kkt == Switch::On,
+    };
+    plan.validate()?;
     for f in a.train.iter().chain(a.test.iter()) {
         ensure!(f.is_file(), "{}: no such file", f.display());
     }
@@ -230,12 +221,11 @@ pub fn run(a: &L1lrArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
         backup_workers: 0,
         filters: a.filters.clone(),
     })?;
-    let stats_len = 4 * (a.max_passes as u64 + 2);
     s.kv.create_table(TableDef {
-        id: STATS,
-        name: "l1lr-stats".into(),
+        id: SUMMARY,
+        name: "l1lr-summary".into(),
         value_len: 1,
-        storage: Storage::Dense(KeyRange::new(0, stats_len)),
+        storage: Storage::Dense(KeyRange::new(0, SUMMARY_LEN * s.num_workers as u64)),
         init: Init::Zeros,
         rule: proto::Rule { name: "add".into(), ..Default::default() },
         consistency: Consistency::Async,
@@ -246,109 +236,143 @@ pub fn run(a: &L1lrArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
     s.barrier("l1lr-start")?;
     let t0 = Instant::now();
     let mut idle = Duration::ZERO;
+    let mut queue: VecDeque<Iteration> = VecDeque::new();
     let mut pending: VecDeque<Pending> = VecDeque::new();
-    let mut t = 0u64;
-    let mut passes: Vec<serde_json::Value> = Vec::new();
+    // iterations handed to this worker, and finished (their new weights folded in)
+    let (mut next_t, mut finished) = (0u64, 0u64);
+    let mut losses: Vec<proto::PassLoss> = Vec::new();
+    let mut evaluation: Option<proto::PassEvaluation> = None;
+    let mut first_call = true;
+    // the last call for work came back empty: finish a pull before asking again
+    let mut fruitless = false;
+    // (worker 0) the pass reports, with the time each came back
+    let mut reports: Vec<(PassReport, f64)> = Vec::new();
     let (mut g, mut u, mut grad) = (Vec::new(), Vec::new(), Vec::new());
-    let mut final_pass = false;
-    // bytes of the per-pass objective reports (worker 0 reads the whole model for ‖w‖₁),
-    // kept apart from the training traffic
-    let mut report_bytes = 0u64;
-    let mut last_obj = f64::INFINITY;
-    let (mut objective, mut nnz) = (f64::NAN, 0usize);
+    // bytes of the per-pass evaluations (worker 0 reads the whole model for ‖w‖₁), kept
+    // apart from the training traffic
+    let mut report_bytes = (0u64, 0u64);
     let mut progress = Progress::new(!a.quiet && s.rank == 0, "passes".to_string());
-    for pass in 0..a.max_passes + 1 {
-        let thr = if final_pass || a.kkt == Switch::Off { -1.0 } else { kkt_margin(a.lambda, pass) };
-        for b in order(a.blocks, a.seed, pass) {
-            // bounded delay: iterations older than t − tau have finished
-            while pending.front().is_some_and(|p| p.iteration + a.tau < t) {
+    'work: loop {
+        let must_report = evaluation.is_some() || !losses.is_empty();
+        if queue.is_empty() || must_report {
+            if queue.is_empty() && !must_report && !pending.is_empty() && (fruitless || finished + a.tau < next_t) {
+                // nothing new can be handed out before this worker finishes an iteration
                 let p = pending.pop_front().context("no pull in flight")?;
+                let last = p.it.last_in_pass.then_some(p.it.pass);
                 apply_pull(s, p, &mut blocks, &y, &mut dual, &mut idle)?;
+                finished += 1;
+                if let Some(pass) = last {
+                    losses.push(proto::PassLoss { pass: pass as u32, loss: logistic_loss(&dual) });
+                }
+                fruitless = false;
+                continue;
             }
-            let blk = &blocks[b];
-            let n = blk.keys.len();
-            let delta: Vec<f32> = blk.rows.iter().map(|r| 1.0 + r[1]).collect();
-            // KKT filter: a coordinate the servers marked inactive is skipped, but every
-            // RECHECK-th pass all are computed again, so one whose gradient has grown since
-            // (as other weights moved) can leave zero
-            let recheck = pass % RECHECK == RECHECK - 1;
-            let active: Vec<bool> = blk.rows.iter().map(|r| thr < 0.0 || recheck || r[2] == 0.0).collect();
-            g.resize(n, 0.0);
-            u.resize(n, 0.0);
-            block_gradient(&blk.cols, &y, &dual, &mut counts, &delta, &active, &mut g, &mut u);
-            // the KKT filter: switched-off coordinates are neither computed nor sent
-            let keys: Vec<u64> = blk.keys.iter().zip(&active).filter(|(_, a)| **a).map(|(k, _)| *k).collect();
-            grad.clear();
-            // the servers sum the rows over workers: each sends its share of the margin
-            let thr_share = thr / s.num_workers as f32;
-            for j in (0..n).filter(|&j| active[j]) {
-                grad.extend_from_slice(&[g[j], u[j], thr_share]);
+            let wait = queue.is_empty() && pending.is_empty();
+            let req = proto::ScheduleRequest {
+                plan: first_call.then(|| wire::plan_to_proto(&plan)),
+                finished,
+                losses: std::mem::take(&mut losses),
+                evaluated: evaluation.take(),
+                wait,
+            };
+            first_call = false;
+            let w0 = Instant::now();
+            let reply = s.schedule(&req).context("the task scheduler")?;
+            if wait {
+                idle += w0.elapsed();
             }
-            if !keys.is_empty() {
-                s.kv.push(TABLE, &keys, &grad)?;
+            fruitless = reply.tasks.is_empty();
+            for r in &reply.reports {
+                let r = wire::report_from_proto(r);
+                if !a.quiet && s.rank == 0 {
+                    tracing::info!(
+                        "pass {}: objective {:.6} (change {:.2e}), {} non-zero{}",
+                        r.pass + 1,
+                        r.objective,
+                        r.change,
+                        r.nnz,
+                        if r.final_pass { ", final pass (KKT filter off)" } else { "" }
+                    );
+                }
+                progress.update(Some(((r.pass + 1) as f64 / a.max_passes as f64).min(1.0)), || format!("objective {:.6}", r.objective));
+                reports.push((r, t0.elapsed().as_secs_f64()));
             }
-            s.kv.clock()?;
-            if n > 0 {
-                let ts = s.kv.pull_after(TABLE, &blk.keys, &After::clock(t + 1))?;
-                pending.push_back(Pending { iteration: t, block: b, ts });
+            for task in &reply.tasks {
+                match wire::task_from_proto(task)? {
+                    Task::Iterate(it) => {
+                        ensure!(it.t == next_t, "the scheduler handed out iteration {} where {next_t} was due", it.t);
+                        next_t += 1;
+                        queue.push_back(it);
+                    }
+                    Task::Evaluate { pass, .. } => {
+                        let before = s.kv.traffic();
+                        let (_, rows) = s.kv.pull_range(TABLE, KeyRange::FULL)?;
+                        let l1: f64 = rows.chunks_exact(3).map(|r| r[0].abs() as f64).sum();
+                        let nnz = rows.chunks_exact(3).filter(|r| r[0] != 0.0).count() as u64;
+                        evaluation = Some(proto::PassEvaluation { pass: pass as u32, l1, nnz });
+                        let after = s.kv.traffic();
+                        report_bytes.0 += after.bytes_sent - before.bytes_sent;
+                        report_bytes.1 += after.bytes_received - before.bytes_received;
+                    }
+                    Task::Finish => {
+                        ensure!(queue.is_empty() && pending.is_empty(), "told to finish with iterations still running");
+                        break 'work;
+                    }
+                }
             }
-            t += 1;
+            continue;
         }
-        // the pass's objective, summed over workers
-        while let Some(p) = pending.pop_front() {
-            apply_pull(s, p, &mut blocks, &y, &mut dual, &mut idle)?;
+        let Some(it) = queue.pop_front() else { continue };
+        let blk = &blocks[it.block];
+        let n = blk.keys.len();
+        let delta: Vec<f32> = blk.rows.iter().map(|r| 1.0 + r[1]).collect();
+        // KKT filter: a coordinate the servers marked inactive is skipped, unless the filter
+        // is off or this is a recheck pass (its gradient may have grown as other weights
+        // moved, so it can leave zero)
+        let thr = it.margin;
+        let active: Vec<bool> = blk.rows.iter().map(|r| thr < 0.0 || it.recheck || r[2] == 0.0).collect();
+        g.resize(n, 0.0);
+        u.resize(n, 0.0);
+        block_gradient(&blk.cols, &y, &dual, &mut counts, &delta, &active, &mut g, &mut u);
+        // switched-off coordinates are neither computed nor sent
+        let keys: Vec<u64> = blk.keys.iter().zip(&active).filter(|(_, a)| **a).map(|(k, _)| *k).collect();
+        grad.clear();
+        // the servers sum the rows over workers: each sends its share of the margin
+        let thr_share = thr / s.num_workers as f32;
+        for j in (0..n).filter(|&j| active[j]) {
+            grad.extend_from_slice(&[g[j], u[j], thr_share]);
         }
-        let before_report = s.kv.traffic();
-        let loss = logistic_loss(&dual);
-        let hi = loss as f32;
-        let ts = s.kv.push_range(STATS, 4 * pass as u64, &[hi, (loss - hi as f64) as f32])?;
-        s.kv.wait(ts)?;
-        // every clock acknowledged: the servers have applied every round of the pass
-        s.kv.wait_all()?;
-        let w0 = Instant::now();
-        s.barrier(&format!("l1lr-pass-{pass}"))?;
-        idle += w0.elapsed();
-        if s.rank == 0 {
-            let mut sum = [0f32; 2];
-            s.kv.pull_range_into(STATS, 4 * pass as u64, &mut sum)?;
-            let (keys, rows) = s.kv.pull_range(TABLE, KeyRange::FULL)?;
-            let l1: f64 = rows.chunks_exact(3).map(|r| r[0].abs() as f64).sum();
-            nnz = rows.chunks_exact(3).filter(|r| r[0] != 0.0).count();
-            objective = sum[0] as f64 + sum[1] as f64 + a.lambda as f64 * l1;
-            let change = ((last_obj - objective) / objective.abs().max(1e-300)).abs();
-            passes.push(serde_json::json!({"pass": pass + 1, "objective": objective, "nnz": nnz, "wall_s": t0.elapsed().as_secs_f64(), "kkt_margin": thr}));
-            if !a.quiet {
-                tracing::info!("pass {}: objective {objective:.6} (change {change:.2e}), {nnz} non-zero of {} keys", pass + 1, keys.len());
-            }
-            progress.update(Some(((pass + 1) as f64 / a.max_passes as f64).min(1.0)), || format!("objective {objective:.6}"));
-            let stop = final_pass || change < a.epsilon || pass + 1 >= a.max_passes;
-            last_obj = objective;
-            if stop {
-                let ts = s.kv.push_range(STATS, 4 * pass as u64 + 2, &[1.0])?;
-                s.kv.wait(ts)?;
-            }
+        if !keys.is_empty() {
+            s.kv.push(TABLE, &keys, &grad)?;
         }
-        let w0 = Instant::now();
-        s.barrier(&format!("l1lr-decided-{pass}"))?;
-        idle += w0.elapsed();
-        let mut flag = [0f32];
-        s.kv.pull_range_into(STATS, 4 * pass as u64 + 2, &mut flag)?;
-        let after_report = s.kv.traffic();
-        report_bytes += (after_report.bytes_sent + after_report.bytes_received) - (before_report.bytes_sent + before_report.bytes_received);
-        if flag[0] > 0.0 {
-            if final_pass || pass + 1 >= a.max_passes {
-                break;
+        s.kv.clock()?;
+        if n > 0 {
+            let ts = s.kv.pull_after(TABLE, &blk.keys, &After::clock(it.t + 1))?;
+            pending.push_back(Pending { it, ts });
+        } else {
+            // nothing of the block here: finished at once (the loss is unchanged)
+            finished += 1;
+            if it.last_in_pass {
+                losses.push(proto::PassLoss { pass: it.pass as u32, loss: logistic_loss(&dual) });
             }
-            // converged with the KKT filter on: one more pass with it off, then stop
-            final_pass = true;
         }
     }
     progress.finish();
     s.kv.pause_clock()?;
     s.kv.wait_all()?;
-    s.barrier("l1lr-trained")?;
     let wall = t0.elapsed().as_secs_f64();
+    // this worker's totals, for worker 0 to sum
+    let mine = s.kv.traffic();
+    const MIB: f64 = 1024.0 * 1024.0;
+    let sent = (mine.bytes_sent as f64 - report_bytes.0 as f64) / MIB;
+    let received = (mine.bytes_received as f64 - report_bytes.1 as f64) / MIB;
+    let ts = s.kv.push_range(SUMMARY, SUMMARY_LEN * s.rank as u64, &[sent as f32, received as f32, idle.as_secs_f32(), wall as f32])?;
+    s.kv.wait(ts)?;
+    s.barrier("l1lr-trained")?;
     if s.rank == 0 {
+        // worker 0 evaluated every pass, so it holds every report
+        let (last, _) = reports.last().context("the job ended before any pass was evaluated")?;
+        let (objective, nnz) = (last.objective, last.nnz);
         let (keys, rows) = s.kv.pull_range(TABLE, KeyRange::FULL)?;
         let mut pairs: Vec<(u64, f32)> =
             keys.into_iter().map(unscramble).zip(rows.chunks_exact(3).map(|r| r[0])).filter(|(_, w)| *w != 0.0).collect();
@@ -357,7 +381,15 @@ pub fn run(a: &L1lrArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
             Some(path) => Some(evaluate(path, &a.input.data_format(), &pairs)?),
             None => None,
         };
-        let traffic = s.kv.traffic();
+        let traffic = mine;
+        let mut all = vec![0f32; SUMMARY_LEN as usize * s.num_workers];
+        s.kv.pull_range_into(SUMMARY, 0, &mut all)?;
+        let total_mib: f64 = all.chunks_exact(SUMMARY_LEN as usize).map(|w| w[0] as f64 + w[1] as f64).sum();
+        let idle_mean: f64 =
+            all.chunks_exact(SUMMARY_LEN as usize).map(|w| w[2] as f64 / (w[3] as f64).max(1e-9)).sum::<f64>() / s.num_workers as f64;
+        if !a.quiet {
+            tracing::info!("training traffic of all {} workers: {total_mib:.1} MiB; mean idle fraction {idle_mean:.2}", s.num_workers);
+        }
         let filter_traffic = s.kv.filter_traffic(TABLE);
         for (dir, f) in filter_traffic.iter().filter(|_| !a.quiet) {
             tracing::info!("filter {:<22} on worker 0's {dir}: {} messages, {} -> {} bytes", f.name, f.messages, f.bytes_in, f.bytes_out);
@@ -369,15 +401,24 @@ pub fn run(a: &L1lrArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
             "lambda": a.lambda,
             "blocks": a.blocks,
             "tau": a.tau,
-            "passes": passes,
-            "iterations": t,
+            "passes": reports.iter().map(|(r, wall_s)| serde_json::json!({
+                "pass": r.pass + 1, "wall_s": wall_s, "objective": r.objective, "loss": r.loss, "l1": r.l1, "change": r.change,
+                "nnz": r.nnz, "iterations": r.iterations, "kkt_margin": r.kkt_margin, "final": r.final_pass,
+            })).collect::<Vec<_>>(),
+            "iterations": next_t,
             "wall_s": wall,
-            // time worker 0 spent waiting: for its pulls (the bounded delay) and at barriers
+            // time worker 0 spent waiting: for its pulls and for the scheduler (the bounded delay)
             "idle_fraction": idle.as_secs_f64() / wall,
+            // the same, averaged over workers
+            "idle_fraction_mean": idle_mean,
             "bytes_sent": traffic.bytes_sent,
             "bytes_received": traffic.bytes_received,
-            "report_bytes": report_bytes,
-            "training_bytes": traffic.bytes_sent + traffic.bytes_received - report_bytes,
+            // worker 0's reads of the model for the per-pass objective
+            "report_bytes": report_bytes.0 + report_bytes.1,
+            // worker 0's traffic apart from those
+            "training_bytes": traffic.bytes_sent + traffic.bytes_received - report_bytes.0 - report_bytes.1,
+            // every worker's training traffic, both directions (what the servers see too)
+            "training_bytes_all_workers": (total_mib * MIB).round() as u64,
             "filters": a.filters.to_string(),
             "kkt": a.kkt == Switch::On,
             "filter_traffic": filter_traffic.iter().map(|(dir, f)| serde_json::json!({
@@ -395,7 +436,7 @@ pub fn run(a: &L1lrArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
         }
         sink(&format!(
             "train l1lr: objective={objective:.6} nnz={nnz} passes={} wall_s={wall:.2}{}",
-            passes.len(),
+            reports.len(),
             test.map(|m| format!(" test_auc={} test_logloss={:.5}", m.0.map(|x| format!("{x:.5}")).unwrap_or_else(|| "n/a".into()), m.1))
                 .unwrap_or_default()
         ));
