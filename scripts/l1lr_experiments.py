@@ -2,7 +2,7 @@
 """L1 logistic regression by BPG (issue 5; docs/experiments.md): reproduces
   (a) the objective reached against liblinear's L1-regularised logistic regression
       (`liblinear-train -s 6 -c 1/lambda`, objective recomputed here from its weights);
-  (b) worker 0's training traffic with each filter switched on in turn;
+  (b) the training traffic (worker 0's, and every worker's) with each filter switched on in turn;
   (c) time to a fixed objective and idle fraction for TAU in {0, 1, 2, 4, 8, 16}, with a plot
       (objective against wall-clock time, one line per TAU) written as SVG.
 Runs `downpour launch --servers 2 --workers 2 -- train l1lr ...` on
@@ -100,12 +100,13 @@ for name, path, lam in datasets():
     r["bpg"] = {"objective": m["objective"], "nnz": m["nnz"], "passes": len(m["passes"]), "wall_s": round(m["wall_s"], 2),
                 "relative_gap": (m["objective"] - ll_obj) / ll_obj}
     print(json.dumps({"dataset": name, "liblinear": r["liblinear"], "bpg": r["bpg"]}), flush=True)
-    # (b) traffic with each filter on in turn (worker 0's training bytes, both directions)
+    # (b) traffic with each filter on in turn (training bytes, both directions)
     r["traffic"] = []
     for label, extra in [("none (KKT off)", ["--kkt", "off"]), ("KKT", []), ("KKT + key caching", ["--filters", "keycache"]),
                          ("KKT + LZ4", ["--filters", "lz4"]), ("KKT + key caching + Zstandard", ["--filters", "keycache,zstd"])]:
         m = l1lr(path, lam, extra, name=f"{name}-traffic")
-        row = {"filters": label, "training_bytes": m["training_bytes"], "objective": m["objective"], "passes": len(m["passes"])}
+        row = {"filters": label, "training_bytes": m["training_bytes"], "training_bytes_all_workers": m["training_bytes_all_workers"],
+               "objective": m["objective"], "passes": len(m["passes"])}
         r["traffic"].append(row)
         print(json.dumps({"dataset": name, **row}), flush=True)
     # (c) bounded delay
@@ -118,7 +119,8 @@ for name, path, lam in datasets():
         curve = [(p["wall_s"], p["objective"]) for p in m["passes"]]
         curves[f"TAU={tau}"] = curve
         hit = next((t for t, o in curve if o <= target), None)
-        row = {"tau": tau, "time_to_target_s": hit, "final_objective": m["objective"], "passes": len(m["passes"]), "idle_fraction": m["idle_fraction"], "wall_s": m["wall_s"]}
+        row = {"tau": tau, "time_to_target_s": hit, "final_objective": m["objective"], "passes": len(m["passes"]), "idle_fraction": m["idle_fraction"],
+               "idle_fraction_mean": m["idle_fraction_mean"], "wall_s": m["wall_s"]}
         r["tau"].append(row)
         print(json.dumps({"dataset": name, **row}), flush=True)
     svg(curves, f"{OUT}/{name}-tau.svg", f"{name}: objective against time, one line per TAU (target {target:.2f})")
