@@ -98,6 +98,7 @@ pub fn run(a: &BenchArgs, common: &CommonArgs, s: &Settings, interrupted: Arc<At
             job_args: &args,
             capture: Some(sink),
             interrupted,
+            tls_dir: None,
         })?;
     }
     if let Some(b) = bad.lock().first() {

@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use downpour_coordinator::{Coordinator, JobOutcome};
 use downpour_server::{run_server_node, NodeConfig, ServerConfig};
-use downpour_transport::{network_transport, NetConfig, Transport};
+use downpour_transport::{network_transport, Transport};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -53,6 +53,9 @@ enum Cmd {
     /// Data tools (`data synth-ctr`).
     #[command(subcommand)]
     Data(crate::datagen::DataCmd),
+    /// TLS certificate tools (`certs generate`: a throw-away CA and node certificates).
+    #[command(subcommand)]
+    Certs(crate::certs::CertsCmd),
     /// Start a coordinator, S servers and W workers as processes on this machine and run a
     /// job: `downpour launch --servers 2 --workers 3 -- counter --keys 1000`.
     Launch {
@@ -62,6 +65,11 @@ enum Cmd {
         /// Worker processes.
         #[arg(long, default_value_t = 1)]
         workers: usize,
+        /// Run every connection over TLS (mutual, gRPC) with the certificates `certs generate`
+        /// wrote to this directory: node-0 for the coordinator, then the servers, then the
+        /// workers.
+        #[arg(long)]
+        tls_dir: Option<std::path::PathBuf>,
         /// The job and its flags.
         #[arg(last = true, required = true, num_args = 1..)]
         job: Vec<String>,
@@ -138,7 +146,7 @@ fn demo_data_dir() -> Result<std::path::PathBuf> {
 }
 
 fn transport(s: &Settings) -> Result<Arc<dyn Transport>> {
-    Ok(network_transport(s.transport, NetConfig::default())?)
+    Ok(network_transport(s.transport, s.net_config())?)
 }
 
 /// Parses the command line, runs the command, and returns the process exit code.
@@ -220,14 +228,24 @@ fn run(cli: Cli, s: Settings) -> Result<()> {
             cluster::run_embedded(&s, servers, workers, &JobCmd::Train(model), stdout_sink())
         }
         Cmd::Data(cmd) => crate::datagen::run(cmd),
+        Cmd::Certs(cmd) => crate::certs::run(&cmd),
         Cmd::Experiment(cmd) => crate::experiment::run(cmd),
         Cmd::Predict(a) => crate::model::predict(&a),
-        Cmd::Launch { servers, workers, job } => {
+        Cmd::Launch { servers, workers, tls_dir, job } => {
             // Check the job's flags before starting anything.
             jobs::parse_job(&job).map_err(|e| anyhow::anyhow!("bad job arguments after `--`:\n{e}"))?;
+            let mut s = s.clone();
+            if let Some(dir) = &tls_dir {
+                anyhow::ensure!(s.tls.is_none(), "--tls-dir replaces --tls-cert/--tls-key/--tls-ca: give one or the other");
+                for i in 0..1 + servers + workers {
+                    crate::certs::node_files(dir, i)?;
+                }
+                s.transport = downpour_transport::TransportKind::Grpc;
+            }
             cluster::launch_local(LocalRun {
                 common: &cli.common,
                 settings: &s,
+                tls_dir: tls_dir.as_deref(),
                 servers,
                 workers,
                 job_args: &job,
@@ -264,7 +282,7 @@ fn run(cli: Cli, s: Settings) -> Result<()> {
                 listen,
                 advertise,
                 connect_timeout: s.connect_timeout,
-                server: ServerConfig { chunk_bytes: s.chunk_bytes, ..Default::default() },
+                server: ServerConfig { chunk_bytes: s.chunk_bytes, limits: s.limits, ..Default::default() },
                 own_process: true,
             };
             run_server_node(t.as_ref(), cfg)?;

@@ -71,7 +71,7 @@ pub fn run_embedded(s: &Settings, servers: usize, workers: usize, job: &JobCmd, 
             listen: "inproc://0".into(),
             advertise: None,
             connect_timeout: s.connect_timeout,
-            server: ServerConfig { chunk_bytes: s.chunk_bytes, ..Default::default() },
+            server: ServerConfig { chunk_bytes: s.chunk_bytes, limits: s.limits, ..Default::default() },
             own_process: false,
         };
         server_threads.push(std::thread::Builder::new().name(format!("server-{i}")).spawn(move || run_server_node(&t, cfg))?);
@@ -149,6 +149,9 @@ pub struct LocalRun<'a> {
     pub capture: Option<Sink>,
     /// Set by Ctrl-C.
     pub interrupted: Arc<AtomicBool>,
+    /// Certificates for every process (`certs generate`): node-0 the coordinator, then the
+    /// servers, then the workers.
+    pub tls_dir: Option<&'a std::path::Path>,
 }
 
 /// Starts a coordinator, the servers and the workers as child processes on 127.0.0.1,
@@ -163,9 +166,26 @@ pub fn launch_local(r: LocalRun<'_>) -> Result<()> {
     let addr_file: PathBuf = dir.join("coordinator.addr");
     let common = r.common.to_child_args(r.settings);
     let mut procs: Vec<Proc> = Vec::new();
-    let spawn = |label: &str, args: Vec<String>, capture: Option<Sink>| -> Result<Proc> {
+    let mut nodes = 0usize;
+    let mut spawn = |label: &str, args: Vec<String>, capture: Option<Sink>| -> Result<Proc> {
+        let tls: Vec<String> = match r.tls_dir {
+            Some(dir) => {
+                let [cert, key, ca] = crate::certs::node_files(dir, nodes)?;
+                vec![
+                    "--tls-cert".into(),
+                    cert.display().to_string(),
+                    "--tls-key".into(),
+                    key.display().to_string(),
+                    "--tls-ca".into(),
+                    ca.display().to_string(),
+                ]
+            }
+            None => Vec::new(),
+        };
+        nodes += 1;
         let mut child = Command::new(&exe)
             .args(&common)
+            .args(&tls)
             .args(&args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

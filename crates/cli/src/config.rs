@@ -4,7 +4,9 @@
 
 use anyhow::{Context, Result};
 use clap::Args;
-use downpour_transport::TransportKind;
+use downpour_core::codec::FrameLimits;
+use downpour_server::Limits;
+use downpour_transport::{AuthToken, NetConfig, TlsConfig, TransportKind};
 use serde::Deserialize;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -36,6 +38,48 @@ pub struct CommonArgs {
     /// Log filter (error, warn, info, debug, or a tracing filter).
     #[arg(long, global = true, env = "DOWNPOUR_LOG")]
     pub log: Option<String>,
+    /// File holding the cluster's auth token (at least 16 printable characters): every
+    /// connection must present it. The token itself may instead be given in the environment
+    /// as DOWNPOUR_AUTH_TOKEN.
+    #[arg(long, global = true, env = "DOWNPOUR_AUTH_TOKEN_FILE")]
+    pub auth_token_file: Option<PathBuf>,
+    /// The auth token itself: environment only (a flag would show in `ps`).
+    #[arg(long = "auth-token-from-env", global = true, env = "DOWNPOUR_AUTH_TOKEN", hide = true, hide_env_values = true)]
+    pub auth_token_env: Option<String>,
+    /// This node's TLS certificate (PEM); with --tls-key and --tls-ca, every connection is
+    /// TLS (needs --transport grpc).
+    #[arg(long, global = true, env = "DOWNPOUR_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// This node's TLS private key (PEM).
+    #[arg(long, global = true, env = "DOWNPOUR_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// The cluster CA certificate (PEM): peers must present certificates it signed.
+    #[arg(long, global = true, env = "DOWNPOUR_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
+    /// Servers do not ask clients for a certificate (TLS without mutual authentication).
+    #[arg(long, global = true, env = "DOWNPOUR_TLS_NO_CLIENT_AUTH")]
+    pub tls_no_client_auth: bool,
+    /// Name to check servers' certificates against (default: the host connected to).
+    #[arg(long, global = true, env = "DOWNPOUR_TLS_SERVER_NAME")]
+    pub tls_server_name: Option<String>,
+    /// Largest frame payload accepted, in MiB.
+    #[arg(long, global = true, env = "DOWNPOUR_MAX_MESSAGE_MIB")]
+    pub max_message_mib: Option<u64>,
+    /// Accepted connections open at once per node, at most.
+    #[arg(long, global = true, env = "DOWNPOUR_MAX_CONNECTIONS")]
+    pub max_connections: Option<usize>,
+    /// Keys in one request frame, at most (servers).
+    #[arg(long, global = true, env = "DOWNPOUR_MAX_KEYS_PER_REQUEST")]
+    pub max_keys_per_request: Option<usize>,
+    /// Value length of a table, at most (servers).
+    #[arg(long, global = true, env = "DOWNPOUR_MAX_VALUE_LEN")]
+    pub max_value_len: Option<usize>,
+    /// Tables per server, at most.
+    #[arg(long, global = true, env = "DOWNPOUR_MAX_TABLES")]
+    pub max_tables: Option<usize>,
+    /// Memory the tables of one server may hold, in MiB (default: 80 % of the machine's memory).
+    #[arg(long, global = true, env = "DOWNPOUR_MEMORY_QUOTA_MIB")]
+    pub memory_quota_mib: Option<u64>,
 }
 
 #[derive(Deserialize, Default, Debug)]
@@ -48,6 +92,18 @@ struct FileConfig {
     heartbeat_ms: Option<u64>,
     node_timeout_s: Option<f64>,
     log: Option<String>,
+    auth_token_file: Option<PathBuf>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    tls_ca: Option<PathBuf>,
+    tls_no_client_auth: Option<bool>,
+    tls_server_name: Option<String>,
+    max_message_mib: Option<u64>,
+    max_connections: Option<usize>,
+    max_keys_per_request: Option<usize>,
+    max_value_len: Option<usize>,
+    max_tables: Option<usize>,
+    memory_quota_mib: Option<u64>,
 }
 
 /// Resolved settings.
@@ -60,6 +116,42 @@ pub struct Settings {
     pub heartbeat: Duration,
     pub node_timeout: Duration,
     pub log: String,
+    /// The cluster secret, if any.
+    pub auth: Option<AuthToken>,
+    /// Where it was read from (passed on to child processes; `None` when it came from the
+    /// environment, which children inherit).
+    pub auth_token_file: Option<PathBuf>,
+    /// TLS material and the files it came from (cert, key, CA).
+    pub tls: Option<(TlsConfig, [PathBuf; 3])>,
+    /// Transport limits.
+    pub max_message_bytes: u64,
+    pub max_connections: usize,
+    /// Server limits.
+    pub limits: Limits,
+}
+
+impl Settings {
+    /// The network transports' settings.
+    pub fn net_config(&self) -> NetConfig {
+        NetConfig {
+            limits: FrameLimits { max_payload_bytes: self.max_message_bytes },
+            auth: self.auth.clone(),
+            tls: self.tls.as_ref().map(|t| t.0.clone()),
+            max_connections: self.max_connections,
+            ..Default::default()
+        }
+    }
+}
+
+/// 80 % of the machine's memory (Linux), or no quota where it cannot be read.
+fn default_memory_quota() -> u64 {
+    let total_kib = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
+        m.lines().find(|l| l.starts_with("MemTotal:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse::<u64>().ok())
+    });
+    match total_kib {
+        Some(k) => k * 1024 / 10 * 8,
+        None => u64::MAX,
+    }
 }
 
 fn secs(what: &str, v: f64) -> Result<Duration> {
@@ -86,7 +178,57 @@ impl CommonArgs {
         anyhow::ensure!((4096..=(256 << 20)).contains(&chunk_bytes), "chunk size must be between 4 KiB and 256 MiB, got {chunk_bytes}");
         let heartbeat_ms = self.heartbeat_ms.or(file.heartbeat_ms).unwrap_or(500);
         anyhow::ensure!((10..=60_000).contains(&heartbeat_ms), "heartbeat must be 10..=60000 ms, got {heartbeat_ms}");
+        let auth_token_file = self.auth_token_file.clone().or(file.auth_token_file);
+        let auth = match (&auth_token_file, &self.auth_token_env) {
+            (Some(p), _) => {
+                let text = std::fs::read_to_string(p).with_context(|| format!("cannot read the auth token file {}", p.display()))?;
+                Some(AuthToken::new(&text).map_err(anyhow::Error::msg).with_context(|| format!("auth token file {}", p.display()))?)
+            }
+            (None, Some(t)) => Some(AuthToken::new(t).map_err(anyhow::Error::msg).context("DOWNPOUR_AUTH_TOKEN")?),
+            (None, None) => None,
+        };
+        let tls_paths =
+            (self.tls_cert.clone().or(file.tls_cert), self.tls_key.clone().or(file.tls_key), self.tls_ca.clone().or(file.tls_ca));
+        let tls = match tls_paths {
+            (None, None, None) => None,
+            (Some(c), Some(k), Some(a)) => {
+                anyhow::ensure!(transport == TransportKind::Grpc, "TLS needs the gRPC transport: add --transport grpc");
+                let no_client_auth = self.tls_no_client_auth || file.tls_no_client_auth.unwrap_or(false);
+                let server_name = self.tls_server_name.clone().or(file.tls_server_name);
+                let cfg = TlsConfig::from_files(&c, &k, &a, !no_client_auth, server_name).map_err(anyhow::Error::msg)?;
+                Some((cfg, [c, k, a]))
+            }
+            _ => anyhow::bail!("TLS needs all of --tls-cert, --tls-key and --tls-ca"),
+        };
+        let max_message_mib = self.max_message_mib.or(file.max_message_mib).unwrap_or(256);
+        anyhow::ensure!((1..=4096).contains(&max_message_mib), "--max-message-mib must be 1..=4096, got {max_message_mib}");
+        anyhow::ensure!(
+            (max_message_mib << 20) as usize >= chunk_bytes,
+            "--max-message-mib ({max_message_mib}) is smaller than the chunk size ({chunk_bytes} bytes)"
+        );
+        let max_connections = self.max_connections.or(file.max_connections).unwrap_or(1024);
+        anyhow::ensure!(max_connections >= 1, "--max-connections must be at least 1");
+        let d = Limits::default();
+        let limits = Limits {
+            max_keys_per_request: self.max_keys_per_request.or(file.max_keys_per_request).unwrap_or(d.max_keys_per_request),
+            max_value_len: self.max_value_len.or(file.max_value_len).unwrap_or(d.max_value_len),
+            max_tables: self.max_tables.or(file.max_tables).unwrap_or(d.max_tables),
+            memory_quota_bytes: match self.memory_quota_mib.or(file.memory_quota_mib) {
+                Some(m) => m.saturating_mul(1 << 20),
+                None => default_memory_quota(),
+            },
+        };
+        anyhow::ensure!(
+            limits.max_keys_per_request >= 1 && limits.max_value_len >= 1 && limits.max_tables >= 1,
+            "limits must be at least 1"
+        );
         Ok(Settings {
+            auth,
+            auth_token_file,
+            tls,
+            max_message_bytes: max_message_mib << 20,
+            max_connections,
+            limits,
             transport,
             chunk_bytes,
             request_timeout: secs("request timeout", self.request_timeout_s.or(file.request_timeout_s).unwrap_or(60.0))?,
@@ -118,7 +260,39 @@ impl CommonArgs {
             s.node_timeout.as_secs_f64().to_string(),
             "--log".into(),
             s.log.clone(),
+            "--max-message-mib".into(),
+            (s.max_message_bytes >> 20).to_string(),
+            "--max-connections".into(),
+            s.max_connections.to_string(),
+            "--max-keys-per-request".into(),
+            s.limits.max_keys_per_request.to_string(),
+            "--max-value-len".into(),
+            s.limits.max_value_len.to_string(),
+            "--max-tables".into(),
+            s.limits.max_tables.to_string(),
+            "--memory-quota-mib".into(),
+            (s.limits.memory_quota_bytes >> 20).to_string(),
         ]
+        .into_iter()
+        .chain(s.auth_token_file.iter().flat_map(|p| ["--auth-token-file".to_string(), p.display().to_string()]))
+        .chain(s.tls.iter().flat_map(|(c, [cert, key, ca])| {
+            let mut v = vec![
+                "--tls-cert".to_string(),
+                cert.display().to_string(),
+                "--tls-key".into(),
+                key.display().to_string(),
+                "--tls-ca".into(),
+                ca.display().to_string(),
+            ];
+            if !c.require_client_cert {
+                v.push("--tls-no-client-auth".into());
+            }
+            if let Some(n) = &c.server_name {
+                v.extend(["--tls-server-name".to_string(), n.clone()]);
+            }
+            v
+        }))
+        .collect()
     }
 }
 

@@ -8,6 +8,7 @@ use mimalloc::MiMalloc;
 static GLOBAL: MiMalloc = MiMalloc;
 
 mod bench;
+mod certs;
 mod cli;
 mod cluster;
 mod config;

@@ -191,6 +191,16 @@ impl HashStore {
         self.len == 0
     }
 
+    /// Whether `k` is stored.
+    pub fn contains(&self, k: u64) -> bool {
+        self.lookup(k, mix(k)).is_ok()
+    }
+
+    /// Bytes one row takes in the arrays (key, values and state).
+    pub fn row_bytes(&self) -> usize {
+        self.stride * 4
+    }
+
     /// Bytes held by the arrays (allocated capacity, not just the stored rows).
     pub fn bytes(&self) -> usize {
         self.shards.iter().map(|s| s.data.capacity() * 4).sum()

@@ -53,6 +53,9 @@ pub enum Op {
     /// A worker's reports to the BPG task scheduler and its request for the next tasks.
     /// Body: `ScheduleRequest`; reply body: `ScheduleReply`.
     Schedule = 25,
+    /// The first frame of a framed-TCP connection: the cluster's auth token in `meta`.
+    /// Answered by the transport before anything else is read; never seen by a node.
+    Hello = 26,
 }
 
 impl Op {
@@ -76,6 +79,7 @@ impl Op {
             23 => Done,
             24 => GetRouting,
             25 => Schedule,
+            26 => Hello,
             _ => return None,
         })
     }
@@ -107,6 +111,8 @@ pub enum Status {
     Internal = 7,
     /// A key list sent as its signature is not in the server's cache: send the keys again.
     KeyCacheMiss = 8,
+    /// The connection presented no auth token or the wrong one.
+    Unauthenticated = 9,
 }
 
 impl Status {
@@ -121,6 +127,7 @@ impl Status {
             5 => Status::Aborted,
             6 => Status::Unsupported,
             8 => Status::KeyCacheMiss,
+            9 => Status::Unauthenticated,
             _ => Status::Internal,
         }
     }
@@ -175,6 +182,7 @@ mod tests {
             Op::Done,
             Op::GetRouting,
             Op::Schedule,
+            Op::Hello,
         ] {
             assert_eq!(Op::from_u32(op as u32), Some(op));
         }

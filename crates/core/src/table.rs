@@ -234,6 +234,24 @@ impl Table {
         }
     }
 
+    /// For a sparse table, an upper bound of the bytes that storing `keys` could add: the
+    /// keys not stored yet, at twice a row's size (the arrays keep a load margin and grow by
+    /// half at a time). Dense tables never grow: 0.
+    pub fn growth_bound(&self, keys: &[u64]) -> usize {
+        match &self.store {
+            Store::Dense(_) => 0,
+            Store::Sparse(h) => keys.iter().filter(|&&k| !h.contains(k)).count() * h.row_bytes() * 2,
+        }
+    }
+
+    /// An upper bound of [`Table::growth_bound`] for `n` keys, without looking them up.
+    pub fn growth_bound_for(&self, n: usize) -> usize {
+        match &self.store {
+            Store::Dense(_) => 0,
+            Store::Sparse(h) => n * h.row_bytes() * 2,
+        }
+    }
+
     fn check_keys(&self, keys: &[u64], values: usize) -> Result<()> {
         check_sorted_unique(keys)?;
         check_lengths(keys.len(), self.vl, values)?;

@@ -37,6 +37,8 @@ use std::time::Duration;
 pub struct ServerConfig {
     /// Largest reply chunk, in bytes.
     pub chunk_bytes: usize,
+    /// What one request, and the server as a whole, may ask for.
+    pub limits: Limits,
     /// Update rules the server knows (built-ins plus user rules).
     pub rules: RuleRegistry,
     /// User filters the server knows (tables name them as `user:NAME`).
@@ -45,7 +47,33 @@ pub struct ServerConfig {
 
 impl Default for ServerConfig {
     fn default() -> Self {
-        ServerConfig { chunk_bytes: 2 << 20, rules: RuleRegistry::new(), filters: FilterRegistry::new() }
+        ServerConfig { chunk_bytes: 2 << 20, limits: Limits::default(), rules: RuleRegistry::new(), filters: FilterRegistry::new() }
+    }
+}
+
+/// Resource limits of a server. A request over a limit is refused with
+/// `Status::ResourceExhausted` (or `InvalidArgument` for a table definition) and a message
+/// naming the limit; nothing of it is applied, and the server keeps serving.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Keys in one request frame (a chunk), at most.
+    pub max_keys_per_request: usize,
+    /// `value_len` of a table, at most.
+    pub max_value_len: usize,
+    /// Tables on the server, at most.
+    pub max_tables: usize,
+    /// Bytes the tables' rows may hold in all (capacity included). A request that could
+    /// grow them past it (keys not stored yet, counted at twice a row's size) is refused,
+    /// as is a dense table that does not fit.
+    pub memory_quota_bytes: u64,
+}
+
+impl Default for Limits {
+    /// 4 Mi keys per request (32 MiB of keys; requests are chunked at 2 MiB by default),
+    /// value length 65,536, 1,024 tables, no memory quota (the command line sets one from
+    /// the machine's memory).
+    fn default() -> Self {
+        Limits { max_keys_per_request: 1 << 22, max_value_len: 1 << 16, max_tables: 1024, memory_quota_bytes: u64::MAX }
     }
 }
 
@@ -123,6 +151,8 @@ pub struct ServerState {
     epoch: AtomicU64,
     tables: RwLock<HashMap<u32, Arc<TableSlot>>>,
     stop: AtomicBool,
+    /// Bytes the tables' rows hold (kept up to date by every request that grows a table).
+    used_bytes: AtomicU64,
 }
 
 impl ServerState {
@@ -239,6 +269,7 @@ impl Server {
             epoch: AtomicU64::new(0),
             tables: RwLock::new(HashMap::new()),
             stop: AtomicBool::new(false),
+            used_bytes: AtomicU64::new(0),
         });
         Ok(Server { state, listener })
     }
@@ -338,6 +369,18 @@ pub fn serve_connection(st: &ServerState, mut conn: Box<dyn Connection>) {
                 break;
             }
         };
+        if h.encoding.is_none() && h.keys_len / 8 > st.cfg.limits.max_keys_per_request as u64 {
+            // Refused before its payload is read (the transport skips it).
+            if !h.last {
+                skip = Some(h.request_id);
+            }
+            let why = format!("{} keys in one request, over the limit of {}", h.keys_len / 8, st.cfg.limits.max_keys_per_request);
+            let mut r = msg::error_reply(&h, st.node_id.load(Ordering::Relaxed), Status::ResourceExhausted, why);
+            if conn.send(&mut r, &[], &[]).is_err() {
+                break;
+            }
+            continue;
+        }
         if h.encoding.is_some() {
             // A filtered payload: raw bytes now, decoded by the table's filters.
             ctx.kbytes.resize(h.keys_len as usize, 0);
@@ -433,7 +476,15 @@ fn handle_frame(st: &ServerState, h: &FrameHeader, ctx: &mut ConnCtx, conn: &mut
                 None => {
                     let mut t = slot.table.write();
                     if op == Op::Push {
-                        t.push(&ctx.keys, &ctx.vals).map(|_| ()).map_err(core_err)
+                        match check_quota(st, &t, &ctx.keys) {
+                            Ok(()) => {
+                                let before = t.bytes();
+                                let r = t.push(&ctx.keys, &ctx.vals).map(|_| ()).map_err(core_err);
+                                account(st, before, t.bytes());
+                                r
+                            }
+                            Err(e) => Err(e),
+                        }
                     } else {
                         t.push_range(h.range_begin, &ctx.vals).map(|_| ()).map_err(core_err)
                     }
@@ -473,15 +524,24 @@ fn handle_frame(st: &ServerState, h: &FrameHeader, ctx: &mut ConnCtx, conn: &mut
             };
             let res = {
                 let mut t = slot.table.write();
+                if op != Op::Peek {
+                    // a pull creates the keys it does not find
+                    if let Err(e) = check_quota(st, &t, &ctx.keys) {
+                        return Ok(Err(e));
+                    }
+                }
+                let before = t.bytes();
                 let n = ctx.keys.len() * t.def().value_len;
                 ctx.out.resize(n, 0.0);
-                if op == Op::Pull {
+                let r = if op == Op::Pull {
                     t.pull(&ctx.keys, &mut ctx.out)
                 } else if op == Op::Peek {
                     t.peek(&ctx.keys, &mut ctx.out)
                 } else {
                     t.push_pull(&ctx.keys, &ctx.vals, &mut ctx.out)
-                }
+                };
+                account(st, before, t.bytes());
+                r
             };
             if let Err(e) = res {
                 return Ok(Err(core_err(e)));
@@ -531,6 +591,7 @@ fn handle_frame(st: &ServerState, h: &FrameHeader, ctx: &mut ConnCtx, conn: &mut
                     // request that sees them counted also sees them in the table.
                     if !done.rounds.is_empty() {
                         let mut t = slot.table.write();
+                        let before = t.bytes();
                         for round in &done.rounds {
                             for u in &round.updates {
                                 if let Err(e) = t.push(&u.keys, &u.values) {
@@ -539,6 +600,7 @@ fn handle_frame(st: &ServerState, h: &FrameHeader, ctx: &mut ConnCtx, conn: &mut
                                 }
                             }
                         }
+                        account(st, before, t.bytes());
                     }
                     drop(gate);
                     g.advanced.notify_all();
@@ -592,6 +654,7 @@ fn handle_frame(st: &ServerState, h: &FrameHeader, ctx: &mut ConnCtx, conn: &mut
         Op::Register | Op::Barrier | Op::Heartbeat | Op::Done | Op::GetRouting | Op::Schedule => {
             Ok(Err((Status::Unsupported, format!("{op:?} is a coordinator call; this is a server"))))
         }
+        Op::Hello => Ok(Err((Status::InvalidArgument, "Hello is only valid as a connection's first frame".into()))),
     }
 }
 
@@ -647,6 +710,10 @@ fn decode_filtered(st: &ServerState, h: &FrameHeader, slot: &TableSlot, ctx: &mu
         Ok(()) => {
             ctx.keys = m.keys;
             ctx.vals = m.values;
+            let max = st.cfg.limits.max_keys_per_request;
+            if ctx.keys.len() > max {
+                return Err((Status::ResourceExhausted, format!("{} keys in one request, over the limit of {max}", ctx.keys.len())));
+            }
             Ok(())
         }
         Err(CoreError::KeyCacheMiss { slot }) => {
@@ -677,6 +744,8 @@ fn buffer_push(st: &ServerState, slot: &TableSlot, g: &GateSlot, h: &FrameHeader
             return Err(core_err(CoreError::KeyOutOfRange { table: h.table, key: *k, range: g.owned }));
         }
     }
+    // the round applies these keys later: refuse now what could not be stored then
+    check_quota(st, &slot.table.read(), &ctx.keys)?;
     match g.gate.lock().push(h.worker as usize, h.clock, &ctx.keys, &ctx.vals).map_err(core_err)? {
         Some(Accepted::Dropped) => ctx.dropped += 1,
         Some(Accepted::Buffered) | None => {}
@@ -684,10 +753,51 @@ fn buffer_push(st: &ServerState, slot: &TableSlot, g: &GateSlot, h: &FrameHeader
     Ok(())
 }
 
+/// Refuses a request that could grow table `t` past the server's memory quota: its keys not
+/// stored yet, at twice a row's size. Looks the keys up only when the cheap bound (every key
+/// new) does not fit.
+fn check_quota(st: &ServerState, t: &Table, keys: &[u64]) -> ReqResult {
+    let quota = st.cfg.limits.memory_quota_bytes;
+    let used = st.used_bytes.load(Ordering::Relaxed);
+    if used.saturating_add(t.growth_bound_for(keys.len()) as u64) <= quota {
+        return Ok(());
+    }
+    let grow = t.growth_bound(keys) as u64;
+    if grow > 0 && used.saturating_add(grow) > quota {
+        const MIB: f64 = (1u64 << 20) as f64;
+        return Err((
+            Status::ResourceExhausted,
+            format!(
+                "server memory quota: the tables hold {:.1} MiB of the {:.1} MiB quota and this request could add {:.1} MiB of new keys; nothing was applied",
+                used as f64 / MIB,
+                quota as f64 / MIB,
+                grow as f64 / MIB
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Accounts a table's change of size from `before` to `after` bytes.
+fn account(st: &ServerState, before: usize, after: usize) {
+    if after > before {
+        st.used_bytes.fetch_add((after - before) as u64, Ordering::Relaxed);
+    } else if before > after {
+        st.used_bytes.fetch_sub((before - after) as u64, Ordering::Relaxed);
+    }
+}
+
 fn create_table(st: &ServerState, h: &FrameHeader) -> ReqResult {
     let spec = proto::TableSpec::decode(h.meta.as_ref()).map_err(|e| (Status::InvalidArgument, format!("bad table definition: {e}")))?;
     let def = TableDef::from_proto(&spec).map_err(core_err)?;
     let canonical = def.to_proto();
+    let limits = st.cfg.limits;
+    if def.value_len > limits.max_value_len {
+        return Err((
+            Status::InvalidArgument,
+            format!("table {}: value length {} exceeds the limit of {}", def.id, def.value_len, limits.max_value_len),
+        ));
+    }
     let mut tables = st.tables.write();
     if let Some(existing) = tables.get(&def.id) {
         return if existing.spec == canonical {
@@ -699,9 +809,33 @@ fn create_table(st: &ServerState, h: &FrameHeader) -> ReqResult {
             ))
         };
     }
+    if tables.len() >= limits.max_tables {
+        return Err((
+            Status::ResourceExhausted,
+            format!("table {}: the server already holds its limit of {} tables", def.id, limits.max_tables),
+        ));
+    }
     let n = st.num_servers.load(Ordering::Relaxed) as usize;
     let rank = st.rank.load(Ordering::Relaxed) as usize;
     let owned = Partition::even(def.domain(), n).range(rank.min(n - 1));
+    if def.is_dense() {
+        // weights and rule state, 4 bytes each, allocated at once
+        let need = (owned.len() as u128) * (def.value_len as u128) * 8;
+        let used = st.used_bytes.load(Ordering::Relaxed) as u128;
+        if used + need > limits.memory_quota_bytes as u128 {
+            return Err((
+                Status::ResourceExhausted,
+                format!(
+                    "table {}: its {} dense rows need up to {} MiB, over the server memory quota ({} MiB used of {} MiB)",
+                    def.id,
+                    owned.len(),
+                    need >> 20,
+                    used >> 20,
+                    limits.memory_quota_bytes >> 20
+                ),
+            ));
+        }
+    }
     let workers = st.num_workers.load(Ordering::Relaxed) as usize;
     let (model, backup, aggregate, vl) = (def.consistency, def.backup_workers as usize, def.aggregate, def.value_len);
     let spec_filters = def.filters.clone();
@@ -720,6 +854,7 @@ fn create_table(st: &ServerState, h: &FrameHeader) -> ReqResult {
         let (_, request, reply) = spec_filters.pipelines(&st.cfg.filters).map_err(core_err)?;
         FilterStats::new(&request, &reply)
     };
+    account(st, 0, table.bytes());
     tables.insert(canonical.id, Arc::new(TableSlot { spec: canonical, table: RwLock::new(table), gate, filter_stats }));
     Ok(())
 }

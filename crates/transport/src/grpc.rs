@@ -6,7 +6,8 @@
 //! the transport. HTTP/2 windows are raised (16 MiB by default) and message limits follow
 //! the frame limits, so chunks of several MiB pass in one message.
 
-use crate::{Connection, Listener, NetConfig, Result, TrafficStats, Transport, TransportError};
+use crate::security::{check_token, RefusalLog, TOKEN_METADATA_KEY};
+use crate::{ConnSlot, ConnSlots, Connection, Listener, NetConfig, Result, TrafficStats, Transport, TransportError};
 use bytes::Bytes;
 use downpour_core::codec;
 use downpour_core::proto::{Frame, FrameHeader};
@@ -17,6 +18,8 @@ use tokio::runtime::{Handle, Runtime};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::Stream;
+use tonic::metadata::MetadataValue;
+use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
 use tonic::{Request, Response, Status, Streaming};
 
 #[allow(missing_docs, clippy::all)]
@@ -60,8 +63,24 @@ impl Transport for GrpcTransport {
 
     fn connect(&self, addr: &str, timeout: Duration) -> Result<Box<dyn Connection>> {
         let err = |reason: String| TransportError::Connect { addr: addr.to_string(), reason };
-        let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-            .map_err(|e| err(e.to_string()))?
+        let scheme = if self.cfg.tls.is_some() { "https" } else { "http" };
+        let mut endpoint = tonic::transport::Endpoint::from_shared(format!("{scheme}://{addr}")).map_err(|e| err(e.to_string()))?;
+        if let Some(tls) = &self.cfg.tls {
+            let host = match addr.rsplit_once(':') {
+                Some((h, _)) => h.trim_start_matches('[').trim_end_matches(']').to_string(),
+                None => addr.to_string(),
+            };
+            let cfg = ClientTlsConfig::new()
+                .ca_certificate(Certificate::from_pem(&tls.ca_pem))
+                .identity(Identity::from_pem(&tls.cert_pem, &tls.key_pem))
+                .domain_name(tls.server_name.clone().unwrap_or(host));
+            endpoint = endpoint.tls_config(cfg).map_err(|e| err(format!("TLS settings: {e}")))?;
+        }
+        let token = match &self.cfg.auth {
+            Some(t) => Some(MetadataValue::try_from(t.secret()).map_err(|e| err(format!("auth token: {e}")))?),
+            None => None,
+        };
+        let endpoint = endpoint
             .connect_timeout(timeout)
             .tcp_nodelay(true)
             .initial_stream_window_size(self.cfg.grpc_window)
@@ -73,7 +92,14 @@ impl Transport for GrpcTransport {
         let inbound = self.rt.block_on(async move {
             let channel = endpoint.connect().await.map_err(|e| err(format!("{e} ({:?})", std::error::Error::source(&e))))?;
             let mut client = DataPlaneClient::new(channel).max_decoding_message_size(max).max_encoding_message_size(max);
-            let resp = client.exchange(ReceiverStream::new(rx)).await.map_err(|e| err(e.message().to_string()))?;
+            let mut req = Request::new(ReceiverStream::new(rx));
+            if let Some(t) = token {
+                req.metadata_mut().insert(TOKEN_METADATA_KEY, t);
+            }
+            let resp = client.exchange(req).await.map_err(|e| match e.code() {
+                tonic::Code::Unauthenticated | tonic::Code::ResourceExhausted => err(format!("refused by the server: {}", e.message())),
+                _ => err(e.message().to_string()),
+            })?;
             Ok::<_, TransportError>(resp.into_inner())
         })?;
         Ok(Box::new(GrpcConnection {
@@ -84,6 +110,7 @@ impl Transport for GrpcTransport {
             current: None,
             timeout: None,
             stats: Default::default(),
+            _slot: None,
         }))
     }
 
@@ -99,7 +126,21 @@ impl Transport for GrpcTransport {
         std_listener.set_nonblocking(true).map_err(|e| berr(e.to_string()))?;
         let local = std_listener.local_addr().map(|a| a.to_string()).unwrap_or_else(|_| addr.to_string());
         let (accept_tx, accept_rx) = std_mpsc::channel();
-        let svc = Service { accept: accept_tx, handle: self.rt.handle().clone() };
+        let svc = Service {
+            accept: accept_tx,
+            handle: self.rt.handle().clone(),
+            auth: self.cfg.auth.clone(),
+            slots: ConnSlots::new(self.cfg.max_connections),
+            refusals: RefusalLog::default(),
+        };
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(tls) = &self.cfg.tls {
+            let mut cfg = ServerTlsConfig::new().identity(Identity::from_pem(&tls.cert_pem, &tls.key_pem));
+            if tls.require_client_cert {
+                cfg = cfg.client_ca_root(Certificate::from_pem(&tls.ca_pem));
+            }
+            builder = builder.tls_config(cfg).map_err(|e| berr(format!("TLS settings: {e}")))?;
+        }
         let max = self.max_msg();
         let window = self.cfg.grpc_window;
         let listener = {
@@ -108,7 +149,7 @@ impl Transport for GrpcTransport {
         };
         self.rt.spawn(async move {
             let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-            let res = tonic::transport::Server::builder()
+            let res = builder
                 .tcp_nodelay(true)
                 .initial_stream_window_size(window)
                 .initial_connection_window_size(window)
@@ -128,6 +169,9 @@ impl Transport for GrpcTransport {
 struct Service {
     accept: std_mpsc::Sender<GrpcConnection>,
     handle: Handle,
+    auth: Option<crate::AuthToken>,
+    slots: ConnSlots,
+    refusals: RefusalLog,
 }
 
 type ReplyStream = Pin<Box<dyn Stream<Item = std::result::Result<Frame, Status>> + Send>>;
@@ -138,6 +182,16 @@ impl DataPlane for Service {
 
     async fn exchange(&self, request: Request<Streaming<Frame>>) -> std::result::Result<Response<Self::ExchangeStream>, Status> {
         let peer = request.remote_addr().map(|a| a.to_string()).unwrap_or_else(|| "grpc peer".into());
+        if let Some(t) = &self.auth {
+            if let Err(why) = check_token(t, request.metadata().get(TOKEN_METADATA_KEY).map(|v| v.as_bytes())) {
+                self.refusals.refused(&peer, why);
+                return Err(Status::unauthenticated(why));
+            }
+        }
+        let Some(slot) = self.slots.take() else {
+            self.refusals.refused(&peer, "too many open connections");
+            return Err(Status::resource_exhausted("too many open connections"));
+        };
         let (tx, rx) = mpsc::channel(16);
         let conn = GrpcConnection {
             handle: self.handle.clone(),
@@ -147,6 +201,7 @@ impl DataPlane for Service {
             current: None,
             timeout: None,
             stats: Default::default(),
+            _slot: Some(slot),
         };
         self.accept.send(conn).map_err(|_| Status::unavailable("node is shutting down"))?;
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
@@ -189,6 +244,8 @@ struct GrpcConnection {
     current: Option<(Bytes, Bytes)>,
     timeout: Option<Duration>,
     stats: TrafficStats,
+    /// (Accepted connections) the slot counted against the connection limit.
+    _slot: Option<ConnSlot>,
 }
 
 impl Connection for GrpcConnection {
@@ -223,6 +280,9 @@ impl Connection for GrpcConnection {
             Ok(Some(f)) => f,
             Ok(None) => return Ok(None),
             Err(s) if s.code() == tonic::Code::Cancelled || s.code() == tonic::Code::Unavailable => return Ok(None),
+            // The peer's process ended without closing its stream (the TCP connection went
+            // away under HTTP/2): a close, like a reset TCP connection, not a protocol error.
+            Err(s) if s.code() == tonic::Code::Unknown && s.message().contains("error reading a body from connection") => return Ok(None),
             Err(s) => {
                 return Err(TransportError::Io {
                     peer: self.peer.clone(),

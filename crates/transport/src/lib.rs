@@ -20,7 +20,10 @@
 
 pub mod grpc;
 pub mod inproc;
+pub mod security;
 pub mod tcp;
+
+pub use security::{AuthToken, TlsConfig};
 
 use downpour_core::proto::FrameHeader;
 use downpour_core::CoreError;
@@ -68,6 +71,14 @@ pub enum TransportError {
         peer: String,
         /// The error.
         source: std::io::Error,
+    },
+    /// The peer was refused (no or the wrong auth token, or too many connections).
+    #[error("connection from {peer} refused: {reason}")]
+    Refused {
+        /// The peer.
+        peer: String,
+        /// Why.
+        reason: String,
     },
     /// The peer sent bytes that are not a valid frame.
     #[error("malformed frame from {peer}: {source}")]
@@ -157,26 +168,79 @@ impl std::str::FromStr for TransportKind {
 }
 
 /// Settings shared by the network transports.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct NetConfig {
     /// Frame size limits enforced on receive.
     pub limits: downpour_core::codec::FrameLimits,
     /// HTTP/2 stream and connection window (gRPC only), bytes.
     pub grpc_window: u32,
+    /// The cluster secret: sent on every connection made, required of every connection
+    /// accepted (`None`: none sent, none required).
+    pub auth: Option<AuthToken>,
+    /// TLS on every connection (gRPC only).
+    pub tls: Option<TlsConfig>,
+    /// Accepted connections open at once, at most; more are closed at once (a flood of
+    /// connections cannot exhaust the node's threads).
+    pub max_connections: usize,
 }
 
 impl Default for NetConfig {
     fn default() -> Self {
-        NetConfig { limits: Default::default(), grpc_window: 16 << 20 }
+        NetConfig { limits: Default::default(), grpc_window: 16 << 20, auth: None, tls: None, max_connections: 1024 }
     }
 }
 
-/// Builds the network transport `kind`.
+/// Builds the network transport `kind`. TLS needs gRPC: asking for it with framed TCP is an
+/// error rather than a silently plaintext cluster.
 pub fn network_transport(kind: TransportKind, cfg: NetConfig) -> Result<Arc<dyn Transport>> {
     Ok(match kind {
-        TransportKind::Tcp => Arc::new(tcp::TcpTransport::new(cfg)),
+        TransportKind::Tcp => {
+            if cfg.tls.is_some() {
+                return Err(TransportError::Bind {
+                    addr: "tcp transport".into(),
+                    reason: "TLS is only available with the gRPC transport (--transport grpc)".into(),
+                });
+            }
+            Arc::new(tcp::TcpTransport::new(cfg))
+        }
         TransportKind::Grpc => Arc::new(grpc::GrpcTransport::new(cfg)?),
     })
+}
+
+/// Counts a listener's open accepted connections against [`NetConfig::max_connections`].
+#[derive(Clone)]
+pub(crate) struct ConnSlots {
+    open: Arc<std::sync::atomic::AtomicUsize>,
+    max: usize,
+}
+
+/// One open accepted connection; frees its slot when dropped.
+pub(crate) struct ConnSlot(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for ConnSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
+impl ConnSlots {
+    pub(crate) fn new(max: usize) -> Self {
+        ConnSlots { open: Default::default(), max: max.max(1) }
+    }
+    /// A slot, or `None` when `max` connections are open.
+    pub(crate) fn take(&self) -> Option<ConnSlot> {
+        use std::sync::atomic::Ordering;
+        let mut cur = self.open.load(Ordering::Acquire);
+        loop {
+            if cur >= self.max {
+                return None;
+            }
+            match self.open.compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return Some(ConnSlot(self.open.clone())),
+                Err(c) => cur = c,
+            }
+        }
+    }
 }
 
 /// Copies a received frame's owned payloads `(k, v)` into the caller's buffers, which must

@@ -1,7 +1,9 @@
 //! Framed TCP: the frame layout of [`downpour_core::codec`] over blocking sockets.
 
-use crate::{Connection, Listener, NetConfig, Result, TrafficStats, Transport, TransportError};
+use crate::security::{check_token, AuthToken, RefusalLog, HANDSHAKE_TIMEOUT};
+use crate::{ConnSlot, ConnSlots, Connection, Listener, NetConfig, Result, TrafficStats, Transport, TransportError};
 use downpour_core::codec::{self, FrameLimits};
+use downpour_core::msg::{self, Op, Status};
 use downpour_core::proto::FrameHeader;
 use std::io::{self, BufReader, IoSlice, Read, Write};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
@@ -32,7 +34,11 @@ impl Transport for TcpTransport {
             .next()
             .ok_or_else(|| err("address resolves to nothing".into()))?;
         let stream = TcpStream::connect_timeout(&sa, timeout).map_err(|e| err(e.to_string()))?;
-        Ok(Box::new(TcpConnection::new(stream, addr.to_string(), self.cfg.limits).map_err(|e| err(e.to_string()))?))
+        let mut c = TcpConnection::new(stream, addr.to_string(), self.cfg.limits, None).map_err(|e| err(e.to_string()))?;
+        if let Some(token) = &self.cfg.auth {
+            c.client_hello(token, timeout).map_err(err)?;
+        }
+        Ok(Box::new(c))
     }
 
     fn listen(&self, addr: &str) -> Result<Box<dyn Listener>> {
@@ -46,7 +52,14 @@ impl Transport for TcpTransport {
         })?;
         l.set_nonblocking(true).map_err(|e| TransportError::Bind { addr: addr.to_string(), reason: e.to_string() })?;
         let local = l.local_addr().map(|a| a.to_string()).unwrap_or_else(|_| addr.to_string());
-        Ok(Box::new(TcpListenerBox { l, local, limits: self.cfg.limits }))
+        Ok(Box::new(TcpListenerBox {
+            l,
+            local,
+            limits: self.cfg.limits,
+            auth: self.cfg.auth.clone(),
+            slots: ConnSlots::new(self.cfg.max_connections),
+            refusals: RefusalLog::default(),
+        }))
     }
 }
 
@@ -54,6 +67,9 @@ struct TcpListenerBox {
     l: TcpListener,
     local: String,
     limits: FrameLimits,
+    auth: Option<AuthToken>,
+    slots: ConnSlots,
+    refusals: RefusalLog,
 }
 
 impl Listener for TcpListenerBox {
@@ -65,8 +81,18 @@ impl Listener for TcpListenerBox {
         loop {
             match self.l.accept() {
                 Ok((s, peer)) => {
-                    let c = TcpConnection::new(s, peer.to_string(), self.limits)
-                        .map_err(|e| TransportError::Io { peer: peer.to_string(), source: e })?;
+                    let Some(slot) = self.slots.take() else {
+                        // Too many open connections: close this one at once.
+                        self.refusals.refused(&peer.to_string(), "too many open connections");
+                        drop(s);
+                        continue;
+                    };
+                    let side = Accepted { auth: self.auth.clone(), refusals: self.refusals.clone(), _slot: slot, handshake: true };
+                    let c = match TcpConnection::new(s, peer.to_string(), self.limits, Some(side)) {
+                        Ok(c) => c,
+                        // The peer went away before we set the socket up: its problem.
+                        Err(_) => continue,
+                    };
                     return Ok(Some(Box::new(c)));
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -87,6 +113,15 @@ impl Listener for TcpListenerBox {
     }
 }
 
+/// The accepting side of a connection: the token it must present, and its slot.
+struct Accepted {
+    auth: Option<AuthToken>,
+    refusals: RefusalLog,
+    _slot: ConnSlot,
+    /// The first frame has not been read yet.
+    handshake: bool,
+}
+
 /// One framed TCP connection.
 pub struct TcpConnection {
     reader: BufReader<TcpStream>,
@@ -97,13 +132,18 @@ pub struct TcpConnection {
     pending: Option<(u64, u64)>,
     timeout: Option<Duration>,
     stats: TrafficStats,
+    accepted: Option<Accepted>,
 }
 
 impl TcpConnection {
-    fn new(stream: TcpStream, peer: String, limits: FrameLimits) -> io::Result<Self> {
+    fn new(stream: TcpStream, peer: String, limits: FrameLimits, accepted: Option<Accepted>) -> io::Result<Self> {
         stream.set_nonblocking(false)?;
         // Small frames must not wait for Nagle (44 ms stalls otherwise).
         stream.set_nodelay(true)?;
+        if accepted.as_ref().is_some_and(|a| a.auth.is_some()) {
+            // a peer that connects and says nothing does not hold the connection for long
+            stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
+        }
         let reader = BufReader::with_capacity(64 << 10, stream.try_clone()?);
         Ok(TcpConnection {
             reader,
@@ -114,7 +154,65 @@ impl TcpConnection {
             pending: None,
             timeout: None,
             stats: Default::default(),
+            accepted,
         })
+    }
+
+    /// (Connecting side.) Presents `token` and waits up to `timeout` for the verdict; the
+    /// error is the server's reason.
+    fn client_hello(&mut self, token: &AuthToken, timeout: Duration) -> std::result::Result<(), String> {
+        let mut h = msg::request(Op::Hello, 0, 0, 0, 0);
+        h.meta = token.secret().as_bytes().to_vec().into();
+        self.send(&mut h, &[], &[]).map_err(|e| e.to_string())?;
+        self.set_recv_timeout(Some(timeout)).map_err(|e| e.to_string())?;
+        let r = match self.recv_header() {
+            Ok(Some(r)) => r,
+            Ok(None) => return Err("the server closed the connection during the handshake".into()),
+            Err(e) => return Err(format!("handshake: {e}")),
+        };
+        if r.keys_len + r.values_len > 0 || r.op != Op::Hello as u32 {
+            return Err("the server answered the handshake with something else".into());
+        }
+        if r.status != 0 {
+            return Err(format!("refused by the server ({:?}): {}", Status::from_u32(r.status), r.error));
+        }
+        self.set_recv_timeout(None).map_err(|e| e.to_string())
+    }
+
+    /// (Accepting side.) Checks the connection's first frame: a `Hello` with the token when
+    /// one is required (answered here, then the next frame is returned); any other first
+    /// frame is returned as is when no token is required.
+    fn accept_first(&mut self, first: FrameHeader) -> Result<Option<FrameHeader>> {
+        let Some(acc) = &self.accepted else { return Ok(Some(first)) };
+        let hello = first.op == Op::Hello as u32;
+        let verdict = match &acc.auth {
+            None => Ok(()),
+            Some(t) => check_token(t, hello.then_some(first.meta.as_ref())),
+        };
+        let refusals = acc.refusals.clone();
+        // back to the caller's timeout (the handshake had its own)
+        self.reader.get_ref().set_read_timeout(self.timeout).map_err(|e| self.io_err(e))?;
+        if hello {
+            if let Some((k, v)) = self.pending.take() {
+                io::copy(&mut (&mut self.reader).take(k + v), &mut io::sink()).map_err(|e| self.io_err(e))?;
+            }
+        }
+        match verdict {
+            Ok(()) if hello => {
+                let mut ok = msg::reply_to(&first, 0);
+                self.send(&mut ok, &[], &[])?;
+                self.read_header()
+            }
+            Ok(()) => Ok(Some(first)),
+            Err(why) => {
+                refusals.refused(&self.peer, why);
+                let mut no = msg::error_reply(&first, 0, Status::Unauthenticated, why);
+                no.op = Op::Hello as u32;
+                // best effort: the peer may not wait for the answer
+                let _ = self.send(&mut no, &[], &[]);
+                Err(TransportError::Refused { peer: self.peer.clone(), reason: why.to_string() })
+            }
+        }
     }
 
     fn io_err(&self, e: io::Error) -> TransportError {
@@ -176,6 +274,36 @@ impl Connection for TcpConnection {
     }
 
     fn recv_header(&mut self) -> Result<Option<FrameHeader>> {
+        let h = self.read_header()?;
+        match (h, &mut self.accepted) {
+            (Some(h), Some(acc)) if acc.handshake => {
+                acc.handshake = false;
+                self.accept_first(h)
+            }
+            (h, _) => Ok(h),
+        }
+    }
+
+    fn recv_payload(&mut self, keys: &mut [u8], values: &mut [u8]) -> Result<()> {
+        self.read_payload(keys, values)
+    }
+
+    fn set_recv_timeout(&mut self, timeout: Option<Duration>) -> Result<()> {
+        self.timeout = timeout;
+        self.reader.get_ref().set_read_timeout(timeout).map_err(|e| TransportError::Io { peer: self.peer.clone(), source: e })
+    }
+
+    fn peer(&self) -> &str {
+        &self.peer
+    }
+
+    fn stats(&self) -> TrafficStats {
+        self.stats
+    }
+}
+
+impl TcpConnection {
+    fn read_header(&mut self) -> Result<Option<FrameHeader>> {
         if let Some((k, v)) = self.pending.take() {
             // The caller skipped a payload: drain it to stay in sync.
             let mut sink = io::sink();
@@ -204,7 +332,7 @@ impl Connection for TcpConnection {
         Ok(Some(h))
     }
 
-    fn recv_payload(&mut self, keys: &mut [u8], values: &mut [u8]) -> Result<()> {
+    fn read_payload(&mut self, keys: &mut [u8], values: &mut [u8]) -> Result<()> {
         let (k, v) = self.pending.take().unwrap_or((0, 0));
         if keys.len() as u64 != k || values.len() as u64 != v {
             return Err(TransportError::Protocol {
@@ -219,18 +347,5 @@ impl Connection for TcpConnection {
         self.reader.read_exact(keys).map_err(|e| self.io_err(e))?;
         self.reader.read_exact(values).map_err(|e| self.io_err(e))?;
         Ok(())
-    }
-
-    fn set_recv_timeout(&mut self, timeout: Option<Duration>) -> Result<()> {
-        self.timeout = timeout;
-        self.reader.get_ref().set_read_timeout(timeout).map_err(|e| TransportError::Io { peer: self.peer.clone(), source: e })
-    }
-
-    fn peer(&self) -> &str {
-        &self.peer
-    }
-
-    fn stats(&self) -> TrafficStats {
-        self.stats
     }
 }
