@@ -143,6 +143,17 @@ impl Settings {
     }
 }
 
+/// Reads a small text file, refusing one longer than `max` bytes (a path such as /dev/zero
+/// must not hang or exhaust memory).
+pub fn read_bounded(path: &std::path::Path, max: u64, what: &str) -> Result<String> {
+    use std::io::Read;
+    let f = std::fs::File::open(path).with_context(|| format!("cannot read the {what} {}", path.display()))?;
+    let mut buf = Vec::new();
+    f.take(max + 1).read_to_end(&mut buf).with_context(|| format!("cannot read the {what} {}", path.display()))?;
+    anyhow::ensure!(buf.len() as u64 <= max, "the {what} {} is longer than {max} bytes", path.display());
+    String::from_utf8(buf).with_context(|| format!("the {what} {} is not UTF-8 text", path.display()))
+}
+
 /// 80 % of the machine's memory (Linux), or no quota where it cannot be read.
 fn default_memory_quota() -> u64 {
     let total_kib = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
@@ -162,13 +173,22 @@ fn secs(what: &str, v: f64) -> Result<Duration> {
 impl CommonArgs {
     /// Merges flags/env, the config file and defaults into [`Settings`].
     pub fn resolve(&self) -> Result<Settings> {
-        let file = match &self.config {
-            None => FileConfig::default(),
+        match &self.config {
+            None => self.resolve_with(FileConfig::default()),
             Some(p) => {
-                let text = std::fs::read_to_string(p).with_context(|| format!("cannot read config file {}", p.display()))?;
-                toml::from_str(&text).with_context(|| format!("config file {} is not valid", p.display()))?
+                let text = read_bounded(p, 1 << 20, "config file")?;
+                self.resolve_text(p, &text)
             }
-        };
+        }
+    }
+
+    /// As [`CommonArgs::resolve`], with the config file's `text` given (read from `name`).
+    pub fn resolve_text(&self, name: &std::path::Path, text: &str) -> Result<Settings> {
+        let file: FileConfig = toml::from_str(text).with_context(|| format!("config file {} is not valid", name.display()))?;
+        self.resolve_with(file)
+    }
+
+    fn resolve_with(&self, file: FileConfig) -> Result<Settings> {
         let transport = match (&self.transport, &file.transport) {
             (Some(t), _) => *t,
             (None, Some(t)) => t.parse().map_err(anyhow::Error::msg).context("config file: transport")?,
@@ -181,7 +201,7 @@ impl CommonArgs {
         let auth_token_file = self.auth_token_file.clone().or(file.auth_token_file);
         let auth = match (&auth_token_file, &self.auth_token_env) {
             (Some(p), _) => {
-                let text = std::fs::read_to_string(p).with_context(|| format!("cannot read the auth token file {}", p.display()))?;
+                let text = read_bounded(p, 4096, "auth token file")?;
                 Some(AuthToken::new(&text).map_err(anyhow::Error::msg).with_context(|| format!("auth token file {}", p.display()))?)
             }
             (None, Some(t)) => Some(AuthToken::new(t).map_err(anyhow::Error::msg).context("DOWNPOUR_AUTH_TOKEN")?),

@@ -154,27 +154,35 @@ impl JsonlReader {
     pub fn next_into(&mut self, ex: &mut Example) -> Result<bool, DataError> {
         loop {
             let Some(line) = self.src.next_line()? else { return Ok(false) };
-            if line.iter().all(|b| b.is_ascii_whitespace()) {
-                continue;
+            match parse_jsonl_line(line, &self.opts, ex) {
+                Ok(true) => return Ok(true),
+                Ok(false) => continue,
+                Err(what) => return Err(self.src.error(what)),
             }
-            let v: serde_json::Value = match serde_json::from_slice(line) {
-                Ok(v) => v,
-                Err(e) => return Err(self.src.error(format!("not JSON: {e}"))),
-            };
-            let Some(text) = v.get(&self.opts.text_field).and_then(|t| t.as_str()) else {
-                return Err(self.src.error(format!("no string field {:?}", self.opts.text_field)));
-            };
-            let Some(label) = v.get(&self.opts.label_field) else {
-                return Err(self.src.error(format!("no field {:?}", self.opts.label_field)));
-            };
-            let Some(y) = label_of(label) else {
-                return Err(self.src.error(format!("label {label} is not one of 1, 0, -1, true, false")));
-            };
-            ex.label = y;
-            featurize(text, &self.opts, ex);
-            return Ok(true);
         }
     }
+}
+
+/// Parses one text-JSONL line into `ex` (its label and featurized text): `Ok(false)` for a
+/// blank line, an error saying what is wrong (without the file and line, which the reader
+/// adds).
+pub fn parse_jsonl_line(line: &[u8], opts: &TextOptions, ex: &mut Example) -> Result<bool, String> {
+    if line.iter().all(|b| b.is_ascii_whitespace()) {
+        return Ok(false);
+    }
+    let v: serde_json::Value = serde_json::from_slice(line).map_err(|e| format!("not JSON: {e}"))?;
+    let Some(text) = v.get(&opts.text_field).and_then(|t| t.as_str()) else {
+        return Err(format!("no string field {:?}", opts.text_field));
+    };
+    let Some(label) = v.get(&opts.label_field) else {
+        return Err(format!("no field {:?}", opts.label_field));
+    };
+    let Some(y) = label_of(label) else {
+        return Err(format!("label {label} is not one of 1, 0, -1, true, false"));
+    };
+    ex.label = y;
+    featurize(text, opts, ex);
+    Ok(true)
 }
 
 #[cfg(test)]

@@ -116,7 +116,15 @@ impl TlsConfig {
         server_name: Option<String>,
     ) -> Result<Self, String> {
         let read = |p: &std::path::Path, what: &str| -> Result<Vec<u8>, String> {
-            let b = std::fs::read(p).map_err(|e| format!("cannot read the TLS {what} {}: {e}", p.display()))?;
+            use std::io::Read;
+            const MAX: u64 = 1 << 20;
+            let mut b = Vec::new();
+            std::fs::File::open(p)
+                .and_then(|f| f.take(MAX + 1).read_to_end(&mut b))
+                .map_err(|e| format!("cannot read the TLS {what} {}: {e}", p.display()))?;
+            if b.len() as u64 > MAX {
+                return Err(format!("the TLS {what} {} is larger than 1 MiB", p.display()));
+            }
             if !String::from_utf8_lossy(&b).contains("-----BEGIN ") {
                 return Err(format!("the TLS {what} {} is not a PEM file", p.display()));
             }
