@@ -19,10 +19,15 @@ for t in "${targets[@]}"; do
   extra=()
   [ -d "seeds/$t" ] && extra=("seeds/$t")
   echo "== $t: ${secs}s"
+  log="corpus/$t.log"
+  status=0
   cargo +nightly fuzz run -O "$t" "corpus/$t" "${extra[@]}" -- \
-    -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 </dev/null 2>&1 |
-    grep -E '^(==|INFO: seed|#[0-9]+ *DONE|stat::number_of_executed_units|stat::peak_rss_mb)|ERROR|SUMMARY|panicked|Test unit written' || true
-  # grep hides the progress lines; the exit status of the fuzzer decides
-  [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "$t: the fuzzer found a crash or hang (see fuzz/artifacts/$t)"; exit 1; }
+    -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 </dev/null >"$log" 2>&1 || status=$?
+  # the progress lines stay in the log; the summary, and any crash, are shown
+  grep -E '^(INFO: seed|stat::number_of_executed_units|stat::peak_rss_mb)|ERROR|SUMMARY|panicked|Test unit written' "$log" || true
+  if [ "$status" -ne 0 ]; then
+    echo "$t: the fuzzer found a crash or hang (full log: fuzz/$log; input under fuzz/artifacts/$t)"
+    exit 1
+  fi
 done
 echo "every target ran ${secs}s without a crash"

@@ -282,7 +282,12 @@ fn run(cli: Cli, s: Settings) -> Result<()> {
                 listen,
                 advertise,
                 connect_timeout: s.connect_timeout,
-                server: ServerConfig { chunk_bytes: s.chunk_bytes, limits: s.limits, ..Default::default() },
+                server: ServerConfig {
+                    chunk_bytes: s.chunk_bytes,
+                    limits: s.limits,
+                    secret: s.auth.as_ref().map(|a| a.secret().to_string()),
+                    ..Default::default()
+                },
                 own_process: true,
             };
             run_server_node(t.as_ref(), cfg)?;

@@ -30,6 +30,7 @@ pub fn coordinator_config(s: &Settings, servers: usize, workers: usize) -> Coord
         heartbeat: s.heartbeat,
         node_timeout: s.node_timeout,
         register_timeout: s.connect_timeout.max(Duration::from_secs(30)),
+        secret: s.auth.as_ref().map(|a| a.secret().to_string()),
     }
 }
 
@@ -71,7 +72,7 @@ pub fn run_embedded(s: &Settings, servers: usize, workers: usize, job: &JobCmd, 
             listen: "inproc://0".into(),
             advertise: None,
             connect_timeout: s.connect_timeout,
-            server: ServerConfig { chunk_bytes: s.chunk_bytes, limits: s.limits, ..Default::default() },
+            server: ServerConfig { chunk_bytes: s.chunk_bytes, limits: s.limits, secret: None, ..Default::default() },
             own_process: false,
         };
         server_threads.push(std::thread::Builder::new().name(format!("server-{i}")).spawn(move || run_server_node(&t, cfg))?);

@@ -35,6 +35,9 @@ pub struct CoordinatorConfig {
     pub node_timeout: Duration,
     /// How long registration may take before the job is failed.
     pub register_timeout: Duration,
+    /// The cluster secret: registered workers get a credential derived from it
+    /// (`msg::worker_credential`) to identify with to the servers.
+    pub secret: Option<String>,
 }
 
 impl Default for CoordinatorConfig {
@@ -45,6 +48,7 @@ impl Default for CoordinatorConfig {
             heartbeat: Duration::from_millis(500),
             node_timeout: Duration::from_secs(10),
             register_timeout: Duration::from_secs(60),
+            secret: None,
         }
     }
 }
@@ -325,6 +329,10 @@ impl Coordinator {
             num_servers: self.cfg.servers as u32,
             routing: Some(st.routing()),
             heartbeat_ms: self.cfg.heartbeat.as_millis() as u64,
+            credential: match (&self.cfg.secret, role) {
+                (Some(secret), "worker") => msg::worker_credential(secret, id).to_vec().into(),
+                _ => Default::default(),
+            },
         })
     }
 

@@ -99,7 +99,9 @@ pub fn encode_frame(h: &FrameHeader, keys: &[u64], values: &[f32]) -> Vec<u8> {
 pub type DecodedFrame = (FrameHeader, Vec<u64>, Vec<f32>, usize);
 
 /// Decodes one complete frame from the front of `buf`. Returns `Ok(None)` when `buf` holds
-/// only part of a frame, an error when the bytes can never form a valid frame.
+/// only part of a frame, an error when the bytes can never form a valid frame. A filtered
+/// frame (`encoding` set) is refused: its payload is filter output, not keys and values, and
+/// only the table's filter pipeline can decode it.
 pub fn decode_frame(buf: &[u8], limits: &FrameLimits) -> Result<Option<DecodedFrame>> {
     if buf.len() < 4 {
         return Ok(None);
@@ -109,6 +111,9 @@ pub fn decode_frame(buf: &[u8], limits: &FrameLimits) -> Result<Option<DecodedFr
         return Ok(None);
     }
     let h = decode_header(&buf[4..4 + hlen], limits)?;
+    if h.encoding.is_some() {
+        return Err(CoreError::Malformed("a filtered frame has no typed keys and values: decode it with its table's filters".into()));
+    }
     let start = 4 + hlen;
     let (kl, vl) = (h.keys_len as usize, h.values_len as usize);
     if buf.len() < start + kl + vl {
@@ -123,6 +128,17 @@ pub fn decode_frame(buf: &[u8], limits: &FrameLimits) -> Result<Option<DecodedFr
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// Found by the `frame_decode` fuzz target: a filtered frame whose payload is not whole
+    /// keys came back as truncated typed keys.
+    #[test]
+    fn decode_frame_refuses_a_filtered_frame_instead_of_truncating_its_payload() {
+        let h = FrameHeader { keys_len: 5, encoding: Some(Default::default()), ..Default::default() };
+        let mut buf = Vec::new();
+        encode_header(&h, &mut buf);
+        buf.extend_from_slice(&[1, 2, 3, 4, 5]);
+        assert!(decode_frame(&buf, &FrameLimits::default()).is_err());
+    }
 
     fn header_strategy() -> impl Strategy<Value = FrameHeader> {
         (

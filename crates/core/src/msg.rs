@@ -56,6 +56,10 @@ pub enum Op {
     /// The first frame of a framed-TCP connection: the cluster's auth token in `meta`.
     /// Answered by the transport before anything else is read; never seen by a node.
     Hello = 26,
+    /// A worker's first frame on a server connection when the cluster has a secret: its
+    /// credential ([`worker_credential`]) in `meta`, its node id in `sender`. Without it, a
+    /// server of such a cluster serves no data call on the connection.
+    Identify = 27,
 }
 
 impl Op {
@@ -80,6 +84,7 @@ impl Op {
             24 => GetRouting,
             25 => Schedule,
             26 => Hello,
+            27 => Identify,
             _ => return None,
         })
     }
@@ -113,6 +118,9 @@ pub enum Status {
     KeyCacheMiss = 8,
     /// The connection presented no auth token or the wrong one.
     Unauthenticated = 9,
+    /// The caller is a cluster member but not allowed this call (e.g. a push from a
+    /// connection that did not identify as a registered worker).
+    PermissionDenied = 10,
 }
 
 impl Status {
@@ -128,9 +136,18 @@ impl Status {
             6 => Status::Unsupported,
             8 => Status::KeyCacheMiss,
             9 => Status::Unauthenticated,
+            10 => Status::PermissionDenied,
             _ => Status::Internal,
         }
     }
+}
+
+/// The credential the coordinator gives a registered worker (node `node_id`) of a cluster
+/// whose secret is `secret`: a keyed BLAKE3 hash, so servers, which know the secret, check it
+/// without asking the coordinator, and a worker cannot make one for another node id.
+pub fn worker_credential(secret: &str, node_id: u32) -> [u8; 32] {
+    let key = blake3::derive_key("downpour 2026 worker credential", secret.as_bytes());
+    *blake3::keyed_hash(&key, &node_id.to_le_bytes()).as_bytes()
 }
 
 /// A request header for `op` from `sender`.
@@ -183,6 +200,7 @@ mod tests {
             Op::GetRouting,
             Op::Schedule,
             Op::Hello,
+            Op::Identify,
         ] {
             assert_eq!(Op::from_u32(op as u32), Some(op));
         }

@@ -39,6 +39,9 @@ pub struct ServerConfig {
     pub chunk_bytes: usize,
     /// What one request, and the server as a whole, may ask for.
     pub limits: Limits,
+    /// The cluster secret: data calls are served only on connections that identified as a
+    /// registered worker with the credential derived from it (`msg::worker_credential`).
+    pub secret: Option<String>,
     /// Update rules the server knows (built-ins plus user rules).
     pub rules: RuleRegistry,
     /// User filters the server knows (tables name them as `user:NAME`).
@@ -47,7 +50,13 @@ pub struct ServerConfig {
 
 impl Default for ServerConfig {
     fn default() -> Self {
-        ServerConfig { chunk_bytes: 2 << 20, limits: Limits::default(), rules: RuleRegistry::new(), filters: FilterRegistry::new() }
+        ServerConfig {
+            chunk_bytes: 2 << 20,
+            limits: Limits::default(),
+            secret: None,
+            rules: RuleRegistry::new(),
+            filters: FilterRegistry::new(),
+        }
     }
 }
 
@@ -327,6 +336,8 @@ struct ConnCtx {
     vbytes: Vec<u8>,
     /// Per table with filters: this connection's decoding state (key cache) and reply encoder.
     pipes: HashMap<u32, TablePipes>,
+    /// The worker node this connection identified as (clusters with a secret).
+    identified: Option<u32>,
 }
 
 /// The filter pipelines of one table on one connection.
@@ -355,6 +366,7 @@ pub fn serve_connection(st: &ServerState, mut conn: Box<dyn Connection>) {
         kbytes: Vec::new(),
         vbytes: Vec::new(),
         pipes: HashMap::new(),
+        identified: None,
     };
     let mut skip: Option<u64> = None;
     // Wake up now and then to notice a stop request.
@@ -444,6 +456,21 @@ fn handle_frame(st: &ServerState, h: &FrameHeader, ctx: &mut ConnCtx, conn: &mut
     let Some(op) = Op::from_u32(h.op) else {
         return Ok(Err((Status::Unsupported, format!("unknown op code {}", h.op))));
     };
+    if let Some(secret) = &st.cfg.secret {
+        if op == Op::Identify {
+            let want = msg::worker_credential(secret, h.sender);
+            let ok = h.meta.len() == want.len() && h.meta.iter().zip(want).fold(0u8, |d, (a, b)| d | (a ^ b)) == 0;
+            if !ok {
+                return Ok(Err((Status::PermissionDenied, format!("node {} presented no valid worker credential", h.sender))));
+            }
+            ctx.identified = Some(h.sender);
+        } else if op != Op::Ping && ctx.identified != Some(h.sender) {
+            return Ok(Err((
+                Status::PermissionDenied,
+                format!("{op:?} from node {}: only registered workers that identified on this connection are served", h.sender),
+            )));
+        }
+    }
     let epoch = st.epoch.load(Ordering::Relaxed);
     if h.epoch != 0 && h.epoch != epoch && op != Op::Ping {
         return Ok(Err((Status::StaleEpoch, format!("request for routing epoch {} but this server is at epoch {epoch}", h.epoch))));
@@ -655,6 +682,12 @@ fn handle_frame(st: &ServerState, h: &FrameHeader, ctx: &mut ConnCtx, conn: &mut
             Ok(Err((Status::Unsupported, format!("{op:?} is a coordinator call; this is a server"))))
         }
         Op::Hello => Ok(Err((Status::InvalidArgument, "Hello is only valid as a connection's first frame".into()))),
+        Op::Identify => {
+            // checked above when the cluster has a secret; accepted as is when it has none
+            let mut r = msg::reply_to(h, me);
+            conn.send(&mut r, &[], &[])?;
+            Ok(Ok(()))
+        }
     }
 }
 

@@ -263,11 +263,37 @@ struct Lent<'a> {
 impl KvClient {
     /// Connects to every server of `routing` (in partition order) as node `node_id`.
     pub fn connect(transport: &dyn Transport, routing: &proto::Routing, node_id: u32, cfg: KvConfig) -> Result<KvClient, ClientError> {
+        Self::connect_as(transport, routing, node_id, cfg, None)
+    }
+
+    /// As [`KvClient::connect`], identifying to every server with the worker `credential`
+    /// the coordinator gave at registration (servers of a cluster with a secret serve data
+    /// calls only to identified workers). An error if a server refuses it.
+    pub fn connect_as(
+        transport: &dyn Transport,
+        routing: &proto::Routing,
+        node_id: u32,
+        cfg: KvConfig,
+        credential: Option<&[u8]>,
+    ) -> Result<KvClient, ClientError> {
         let mut servers = Vec::with_capacity(routing.servers.len());
         for (i, s) in routing.servers.iter().enumerate() {
             let mut conn =
                 transport.connect(&s.addr, cfg.request_timeout).map_err(|source| ClientError::Transport { server: i, source })?;
             conn.set_recv_timeout(Some(cfg.request_timeout)).map_err(|source| ClientError::Transport { server: i, source })?;
+            if let Some(c) = credential {
+                let mut h = msg::request(Op::Identify, node_id, 0, routing.epoch, 0);
+                h.meta = c.to_vec().into();
+                conn.send(&mut h, &[], &[]).map_err(|source| ClientError::Transport { server: i, source })?;
+                match conn.recv_header() {
+                    Ok(Some(r)) if r.status == 0 && r.keys_len + r.values_len == 0 => {}
+                    Ok(Some(r)) => {
+                        return Err(ClientError::BadReply { server: i, message: format!("identification refused: {}", r.error) })
+                    }
+                    Ok(None) => return Err(ClientError::Transport { server: i, source: TransportError::Closed { peer: s.addr.clone() } }),
+                    Err(source) => return Err(ClientError::Transport { server: i, source }),
+                }
+            }
             servers.push(ServerConn { conn, addr: s.addr.clone(), inflight: VecDeque::new() });
         }
         if servers.is_empty() {

@@ -32,6 +32,8 @@ pub struct WorkerSession {
     /// `bsp` tables): for reading the model beside training, e.g. an evaluator thread.
     /// Opened by [`WorkerSession::open_reader`].
     pub reader: Option<KvClient>,
+    /// The credential this worker identifies with to the servers (clusters with a secret).
+    credential: Option<Vec<u8>>,
     routing: downpour_core::proto::Routing,
     kv_cfg: KvConfig,
     control: ControlClient,
@@ -61,7 +63,8 @@ pub fn join_job(transport: &dyn Transport, cfg: &SessionConfig) -> Result<Worker
     control.set_timeout(Some(cfg.connect_timeout))?;
     let reg = control.register("worker", "")?;
     let routing = reg.routing.clone().unwrap_or_default();
-    let mut kv = KvClient::connect(transport, &routing, reg.node_id, cfg.kv)?;
+    let credential = (!reg.credential.is_empty()).then(|| reg.credential.to_vec());
+    let mut kv = KvClient::connect_as(transport, &routing, reg.node_id, cfg.kv, credential.as_deref())?;
     kv.set_worker_rank(reg.rank);
     // A barrier may legitimately wait for slow peers: no timeout on the job connection.
     control.set_timeout(None)?;
@@ -98,6 +101,7 @@ pub fn join_job(transport: &dyn Transport, cfg: &SessionConfig) -> Result<Worker
         rank: reg.rank as usize,
         num_workers: reg.num_workers as usize,
         node_id: reg.node_id,
+        credential,
         reader: None,
         routing,
         kv_cfg: cfg.kv,
@@ -120,7 +124,7 @@ impl WorkerSession {
 
     /// Opens [`WorkerSession::reader`]: another connection to every server.
     pub fn open_reader(&mut self, transport: &dyn Transport) -> Result<(), SessionError> {
-        self.reader = Some(KvClient::connect(transport, &self.routing, self.node_id, self.kv_cfg)?);
+        self.reader = Some(KvClient::connect_as(transport, &self.routing, self.node_id, self.kv_cfg, self.credential.as_deref())?);
         Ok(())
     }
 

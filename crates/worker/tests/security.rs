@@ -259,3 +259,29 @@ fn a_flood_of_connections_leaves_the_server_serving_its_clients() {
     };
     assert_eq!(peek(&mut late, &[1]), vec![1.0]);
 }
+
+#[test]
+fn only_connections_identified_as_registered_workers_are_served_data_calls() {
+    let st = network_transport(TransportKind::Tcp, net(Some(GOOD), None)).unwrap();
+    let h = server(st.as_ref(), ServerConfig { secret: Some(GOOD.into()), ..Default::default() });
+    let t = network_transport(TransportKind::Tcp, net(Some(GOOD), None)).unwrap();
+    // a cluster member (right token) that did not register as a worker: no data calls
+    let mut anon = connect(t.as_ref(), &h).unwrap();
+    let e = anon.create_table(table(1, 1)).unwrap_err().to_string();
+    assert!(e.contains("only registered workers"), "{e}");
+    // a credential made for another node id does not pass
+    let other = downpour_core::msg::worker_credential(GOOD, 2);
+    let e = KvClient::connect_as(t.as_ref(), &routing(&h), 1, kv_cfg(), Some(&other)).err().expect("must be refused");
+    assert!(e.to_string().contains("no valid worker credential"), "{e}");
+    // the coordinator's credential for node 1: served
+    let mine = downpour_core::msg::worker_credential(GOOD, 1);
+    let mut kv = KvClient::connect_as(t.as_ref(), &routing(&h), 1, kv_cfg(), Some(&mine)).unwrap();
+    kv.set_worker_rank(0);
+    kv.create_table(table(1, 1)).unwrap();
+    let ts = kv.push(1, &[4], &[4.0]).unwrap();
+    kv.wait(ts).unwrap();
+    assert_eq!(peek(&mut kv, &[4]), vec![4.0]);
+    let e = anon.push(1, &[4], &[100.0]).and_then(|ts| anon.wait(ts));
+    assert!(e.is_err(), "an unidentified push is refused");
+    assert_eq!(peek(&mut kv, &[4]), vec![4.0], "and changed nothing");
+}
