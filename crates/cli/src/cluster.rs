@@ -170,17 +170,7 @@ pub fn launch_local(r: LocalRun<'_>) -> Result<()> {
     let mut nodes = 0usize;
     let mut spawn = |label: &str, args: Vec<String>, capture: Option<Sink>| -> Result<Proc> {
         let tls: Vec<String> = match r.tls_dir {
-            Some(dir) => {
-                let [cert, key, ca] = crate::certs::node_files(dir, nodes)?;
-                vec![
-                    "--tls-cert".into(),
-                    cert.display().to_string(),
-                    "--tls-key".into(),
-                    key.display().to_string(),
-                    "--tls-ca".into(),
-                    ca.display().to_string(),
-                ]
-            }
+            Some(dir) => crate::config::tls_file_args(&crate::certs::node_files(dir, nodes)?),
             None => Vec::new(),
         };
         nodes += 1;

@@ -143,6 +143,18 @@ impl Settings {
     }
 }
 
+/// The flags naming a node's TLS files: `[cert, key, ca]`.
+pub fn tls_file_args([cert, key, ca]: &[PathBuf; 3]) -> Vec<String> {
+    vec![
+        "--tls-cert".into(),
+        cert.display().to_string(),
+        "--tls-key".into(),
+        key.display().to_string(),
+        "--tls-ca".into(),
+        ca.display().to_string(),
+    ]
+}
+
 /// Reads a small text file, refusing one longer than `max` bytes (a path such as /dev/zero
 /// must not hang or exhaust memory).
 pub fn read_bounded(path: &std::path::Path, max: u64, what: &str) -> Result<String> {
@@ -295,15 +307,8 @@ impl CommonArgs {
         ]
         .into_iter()
         .chain(s.auth_token_file.iter().flat_map(|p| ["--auth-token-file".to_string(), p.display().to_string()]))
-        .chain(s.tls.iter().flat_map(|(c, [cert, key, ca])| {
-            let mut v = vec![
-                "--tls-cert".to_string(),
-                cert.display().to_string(),
-                "--tls-key".into(),
-                key.display().to_string(),
-                "--tls-ca".into(),
-                ca.display().to_string(),
-            ];
+        .chain(s.tls.iter().flat_map(|(c, files)| {
+            let mut v = tls_file_args(files);
             if !c.require_client_cert {
                 v.push("--tls-no-client-auth".into());
             }
