@@ -295,6 +295,18 @@ impl HashStore {
         bytemuck::cast_slice_mut::<u32, f32>(&mut row[2..]).split_at_mut(vl)
     }
 
+    /// Calls `f` with the values of every stored row, in no particular order.
+    pub fn for_each_values(&self, mut f: impl FnMut(&[f32])) {
+        for sh in &self.shards {
+            for j in 0..sh.cap {
+                if sh.key_at(j, self.stride) != EMPTY {
+                    let row = &sh.data[j * self.stride + 2..j * self.stride + 2 + self.vl];
+                    f(bytemuck::cast_slice::<u32, f32>(row));
+                }
+            }
+        }
+    }
+
     /// Every stored (key, values) with `lo <= key < hi`, in key order, appended to
     /// `keys`/`values`. O(n log n) for n stored keys (a full scan; for export, not the hot path).
     pub fn range(&self, lo: u64, hi: u64, keys: &mut Vec<u64>, values: &mut Vec<f32>) {

@@ -60,6 +60,10 @@ pub enum Op {
     /// credential ([`worker_credential`]) in `meta`, its node id in `sender`. Without it, a
     /// server of such a cluster serves no data call on the connection.
     Identify = 27,
+    /// Per value column of the table, over the keys this server stores: Σ|x| (f64) and the
+    /// number of non-zero x (u64), 16 bytes a column, little-endian, sent as the values
+    /// payload (4 f32 slots a column). For norms and sparsity without reading the model.
+    Summarize = 28,
 }
 
 impl Op {
@@ -85,11 +89,13 @@ impl Op {
             25 => Schedule,
             26 => Hello,
             27 => Identify,
+            28 => Summarize,
             _ => return None,
         })
     }
     /// True for requests whose every chunk is answered (rather than only the last).
     pub fn replies_per_chunk(self) -> bool {
+        // (Summarize is one frame each way.)
         matches!(self, Op::Pull | Op::Peek | Op::PushPull | Op::PushPullRange)
     }
 }
@@ -201,6 +207,7 @@ mod tests {
             Op::Schedule,
             Op::Hello,
             Op::Identify,
+            Op::Summarize,
         ] {
             assert_eq!(Op::from_u32(op as u32), Some(op));
         }

@@ -234,6 +234,22 @@ impl Table {
         }
     }
 
+    /// Per value column, over the stored keys: (Σ|x|, number of non-zero x).
+    pub fn summarize(&self) -> Vec<(f64, u64)> {
+        let mut out = vec![(0f64, 0u64); self.vl];
+        let mut add = |row: &[f32]| {
+            for (o, &x) in out.iter_mut().zip(row) {
+                o.0 += x.abs() as f64;
+                o.1 += u64::from(x != 0.0);
+            }
+        };
+        match &self.store {
+            Store::Dense(d) => d.w.chunks_exact(self.vl).for_each(&mut add),
+            Store::Sparse(h) => h.for_each_values(add),
+        }
+        out
+    }
+
     /// For a sparse table, an upper bound of the bytes that storing `keys` could add: the
     /// keys not stored yet, at twice a row's size (the arrays keep a load margin and grow by
     /// half at a time). Dense tables never grow: 0.

@@ -682,6 +682,21 @@ fn handle_frame(st: &ServerState, h: &FrameHeader, ctx: &mut ConnCtx, conn: &mut
             Ok(Err((Status::Unsupported, format!("{op:?} is a coordinator call; this is a server"))))
         }
         Op::Hello => Ok(Err((Status::InvalidArgument, "Hello is only valid as a connection's first frame".into()))),
+        Op::Summarize => {
+            let slot = match lookup(st, ctx, h.table) {
+                Ok(s) => s,
+                Err(e) => return Ok(Err(e)),
+            };
+            let cols = slot.table.read().summarize();
+            let mut bytes = Vec::with_capacity(cols.len() * 16);
+            for (abs, nnz) in cols {
+                bytes.extend_from_slice(&abs.to_le_bytes());
+                bytes.extend_from_slice(&nnz.to_le_bytes());
+            }
+            let mut r = msg::reply_to(h, me);
+            conn.send(&mut r, &[], &bytes)?;
+            Ok(Ok(()))
+        }
         Op::Identify => {
             // checked above when the cluster has a secret; accepted as is when it has none
             let mut r = msg::reply_to(h, me);

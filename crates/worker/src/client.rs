@@ -1238,6 +1238,38 @@ impl KvClient {
         self.finish(ts).map(|_| ())
     }
 
+    /// Per value column of `table`, over every stored key on every server: (Σ|x|, number of
+    /// non-zero x). A few bytes a server, whatever the table's size (e.g. ‖w‖₁ and the
+    /// non-zero count of a model). Blocking.
+    pub fn summarize(&mut self, table: u32) -> Result<Vec<(f64, u64)>, ClientError> {
+        let vl = self.info(table)?.0;
+        let n = self.servers.len();
+        // 16 bytes a column a server, received as 4 f32 slots
+        let mut raw = vec![0f32; n * vl * 4];
+        // kept until finish() takes it (a finished op without `keep` is forgotten at once)
+        let ts = self.new_op(n, vl, true);
+        let mut lent = Lent { ts, buf: &mut raw };
+        for s in 0..n {
+            self.before_send(s, Some(&mut lent))?;
+            let mut h = self.header(Op::Summarize, ts, table);
+            self.send(s, &mut h, &[], &[])?;
+            self.push_inflight_sized(s, ts, Reply::Seq, s * vl * 4, 0, vl * 16);
+        }
+        self.drive(ts, Some(&mut lent))?;
+        self.finish(ts)?;
+        let mut out = vec![(0f64, 0u64); vl];
+        for server in raw.chunks_exact(vl * 4) {
+            for (o, col) in out.iter_mut().zip(server.chunks_exact(4)) {
+                let b: &[u8] = bytemuck::cast_slice(col);
+                let abs = f64::from_le_bytes(b[..8].try_into().unwrap_or([0; 8]));
+                let nnz = u64::from_le_bytes(b[8..].try_into().unwrap_or([0; 8]));
+                o.0 += abs;
+                o.1 += nnz;
+            }
+        }
+        Ok(out)
+    }
+
     /// Fused range push-pull into `out` (same length as `values`), blocking until done.
     pub fn push_pull_range_into(&mut self, table: u32, begin: u64, values: &[f32], out: &mut [f32]) -> Result<(), ClientError> {
         let vl = self.info(table)?.0;

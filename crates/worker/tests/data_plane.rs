@@ -128,6 +128,30 @@ fn range_pull_returns_existing_keys_in_order_across_servers() {
 }
 
 #[test]
+fn summarize_gives_every_servers_column_norms_and_non_zero_counts() {
+    for (name, t) in transports() {
+        let mut c = cluster(t.as_ref(), 3, 4096);
+        c.kv.create_table(table(1, 2, Storage::Sparse, "add")).unwrap();
+        c.kv.create_table(table(2, 1, Storage::Dense(KeyRange::new(0, 1000)), "add")).unwrap();
+        let keys = spread_keys(500);
+        // column 0: -k/7 (k = 0 gives an exact zero), column 1: 0.5
+        let vals: Vec<f32> = (0..500).flat_map(|i| [-(i as f32) / 7.0, 0.5]).collect();
+        let ts = c.kv.push(1, &keys, &vals).unwrap();
+        c.kv.wait(ts).unwrap();
+        let ts = c.kv.push_range(2, 0, &(0..1000).map(|i| if i % 3 == 0 { 0.0 } else { 2.0 }).collect::<Vec<f32>>()).unwrap();
+        c.kv.wait(ts).unwrap();
+        let s = c.kv.summarize(1).unwrap();
+        let (_, rows) = c.kv.pull_range(1, KeyRange::FULL).unwrap();
+        let l1: f64 = rows.chunks_exact(2).map(|r| r[0].abs() as f64).sum();
+        assert!((s[0].0 - l1).abs() < 1e-9 * l1, "{name}: {} vs {l1}", s[0].0);
+        assert_eq!(s[0].1, 499, "{name}");
+        assert_eq!(s[1], (250.0, 500), "{name}");
+        assert_eq!(c.kv.summarize(2).unwrap(), vec![(2.0 * 666.0, 666)], "{name}");
+        assert!(matches!(c.kv.summarize(9), Err(ClientError::UnknownTable(9))), "{name}");
+    }
+}
+
+#[test]
 fn dense_tensors_span_servers_and_round_trip() {
     for (name, t) in transports() {
         let mut c = cluster(t.as_ref(), 3, 4096);

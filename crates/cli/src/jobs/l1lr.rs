@@ -5,7 +5,7 @@
 //! with `dual_i = exp(y_i⟨w, x_i⟩)`. The coordinator is the task scheduler
 //! (`downpour_core::schedule`): it hands every worker the same sequence of iterations, one
 //! feature block each, under bounded delay TAU (iteration t only once every worker finished
-//! t − TAU − 1), asks worker 0 to evaluate each pass, prints nothing itself and decides when
+//! t − TAU − 1), asks worker 0 to evaluate each pass, and decides when
 //! to stop. In iteration t a worker computes, for the block's features it has and the KKT
 //! filter leaves active, the gradient and curvature bound, pushes `(g, u, thr)` and clocks; the
 //! model table is `bsp` with `--aggregate sum`, so the servers sum iteration t over all workers
@@ -13,8 +13,8 @@
 //! block's new weights as a task that runs after every worker completed clock t+1 (the servers
 //! hold it until round t is applied); once it has folded them into its margins it reports the
 //! iteration finished. After the last iteration of a pass it reports its logistic loss;
-//! worker 0 reads ‖w‖₁ from the servers and the scheduler prints nothing but returns the
-//! objective, which worker 0 shows. Once the relative change falls below `--epsilon`, one
+//! worker 0 asks the servers for ‖w‖₁ and the non-zero count (`KvClient::summarize`, a few
+//! bytes) and the scheduler returns the objective, which worker 0 shows. Once the relative change falls below `--epsilon`, one
 //! final pass runs with the KKT filter off, then the job ends.
 
 use super::linear::FormatArgs;
@@ -248,8 +248,8 @@ pub fn run(a: &L1lrArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
     // (worker 0) the pass reports, with the time each came back
     let mut reports: Vec<(PassReport, f64)> = Vec::new();
     let (mut g, mut u, mut grad) = (Vec::new(), Vec::new(), Vec::new());
-    // bytes of the per-pass evaluations (worker 0 reads the whole model for ‖w‖₁), kept
-    // apart from the training traffic
+    // bytes of the per-pass evaluations (worker 0 asks the servers for ‖w‖₁), kept apart
+    // from the training traffic
     let mut report_bytes = (0u64, 0u64);
     let mut progress = Progress::new(!a.quiet && s.rank == 0, "passes".to_string());
     'work: loop {
@@ -306,9 +306,9 @@ pub fn run(a: &L1lrArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
                     }
                     Task::Evaluate { pass, .. } => {
                         let before = s.kv.traffic();
-                        let (_, rows) = s.kv.pull_range(TABLE, KeyRange::FULL)?;
-                        let l1: f64 = rows.chunks_exact(3).map(|r| r[0].abs() as f64).sum();
-                        let nnz = rows.chunks_exact(3).filter(|r| r[0] != 0.0).count() as u64;
+                        // Σ|w| and the non-zero count, summed by the servers: a few bytes
+                        let cols = s.kv.summarize(TABLE)?;
+                        let (l1, nnz) = cols.first().copied().context("the model table has no columns")?;
                         evaluation = Some(proto::PassEvaluation { pass: pass as u32, l1, nnz });
                         let after = s.kv.traffic();
                         report_bytes.0 += after.bytes_sent - before.bytes_sent;
@@ -413,7 +413,7 @@ pub fn run(a: &L1lrArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
             "idle_fraction_mean": idle_mean,
             "bytes_sent": traffic.bytes_sent,
             "bytes_received": traffic.bytes_received,
-            // worker 0's reads of the model for the per-pass objective
+            // worker 0's per-pass requests for ‖w‖₁ and nnz
             "report_bytes": report_bytes.0 + report_bytes.1,
             // worker 0's traffic apart from those
             "training_bytes": traffic.bytes_sent + traffic.bytes_received - report_bytes.0 - report_bytes.1,
