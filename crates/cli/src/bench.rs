@@ -28,6 +28,10 @@ pub struct BenchArgs {
     /// Print one JSON object per line instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Run every connection over mutual TLS with the certificates `certs generate` wrote here
+    /// (as `launch --tls-dir`; switches to the gRPC transport).
+    #[arg(long, conflicts_with = "embedded")]
+    pub tls_dir: Option<std::path::PathBuf>,
     /// Dense value sizes, comma-separated (suffixes B, KiB, MiB, GiB).
     #[arg(long, default_value = "4KiB,1MiB,16MiB,64MiB")]
     pub sizes: String,
@@ -61,6 +65,14 @@ fn human(b: u64) -> String {
 
 /// Runs the benchmark and prints the results.
 pub fn run(a: &BenchArgs, common: &CommonArgs, s: &Settings, interrupted: Arc<AtomicBool>) -> Result<()> {
+    let mut s = s.clone();
+    if let Some(dir) = &a.tls_dir {
+        for i in 0..1 + a.servers + a.workers {
+            crate::certs::node_files(dir, i)?;
+        }
+        s.transport = downpour_transport::TransportKind::Grpc;
+    }
+    let s = &s;
     let sizes: Vec<u64> = a.sizes.split(',').filter(|x| !x.trim().is_empty()).map(parse_size).collect::<Result<_>>()?;
     let job = BenchJobArgs { sizes: sizes.clone(), cases: a.cases.clone() };
     let samples: Arc<Mutex<Vec<Sample>>> = Arc::default();
@@ -73,7 +85,11 @@ pub fn run(a: &BenchArgs, common: &CommonArgs, s: &Settings, interrupted: Arc<At
         },
         None => println!("{line}"),
     });
-    let mode = if a.embedded { "embedded" } else { "local" };
+    let mode = match (a.embedded, &a.tls_dir) {
+        (true, _) => "embedded",
+        (false, Some(_)) => "local, mutual TLS",
+        (false, None) => "local",
+    };
     eprintln!(
         "bench: {} server(s), {} worker(s), {mode} mode, transport {:?}, sizes {}",
         a.servers,
@@ -98,7 +114,7 @@ pub fn run(a: &BenchArgs, common: &CommonArgs, s: &Settings, interrupted: Arc<At
             job_args: &args,
             capture: Some(sink),
             interrupted,
-            tls_dir: None,
+            tls_dir: a.tls_dir.as_deref(),
         })?;
     }
     if let Some(b) = bad.lock().first() {
