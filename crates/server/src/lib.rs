@@ -382,7 +382,14 @@ pub fn serve_connection(st: &ServerState, mut conn: Box<dyn Connection>) {
             }
         };
         if h.encoding.is_none() && h.keys_len / 8 > st.cfg.limits.max_keys_per_request as u64 {
-            // Refused before its payload is read (the transport skips it).
+            // Refused before its payload is read (the transport skips it), once per request:
+            // later chunks of a refused request are dropped silently.
+            if skip == Some(h.request_id) {
+                if h.last {
+                    skip = None;
+                }
+                continue;
+            }
             if !h.last {
                 skip = Some(h.request_id);
             }

@@ -85,12 +85,17 @@ impl Listener for TcpListenerBox {
                         // Too many open connections: close this one at once.
                         self.refusals.refused(&peer.to_string(), "too many open connections");
                         drop(s);
+                        // a never-ending flood must not keep the caller from its stop checks
+                        if Instant::now() >= deadline {
+                            return Ok(None);
+                        }
                         continue;
                     };
                     let side = Accepted { auth: self.auth.clone(), refusals: self.refusals.clone(), _slot: slot, handshake: true };
                     let c = match TcpConnection::new(s, peer.to_string(), self.limits, Some(side)) {
                         Ok(c) => c,
                         // The peer went away before we set the socket up: its problem.
+                        Err(_) if Instant::now() >= deadline => return Ok(None),
                         Err(_) => continue,
                     };
                     return Ok(Some(Box::new(c)));

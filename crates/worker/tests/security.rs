@@ -174,10 +174,18 @@ fn an_oversized_request_is_refused_and_the_server_keeps_serving() {
         kv.create_table(table(3, 1)).unwrap();
         let e = kv.create_table(table(4, 1)).unwrap_err();
         assert!(e.to_string().contains("limit of 2 tables"), "{kind:?}: {e}");
+        // a request whose every chunk is over the limit gets one refusal, and the
+        // connection stays in step
+        let mut chunked = KvClient::connect(t.as_ref(), &routing(&h), 1, KvConfig { chunk_bytes: 4096, ..kv_cfg() }).unwrap();
+        chunked.create_table(table(1, 1)).unwrap();
+        let e = chunked.push(1, &keys, &vec![1.0; 1000]).and_then(|ts| chunked.wait(ts)).unwrap_err();
+        assert!(e.to_string().contains("over the limit of 100"), "{kind:?}: {e}");
+        let ts = chunked.push(1, &[3], &[3.0]).unwrap();
+        chunked.wait(ts).unwrap();
         // still serving, and the refused push left nothing
         let ts = kv.push(1, &[1, 2], &[1.0, 2.0]).unwrap();
         kv.wait(ts).unwrap();
-        assert_eq!(peek(&mut kv, &[0, 1, 2, 999]), vec![0.0, 1.0, 2.0, 0.0], "{kind:?}");
+        assert_eq!(peek(&mut kv, &[0, 1, 2, 3, 999]), vec![0.0, 1.0, 2.0, 3.0, 0.0], "{kind:?}");
     }
     // a frame over the transport's size limit closes that connection only
     let small = NetConfig { limits: downpour_core::codec::FrameLimits { max_payload_bytes: 64 << 10 }, ..Default::default() };
