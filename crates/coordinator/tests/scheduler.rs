@@ -67,7 +67,7 @@ fn out_of_order_reports_are_refused_and_a_failed_job_releases_held_calls() {
     let (c, serving, mut w0, mut w1, _t) = setup();
     let first = proto::ScheduleRequest { plan: Some(wire::plan_to_proto(&plan())), wait: true, ..Default::default() };
     w0.schedule(&first).unwrap();
-    let e = w1.schedule(&proto::ScheduleRequest { finished: 3, plan: first.plan.clone(), ..Default::default() }).unwrap_err();
+    let e = w1.schedule(&proto::ScheduleRequest { finished: 3, plan: first.plan, ..Default::default() }).unwrap_err();
     assert!(e.to_string().contains("3 iterations finished"), "{e}");
     let held = std::thread::spawn(move || w0.schedule(&proto::ScheduleRequest { finished: 1, wait: true, ..Default::default() }));
     std::thread::sleep(Duration::from_millis(100));
