@@ -1,6 +1,8 @@
 //! The `downpour` binary end to end: embedded and local multi-process jobs, launcher
 //! failure handling, and clear errors for a dead coordinator, a busy port and bad flags.
 
+mod common;
+
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
@@ -201,16 +203,7 @@ fn a_killed_server_fails_the_job_on_every_node_with_a_clear_message() {
     };
     let af = addr_file.display().to_string();
     let mut coord = spawn(&["coordinator", "--listen", "127.0.0.1:0", "--servers", "1", "--workers", "1", "--addr-file", &af]);
-    let t0 = Instant::now();
-    let addr = loop {
-        if let Ok(a) = std::fs::read_to_string(&addr_file) {
-            if a.ends_with('\n') {
-                break a.trim().to_string();
-            }
-        }
-        assert!(t0.elapsed() < Duration::from_secs(10), "coordinator did not start");
-        std::thread::sleep(Duration::from_millis(10));
-    };
+    let addr = common::wait_for_addr(&addr_file);
     let mut server = spawn(&["server", "--coordinator", &addr, "--listen", "127.0.0.1:0"]);
     // long enough to be still running when the server dies
     let mut worker = spawn(&["worker", "--coordinator", &addr, "counter", "--keys", "1000", "--rounds", "5000000"]);

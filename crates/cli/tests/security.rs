@@ -1,8 +1,9 @@
 //! TLS and auth tokens from the command line: `certs generate` output runs a launched job
 //! over mutual TLS with a token, and a worker with the wrong token never joins.
 
+mod common;
+
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 fn downpour() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_downpour"));
@@ -50,16 +51,7 @@ fn a_worker_with_the_wrong_token_is_refused_by_the_coordinator() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let t0 = Instant::now();
-    let addr = loop {
-        if let Ok(a) = std::fs::read_to_string(&addr_file) {
-            if a.ends_with('\n') {
-                break a.trim().to_string();
-            }
-        }
-        assert!(t0.elapsed() < Duration::from_secs(10), "coordinator did not start");
-        std::thread::sleep(Duration::from_millis(10));
-    };
+    let addr = common::wait_for_addr(&addr_file);
     for (token, why) in [(Some("not-the-coordinators-secret"), "wrong auth token"), (None, "authentication required")] {
         let mut w = downpour();
         if let Some(t) = token {
