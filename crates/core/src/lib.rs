@@ -28,6 +28,7 @@ pub mod rule;
 pub mod schedule;
 pub mod table;
 pub mod tensor;
+pub mod vecops;
 
 /// Wire messages generated from `proto/downpour.proto`.
 #[allow(missing_docs, clippy::all)]

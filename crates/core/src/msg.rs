@@ -64,6 +64,10 @@ pub enum Op {
     /// number of non-zero x (u64), 16 bytes a column, little-endian, sent as the values
     /// payload (4 f32 slots a column). For norms and sparsity without reading the model.
     Summarize = 28,
+    /// Run a vector program (`VecProgram` in `meta`, see [`crate::vecops`]) on this
+    /// server's part of the named dense tables; the reply's values payload holds one f64
+    /// (2 f32 slots, little-endian) per `dot`, in program order.
+    VecOps = 29,
 }
 
 impl Op {
@@ -90,6 +94,7 @@ impl Op {
             26 => Hello,
             27 => Identify,
             28 => Summarize,
+            29 => VecOps,
             _ => return None,
         })
     }
@@ -208,6 +213,7 @@ mod tests {
             Op::Hello,
             Op::Identify,
             Op::Summarize,
+            Op::VecOps,
         ] {
             assert_eq!(Op::from_u32(op as u32), Some(op));
         }

@@ -460,6 +460,18 @@ impl Table {
         Ok(&d.w[a * self.vl..b * self.vl])
     }
 
+    /// All stored values of a dense table's owned range, for vector operations
+    /// ([`crate::vecops`]) that change them in place, bypassing the update rule.
+    /// Fails for sparse tables.
+    pub fn dense_values_mut(&mut self) -> Result<&mut [f32]> {
+        match &mut self.store {
+            Store::Dense(d) => Ok(&mut d.w),
+            Store::Sparse(_) => {
+                Err(CoreError::InvalidTable(format!("table {} is sparse: vector operations need dense tables", self.def.id)))
+            }
+        }
+    }
+
     /// Appends every existing key of `range` and its values to `keys`/`values`, in key order.
     pub fn pull_range(&mut self, range: KeyRange, keys: &mut Vec<u64>, values: &mut Vec<f32>) -> Result<()> {
         let range = range.intersect(&self.owned);

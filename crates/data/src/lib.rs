@@ -4,6 +4,8 @@
 //!
 //! * [`libsvm`]: a streaming LIBSVM/svmlight reader (`.gz` read transparently, detected by
 //!   its magic bytes) whose errors name the file and line;
+//! * [`idx`]: IDX arrays (the MNIST format; gzip detected by its magic bytes) with a bounded
+//!   declared size, errors that name the file, and MNIST image/label helpers;
 //! * [`text`]: JSON-lines text (`--format text-jsonl`) tokenised and feature-hashed with a
 //!   stable, documented hash, log(1+tf) weights, unit L2 norm;
 //! * [`Format`] / [`ExampleReader`]: one reader over both formats;
@@ -16,6 +18,7 @@
 #![warn(missing_docs)]
 
 pub mod batch;
+pub mod idx;
 pub mod libsvm;
 pub mod lines;
 pub mod share;

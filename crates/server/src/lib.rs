@@ -22,6 +22,7 @@ use downpour_core::proto::{self, FrameHeader};
 use downpour_core::rounds::Accepted;
 use downpour_core::rule::RuleRegistry;
 use downpour_core::table::{Table, TableDef};
+use downpour_core::vecops;
 use downpour_core::{CoreError, KeyRange};
 use downpour_transport::{key_bytes, key_bytes_mut, value_bytes, value_bytes_mut, Connection, Listener, Transport, TransportError};
 use parking_lot::{Condvar, Mutex, RwLock};
@@ -457,6 +458,39 @@ fn lookup(st: &ServerState, ctx: &mut ConnCtx, id: u32) -> Result<Arc<TableSlot>
     Ok(t)
 }
 
+/// Runs a vector program (`Op::VecOps`) on this server's part of its dense tables: the
+/// tables are write-locked in id order (so two programs cannot deadlock), checked to be
+/// co-partitioned, then changed in place (a bsp table's buffered rounds apply on top later).
+/// Nothing is changed when the program is refused.
+fn run_vec_program(st: &ServerState, ctx: &mut ConnCtx, h: &FrameHeader) -> Result<Vec<f64>, (Status, String)> {
+    let prog = proto::VecProgram::decode(&h.meta[..]).map_err(|e| (Status::InvalidArgument, format!("bad vector program: {e}")))?;
+    let instrs = vecops::program_from_proto(&prog).map_err(core_err)?;
+    let ids = vecops::program_tables(&instrs);
+    let mut slots = Vec::with_capacity(ids.len());
+    for &id in &ids {
+        slots.push(lookup(st, ctx, id)?);
+    }
+    let first = &slots[0].spec;
+    if let Some(s) = slots
+        .iter()
+        .find(|s| (s.spec.dense_begin, s.spec.dense_end, s.spec.value_len) != (first.dense_begin, first.dense_end, first.value_len))
+    {
+        return Err((
+            Status::InvalidArgument,
+            format!(
+                "tables {} and {} differ in key range or value length: vector operations need co-partitioned dense tables",
+                first.id, s.spec.id
+            ),
+        ));
+    }
+    let mut guards: Vec<_> = slots.iter().map(|s| s.table.write()).collect();
+    let mut vectors = Vec::with_capacity(guards.len());
+    for g in guards.iter_mut() {
+        vectors.push(g.dense_values_mut().map_err(core_err)?);
+    }
+    vecops::execute(&instrs, &ids, &mut vectors).map_err(core_err)
+}
+
 /// Handles one frame; `Ok(Err(..))` is an error to report to the peer, `Err` a dead connection.
 fn handle_frame(st: &ServerState, h: &FrameHeader, ctx: &mut ConnCtx, conn: &mut dyn Connection) -> Result<ReqResult, TransportError> {
     let me = st.node_id.load(Ordering::Relaxed);
@@ -703,6 +737,18 @@ fn handle_frame(st: &ServerState, h: &FrameHeader, ctx: &mut ConnCtx, conn: &mut
             let mut r = msg::reply_to(h, me);
             conn.send(&mut r, &[], &bytes)?;
             Ok(Ok(()))
+        }
+        Op::VecOps => {
+            let res = run_vec_program(st, ctx, h);
+            match res {
+                Ok(scalars) => {
+                    let bytes: Vec<u8> = scalars.iter().flat_map(|v| v.to_le_bytes()).collect();
+                    let mut r = msg::reply_to(h, me);
+                    conn.send(&mut r, &[], &bytes)?;
+                    Ok(Ok(()))
+                }
+                Err(e) => Ok(Err(e)),
+            }
         }
         Op::Identify => {
             // checked above when the cluster has a secret; accepted as is when it has none

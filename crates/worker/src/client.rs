@@ -1270,6 +1270,46 @@ impl KvClient {
         Ok(out)
     }
 
+    /// Runs a vector program on every server's part of the named dense tables
+    /// (`downpour_core::vecops`: dot, axpy, scale, copy, fill), returning one value per `dot`
+    /// summed over the servers. The tables must be known to this client, dense, and share
+    /// their key range and value length. Instructions change stored values directly, not
+    /// through the update rule, and are not ordered against other workers' pushes: the
+    /// caller sequences them (the L-BFGS driver does). Blocking.
+    pub fn vec_ops(&mut self, program: &[downpour_core::vecops::VecInstr]) -> Result<Vec<f64>, ClientError> {
+        let Some(first) = program.first() else { return Ok(Vec::new()) };
+        for ins in program {
+            for t in ins.tables() {
+                self.info(t)?;
+            }
+        }
+        let table = first.tables()[0];
+        let meta: bytes_like::Bytes = downpour_core::vecops::program_to_proto(program).encode_to_vec().into();
+        let scalars = program.iter().filter(|i| i.returns_scalar()).count();
+        let n = self.servers.len();
+        // 8 bytes a scalar a server, received as 2 f32 slots
+        let mut raw = vec![0f32; n * scalars * 2];
+        let ts = self.new_op(n, 1, true);
+        let mut lent = Lent { ts, buf: &mut raw };
+        for s in 0..n {
+            self.before_send(s, Some(&mut lent))?;
+            let mut h = self.header(Op::VecOps, ts, table);
+            h.meta = meta.clone();
+            self.send(s, &mut h, &[], &[])?;
+            self.push_inflight_sized(s, ts, Reply::Seq, s * scalars * 2, 0, scalars * 8);
+        }
+        self.drive(ts, Some(&mut lent))?;
+        self.finish(ts)?;
+        let mut out = vec![0f64; scalars];
+        for server in raw.chunks_exact(scalars * 2) {
+            for (o, v) in out.iter_mut().zip(server.chunks_exact(2)) {
+                let b: &[u8] = bytemuck::cast_slice(v);
+                *o += f64::from_le_bytes(b.try_into().unwrap_or([0; 8]));
+            }
+        }
+        Ok(out)
+    }
+
     /// Fused range push-pull into `out` (same length as `values`), blocking until done.
     pub fn push_pull_range_into(&mut self, table: u32, begin: u64, values: &[f32], out: &mut [f32]) -> Result<(), ClientError> {
         let vl = self.info(table)?.0;
