@@ -224,6 +224,10 @@ fn run(cli: Cli, s: Settings) -> Result<()> {
             let (servers, workers) = match &model {
                 jobs::TrainModel::Linear(a) => (a.servers, a.workers),
                 jobs::TrainModel::L1lr(a) => (a.servers, a.workers),
+                jobs::TrainModel::Dnn(a) => {
+                    jobs::dnn::check_args(a)?;
+                    (a.servers, a.workers)
+                }
             };
             cluster::run_embedded(&s, servers, workers, &JobCmd::Train(model), stdout_sink())
         }

@@ -109,6 +109,12 @@ impl ControlClient {
         crate::decode_body(&r).map_err(ControlError::Malformed)
     }
 
+    /// A call to the coordinator's piece board (Sandblaster; held for `want` 2 and 3).
+    pub fn pieces(&mut self, req: &proto::PieceRequest) -> Result<proto::PieceReply, ControlError> {
+        let r = self.call(Op::Pieces, req.encode_to_vec())?;
+        crate::decode_body(&r).map_err(ControlError::Malformed)
+    }
+
     /// Reports that this worker is done (`ok == false` fails the job with `message`).
     pub fn done(&mut self, ok: bool, message: &str) -> Result<(), ControlError> {
         self.call(Op::Done, proto::DoneRequest { ok, message: message.into() }.encode_to_vec()).map(|_| ())

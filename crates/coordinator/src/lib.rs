@@ -13,6 +13,7 @@
 pub mod client;
 
 use downpour_core::msg::{self, Op, Status};
+use downpour_core::pieces::PieceBoard;
 use downpour_core::proto::{self, FrameHeader};
 use downpour_core::schedule::{wire, BpgScheduler};
 use downpour_transport::{Connection, Listener};
@@ -68,6 +69,8 @@ struct State {
     heartbeating: HashSet<u32>,
     /// The BPG task scheduler, built from the first worker's plan.
     schedule: Option<BpgScheduler>,
+    /// Sandblaster's piece board, made at the first `Pieces` call.
+    pieces: Option<PieceBoard>,
 }
 
 impl State {
@@ -266,6 +269,10 @@ impl Coordinator {
                 Ok(Vec::new())
             }
             Some(Op::GetRouting) => Ok(self.state.lock().routing().encode_to_vec()),
+            Some(Op::Pieces) => {
+                let req = proto::PieceRequest::decode(h.meta.as_ref()).map_err(bad)?;
+                self.pieces(h.sender, req).map(|r| r.encode_to_vec())
+            }
             Some(Op::Schedule) => {
                 let req = proto::ScheduleRequest::decode(h.meta.as_ref()).map_err(bad)?;
                 self.schedule(h.sender, req).map(|r| r.encode_to_vec())
@@ -418,6 +425,67 @@ impl Coordinator {
             if !tasks.is_empty() || !req.wait {
                 reply.tasks = tasks.iter().map(wire::task_to_proto).collect();
                 return Ok(reply);
+            }
+            self.sched_cv.wait_for(&mut st, Duration::from_millis(200));
+        }
+    }
+
+    /// A worker's call to the piece board (Sandblaster L-BFGS): see `PieceRequest`.
+    fn pieces(&self, node: u32, req: proto::PieceRequest) -> Result<proto::PieceReply, (Status, String)> {
+        let invalid = |e: downpour_core::CoreError| (Status::InvalidArgument, e.to_string());
+        let mut st = self.state.lock();
+        let rank = match st.roles.get(&node) {
+            Some(("worker", rank)) => *rank as usize,
+            _ => return Err((Status::InvalidArgument, format!("{} is not a registered worker", st.describe(node)))),
+        };
+        let workers = self.cfg.workers;
+        let board = st.pieces.get_or_insert_with(|| PieceBoard::new(workers));
+        let mut reply = proto::PieceReply::default();
+        if (req.open_pieces > 0 || req.finish) && rank != 0 {
+            return Err((Status::InvalidArgument, "only worker 0 opens rounds and ends the job".into()));
+        }
+        if req.open_pieces > 0 {
+            board.open(req.round, req.open_pieces).map_err(invalid)?;
+        }
+        if req.finish {
+            board.finish();
+        }
+        if req.has_completed {
+            reply.accepted = board.complete(rank, req.round, req.completed).map_err(invalid)?;
+        }
+        if req.flush {
+            board.flush(rank, req.round, req.loss, req.examples).map_err(invalid)?;
+        }
+        match req.want {
+            0 => {}
+            1 => {
+                if let Some(h) = board.next(rank, req.round).map_err(invalid)? {
+                    reply.has_piece = true;
+                    reply.piece = h.piece;
+                    reply.backup = h.backup;
+                }
+            }
+            2 | 3 => {}
+            w => return Err((Status::InvalidArgument, format!("unknown piece request want={w}"))),
+        }
+        self.sched_cv.notify_all();
+        loop {
+            if let Some(r) = &st.failed {
+                return Err((Status::Aborted, format!("job failed: {r}")));
+            }
+            let board = st.pieces.as_ref().ok_or((Status::Internal, "no piece board".to_string()))?;
+            reply.round = board.round();
+            reply.finished = board.finished();
+            match req.want {
+                2 if board.round() <= req.round && !board.finished() => {}
+                3 => {
+                    if let Some((loss, examples)) = board.closed(req.round) {
+                        reply.loss = loss;
+                        reply.examples = examples;
+                        return Ok(reply);
+                    }
+                }
+                _ => return Ok(reply),
             }
             self.sched_cv.wait_for(&mut st, Duration::from_millis(200));
         }

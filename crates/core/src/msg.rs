@@ -68,6 +68,9 @@ pub enum Op {
     /// server's part of the named dense tables; the reply's values payload holds one f64
     /// (2 f32 slots, little-endian) per `dot`, in program order.
     VecOps = 29,
+    /// Sandblaster's piece hand-out on the coordinator. Body: `PieceRequest`; reply body:
+    /// `PieceReply` (see [`crate::pieces`]).
+    Pieces = 30,
 }
 
 impl Op {
@@ -95,6 +98,7 @@ impl Op {
             27 => Identify,
             28 => Summarize,
             29 => VecOps,
+            30 => Pieces,
             _ => return None,
         })
     }
@@ -214,6 +218,7 @@ mod tests {
             Op::Identify,
             Op::Summarize,
             Op::VecOps,
+            Op::Pieces,
         ] {
             assert_eq!(Op::from_u32(op as u32), Some(op));
         }

@@ -12,11 +12,16 @@
 //! * [`Aggregate::Sum`]/[`Aggregate::Avg`]: the updates are summed per key (in rank order),
 //!   divided for `Avg` by the number of workers that completed the round (W, or fewer with
 //!   backup workers or paused workers; the same on every server and for every key, whether
-//!   or not a worker pushed that key), and the update rule runs once.
+//!   or not a worker pushed that key), and the update rule runs once;
+//! * [`Aggregate::Coded`]: gradient coding ([`crate::gradcode`]): every worker pushes a
+//!   fixed combination of several data parts' gradients; once all but `s` workers completed
+//!   the round, the decoding coefficients of exactly those workers weight their pushes, so
+//!   the sum is the exact full gradient over all parts, divided by the number of parts.
 //!
 //! A push for a round already applied (a backup worker that came late) is dropped and
 //! counted. A paused worker (its share of an epoch is done) is not waited for.
 
+use crate::gradcode::{GradientCode, Scheme};
 use crate::{CoreError, Result};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -33,6 +38,18 @@ pub enum Aggregate {
     /// Average the updates per key over the workers that completed the round and apply the
     /// rule once.
     Avg,
+    /// Gradient coding over all the job's workers (one data part each): the round's pushes
+    /// weighted by the decoding coefficients of the workers that completed it, divided by
+    /// the number of parts, the rule applied once. The table's backup workers must be `s`.
+    /// Written `coded:SCHEME:S:SEED`.
+    Coded {
+        /// `frac` or `cyclic`.
+        scheme: Scheme,
+        /// Stragglers tolerated.
+        s: u32,
+        /// Seed of the cyclic code's random matrix (every worker must use the same).
+        seed: u64,
+    },
 }
 
 impl fmt::Display for Aggregate {
@@ -41,6 +58,7 @@ impl fmt::Display for Aggregate {
             Aggregate::None => "none",
             Aggregate::Sum => "sum",
             Aggregate::Avg => "avg",
+            Aggregate::Coded { scheme, s, seed } => return write!(f, "coded:{scheme}:{s}:{seed}"),
         })
     }
 }
@@ -52,7 +70,15 @@ impl FromStr for Aggregate {
             "" | "none" => Ok(Aggregate::None),
             "sum" => Ok(Aggregate::Sum),
             "avg" => Ok(Aggregate::Avg),
-            x => Err(CoreError::Consistency(format!("aggregate {x:?} is not none, sum or avg"))),
+            x if x.starts_with("coded:") => {
+                let bad = || CoreError::Consistency(format!("aggregate {x:?} is not coded:frac|cyclic:S:SEED"));
+                let rest = &x["coded:".len()..];
+                let (code, seed) = rest.rsplit_once(':').ok_or_else(bad)?;
+                let spec: crate::gradcode::CodeSpec = code.parse()?;
+                let s = u32::try_from(spec.s).map_err(|_| bad())?;
+                Ok(Aggregate::Coded { scheme: spec.scheme, s, seed: seed.parse().map_err(|_| bad())? })
+            }
+            x => Err(CoreError::Consistency(format!("aggregate {x:?} is not none, sum, avg or coded:SCHEME:S:SEED"))),
         }
     }
 }
@@ -108,6 +134,8 @@ pub struct Rounds {
     paused: Vec<bool>,
     pending: BTreeMap<u64, Vec<Contribution>>,
     dropped: u64,
+    /// [`Aggregate::Coded`]: the code over `workers` parts.
+    code: Option<GradientCode>,
 }
 
 impl Rounds {
@@ -120,7 +148,19 @@ impl Rounds {
                 "{backup} backup workers of {workers}: at least one worker must complete each round (use fewer than {workers})"
             )));
         }
+        let code = match aggregate {
+            Aggregate::Coded { scheme, s, seed } => {
+                if s as usize != backup {
+                    return Err(CoreError::Consistency(format!(
+                        "gradient coding for {s} stragglers needs {s} backup workers, not {backup}"
+                    )));
+                }
+                Some(GradientCode::new(scheme, workers, s as usize, seed)?)
+            }
+            _ => None,
+        };
         Ok(Rounds {
+            code,
             workers,
             backup,
             aggregate,
@@ -204,12 +244,14 @@ impl Rounds {
             // Only workers that completed the round count; a partial push of one that had
             // not is dropped with it.
             let mut parts = Vec::new();
+            let mut who = Vec::new();
             for (w, c) in contribs.into_iter().enumerate() {
                 if c.pushes.is_empty() {
                     continue;
                 }
                 if self.clocks[w] > k {
                     parts.push(c);
+                    who.push(w);
                 } else {
                     self.dropped += c.pushes.len() as u64;
                 }
@@ -223,7 +265,22 @@ impl Rounds {
                 Aggregate::None => parts.into_iter().flat_map(|c| c.pushes).map(|(keys, values)| Update { keys, values }).collect(),
                 Aggregate::Sum | Aggregate::Avg => {
                     let scale = if self.aggregate == Aggregate::Avg { Some(completed as f32) } else { None };
-                    vec![merge(parts.into_iter().flat_map(|c| c.pushes), self.value_len, scale)]
+                    vec![merge(parts.into_iter().flat_map(|c| c.pushes.into_iter().map(|(k, v)| (k, v, 1.0))), self.value_len, scale)]
+                }
+                Aggregate::Coded { .. } => {
+                    let Some(code) = &self.code else { continue };
+                    // exactly the workers that completed the round; too few (a worker
+                    // completed without pushing here) cannot be decoded: dropped
+                    let Ok(coef) = code.decode(&who) else {
+                        self.dropped += parts.iter().map(|c| c.pushes.len() as u64).sum::<u64>();
+                        continue;
+                    };
+                    let weight = |w: usize| coef.iter().find(|c| c.0 == w).map_or(0.0, |c| c.1 as f32);
+                    let weighted = parts.into_iter().zip(&who).flat_map(|(c, &w)| {
+                        let a = weight(w);
+                        c.pushes.into_iter().map(move |(k, v)| (k, v, a))
+                    });
+                    vec![merge(weighted.filter(|p| p.2 != 0.0), self.value_len, Some(self.workers as f32))]
                 }
             };
             out.push(Round { round: k, contributors, updates });
@@ -234,10 +291,13 @@ impl Rounds {
 
 /// Sums pushes per key, in the order given (so rank order within a key), and divides by
 /// `scale` when given.
-fn merge(pushes: impl Iterator<Item = (Vec<u64>, Vec<f32>)>, vl: usize, scale: Option<f32>) -> Update {
+fn merge(pushes: impl Iterator<Item = (Vec<u64>, Vec<f32>, f32)>, vl: usize, scale: Option<f32>) -> Update {
     let mut rows: Vec<(u64, usize, usize)> = Vec::new(); // (key, push index, row in push)
-    let pushes: Vec<(Vec<u64>, Vec<f32>)> = pushes.collect();
-    for (p, (keys, _)) in pushes.iter().enumerate() {
+    let mut pushes: Vec<(Vec<u64>, Vec<f32>, f32)> = pushes.collect();
+    for (_, v, a) in pushes.iter_mut().filter(|p| p.2 != 1.0) {
+        v.iter_mut().for_each(|x| *x *= *a);
+    }
+    for (p, (keys, _, _)) in pushes.iter().enumerate() {
         rows.extend(keys.iter().enumerate().map(|(i, &k)| (k, p, i)));
     }
     // Stable: equal keys keep push (rank, then arrival) order, so the sums are deterministic.
@@ -329,5 +389,39 @@ mod tests {
         r.pause(0).unwrap();
         assert_eq!(r.applied(), 1, "no round beyond the furthest clock");
         assert!(r.pause(2).is_err());
+    }
+}
+
+#[cfg(test)]
+mod coded_tests {
+    use super::*;
+    use crate::gradcode::{GradientCode, Scheme};
+
+    #[test]
+    fn coded_rounds_apply_the_exact_mean_gradient_without_any_s_workers() {
+        for (scheme, n, s) in [(Scheme::Cyclic, 3, 1), (Scheme::Cyclic, 4, 2), (Scheme::FractionalRepetition, 4, 1)] {
+            let code = GradientCode::new(scheme, n, s, 7).unwrap();
+            // part p's gradient on keys 0..3
+            let parts: Vec<Vec<f32>> = (0..n).map(|p| (0..3).map(|k| (p * 10 + k) as f32 + 0.5).collect()).collect();
+            let want: Vec<f32> = (0..3).map(|k| parts.iter().map(|g| g[k]).sum::<f32>() / n as f32).collect();
+            for missing in 0..n {
+                let mut r = Rounds::new(n, s, Aggregate::Coded { scheme, s: s as u32, seed: 7 }, 1).unwrap();
+                let mut done = Vec::new();
+                for w in (0..n).filter(|w| (*w + n - missing) % n >= s) {
+                    let held: Vec<&[f32]> = code.assignment(w).iter().map(|(p, _)| parts[*p].as_slice()).collect();
+                    r.push(w, 0, &[0, 1, 2], &code.encode(w, &held)).unwrap();
+                    done.extend(r.clock(w, 1).unwrap());
+                }
+                assert_eq!(done.len(), 1, "{scheme:?} n={n} s={s}: the round applies without {s} workers");
+                let got = &done[0].updates[0].values;
+                for (g, w) in got.iter().zip(&want) {
+                    assert!((g - w).abs() < 1e-4 * w.abs().max(1.0), "{scheme:?} n={n} s={s} missing from {missing}: {got:?} vs {want:?}");
+                }
+            }
+        }
+        assert!(Rounds::new(3, 0, Aggregate::Coded { scheme: Scheme::Cyclic, s: 1, seed: 1 }, 1).is_err(), "backup must equal s");
+        let a: Aggregate = "coded:cyclic:2:99".parse().unwrap();
+        assert_eq!(a.to_string(), "coded:cyclic:2:99");
+        assert!("coded:cyclic:x:1".parse::<Aggregate>().is_err());
     }
 }

@@ -94,7 +94,7 @@ fn sequential(seed: u64, workers: usize, rounds: u64, aggregate: Aggregate) -> V
                     t.push(&keys, &g).unwrap();
                 }
             }
-            Aggregate::Sum | Aggregate::Avg => {
+            Aggregate::Sum | Aggregate::Avg | Aggregate::Coded { .. } => {
                 let mut sum = vec![None::<f32>; KEYS as usize];
                 for (keys, g) in &updates {
                     for (k, v) in keys.iter().zip(g) {

@@ -90,12 +90,12 @@ impl Cnn {
             return Err(bad());
         }
         let s1 = cfg.side - K + 1;
-        if s1 % 2 != 0 || s1 / 2 < K {
+        if !s1.is_multiple_of(2) || s1 / 2 < K {
             return Err(bad());
         }
         let p1 = s1 / 2;
         let s2 = p1 - K + 1;
-        if s2 % 2 != 0 || s2 < 2 {
+        if !s2.is_multiple_of(2) || s2 < 2 {
             return Err(bad());
         }
         let p2 = s2 / 2;
@@ -171,7 +171,7 @@ impl Model for Cnn {
 
     fn logits(&self, params: &[f32], inputs: &[f32]) -> Result<Vec<f32>, ModelError> {
         let d = self.input_len();
-        if inputs.len() % d != 0 || inputs.is_empty() {
+        if !inputs.len().is_multiple_of(d) || inputs.is_empty() {
             return Err(ModelError::Shape(format!("{} input values are not a non-zero multiple of {d}", inputs.len())));
         }
         let p = Params::new(&self.layout, params, self.dtype)?;

@@ -9,7 +9,8 @@
 //! span several servers, and does all pushing, pulling and scheduling.
 //!
 //! Two models for 28×28 images come with it, written with the candle tensor library on the
-//! CPU: [`mlp::Mlp`] and [`cnn::Cnn`].
+//! CPU: [`mlp::Mlp`] and [`cnn::Cnn`]. [`lbfgs`] is Sandblaster L-BFGS's driver as plain
+//! data: the vector programs it sends to the server shards.
 //!
 //! A complete user model, softmax regression, written against the trait:
 //!
@@ -73,6 +74,7 @@
 
 mod candle_util;
 pub mod cnn;
+pub mod lbfgs;
 pub mod mlp;
 
 use downpour_core::init::Init;

@@ -62,7 +62,7 @@ impl Model for Mlp {
 
     fn logits(&self, params: &[f32], inputs: &[f32]) -> Result<Vec<f32>, ModelError> {
         let d = self.input_len();
-        if inputs.len() % d != 0 {
+        if !inputs.len().is_multiple_of(d) {
             return Err(ModelError::Shape(format!("{} input values are not a multiple of {d}", inputs.len())));
         }
         let p = Params::new(&self.layout, params, self.dtype)?;

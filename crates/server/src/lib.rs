@@ -719,7 +719,7 @@ fn handle_frame(st: &ServerState, h: &FrameHeader, ctx: &mut ConnCtx, conn: &mut
             }
             Ok(Ok(()))
         }
-        Op::Register | Op::Barrier | Op::Heartbeat | Op::Done | Op::GetRouting | Op::Schedule => {
+        Op::Register | Op::Barrier | Op::Heartbeat | Op::Done | Op::GetRouting | Op::Schedule | Op::Pieces => {
             Ok(Err((Status::Unsupported, format!("{op:?} is a coordinator call; this is a server"))))
         }
         Op::Hello => Ok(Err((Status::InvalidArgument, "Hello is only valid as a connection's first frame".into()))),
@@ -974,6 +974,13 @@ fn pull_range(
         (t.def().is_dense(), t.def().value_len, t.owned())
     };
     let range = want.intersect(&owned);
+    // under the table's consistency model, as a keyed pull: held until the clocks it
+    // depends on are reached (a bsp table's round applied)
+    if let (Some(g), false) = (&slot.gate, range.is_empty()) {
+        if let Err(e) = wait_for_clocks(st, g, range, h.after_clock, h.clock) {
+            return Ok(Err(e));
+        }
+    }
     let per_chunk = (st.cfg.chunk_bytes / (4 * vl)).max(1) as u64;
     if dense {
         // Send straight from the table, holding the read lock for one chunk at a time.

@@ -1224,7 +1224,8 @@ impl KvClient {
     }
 
     /// Pulls the values of every key of `[begin, begin + out.len()/value_len)` of a dense
-    /// table into `out`, blocking until done.
+    /// table into `out` under the table's consistency model (like [`KvClient::pull_into`]),
+    /// blocking until done.
     pub fn pull_range_into(&mut self, table: u32, begin: u64, out: &mut [f32]) -> Result<(), ClientError> {
         let (vl, _, _) = self.info(table)?;
         if !self.tables.get(&table).map(|t| t.def.is_dense()).unwrap_or(false) {
@@ -1232,8 +1233,14 @@ impl KvClient {
         }
         check_lengths(out.len() / vl, vl, out.len())?;
         let end = begin.checked_add((out.len() / vl) as u64).ok_or_else(|| CoreError::Limit("range end overflows u64".into()))?;
+        // under the table's consistency model, as a keyed pull (a bsp table's pull at clock c
+        // waits until round c − 1 is applied)
+        let after = self.model_deps(table)?.clock;
         let mut lent = Lent { ts: 0, buf: out };
-        let ts = self.ranged(Op::PullRange, table, KeyRange::new(begin, end), &[], Some(&mut lent))?;
+        self.issuing = Some((self.clock, after));
+        let ts = self.ranged(Op::PullRange, table, KeyRange::new(begin, end), &[], Some(&mut lent));
+        self.issuing = None;
+        let ts = ts?;
         self.drive(ts, Some(&mut lent))?;
         self.finish(ts).map(|_| ())
     }
@@ -1301,7 +1308,7 @@ impl KvClient {
         self.drive(ts, Some(&mut lent))?;
         self.finish(ts)?;
         let mut out = vec![0f64; scalars];
-        for server in raw.chunks_exact(scalars * 2) {
+        for server in raw.chunks_exact(scalars.max(1) * 2).filter(|_| scalars > 0) {
             for (o, v) in out.iter_mut().zip(server.chunks_exact(2)) {
                 let b: &[u8] = bytemuck::cast_slice(v);
                 *o += f64::from_le_bytes(b.try_into().unwrap_or([0; 8]));

@@ -142,6 +142,13 @@ impl WorkerSession {
         Ok(self.control.schedule(req)?)
     }
 
+    /// One call to the coordinator's piece board (Sandblaster L-BFGS, see
+    /// `downpour_core::pieces`).
+    pub fn pieces(&mut self, req: &downpour_core::proto::PieceRequest) -> Result<downpour_core::proto::PieceReply, SessionError> {
+        self.check()?;
+        Ok(self.control.pieces(req)?)
+    }
+
     /// Reports the job result to the coordinator and stops the heartbeat.
     pub fn finish(&mut self, ok: bool, message: &str) -> Result<(), SessionError> {
         self.finished = true;

@@ -3,6 +3,8 @@
 
 pub mod bench;
 pub mod counter;
+pub mod dnn;
+pub mod dnn_lbfgs;
 pub mod l1lr;
 pub mod linear;
 
@@ -36,6 +38,8 @@ pub enum TrainModel {
     Linear(Box<linear::LinearArgs>),
     /// L1-regularised logistic regression by the delayed block proximal gradient method.
     L1lr(Box<l1lr::L1lrArgs>),
+    /// Neural networks (MLP, CNN) on MNIST-format data: downpour, sync, model-avg or lbfgs.
+    Dnn(Box<dnn::DnnArgs>),
 }
 
 impl JobCmd {
@@ -55,6 +59,7 @@ impl JobCmd {
             JobCmd::BenchJob(a) => bench::run_worker(a, session, sink),
             JobCmd::Train(TrainModel::Linear(a)) => linear::run(a, session, sink),
             JobCmd::Train(TrainModel::L1lr(a)) => l1lr::run(a, session, sink),
+            JobCmd::Train(TrainModel::Dnn(a)) => dnn::run(a, session, sink),
         }
     }
 }

@@ -1,0 +1,949 @@
+//! Gradient coding (Tandon, Lei, Dimakis and Karampatziakis, ICML 2017, "Gradient Coding:
+//! Avoiding Stragglers in Distributed Learning"), as plain data structures without I/O.
+//!
+//! The data is split into `n` parts, one per worker, and the job must tolerate any `s`
+//! stragglers. Each worker holds `s + 1` parts, computes their gradients and sends ONE
+//! vector: a fixed linear combination of them ([`GradientCode::assignment`],
+//! [`GradientCode::encode`]). From the vectors of any `n - s` workers the master recovers
+//! the exact sum of all `n` part gradients ([`GradientCode::decode`],
+//! [`GradientCode::combine`]).
+//!
+//! In matrix form: `B` is `n × n`, row `w` holds worker `w`'s coefficients (zero outside
+//! the parts it holds), worker `w` sends `Σ_j B[w][j]·g_j`, and for every set `F` of at
+//! least `n - s` workers there are coefficients `a` with `aᵀ B_F = 1ᵀ`.
+//!
+//! Two schemes:
+//! * [`Scheme::FractionalRepetition`] (needs `(s + 1) | n`): the workers form `n / (s + 1)`
+//!   groups of `s + 1` consecutive workers; every worker of group `g` holds parts
+//!   `(s + 1)g ..= (s + 1)g + s` and sends their plain sum. Any `s` stragglers leave every
+//!   group at least one worker, and the decoder adds one vector per group with coefficient 1:
+//!   exact, no numerical error beyond the workers' own sums.
+//! * [`Scheme::Cyclic`] (any `n ≥ s + 1`): worker `i` holds parts `i, i + 1, …, i + s`
+//!   (mod `n`). Every row of `B` lies in the null space of an `s × n` matrix `H` whose rows
+//!   sum to zero (so that null space, of dimension `n - s`, contains `1`): row `i` has
+//!   coefficient 1 on part `i` and solves an `s × s` system for the others. Any `n - s` rows
+//!   of `B` are independent, hence span the null space, hence `1`. Decoding solves
+//!   `aᵀ B_F = 1ᵀ` in `f64` (Householder QR with column pivoting) and checks the residual.
+//!
+//!   Tandon et al. draw `H` at random. Random draws are often badly conditioned (the
+//!   decoding coefficients grow large and the `f32` rounding of the workers' vectors is
+//!   amplified), so the construction tries a bounded number of candidates and keeps the best
+//!   by measured worst-case [`GradientCode::amplification`]: when `n - s` is odd the first
+//!   candidate is deterministic, the `s` highest real Fourier modes (a real BCH-like cyclic
+//!   code: the rows of `B` are the shifts of one polynomial with `s` consecutive roots of
+//!   unity, so every system is regular and any `n - s` rows are independent); the others are
+//!   seeded random draws (random combinations of the `s + 1` highest Fourier modes, or
+//!   Gaussian with the row means removed as in the paper), from a small generator in this
+//!   module. The seed changes the code only where a random draw wins.
+//!
+//!   Conditioning still degrades as `n` and `s` grow (amplification about 6 for 8 workers
+//!   and `s = 3`, hundreds for 16 workers and `s ≥ 5`, thousands for 32 workers and
+//!   `s ≥ 5`): check [`GradientCode::amplification`] before relying on a large cyclic code.
+//!   `s = 1` with an even `n` gives amplification 1.
+//!
+//! With `s = 0` both schemes are the plain sum: each worker holds its own part.
+
+use crate::{CoreError, Result};
+use std::fmt;
+use std::str::FromStr;
+
+/// Largest number of workers for the cyclic scheme (its construction and decoding work on
+/// dense `n × n` matrices, and its numerical conditioning degrades as `n` and `s` grow).
+pub const MAX_CYCLIC_WORKERS: usize = 256;
+
+/// Number of candidate matrices `H` the cyclic construction tries at most.
+const MAX_DRAWS: u64 = 64;
+
+/// A cyclic candidate whose measured amplification is at most this is accepted at once;
+/// otherwise the construction tries every candidate its budget allows and keeps the best.
+const GOOD_AMPLIFICATION: f64 = 1.5;
+
+/// Straggler patterns checked per candidate at most (all of them when there are fewer).
+const MAX_PATTERNS: usize = 256;
+
+/// Floating-point work allowed for checking all candidates of one cyclic construction
+/// (bounds the candidates and patterns for large `n`).
+const CHECK_FLOPS: f64 = 3e8;
+
+/// Relative residual the decoder accepts: `|(aᵀB_F)_j − 1| ≤ RESIDUAL_TOL · max(1, Σ_w |a_w B_wj|)`.
+const RESIDUAL_TOL: f64 = 1e-9;
+
+/// How a [`GradientCode`] assigns parts to workers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Scheme {
+    /// Groups of `s + 1` workers that hold the same `s + 1` parts and send their plain sum;
+    /// needs `(s + 1)` to divide `n`. Written `frac`.
+    FractionalRepetition,
+    /// Worker `i` holds parts `i ..= i + s` (mod `n`) and sends a random-looking
+    /// combination of them; any `n ≥ s + 1`. Written `cyclic`.
+    Cyclic,
+}
+
+impl Scheme {
+    /// The scheme's short name, as in [`CodeSpec`]'s text form: `frac` or `cyclic`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Scheme::FractionalRepetition => "frac",
+            Scheme::Cyclic => "cyclic",
+        }
+    }
+}
+
+impl fmt::Display for Scheme {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A gradient code's scheme and straggler count without the number of workers, as given on
+/// a command line: `frac:S` or `cyclic:S` (for example `--gradient-coding frac:1`). No gradient
+/// coding ("none") is for the caller to express, for example as `Option<CodeSpec>`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CodeSpec {
+    /// How parts are assigned.
+    pub scheme: Scheme,
+    /// Number of stragglers tolerated.
+    pub s: usize,
+}
+
+impl CodeSpec {
+    /// Builds the code for `n` workers: [`GradientCode::new`]`(self.scheme, n, self.s, seed)`,
+    /// with its errors.
+    pub fn code(&self, n: usize, seed: u64) -> Result<GradientCode> {
+        GradientCode::new(self.scheme, n, self.s, seed)
+    }
+}
+
+impl fmt::Display for CodeSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.scheme, self.s)
+    }
+}
+
+impl FromStr for CodeSpec {
+    type Err = CoreError;
+    /// Parses `frac:S` or `cyclic:S` (`S` a non-negative decimal integer; surrounding white
+    /// space is ignored). Anything else, "none" included, is a [`CoreError::Consistency`].
+    fn from_str(text: &str) -> Result<CodeSpec> {
+        let bad =
+            || CoreError::Consistency(format!("gradient coding {text:?}: expected frac:S or cyclic:S (S stragglers, an integer ≥ 0)"));
+        let (name, arg) = text.trim().split_once(':').ok_or_else(bad)?;
+        let scheme = match name {
+            "frac" => Scheme::FractionalRepetition,
+            "cyclic" => Scheme::Cyclic,
+            _ => return Err(bad()),
+        };
+        if arg.is_empty() || !arg.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(bad());
+        }
+        let s = arg.parse().map_err(|_| bad())?;
+        Ok(CodeSpec { scheme, s })
+    }
+}
+
+/// A gradient code for `n` workers that tolerates any `s` stragglers: which parts each
+/// worker holds, the coefficients of the vector it sends, and the decoder.
+#[derive(Clone, Debug)]
+pub struct GradientCode {
+    n: usize,
+    s: usize,
+    scheme: Scheme,
+    /// Per worker, `(part, coefficient)` in assignment order (`s + 1` entries).
+    rows: Vec<Vec<(usize, f64)>>,
+    /// Worst measured `Σ_w |a_w|·‖B_w‖₁ / n` over the straggler patterns checked.
+    amplification: f64,
+}
+
+impl GradientCode {
+    /// Builds the code for `n` workers and `s` stragglers. `seed` drives the random candidates
+    /// of the cyclic scheme (the same seed gives the same code; the fractional scheme ignores
+    /// it). A cyclic code with `s ≥ 1` checks its candidates against straggler patterns: up to
+    /// a few hundred million floating-point operations, about a quarter of a second at most
+    /// in an optimized build.
+    ///
+    /// Errors ([`CoreError::Consistency`]): `n == 0`; `s >= n`; fractional repetition with
+    /// `n` not a multiple of `s + 1`; cyclic with `n > `[`MAX_CYCLIC_WORKERS`]; cyclic when no
+    /// usable random matrix was found in a bounded number of draws (not expected to happen).
+    pub fn new(scheme: Scheme, n: usize, s: usize, seed: u64) -> Result<GradientCode> {
+        if n == 0 {
+            return Err(CoreError::Consistency("gradient coding needs at least one worker".into()));
+        }
+        if s >= n {
+            return Err(CoreError::Consistency(format!(
+                "gradient coding {scheme}:{s} with {n} workers: at most {} stragglers can be tolerated",
+                n - 1
+            )));
+        }
+        match scheme {
+            Scheme::FractionalRepetition => {
+                let g = s + 1;
+                if !n.is_multiple_of(g) {
+                    return Err(CoreError::Consistency(format!(
+                        "gradient coding frac:{s} needs the number of workers ({n}) to be a multiple of {g}"
+                    )));
+                }
+                let rows = (0..n).map(|w| (0..g).map(|t| ((w / g) * g + t, 1.0)).collect()).collect();
+                Ok(GradientCode { n, s, scheme, rows, amplification: 1.0 })
+            }
+            Scheme::Cyclic => {
+                if n > MAX_CYCLIC_WORKERS {
+                    return Err(CoreError::Consistency(format!(
+                        "gradient coding cyclic:{s} with {n} workers: at most {MAX_CYCLIC_WORKERS} workers"
+                    )));
+                }
+                if s == 0 {
+                    let rows = (0..n).map(|w| vec![(w, 1.0)]).collect();
+                    return Ok(GradientCode { n, s, scheme, rows, amplification: 1.0 });
+                }
+                Self::cyclic(n, s, seed)
+            }
+        }
+    }
+
+    /// The cyclic construction for `s ≥ 1`: candidates for `H` (see [`candidate_h`]) are
+    /// checked against straggler patterns; the first good one, or the best, is kept.
+    fn cyclic(n: usize, s: usize, seed: u64) -> Result<GradientCode> {
+        let per_pattern = 2.0 * (n * (n - s) * (n - s)) as f64 + 1.0;
+        let budget_patterns = ((CHECK_FLOPS / (8.0 * per_pattern)) as usize).clamp(8, MAX_PATTERNS);
+        let patterns = Patterns::new(n, s, seed, budget_patterns);
+        let draws = ((CHECK_FLOPS / (patterns.0.len() as f64 * per_pattern)) as u64).clamp(2, MAX_DRAWS);
+        let mut best: Option<GradientCode> = None;
+        for draw in 0..draws {
+            let h = candidate_h(n, s, seed, draw);
+            let Some(rows) = cyclic_rows(n, s, &h) else { continue };
+            let mut code = GradientCode { n, s, scheme: Scheme::Cyclic, rows, amplification: f64::INFINITY };
+            let Some(amp) = patterns.worst_amplification(&code) else { continue };
+            code.amplification = amp;
+            if amp <= GOOD_AMPLIFICATION {
+                return Ok(code);
+            }
+            if best.as_ref().is_none_or(|b| amp < b.amplification) {
+                best = Some(code);
+            }
+        }
+        best.ok_or_else(|| {
+            CoreError::Consistency(format!("gradient coding cyclic:{s} with {n} workers: no usable matrix in {draws} draws"))
+        })
+    }
+
+    /// Number of workers (and of data parts).
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    /// Number of stragglers tolerated: any `n - s` workers' vectors decode.
+    pub fn s(&self) -> usize {
+        self.s
+    }
+
+    /// The scheme.
+    pub fn scheme(&self) -> Scheme {
+        self.scheme
+    }
+
+    /// The code's text form without `n`, for example `cyclic:2`.
+    pub fn spec(&self) -> CodeSpec {
+        CodeSpec { scheme: self.scheme, s: self.s }
+    }
+
+    /// How much precision decoding may cost: the largest `Σ_w |a_w|·‖B_w‖₁ / n` over the
+    /// straggler patterns checked at construction (all of them when there are at most a few
+    /// hundred, else a seeded sample including every run of `s` consecutive workers). It is
+    /// at least 1, and exactly 1 for fractional repetition and `s = 0`. The decoded sum's
+    /// error is at most about `n · amplification · 2⁻²⁴ · max |g|` from the `f32` rounding of
+    /// the workers' vectors.
+    pub fn amplification(&self) -> f64 {
+        self.amplification
+    }
+
+    /// The parts worker `w` holds and the coefficient of each in the vector it sends, in
+    /// assignment order: for fractional repetition parts `(s + 1)⌊w / (s + 1)⌋ ..` ascending,
+    /// all with coefficient 1; for cyclic parts `w, w + 1, …, w + s` (mod `n`), the first with
+    /// coefficient 1. Always `s + 1` entries.
+    ///
+    /// Panics if `w >= n`.
+    pub fn assignment(&self, w: usize) -> Vec<(usize, f64)> {
+        assert!(w < self.n, "worker {w} is not one of the {} workers", self.n);
+        self.rows[w].clone()
+    }
+
+    /// Coefficients `(worker, a_w)` that turn the received workers' vectors into the sum of
+    /// all `n` part gradients: `Σ a_w · v_w`. `received` lists the workers whose vectors
+    /// arrived, in any order; the answer does not depend on the order. It is sorted by worker
+    /// and may use only some of them (exactly one per group for fractional repetition, the
+    /// lowest-numbered; at most `n - s` for cyclic): a worker not listed is not needed.
+    ///
+    /// Errors ([`CoreError::Codec`]): a worker id `>= n`, a worker listed twice, fewer than
+    /// `n - s` workers, or (cyclic, not expected) a system that does not solve to the checked
+    /// accuracy.
+    pub fn decode(&self, received: &[usize]) -> Result<Vec<(usize, f64)>> {
+        let mut f = received.to_vec();
+        f.sort_unstable();
+        if let Some(&w) = f.iter().find(|&&w| w >= self.n) {
+            return Err(CoreError::Codec(format!("gradient coding: worker {w} is not one of the {} workers", self.n)));
+        }
+        if let Some(w) = f.windows(2).find(|p| p[0] == p[1]) {
+            return Err(CoreError::Codec(format!("gradient coding: worker {} received twice", w[0])));
+        }
+        let need = self.n - self.s;
+        if f.len() < need {
+            return Err(CoreError::Codec(format!(
+                "gradient coding {}: {} of {} workers received, {need} needed",
+                self.spec(),
+                f.len(),
+                self.n
+            )));
+        }
+        match self.scheme {
+            Scheme::FractionalRepetition => {
+                let g = self.s + 1;
+                let mut out: Vec<(usize, f64)> = Vec::with_capacity(self.n / g);
+                for &w in &f {
+                    if out.last().is_none_or(|&(l, _)| l / g != w / g) {
+                        out.push((w, 1.0));
+                    }
+                }
+                if out.len() != self.n / g {
+                    // not reachable: n - s workers leave every group of s + 1 at least one
+                    return Err(CoreError::Codec(format!("gradient coding {}: a whole group is missing", self.spec())));
+                }
+                Ok(out)
+            }
+            Scheme::Cyclic => self
+                .solve(&f)
+                .map_err(|r| CoreError::Codec(format!("gradient coding {}: decoding workers {f:?} left a residual of {r:e}", self.spec()))),
+        }
+    }
+
+    /// Solves `aᵀ B_F = 1ᵀ` for sorted, distinct, valid `f` with at least `n - s` workers:
+    /// Householder QR of `B_Fᵀ` with column pivoting, at most `n - s` steps (the rank of `B`),
+    /// then a residual check. Err carries the worst relative residual.
+    fn solve(&self, f: &[usize]) -> std::result::Result<Vec<(usize, f64)>, f64> {
+        let n = self.n;
+        let m = f.len();
+        // columns of A = B_Fᵀ (n × m): column c is worker f[c]'s dense row
+        let mut cols: Vec<Vec<f64>> = f
+            .iter()
+            .map(|&w| {
+                let mut c = vec![0.0; n];
+                for &(j, b) in &self.rows[w] {
+                    c[j] = b;
+                }
+                c
+            })
+            .collect();
+        let mut rhs = vec![1.0; n];
+        let mut perm: Vec<usize> = (0..m).collect();
+        let norm0 = cols.iter().map(|c| norm2(c)).fold(0.0, f64::max);
+        let mut rank = 0;
+        for k in 0..m.min(n - self.s) {
+            let (p, pn) = (k..m).map(|c| (c, norm2(&cols[c][k..]))).fold((k, -1.0), |b, x| if x.1 > b.1 { x } else { b });
+            if pn <= 1e-12 * norm0 {
+                break;
+            }
+            cols.swap(k, p);
+            perm.swap(k, p);
+            let alpha = if cols[k][k] >= 0.0 { -pn } else { pn };
+            let mut v = cols[k][k..].to_vec();
+            v[0] -= alpha;
+            let vv: f64 = v.iter().map(|x| x * x).sum();
+            cols[k][k] = alpha;
+            cols[k][k + 1..].iter_mut().for_each(|x| *x = 0.0);
+            if vv > 0.0 {
+                let reflect = |x: &mut [f64]| {
+                    let d = 2.0 * v.iter().zip(x.iter()).map(|(a, b)| a * b).sum::<f64>() / vv;
+                    x.iter_mut().zip(&v).for_each(|(x, v)| *x -= d * v);
+                };
+                for c in cols.iter_mut().skip(k + 1) {
+                    reflect(&mut c[k..]);
+                }
+                reflect(&mut rhs[k..]);
+            }
+            rank += 1;
+        }
+        let mut x = vec![0.0; rank];
+        for i in (0..rank).rev() {
+            let t: f64 = (i + 1..rank).map(|j| cols[j][i] * x[j]).sum();
+            x[i] = (rhs[i] - t) / cols[i][i];
+        }
+        let mut out: Vec<(usize, f64)> = (0..rank).map(|i| (f[perm[i]], x[i])).collect();
+        out.sort_unstable_by_key(|&(w, _)| w);
+        // residual check against the original rows
+        let mut sum = vec![0.0; n];
+        let mut mag = vec![0.0; n];
+        for &(w, a) in &out {
+            for &(j, b) in &self.rows[w] {
+                sum[j] += a * b;
+                mag[j] += (a * b).abs();
+            }
+        }
+        let worst = sum.iter().zip(&mag).map(|(s, m)| (s - 1.0).abs() / m.max(1.0)).fold(0.0, f64::max);
+        if worst.is_finite() && worst <= RESIDUAL_TOL {
+            Ok(out)
+        } else {
+            Err(worst)
+        }
+    }
+
+    /// Worker `w`'s vector: `Σ_t coef_t · part_grads[t]` over its [`assignment`](Self::assignment),
+    /// `part_grads[t]` being the gradient of the `t`-th part in assignment order. Accumulates
+    /// in `f64`, rounds once to `f32`.
+    ///
+    /// Panics if `w >= n`, if `part_grads.len() != s + 1`, or if the gradients' lengths differ.
+    pub fn encode(&self, w: usize, part_grads: &[&[f32]]) -> Vec<f32> {
+        assert!(w < self.n, "worker {w} is not one of the {} workers", self.n);
+        let row = &self.rows[w];
+        assert_eq!(part_grads.len(), row.len(), "worker {w} holds {} parts", row.len());
+        let len = part_grads[0].len();
+        assert!(part_grads.iter().all(|g| g.len() == len), "part gradients of different lengths");
+        let mut acc = vec![0.0f64; len];
+        for (&(_, c), g) in row.iter().zip(part_grads) {
+            acc.iter_mut().zip(g.iter()).for_each(|(a, &x)| *a += c * f64::from(x));
+        }
+        acc.into_iter().map(|a| a as f32).collect()
+    }
+
+    /// Decodes the received `(worker, vector)` pairs ([`decode`](Self::decode)) and writes
+    /// `Σ a_w · v_w`, the sum of all part gradients, into `out` (overwritten; accumulated in
+    /// `f64`).
+    ///
+    /// Errors: those of [`decode`](Self::decode), and [`CoreError::Codec`] if a received
+    /// vector's length is not `out.len()`; `out` is untouched on error.
+    pub fn combine(&self, received: &[(usize, &[f32])], out: &mut [f32]) -> Result<()> {
+        if let Some((w, v)) = received.iter().find(|(_, v)| v.len() != out.len()) {
+            return Err(CoreError::Codec(format!("gradient coding: worker {w}'s vector has {} values, {} expected", v.len(), out.len())));
+        }
+        let ids: Vec<usize> = received.iter().map(|&(w, _)| w).collect();
+        let coefs = self.decode(&ids)?;
+        let mut acc = vec![0.0f64; out.len()];
+        for (w, a) in coefs {
+            let v = received.iter().find(|&&(x, _)| x == w).map(|&(_, v)| v).unwrap_or(&[]);
+            acc.iter_mut().zip(v).for_each(|(s, &x)| *s += a * f64::from(x));
+        }
+        out.iter_mut().zip(acc).for_each(|(o, a)| *o = a as f32);
+        Ok(())
+    }
+}
+
+fn norm2(x: &[f64]) -> f64 {
+    x.iter().map(|v| v * v).sum::<f64>().sqrt()
+}
+
+/// Candidate `draw` for the cyclic scheme's `s × n` matrix `H` (row-major, every row
+/// summing to zero):
+/// * when `n - s` is odd, draw 0 is deterministic: the `s` highest real Fourier modes
+///   (`cos`/`sin` of frequencies `m + 1 ..` with `n - s = 2m + 1`, and `(-1)^j` for even `n`).
+///   Its null space is a real cyclic code whose generator has `s` consecutive roots of unity
+///   (a BCH code): every window of `s + 1` parts holds exactly one row up to scale, any
+///   `n - s` rows are independent, and it is usually far better conditioned than random
+///   draws. Later draws are Gaussian with each row's mean removed (Tandon et al.);
+/// * when `n - s` is even no real cyclic code of that kind exists: even draws are random
+///   combinations (Gaussian `s × (s + 1)`) of the `s + 1` highest Fourier modes, odd draws
+///   Gaussian with each row's mean removed.
+fn candidate_h(n: usize, s: usize, seed: u64, draw: u64) -> Vec<f64> {
+    let mut rng = SplitMix64(seed.wrapping_add(draw.wrapping_mul(0xd1b5_4a32_d192_ed03)));
+    let odd = (n - s) % 2 == 1;
+    if odd && draw == 0 {
+        return fourier_modes(n, s);
+    }
+    if !odd && draw.is_multiple_of(2) {
+        let f = fourier_modes(n, s + 1);
+        let mut h = vec![0.0; s * n];
+        for r in h.chunks_mut(n) {
+            for fr in f.chunks(n) {
+                let g = rng.normal();
+                r.iter_mut().zip(fr).for_each(|(x, y)| *x += g * y);
+            }
+        }
+        return h;
+    }
+    let mut h = vec![0.0; s * n];
+    for r in h.chunks_mut(n) {
+        r.iter_mut().for_each(|x| *x = rng.normal());
+        let mean = r.iter().sum::<f64>() / n as f64;
+        r.iter_mut().for_each(|x| *x -= mean);
+    }
+    h
+}
+
+/// The `k` highest real Fourier modes of length `n` (`n - k` odd), row-major `k × n`:
+/// `cos(2π f j / n)` and `sin(2π f j / n)` for `f = m + 1 ..< n / 2` with `n - k = 2m + 1`,
+/// then `(-1)^j` when `n` is even. Each row sums to zero.
+fn fourier_modes(n: usize, k: usize) -> Vec<f64> {
+    debug_assert!(k < n && (n - k) % 2 == 1);
+    let m = (n - k - 1) / 2;
+    let mut h = Vec::with_capacity(k * n);
+    for f in m + 1..n.div_ceil(2) {
+        // (f·j) mod n keeps the angle small and exact
+        let angle = |j: usize| std::f64::consts::TAU * ((f * j) % n) as f64 / n as f64;
+        h.extend((0..n).map(|j| angle(j).cos()));
+        h.extend((0..n).map(|j| angle(j).sin()));
+    }
+    if n.is_multiple_of(2) {
+        h.extend((0..n).map(|j| [1.0, -1.0][j % 2]));
+    }
+    debug_assert_eq!(h.len(), k * n);
+    h
+}
+
+/// The cyclic rows for the `s × n` matrix `h`: row `i` has coefficient 1 on part `i` and
+/// solves `H[:, i+1 ..= i+s] · x = −H[:, i]` for the others; `None` if a system is (nearly)
+/// singular.
+fn cyclic_rows(n: usize, s: usize, h: &[f64]) -> Option<Vec<Vec<(usize, f64)>>> {
+    let mut rows = Vec::with_capacity(n);
+    for i in 0..n {
+        let mut a = vec![0.0; s * s];
+        let mut b = vec![0.0; s];
+        for r in 0..s {
+            for t in 0..s {
+                a[r * s + t] = h[r * n + (i + 1 + t) % n];
+            }
+            b[r] = -h[r * n + i];
+        }
+        let x = solve_dense(s, &mut a, &mut b)?;
+        let mut row = Vec::with_capacity(s + 1);
+        row.push((i, 1.0));
+        row.extend(x.into_iter().enumerate().map(|(t, v)| ((i + 1 + t) % n, v)));
+        rows.push(row);
+    }
+    Some(rows)
+}
+
+/// Solves the `k × k` system `a x = b` (row-major `a`) by Gaussian elimination with partial
+/// pivoting; `None` if a pivot is below `1e-10` of the matrix's largest entry.
+fn solve_dense(k: usize, a: &mut [f64], b: &mut [f64]) -> Option<Vec<f64>> {
+    let scale = a.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+    if scale == 0.0 || !scale.is_finite() {
+        return None;
+    }
+    for c in 0..k {
+        let p = (c..k).max_by(|&x, &y| a[x * k + c].abs().total_cmp(&a[y * k + c].abs()))?;
+        if a[p * k + c].abs() <= 1e-10 * scale {
+            return None;
+        }
+        if p != c {
+            for t in 0..k {
+                a.swap(p * k + t, c * k + t);
+            }
+            b.swap(p, c);
+        }
+        for r in c + 1..k {
+            let f = a[r * k + c] / a[c * k + c];
+            if f != 0.0 {
+                for t in c..k {
+                    a[r * k + t] -= f * a[c * k + t];
+                }
+                b[r] -= f * b[c];
+            }
+        }
+    }
+    let mut x = vec![0.0; k];
+    for r in (0..k).rev() {
+        let t: f64 = (r + 1..k).map(|t| a[r * k + t] * x[t]).sum();
+        x[r] = (b[r] - t) / a[r * k + r];
+    }
+    x.iter().all(|v| v.is_finite()).then_some(x)
+}
+
+/// The straggler patterns a cyclic draw is checked against: all `s`-subsets when there are
+/// few, else every run of `s` consecutive workers plus seeded random subsets.
+struct Patterns(Vec<Vec<usize>>);
+
+impl Patterns {
+    fn new(n: usize, s: usize, seed: u64, budget: usize) -> Patterns {
+        let total = binomial(n, s);
+        let mut out = Vec::new();
+        if total <= budget as u128 {
+            let mut c: Vec<usize> = (0..s).collect();
+            loop {
+                out.push(c.clone());
+                // next combination in lexicographic order
+                let Some(i) = (0..s).rev().find(|&i| c[i] != i + n - s) else { break };
+                c[i] += 1;
+                for j in i + 1..s {
+                    c[j] = c[j - 1] + 1;
+                }
+            }
+            return Patterns(out);
+        }
+        let runs = n.min(budget / 2);
+        for r in 0..runs {
+            let start = r * n / runs;
+            out.push((0..s).map(|t| (start + t) % n).collect());
+        }
+        let mut rng = SplitMix64(seed ^ 0x6a09_e667_f3bc_c908);
+        let mut ids: Vec<usize> = (0..n).collect();
+        while out.len() < budget {
+            for t in 0..s {
+                let j = t + (rng.next() % (n - t) as u64) as usize;
+                ids.swap(t, j);
+            }
+            out.push(ids[..s].to_vec());
+        }
+        Patterns(out)
+    }
+
+    /// The worst `Σ_w |a_w|·‖B_w‖₁ / n` over the patterns, `None` if one does not decode.
+    fn worst_amplification(&self, code: &GradientCode) -> Option<f64> {
+        let n = code.n;
+        let norms: Vec<f64> = code.rows.iter().map(|r| r.iter().map(|&(_, b)| b.abs()).sum()).collect();
+        let mut worst: f64 = 1.0;
+        let mut missing = vec![false; n];
+        for p in &self.0 {
+            p.iter().for_each(|&w| missing[w] = true);
+            let f: Vec<usize> = (0..n).filter(|&w| !missing[w]).collect();
+            p.iter().for_each(|&w| missing[w] = false);
+            let a = code.solve(&f).ok()?;
+            let amp = a.iter().map(|&(w, c)| c.abs() * norms[w]).sum::<f64>() / n as f64;
+            if !amp.is_finite() {
+                return None;
+            }
+            worst = worst.max(amp);
+        }
+        Some(worst)
+    }
+}
+
+fn binomial(n: usize, k: usize) -> u128 {
+    let k = k.min(n - k);
+    let mut r: u128 = 1;
+    for i in 0..k {
+        r = r * (n - i) as u128 / (i + 1) as u128;
+        if r > u64::MAX as u128 {
+            return r;
+        }
+    }
+    r
+}
+
+/// splitmix64 (Steele, Lea and Flood): a tiny seeded generator, good enough to draw `H`.
+struct SplitMix64(u64);
+
+impl SplitMix64 {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `(0, 1]`.
+    fn unit(&mut self) -> f64 {
+        ((self.next() >> 11) + 1) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Standard normal (Box–Muller).
+    fn normal(&mut self) -> f64 {
+        let (u, v) = (self.unit(), self.unit());
+        (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Seeded part gradients of mixed magnitude: `n` parts of `len` values.
+    fn parts(n: usize, len: usize, seed: u64) -> Vec<Vec<f32>> {
+        let mut rng = SplitMix64(seed);
+        (0..n)
+            .map(|_| {
+                (0..len)
+                    .map(|_| {
+                        let mantissa = 2.0 * rng.unit() - 1.0;
+                        let exp = (rng.next() % 7) as i32 - 3;
+                        (mantissa * 10f64.powi(exp)) as f32
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Every worker's vector for the given part gradients.
+    fn encode_all(code: &GradientCode, parts: &[Vec<f32>]) -> Vec<Vec<f32>> {
+        (0..code.n())
+            .map(|w| {
+                let grads: Vec<&[f32]> = code.assignment(w).iter().map(|&(p, _)| parts[p].as_slice()).collect();
+                code.encode(w, &grads)
+            })
+            .collect()
+    }
+
+    /// Decodes from `received` and checks the result against the plain sum of all parts:
+    /// ‖decoded − full‖∞ ≤ 1e-5 · max(1, ‖full‖∞). Returns the relative error.
+    fn check_decodes(code: &GradientCode, parts: &[Vec<f32>], vectors: &[Vec<f32>], received: &[usize]) -> f64 {
+        let len = parts[0].len();
+        let full: Vec<f64> = (0..len).map(|k| parts.iter().map(|p| f64::from(p[k])).sum()).collect();
+        let given: Vec<(usize, &[f32])> = received.iter().map(|&w| (w, vectors[w].as_slice())).collect();
+        let mut out = vec![f32::NAN; len];
+        code.combine(&given, &mut out).unwrap_or_else(|e| panic!("{:?} n={} received {received:?}: {e}", code.spec(), code.n()));
+        let scale = full.iter().fold(1.0f64, |m, x| m.max(x.abs()));
+        let err = out.iter().zip(&full).map(|(&o, &f)| (f64::from(o) - f).abs()).fold(0.0, f64::max) / scale;
+        assert!(
+            err <= 1e-5,
+            "{} n={} received {received:?}: relative error {err:e} (amplification {})",
+            code.spec(),
+            code.n(),
+            code.amplification()
+        );
+        err
+    }
+
+    /// All `k`-subsets of `0..n`, in lexicographic order.
+    fn subsets(n: usize, k: usize) -> Vec<Vec<usize>> {
+        fn go(start: usize, n: usize, k: usize, cur: &mut Vec<usize>, out: &mut Vec<Vec<usize>>) {
+            if cur.len() == k {
+                out.push(cur.clone());
+                return;
+            }
+            for i in start..n {
+                cur.push(i);
+                go(i + 1, n, k, cur, out);
+                cur.pop();
+            }
+        }
+        let mut out = Vec::new();
+        go(0, n, k, &mut Vec::new(), &mut out);
+        out
+    }
+
+    /// Checks every pattern of exactly `s` stragglers, and none; returns the worst error.
+    fn check_every_pattern(code: &GradientCode, seed: u64) -> f64 {
+        let (n, s) = (code.n(), code.s());
+        let parts = parts(n, 50, seed);
+        let vectors = encode_all(code, &parts);
+        let mut worst = check_decodes(code, &parts, &vectors, &(0..n).collect::<Vec<_>>());
+        for stragglers in subsets(n, s) {
+            let received: Vec<usize> = (0..n).filter(|w| !stragglers.contains(w)).collect();
+            worst = worst.max(check_decodes(code, &parts, &vectors, &received));
+        }
+        worst
+    }
+
+    fn valid(scheme: Scheme, n: usize, s: usize) -> bool {
+        s < n && (scheme == Scheme::Cyclic || n.is_multiple_of(s + 1))
+    }
+
+    #[test]
+    fn every_straggler_pattern_decodes_to_the_full_sum() {
+        for scheme in [Scheme::FractionalRepetition, Scheme::Cyclic] {
+            for n in 1..=6 {
+                for s in (0..n).filter(|&s| valid(scheme, n, s)) {
+                    let code = GradientCode::new(scheme, n, s, 7).unwrap();
+                    assert_eq!((code.n(), code.s(), code.scheme()), (n, s, scheme));
+                    check_every_pattern(&code, (n * 10 + s) as u64);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn cyclic_8_3_decodes_every_pattern() {
+        for seed in [0, 1, 42] {
+            let code = GradientCode::new(Scheme::Cyclic, 8, 3, seed).unwrap();
+            assert!(code.amplification() < 50.0, "amplification {}", code.amplification());
+            let worst = check_every_pattern(&code, seed + 100);
+            eprintln!("cyclic:3, 8 workers, seed {seed}: amplification {:.2}, worst relative error {worst:.2e}", code.amplification());
+        }
+    }
+
+    #[test]
+    fn larger_codes_decode_their_worst_patterns() {
+        // every pattern for codes of up to 10 workers; both parities of n - s
+        for (n, s) in [(7, 2), (7, 3), (9, 4), (10, 2), (10, 3), (10, 4)] {
+            let code = GradientCode::new(Scheme::Cyclic, n, s, 3).unwrap();
+            let worst = check_every_pattern(&code, 5);
+            eprintln!("cyclic:{s}, {n} workers: amplification {:.2}, worst relative error {worst:.2e}", code.amplification());
+        }
+    }
+
+    #[test]
+    fn fractional_repetition_is_exact() {
+        let code = GradientCode::new(Scheme::FractionalRepetition, 6, 2, 0).unwrap();
+        assert_eq!(code.amplification(), 1.0);
+        let parts = parts(6, 50, 9);
+        let vectors = encode_all(&code, &parts);
+        // the decoder adds one plain sum per group: exactly the parts summed group by group
+        let group = |k: usize, g: usize| (3 * g..3 * g + 3).map(|p| f64::from(parts[p][k])).sum::<f64>() as f32;
+        let expect: Vec<f32> = (0..50).map(|k| (f64::from(group(k, 0)) + f64::from(group(k, 1))) as f32).collect();
+        let mut out = vec![0.0; 50];
+        code.combine(&[(5, &vectors[5][..]), (1, &vectors[1][..]), (4, &vectors[4][..]), (2, &vectors[2][..])], &mut out).unwrap();
+        assert_eq!(out, expect);
+        assert_eq!(code.decode(&[5, 1, 4, 2]).unwrap(), vec![(1, 1.0), (4, 1.0)], "the lowest-numbered worker of each group");
+    }
+
+    #[test]
+    fn assignment_support_is_exactly_the_documented_parts() {
+        for n in 1usize..=9 {
+            for s in 0..n {
+                if n.is_multiple_of(s + 1) {
+                    let code = GradientCode::new(Scheme::FractionalRepetition, n, s, 0).unwrap();
+                    for w in 0..n {
+                        let g = w / (s + 1);
+                        let expect: Vec<(usize, f64)> = ((s + 1) * g..=(s + 1) * g + s).map(|p| (p, 1.0)).collect();
+                        assert_eq!(code.assignment(w), expect, "frac:{s} n={n} worker {w}");
+                    }
+                }
+                let code = GradientCode::new(Scheme::Cyclic, n, s, 0).unwrap();
+                for w in 0..n {
+                    let a = code.assignment(w);
+                    let support: Vec<usize> = a.iter().map(|&(p, _)| p).collect();
+                    assert_eq!(support, (0..=s).map(|t| (w + t) % n).collect::<Vec<_>>(), "cyclic:{s} n={n} worker {w}");
+                    assert_eq!(a[0].1, 1.0);
+                    assert!(a.iter().all(|&(_, c)| c.is_finite() && c != 0.0), "cyclic:{s} n={n} worker {w}: {a:?}");
+                }
+            }
+        }
+        // s = 0: each worker holds its own part, coefficient 1, in both schemes
+        for scheme in [Scheme::FractionalRepetition, Scheme::Cyclic] {
+            let code = GradientCode::new(scheme, 4, 0, 0).unwrap();
+            assert_eq!((0..4).map(|w| code.assignment(w)).collect::<Vec<_>>(), (0..4).map(|w| vec![(w, 1.0)]).collect::<Vec<_>>());
+            assert_eq!(code.decode(&[3, 0, 2, 1]).unwrap(), (0..4).map(|w| (w, 1.0)).collect::<Vec<_>>());
+        }
+        // s = n - 1: every worker holds everything, any one decodes
+        let code = GradientCode::new(Scheme::Cyclic, 5, 4, 0).unwrap();
+        let d = code.decode(&[3]).unwrap();
+        assert_eq!(d.len(), 1);
+        assert!((d[0].1 * code.assignment(3)[1].1 - 1.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn construction_errors() {
+        for scheme in [Scheme::FractionalRepetition, Scheme::Cyclic] {
+            assert!(matches!(GradientCode::new(scheme, 0, 0, 0), Err(CoreError::Consistency(_))));
+            assert!(matches!(GradientCode::new(scheme, 3, 3, 0), Err(CoreError::Consistency(_))));
+            assert!(matches!(GradientCode::new(scheme, 3, 7, 0), Err(CoreError::Consistency(_))));
+        }
+        let e = GradientCode::new(Scheme::FractionalRepetition, 5, 1, 0).unwrap_err();
+        assert!(e.to_string().contains("multiple of 2"), "{e}");
+        assert!(GradientCode::new(Scheme::FractionalRepetition, 6, 1, 0).is_ok());
+        assert!(GradientCode::new(Scheme::Cyclic, 5, 1, 0).is_ok());
+        assert!(GradientCode::new(Scheme::Cyclic, MAX_CYCLIC_WORKERS + 1, 1, 0).is_err());
+        assert!(GradientCode::new(Scheme::FractionalRepetition, MAX_CYCLIC_WORKERS * 4, 1, 0).is_ok(), "no limit on frac");
+    }
+
+    #[test]
+    fn decode_refuses_too_few_duplicate_and_unknown_workers() {
+        for scheme in [Scheme::FractionalRepetition, Scheme::Cyclic] {
+            let code = GradientCode::new(scheme, 6, 2, 0).unwrap();
+            assert!(code.decode(&[0, 1, 2, 3]).is_ok());
+            let e = code.decode(&[0, 1, 2]).unwrap_err();
+            assert!(matches!(e, CoreError::Codec(_)) && e.to_string().contains("4 needed"), "{e}");
+            assert!(code.decode(&[]).is_err());
+            let e = code.decode(&[0, 1, 2, 2]).unwrap_err();
+            assert!(e.to_string().contains("twice"), "{e}");
+            assert!(code.decode(&[0, 1, 2, 3, 3]).is_err(), "duplicates refused even with enough others");
+            let e = code.decode(&[0, 1, 2, 6]).unwrap_err();
+            assert!(e.to_string().contains("worker 6"), "{e}");
+            assert!(code.decode(&[0, 1, 2, 3, usize::MAX]).is_err());
+        }
+    }
+
+    #[test]
+    fn decode_ignores_order_and_uses_only_what_it_needs() {
+        let code = GradientCode::new(Scheme::Cyclic, 7, 2, 11).unwrap();
+        let a = code.decode(&[6, 0, 3, 2, 5, 1]).unwrap();
+        assert_eq!(a, code.decode(&[0, 1, 2, 3, 5, 6]).unwrap());
+        assert!(a.windows(2).all(|p| p[0].0 < p[1].0), "sorted by worker");
+        assert!(a.len() <= 5, "at most n - s workers used: {a:?}");
+        // the coefficients reproduce 1ᵀ
+        let mut sum = [0.0f64; 7];
+        for &(w, c) in &a {
+            for (p, b) in code.assignment(w) {
+                sum[p] += c * b;
+            }
+        }
+        assert!(sum.iter().all(|x| (x - 1.0).abs() < 1e-9), "{sum:?}");
+    }
+
+    #[test]
+    fn encode_accumulates_in_f64() {
+        let code = GradientCode::new(Scheme::FractionalRepetition, 3, 2, 0).unwrap();
+        let (a, b, c) = ([1e8f32, 3.0], [1.0f32, -1.0], [-1e8f32, 0.5]);
+        assert_eq!(code.encode(1, &[&a, &b, &c]), vec![1.0, 2.5]);
+    }
+
+    #[test]
+    fn combine_refuses_wrong_lengths_and_leaves_out_untouched() {
+        let code = GradientCode::new(Scheme::Cyclic, 4, 1, 0).unwrap();
+        let v = [1.0f32; 3];
+        let short = [1.0f32; 2];
+        let mut out = [9.0f32; 3];
+        assert!(code.combine(&[(0, &v), (1, &short), (2, &v)], &mut out).is_err());
+        assert!(code.combine(&[(0, &v), (1, &v)], &mut out).is_err(), "too few");
+        assert_eq!(out, [9.0; 3]);
+        assert!(code.combine(&[(0, &v), (1, &v), (2, &v)], &mut out).is_ok());
+    }
+
+    #[test]
+    fn the_same_seed_gives_the_same_code() {
+        for (n, s) in [(6, 2), (7, 2), (5, 1)] {
+            let a = GradientCode::new(Scheme::Cyclic, n, s, 5).unwrap();
+            let b = GradientCode::new(Scheme::Cyclic, n, s, 5).unwrap();
+            assert_eq!((0..n).map(|w| a.assignment(w)).collect::<Vec<_>>(), (0..n).map(|w| b.assignment(w)).collect::<Vec<_>>());
+        }
+    }
+
+    #[test]
+    fn codespec_parses_and_displays() {
+        for (text, scheme, s) in
+            [("frac:1", Scheme::FractionalRepetition, 1), ("cyclic:0", Scheme::Cyclic, 0), ("cyclic:12", Scheme::Cyclic, 12)]
+        {
+            let spec: CodeSpec = text.parse().unwrap();
+            assert_eq!(spec, CodeSpec { scheme, s });
+            assert_eq!(spec.to_string(), text);
+            assert_eq!(spec.to_string().parse::<CodeSpec>().unwrap(), spec);
+        }
+        assert_eq!(" frac:2 ".parse::<CodeSpec>().unwrap(), CodeSpec { scheme: Scheme::FractionalRepetition, s: 2 });
+        for bad in
+            ["", "none", "frac", "frac:", "cyclic:-1", "cyclic:+1", "cyclic:1.5", "frac:x", "mds:1", "Frac:1", "frac:1:2", "frac: 1", ":1"]
+        {
+            let e = bad.parse::<CodeSpec>().unwrap_err();
+            assert!(matches!(e, CoreError::Consistency(_)) && e.to_string().contains("frac:S or cyclic:S"), "{bad:?}: {e}");
+        }
+        let code = "frac:1".parse::<CodeSpec>().unwrap().code(4, 0).unwrap();
+        assert_eq!(code.spec().to_string(), "frac:1");
+        assert!("frac:1".parse::<CodeSpec>().unwrap().code(5, 0).is_err());
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+        // Any valid code, any received set of at least n - s distinct workers: the decoding
+        // coefficients reproduce 1ᵀ exactly enough, and the decoded gradients match the sum.
+        #[test]
+        fn any_received_set_of_enough_workers_decodes(
+            cyclic in any::<bool>(),
+            n in 1usize..=9,
+            s_pick in 0usize..9,
+            seed in any::<u64>(),
+            order in any::<u64>(),
+            extra in 0usize..9,
+        ) {
+            let scheme = if cyclic { Scheme::Cyclic } else { Scheme::FractionalRepetition };
+            let choices: Vec<usize> = (0..n).filter(|&s| valid(scheme, n, s)).collect();
+            let s = choices[s_pick % choices.len()];
+            let code = GradientCode::new(scheme, n, s, seed).unwrap();
+            // a random set of n - s + extra workers, in random order
+            let mut ids: Vec<usize> = (0..n).collect();
+            let mut rng = SplitMix64(order);
+            for i in (1..n).rev() {
+                ids.swap(i, (rng.next() % (i as u64 + 1)) as usize);
+            }
+            ids.truncate((n - s + extra).min(n));
+            let a = code.decode(&ids).unwrap();
+            prop_assert!(a.iter().all(|(w, _)| ids.contains(w)));
+            let mut sum = vec![0.0f64; n];
+            for &(w, c) in &a {
+                for (p, b) in code.assignment(w) {
+                    sum[p] += c * b;
+                }
+            }
+            prop_assert!(sum.iter().all(|x| (x - 1.0).abs() < 1e-9), "{:?}", sum);
+            let parts = parts(n, 20, seed ^ order);
+            let vectors = encode_all(&code, &parts);
+            check_decodes(&code, &parts, &vectors, &ids);
+        }
+    }
+}
