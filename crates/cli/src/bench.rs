@@ -73,7 +73,14 @@ pub fn run(a: &BenchArgs, common: &CommonArgs, s: &Settings, interrupted: Arc<At
         s.transport = downpour_transport::TransportKind::Grpc;
     }
     let s = &s;
-    let sizes: Vec<u64> = a.sizes.split(',').filter(|x| !x.trim().is_empty()).map(parse_size).collect::<Result<_>>()?;
+    let mut sizes: Vec<u64> = a.sizes.split(',').filter(|x| !x.trim().is_empty()).map(parse_size).collect::<Result<_>>()?;
+    if let Some(m) = a.cases.dnn_model {
+        // the raw path at the model's size, for comparison in the same run
+        let bytes = crate::jobs::bench::dnn_parameters(m)? as u64 * 4;
+        if !sizes.contains(&bytes) {
+            sizes.push(bytes);
+        }
+    }
     let job = BenchJobArgs { sizes: sizes.clone(), cases: a.cases.clone() };
     let samples: Arc<Mutex<Vec<Sample>>> = Arc::default();
     let bad: Arc<Mutex<Vec<String>>> = Arc::default();
@@ -106,6 +113,9 @@ pub fn run(a: &BenchArgs, common: &CommonArgs, s: &Settings, interrupted: Arc<At
         }
         args.extend(["--latency-iters".into(), a.cases.latency_iters.to_string(), "--sparse-keys".into(), a.cases.sparse_keys.to_string()]);
         args.extend(["--sparse-filters".into(), a.cases.sparse_filters.clone()]);
+        if let Some(m) = a.cases.dnn_model {
+            args.extend(["--dnn-model".into(), format!("{m:?}").to_lowercase()]);
+        }
         launch_local(LocalRun {
             common,
             settings: s,
@@ -125,7 +135,8 @@ pub fn run(a: &BenchArgs, common: &CommonArgs, s: &Settings, interrupted: Arc<At
     let case_rank = |c: &str| match c {
         "dense" => 0,
         "latency" => 1,
-        _ => 2,
+        "dnn" => 2,
+        _ => 3,
     };
     let op_rank = |o: &str| match o {
         "push" => 0,

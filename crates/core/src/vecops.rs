@@ -287,7 +287,8 @@ mod tests {
         let (y0, y1) = sy.split_at_mut(400);
         sum += execute(&prog, &[1, 2], &mut [x0, y0]).unwrap()[0];
         sum += execute(&prog, &[1, 2], &mut [x1, y1]).unwrap()[0];
-        assert!((whole - sum).abs() < 1e-9 * whole.abs().max(1.0));
+        // f32 products summed in 8 lanes per block: the split changes only rounding
+        assert!((whole - sum).abs() < 1e-5 * whole.abs().max(1.0), "{whole} vs {sum}");
         assert_eq!(sy, ly);
     }
 }

@@ -29,6 +29,22 @@ pub struct BenchCases {
     /// the same keys every iteration, so `keycache` shows what key caching saves.
     #[arg(long, default_value = "none")]
     pub sparse_filters: String,
+    /// Also measure a `train dnn` parameter step for this model (`mlp` with the default
+    /// 256,128 hidden widths, or `cnn`): the framework's push of the whole gradient to an
+    /// AdaGrad table and pull of the whole model, beside the raw dense push-then-pull of the
+    /// same size (added to the sizes).
+    #[arg(long, value_enum)]
+    pub dnn_model: Option<super::dnn::ModelKind>,
+}
+
+/// Parameters of `model` as `train dnn` builds it for 28×28 images and 10 classes.
+pub fn dnn_parameters(model: super::dnn::ModelKind) -> Result<usize> {
+    use downpour_nn::Model;
+    let specs = match model {
+        super::dnn::ModelKind::Mlp => downpour_nn::mlp::Mlp::new(&[784, 256, 128, 10])?.params(),
+        super::dnn::ModelKind::Cnn => downpour_nn::cnn::Cnn::new(downpour_nn::cnn::CnnConfig::default())?.params(),
+    };
+    Ok(downpour_nn::Layout::new(&specs)?.len())
 }
 
 /// Flags of the worker side of the benchmark.
@@ -164,6 +180,45 @@ pub fn run_worker(a: &BenchJobArgs, s: &mut WorkerSession, sink: &Sink) -> Resul
                 },
             );
         }
+    }
+    if let Some(model) = a.cases.dnn_model {
+        // exactly what a downpour worker does per step with --n-fetch 1 --n-push 1, minus
+        // the compute: push the gradient to the AdaGrad table, then pull the model
+        let p = dnn_parameters(model)?;
+        let id = 300;
+        let mut def = dense_table(id, p as u64);
+        def.rule = proto::Rule { name: "adagrad".into(), lr: 0.01, eps: 1e-8, ..Default::default() };
+        s.kv.create_table(def)?;
+        let grad = vec![1e-3f32; p];
+        let mut params = vec![0f32; p];
+        let size = p as u64 * 4;
+        let iters = a.cases.iters.unwrap_or(((1u64 << 30) / size).clamp(5, 2000) as usize);
+        let ts = s.kv.push_range(id, 0, &grad)?;
+        s.kv.wait(ts)?;
+        s.kv.pull_range_into(id, 0, &mut params)?;
+        s.barrier("bench-dnn")?;
+        let t0 = Instant::now();
+        for _ in 0..iters {
+            let ts = s.kv.push_range(id, 0, &grad)?;
+            s.kv.wait(ts)?;
+            s.kv.pull_range_into(id, 0, &mut params)?;
+        }
+        let secs = t0.elapsed().as_secs_f64();
+        emit(
+            sink,
+            &Sample {
+                case: "dnn".into(),
+                op: "push_then_pull".into(),
+                bytes: size,
+                iters,
+                payload: 2 * size * iters as u64,
+                keys: p as u64 * iters as u64,
+                secs,
+                p50_us: None,
+                p99_us: None,
+                wire: 0,
+            },
+        );
     }
     if a.cases.sparse_keys > 0 {
         let id = 200;
