@@ -167,7 +167,7 @@ impl Ctx {
     /// Examples of part `p` of `parts`, in epoch `epoch`'s seeded order.
     pub fn part(&self, p: usize, parts: usize, epoch: usize, seed: u64) -> Vec<u32> {
         let mut v: Vec<u32> = self.order.iter().skip(p).step_by(parts).copied().collect();
-        shuffle(&mut v, seed ^ splitmix64(epoch as u64 + 1) ^ splitmix64(p as u64 + 1000));
+        shuffle(&mut v, seed ^ splitmix64((epoch as u64).wrapping_add(1)) ^ splitmix64(p as u64 + 1000));
         v
     }
 
