@@ -1,5 +1,6 @@
 //! Any bytes as a frame stream (what a server's socket may receive): the codec, and every
-//! control body a node decodes from `meta` (table specs, schedule calls, registrations).
+//! control body a node decodes from `meta` (table specs, schedule calls, registrations,
+//! vector programs, piece-board calls).
 #![no_main]
 use downpour_core::codec::{decode_frame, FrameLimits};
 use downpour_core::proto;
@@ -24,6 +25,16 @@ fuzz_target!(|data: &[u8]| {
                 }
                 let _ = proto::ScheduleRequest::decode(h.meta.as_ref());
                 let _ = proto::RegisterRequest::decode(h.meta.as_ref());
+                let _ = proto::PieceRequest::decode(h.meta.as_ref());
+                if let Ok(p) = proto::VecProgram::decode(h.meta.as_ref()) {
+                    if let Ok(instrs) = downpour_core::vecops::program_from_proto(&p) {
+                        // run it on small co-partitioned vectors, as a server would
+                        let tables = downpour_core::vecops::program_tables(&instrs);
+                        let mut store: Vec<Vec<f32>> = tables.iter().map(|_| vec![1.0; 8]).collect();
+                        let mut views: Vec<&mut [f32]> = store.iter_mut().map(|v| v.as_mut_slice()).collect();
+                        let _ = downpour_core::vecops::execute(&instrs, &tables, &mut views);
+                    }
+                }
                 buf = &buf[used..];
             }
             Ok(None) | Err(_) => break,

@@ -74,3 +74,41 @@ pub(crate) fn cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<Tensor, 
 pub(crate) fn to_flat(logits: &Tensor) -> Result<Vec<f32>, ModelError> {
     Ok(logits.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?)
 }
+
+/// `Model::logits` for a model whose forward pass is `forward` over `(n, d)` inputs.
+pub(crate) fn logits_with(
+    layout: &Layout,
+    dtype: DType,
+    d: usize,
+    params: &[f32],
+    inputs: &[f32],
+    forward: impl Fn(&Params, &Tensor) -> Result<Tensor, ModelError>,
+) -> Result<Vec<f32>, ModelError> {
+    if inputs.is_empty() || !inputs.len().is_multiple_of(d) {
+        return Err(ModelError::Shape(format!("{} input values are not a non-zero multiple of {d}", inputs.len())));
+    }
+    let p = Params::new(layout, params, dtype)?;
+    let x = Tensor::from_slice(inputs, (inputs.len() / d, d), &Device::Cpu)?.to_dtype(dtype)?;
+    to_flat(&forward(&p, &x)?)
+}
+
+/// `Model::loss_and_grad` (mean cross-entropy and its gradient) for a model whose forward
+/// pass is `forward`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn loss_and_grad_with(
+    layout: &Layout,
+    dtype: DType,
+    d: usize,
+    classes: usize,
+    params: &[f32],
+    batch: &Batch,
+    grad: &mut [f32],
+    forward: impl Fn(&Params, &Tensor) -> Result<Tensor, ModelError>,
+) -> Result<f32, ModelError> {
+    check_labels(batch, classes)?;
+    let p = Params::new(layout, params, dtype)?;
+    let (x, y) = batch_tensors(batch, d, dtype)?;
+    let loss = cross_entropy(&forward(&p, &x)?, &y)?;
+    p.gradient(layout, &loss, grad)?;
+    Ok(loss.to_dtype(DType::F32)?.to_scalar::<f32>()?)
+}

@@ -1,8 +1,8 @@
 //! A multi-layer perceptron: fully connected layers with ReLU between them, softmax output.
 
-use crate::candle_util::{batch_tensors, check_labels, cross_entropy, to_flat, Params};
+use crate::candle_util::{logits_with, loss_and_grad_with, Params};
 use crate::{Batch, Layout, Model, ModelError, ParamInit, ParamSpec};
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Tensor};
 
 /// An MLP with layer widths `sizes` (input first, classes last): tensors `fc{i}.weight`
 /// (`[out, in]`, He-uniform) and `fc{i}.bias` (`[out]`, zeros) for `i = 1..`.
@@ -61,22 +61,12 @@ impl Model for Mlp {
     }
 
     fn logits(&self, params: &[f32], inputs: &[f32]) -> Result<Vec<f32>, ModelError> {
-        let d = self.input_len();
-        if !inputs.len().is_multiple_of(d) {
-            return Err(ModelError::Shape(format!("{} input values are not a multiple of {d}", inputs.len())));
-        }
-        let p = Params::new(&self.layout, params, self.dtype)?;
-        let x = Tensor::from_slice(inputs, (inputs.len() / d, d), &Device::Cpu)?.to_dtype(self.dtype)?;
-        to_flat(&self.forward(&p, &x)?)
+        logits_with(&self.layout, self.dtype, self.input_len(), params, inputs, |p, x| self.forward(p, x))
     }
 
     fn loss_and_grad(&self, params: &[f32], batch: &Batch, grad: &mut [f32]) -> Result<f32, ModelError> {
-        check_labels(batch, self.classes())?;
-        let p = Params::new(&self.layout, params, self.dtype)?;
-        let (x, y) = batch_tensors(batch, self.input_len(), self.dtype)?;
-        let loss = cross_entropy(&self.forward(&p, &x)?, &y)?;
-        p.gradient(&self.layout, &loss, grad)?;
-        Ok(loss.to_dtype(DType::F32)?.to_scalar::<f32>()?)
+        let (d, c) = (self.input_len(), self.classes());
+        loss_and_grad_with(&self.layout, self.dtype, d, c, params, batch, grad, |p, x| self.forward(p, x))
     }
 }
 

@@ -74,14 +74,15 @@ pub struct DnnArgs {
     /// The training algorithm.
     #[arg(long, value_enum, default_value_t = Algorithm::Downpour)]
     pub algorithm: Algorithm,
-    /// Passes over the training set (each worker over its share).
-    #[arg(long, default_value_t = 5)]
+    /// Passes over the training set (each worker over its share); lbfgs: accepted L-BFGS
+    /// iterations (each a full pass or more).
+    #[arg(long, default_value_t = 10)]
     pub epochs: usize,
     /// Examples per step and worker (per gradient piece for lbfgs: see --piece).
     #[arg(long, default_value_t = 64)]
     pub batch: usize,
-    /// Learning rate (default: 0.02 for downpour's AdaGrad, 0.05 for sync's momentum SGD,
-    /// 0.05 for model-avg's local SGD; unused by lbfgs).
+    /// Learning rate (default: downpour's AdaGrad 0.02 for the MLP and 0.01 for the CNN,
+    /// sync's momentum SGD 0.05, model-avg's local momentum SGD 0.05; unused by lbfgs).
     #[arg(long)]
     pub lr: Option<f32>,
     /// Seed of the initial parameters and the data order.
@@ -341,9 +342,13 @@ pub fn run(a: &DnnArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
     let ctx = load(a, s.rank).with_context(|| format!("loading {}", a.data.display()))?;
     let p = ctx.layout.len();
     let def = match a.algorithm {
-        Algorithm::Downpour => {
-            table(PARAMS, "dnn", p, proto::Rule { eps: 1e-8, ..rule("adagrad", a.lr.unwrap_or(0.02)) }, Consistency::Async)
-        }
+        Algorithm::Downpour => table(
+            PARAMS,
+            "dnn",
+            p,
+            proto::Rule { eps: 1e-8, ..rule("adagrad", a.lr.unwrap_or(if a.model == ModelKind::Cnn { 0.01 } else { 0.02 })) },
+            Consistency::Async,
+        ),
         Algorithm::Sync => {
             let mut t = table(PARAMS, "dnn", p, proto::Rule { momentum: 0.9, ..rule("momentum", a.lr.unwrap_or(0.05)) }, Consistency::Bsp);
             match &a.gradient_coding {
@@ -467,6 +472,24 @@ fn steps(n: usize, batch: usize) -> usize {
     (n / batch).max(1)
 }
 
+/// A synchronous round's end: push this worker's vector under the current clock, clock, and
+/// wait for the push's acknowledgement.
+fn end_round(s: &mut WorkerSession, values: &[f32]) -> Result<()> {
+    let ts = s.kv.push_range(PARAMS, 0, values)?;
+    s.kv.clock()?;
+    s.kv.wait(ts)?;
+    Ok(())
+}
+
+/// Worker 0 evaluates the servers' model after `epoch` (0-based).
+fn end_epoch(s: &mut WorkerSession, ctx: &Ctx, ev: &mut Evaluator, epoch: usize, params: &mut [f32]) -> Result<()> {
+    if s.rank == 0 {
+        s.kv.pull_range_into(PARAMS, 0, params)?;
+        ev.epoch(ctx, epoch + 1, params)?;
+    }
+    Ok(())
+}
+
 fn downpour(a: &DnnArgs, s: &mut WorkerSession, ctx: &Ctx, params: &mut [f32], ev: &mut Evaluator) -> Result<(u64, u64)> {
     let (w, rank) = (s.num_workers, s.rank);
     let p = params.len();
@@ -512,10 +535,7 @@ fn downpour(a: &DnnArgs, s: &mut WorkerSession, ctx: &Ctx, params: &mut [f32], e
         for b in 0..steps(part.len(), a.batch) {
             train_step(s, &part[b * a.batch..((b + 1) * a.batch).min(part.len())], params, &mut step)?;
         }
-        if rank == 0 {
-            s.kv.pull_range_into(PARAMS, 0, params)?;
-            ev.epoch(ctx, epoch + 1, params)?;
-        }
+        end_epoch(s, ctx, ev, epoch, params)?;
     }
     if pending > 0 {
         if let Some(ts) = in_flight.take() {
@@ -568,14 +588,9 @@ fn sync(
                 }
                 None => grad.copy_from_slice(&part_grads[0]),
             }
-            let ts = s.kv.push_range(PARAMS, 0, &grad)?;
-            s.kv.clock()?;
-            s.kv.wait(ts)?;
+            end_round(s, &grad)?;
         }
-        if rank == 0 {
-            s.kv.pull_range_into(PARAMS, 0, params)?;
-            ev.epoch(ctx, epoch + 1, params)?;
-        }
+        end_epoch(s, ctx, ev, epoch, params)?;
     }
     s.kv.pause_clock()?;
     Ok((examples, grads))
@@ -609,14 +624,9 @@ fn model_avg(a: &DnnArgs, s: &mut WorkerSession, ctx: &Ctx, params: &mut [f32], 
                 grads += 1;
             }
             b = end;
-            let ts = s.kv.push_range(PARAMS, 0, params)?;
-            s.kv.clock()?;
-            s.kv.wait(ts)?;
+            end_round(s, params)?;
         }
-        if rank == 0 {
-            s.kv.pull_range_into(PARAMS, 0, params)?;
-            ev.epoch(ctx, epoch + 1, params)?;
-        }
+        end_epoch(s, ctx, ev, epoch, params)?;
     }
     s.kv.pause_clock()?;
     Ok((examples, grads))
