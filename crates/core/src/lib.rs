@@ -25,6 +25,7 @@ pub mod keys;
 pub mod msg;
 pub mod partition;
 pub mod pieces;
+pub mod ring;
 pub mod rounds;
 pub mod rule;
 pub mod schedule;
