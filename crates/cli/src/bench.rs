@@ -125,6 +125,7 @@ pub fn run(a: &BenchArgs, common: &CommonArgs, s: &Settings, interrupted: Arc<At
             capture: Some(sink),
             interrupted,
             tls_dir: a.tls_dir.as_deref(),
+            faults: &[],
         })?;
     }
     if let Some(b) = bad.lock().first() {

@@ -70,6 +70,12 @@ enum Cmd {
         /// workers.
         #[arg(long)]
         tls_dir: Option<std::path::PathBuf>,
+        /// Inject a fault (repeatable): `kill server:N at TIME`, `kill worker:N at TIME` or
+        /// `kill coordinator at TIME`, TIME like `2s`, `1.5s` or `800ms` from the start.
+        /// The process gets SIGKILL. (Fail-over does not exist yet: a killed node fails the
+        /// job, with a message naming what died.)
+        #[arg(long = "fault", value_name = "FAULT")]
+        faults: Vec<cluster::Fault>,
         /// The job and its flags.
         #[arg(last = true, required = true, num_args = 1..)]
         job: Vec<String>,
@@ -235,7 +241,7 @@ fn run(cli: Cli, s: Settings) -> Result<()> {
         Cmd::Certs(cmd) => crate::certs::run(&cmd),
         Cmd::Experiment(cmd) => crate::experiment::run(cmd),
         Cmd::Predict(a) => crate::model::predict(&a),
-        Cmd::Launch { servers, workers, tls_dir, job } => {
+        Cmd::Launch { servers, workers, tls_dir, faults, job } => {
             // Check the job's flags before starting anything.
             jobs::parse_job(&job).map_err(|e| anyhow::anyhow!("bad job arguments after `--`:\n{e}"))?;
             let mut s = s.clone();
@@ -255,6 +261,7 @@ fn run(cli: Cli, s: Settings) -> Result<()> {
                 job_args: &job,
                 capture: None,
                 interrupted: interrupt_flag(),
+                faults: &faults,
             })
         }
         Cmd::Bench(b) => {

@@ -138,6 +138,72 @@ fn forward(label: String, r: impl std::io::Read + Send + 'static, capture: Optio
     });
 }
 
+/// The role a fault targets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FaultTarget {
+    /// Server N (0-based, in start order).
+    Server(usize),
+    /// Worker N (0-based, in start order).
+    Worker(usize),
+    /// The coordinator.
+    Coordinator,
+}
+
+/// A fault `launch --fault` injects: SIGKILL a process at a time from the job's start.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Fault {
+    /// The process.
+    pub target: FaultTarget,
+    /// When, from the start of the launch.
+    pub at: Duration,
+}
+
+/// Parses a time like `2s`, `1.5s` or `800ms`.
+fn parse_time(t: &str) -> Result<Duration, String> {
+    let (num, scale) = if let Some(n) = t.strip_suffix("ms") {
+        (n, 1e-3)
+    } else if let Some(n) = t.strip_suffix('s') {
+        (n, 1.0)
+    } else {
+        return Err(format!("time {t:?} needs a unit: 2s, 1.5s or 800ms"));
+    };
+    match num.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 && v * scale < 1e6 => Ok(Duration::from_secs_f64(v * scale)),
+        _ => Err(format!("time {t:?} is not a non-negative number of seconds or milliseconds")),
+    }
+}
+
+impl std::str::FromStr for Fault {
+    type Err = String;
+    /// `kill server:N at TIME`, `kill worker:N at TIME` or `kill coordinator at TIME`.
+    fn from_str(s: &str) -> Result<Fault, String> {
+        let words: Vec<&str> = s.split_whitespace().collect();
+        let bad = || format!("fault {s:?}: expected `kill server:N at TIME`, `kill worker:N at TIME` or `kill coordinator at TIME`");
+        let [action, target, at_word, time] = words[..] else { return Err(bad()) };
+        if action != "kill" || at_word != "at" {
+            return Err(bad());
+        }
+        let index = |n: &str| n.parse::<usize>().map_err(|_| format!("fault {s:?}: {n:?} is not a process number"));
+        let target = match target.split_once(':') {
+            Some(("server", n)) => FaultTarget::Server(index(n)?),
+            Some(("worker", n)) => FaultTarget::Worker(index(n)?),
+            None if target == "coordinator" => FaultTarget::Coordinator,
+            _ => return Err(bad()),
+        };
+        Ok(Fault { target, at: parse_time(time).map_err(|e| format!("fault {s:?}: {e}"))? })
+    }
+}
+
+impl std::fmt::Display for FaultTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FaultTarget::Server(n) => write!(f, "server {n}"),
+            FaultTarget::Worker(n) => write!(f, "worker {n}"),
+            FaultTarget::Coordinator => write!(f, "coordinator"),
+        }
+    }
+}
+
 /// Options of a local multi-process run.
 pub struct LocalRun<'a> {
     pub common: &'a CommonArgs,
@@ -153,6 +219,8 @@ pub struct LocalRun<'a> {
     /// Certificates for every process (`certs generate`): node-0 the coordinator, then the
     /// servers, then the workers.
     pub tls_dir: Option<&'a std::path::Path>,
+    /// Processes to SIGKILL during the run (`--fault`).
+    pub faults: &'a [Fault],
 }
 
 /// Starts a coordinator, the servers and the workers as child processes on 127.0.0.1,
@@ -160,6 +228,18 @@ pub struct LocalRun<'a> {
 /// kills every other child and returns an error naming the one that failed.
 pub fn launch_local(r: LocalRun<'_>) -> Result<()> {
     anyhow::ensure!(r.servers >= 1 && r.workers >= 1, "--servers and --workers must be at least 1");
+    for f in r.faults {
+        match f.target {
+            FaultTarget::Server(n) if n >= r.servers => {
+                bail!("--fault names server {n}, but there are {} servers (0..{})", r.servers, r.servers)
+            }
+            FaultTarget::Worker(n) if n >= r.workers => {
+                bail!("--fault names worker {n}, but there are {} workers (0..{})", r.workers, r.workers)
+            }
+            _ => {}
+        }
+    }
+    let started = Instant::now();
     let exe = std::env::current_exe().context("cannot find the downpour executable")?;
     let nonce = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
     let dir = std::env::temp_dir().join(format!("downpour-launch-{}-{nonce}", std::process::id()));
@@ -234,11 +314,38 @@ pub fn launch_local(r: LocalRun<'_>) -> Result<()> {
             args.extend(r.job_args.iter().cloned());
             procs.push(spawn(&format!("worker {i}"), args, r.capture.clone())?);
         }
-        // Wait for every child; the first failure ends the run.
+        // Wait for every child; the first failure ends the run. Injected faults kill their
+        // process at their time; its death is not itself a failure (the job's reaction is).
         let mut running: Vec<bool> = vec![true; procs.len()];
+        let mut pending: Vec<&Fault> = r.faults.iter().collect();
+        let mut killed: Vec<bool> = vec![false; procs.len()];
+        let injected = || r.faults.iter().map(|f| format!("kill {} at {:?}", f.target, f.at)).collect::<Vec<_>>().join(", ");
         loop {
             if r.interrupted.load(Ordering::Relaxed) {
                 bail!("interrupted");
+            }
+            let now = started.elapsed();
+            let mut k = 0;
+            while k < pending.len() {
+                let f = pending[k];
+                if f.at > now {
+                    k += 1;
+                    continue;
+                }
+                pending.swap_remove(k);
+                let i = match f.target {
+                    FaultTarget::Coordinator => 0,
+                    FaultTarget::Server(n) => 1 + n,
+                    FaultTarget::Worker(n) => 1 + r.servers + n,
+                };
+                if !running[i] {
+                    eprintln!("[launch] fault at {:.2}s: {} had already exited; nothing to kill", now.as_secs_f64(), f.target);
+                    continue;
+                }
+                // std's kill is SIGKILL on Unix: no cleanup, as a crashed machine
+                procs[i].child.kill().with_context(|| format!("cannot kill {}", f.target))?;
+                killed[i] = true;
+                eprintln!("[launch] fault at {:.2}s: killed {} (pid {}) with SIGKILL", now.as_secs_f64(), f.target, procs[i].child.id());
             }
             for (i, p) in procs.iter_mut().enumerate() {
                 if !running[i] {
@@ -246,8 +353,11 @@ pub fn launch_local(r: LocalRun<'_>) -> Result<()> {
                 }
                 if let Some(st) = p.child.try_wait()? {
                     running[i] = false;
-                    if !st.success() {
-                        bail!("{} failed ({st})", p.label);
+                    if !st.success() && !killed[i] {
+                        if r.faults.is_empty() {
+                            bail!("{} failed ({st})", p.label);
+                        }
+                        bail!("{} failed ({st}) after the injected faults ({})", p.label, injected());
                     }
                 }
             }
@@ -267,4 +377,30 @@ pub fn launch_local(r: LocalRun<'_>) -> Result<()> {
     // Give the log forwarders a moment to print the children's last lines.
     std::thread::sleep(Duration::from_millis(50));
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn faults_parse_the_documented_forms_and_refuse_others() {
+        let f: Fault = "kill server:1 at 3s".parse().unwrap();
+        assert_eq!(f, Fault { target: FaultTarget::Server(1), at: Duration::from_secs(3) });
+        let f: Fault = "kill worker:0 at 1.5s".parse().unwrap();
+        assert_eq!(f, Fault { target: FaultTarget::Worker(0), at: Duration::from_millis(1500) });
+        let f: Fault = " kill  coordinator at 800ms ".parse().unwrap();
+        assert_eq!(f, Fault { target: FaultTarget::Coordinator, at: Duration::from_millis(800) });
+        for bad in [
+            "kill server:x at 1s",
+            "kill server:1 at 1",
+            "kill server:1 at -1s",
+            "stop server:1 at 1s",
+            "kill server:1",
+            "kill disk:1 at 1s",
+            "",
+        ] {
+            assert!(bad.parse::<Fault>().is_err(), "{bad:?} parsed");
+        }
+    }
 }

@@ -249,3 +249,28 @@ fn launch_kills_every_child_on_ctrl_c() {
         .collect();
     assert!(left.is_empty(), "processes left behind: {left:?}");
 }
+
+#[test]
+fn an_injected_server_kill_fails_the_job_promptly_and_names_the_fault() {
+    // fail-over does not exist yet: the job must fail fast with a message, not hang
+    let t0 = std::time::Instant::now();
+    let o = Command::new(env!("CARGO_BIN_EXE_downpour"))
+        .env("DOWNPOUR_LOG", "warn")
+        .args(["launch", "--servers", "2", "--workers", "2", "--fault", "kill server:1 at 500ms", "--"])
+        .args(["counter", "--keys", "100000", "--rounds", "1000000"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("killed server 1") && err.contains("after the injected faults (kill server 1 at 500ms)"), "{err}");
+    assert!(t0.elapsed() < std::time::Duration::from_secs(60));
+    let o = Command::new(env!("CARGO_BIN_EXE_downpour"))
+        .args(["launch", "--servers", "1", "--workers", "1", "--fault", "kill server:3 at 1s", "--", "counter"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--fault names server 3, but there are 1 servers"));
+    let o =
+        Command::new(env!("CARGO_BIN_EXE_downpour")).args(["launch", "--fault", "kill server:1 soon", "--", "counter"]).output().unwrap();
+    assert_eq!(o.status.code(), Some(2), "a malformed fault is a usage error");
+}
