@@ -11,12 +11,12 @@ use thiserror::Error;
 #[derive(Debug, Error)]
 pub enum ControlError {
     /// The coordinator could not be reached or went away.
-    #[error("coordinator at {addr}: {source}")]
+    #[error("coordinator at {addr}: {cause}")]
     Transport {
         /// Coordinator address.
         addr: String,
-        /// What happened.
-        source: TransportError,
+        /// What happened (in the message, not a separate error source, so it prints once).
+        cause: TransportError,
     },
     /// The coordinator refused the call.
     #[error("coordinator refused {op:?}: {message}")]
@@ -44,7 +44,7 @@ pub struct ControlClient {
 impl ControlClient {
     /// Connects to the coordinator at `addr`, failing after `timeout`.
     pub fn connect(transport: &dyn Transport, addr: &str, timeout: Duration) -> Result<Self, ControlError> {
-        let conn = transport.connect(addr, timeout).map_err(|source| ControlError::Transport { addr: addr.into(), source })?;
+        let conn = transport.connect(addr, timeout).map_err(|source| ControlError::Transport { addr: addr.into(), cause: source })?;
         Ok(ControlClient { conn, addr: addr.into(), node_id: 0, next_id: 1 })
     }
 
@@ -55,7 +55,7 @@ impl ControlClient {
 
     /// Bounds how long a call may wait for its reply.
     pub fn set_timeout(&mut self, t: Option<Duration>) -> Result<(), ControlError> {
-        self.conn.set_recv_timeout(t).map_err(|source| ControlError::Transport { addr: self.addr.clone(), source })
+        self.conn.set_recv_timeout(t).map_err(|source| ControlError::Transport { addr: self.addr.clone(), cause: source })
     }
 
     /// Sends one call with `body` and returns the reply header (its `meta` is the body).
@@ -64,7 +64,7 @@ impl ControlClient {
         self.next_id += 1;
         let mut h = msg::request(op, self.node_id, id, 0, 0);
         h.meta = body.into();
-        let terr = |addr: &str, source| ControlError::Transport { addr: addr.to_string(), source };
+        let terr = |addr: &str, source| ControlError::Transport { addr: addr.to_string(), cause: source };
         self.conn.send(&mut h, &[], &[]).map_err(|e| terr(&self.addr, e))?;
         let r = match self.conn.recv_header() {
             Ok(Some(r)) => r,

@@ -75,12 +75,12 @@ pub enum ClientError {
         message: String,
     },
     /// A server could not be reached or went away.
-    #[error("server {server}: {source}")]
+    #[error("server {server}: {cause}")]
     Transport {
         /// Server rank.
         server: usize,
-        /// What happened.
-        source: TransportError,
+        /// What happened (in the message, not a separate error source, so it prints once).
+        cause: TransportError,
     },
     /// A timestamp that was never issued or was already consumed.
     #[error("timestamp {0:?} is unknown (never issued, or its result was already taken)")]
@@ -279,19 +279,19 @@ impl KvClient {
         let mut servers = Vec::with_capacity(routing.servers.len());
         for (i, s) in routing.servers.iter().enumerate() {
             let mut conn =
-                transport.connect(&s.addr, cfg.request_timeout).map_err(|source| ClientError::Transport { server: i, source })?;
-            conn.set_recv_timeout(Some(cfg.request_timeout)).map_err(|source| ClientError::Transport { server: i, source })?;
+                transport.connect(&s.addr, cfg.request_timeout).map_err(|source| ClientError::Transport { server: i, cause: source })?;
+            conn.set_recv_timeout(Some(cfg.request_timeout)).map_err(|source| ClientError::Transport { server: i, cause: source })?;
             if let Some(c) = credential {
                 let mut h = msg::request(Op::Identify, node_id, 0, routing.epoch, 0);
                 h.meta = c.to_vec().into();
-                conn.send(&mut h, &[], &[]).map_err(|source| ClientError::Transport { server: i, source })?;
+                conn.send(&mut h, &[], &[]).map_err(|source| ClientError::Transport { server: i, cause: source })?;
                 match conn.recv_header() {
                     Ok(Some(r)) if r.status == 0 && r.keys_len + r.values_len == 0 => {}
                     Ok(Some(r)) => {
                         return Err(ClientError::BadReply { server: i, message: format!("identification refused: {}", r.error) })
                     }
-                    Ok(None) => return Err(ClientError::Transport { server: i, source: TransportError::Closed { peer: s.addr.clone() } }),
-                    Err(source) => return Err(ClientError::Transport { server: i, source }),
+                    Ok(None) => return Err(ClientError::Transport { server: i, cause: TransportError::Closed { peer: s.addr.clone() } }),
+                    Err(source) => return Err(ClientError::Transport { server: i, cause: source }),
                 }
             }
             servers.push(ServerConn { conn, addr: s.addr.clone(), inflight: VecDeque::new() });
@@ -656,7 +656,7 @@ impl KvClient {
     }
 
     fn send(&mut self, s: usize, h: &mut FrameHeader, keys: &[u8], values: &[u8]) -> Result<(), ClientError> {
-        self.servers[s].conn.send(h, keys, values).map_err(|source| ClientError::Transport { server: s, source })
+        self.servers[s].conn.send(h, keys, values).map_err(|source| ClientError::Transport { server: s, cause: source })
     }
 
     /// Before sending on connection `s`: read replies that could otherwise fill the socket
@@ -933,7 +933,7 @@ impl KvClient {
 
     /// Reads one reply frame from server `s` and files it under its request.
     fn recv_one(&mut self, s: usize, lent: Option<&mut Lent<'_>>) -> Result<(), ClientError> {
-        let terr = |source| ClientError::Transport { server: s, source };
+        let terr = |source| ClientError::Transport { server: s, cause: source };
         let h = match self.servers[s].conn.recv_header() {
             Ok(Some(h)) => h,
             Ok(None) => return Err(terr(TransportError::Closed { peer: self.servers[s].addr.clone() })),
