@@ -12,12 +12,15 @@
 //!   same little-endian payloads; large HTTP/2 windows and message limits for big chunks.
 //! * [`inproc::InProcTransport`] — channels inside one process, for the embedded mode and
 //!   tests.
+//! * [`faulty::FaultyTransport`] — wraps any of them for tests: seeded drop, duplicate,
+//!   reorder and delay of sent frames, and partitions between nodes at run time.
 //!
 //! A connection carries *frames* (a header plus a keys and a values payload) in both
 //! directions; replies come back in request order.
 
 #![warn(missing_docs)]
 
+pub mod faulty;
 pub mod grpc;
 pub mod inproc;
 pub mod security;
