@@ -68,26 +68,9 @@ def datasets():
 
 
 def svg(curves, path, title):
-    """A small line plot: curves = {label: [(t, objective)]}."""
-    W, H, L, B = 640, 400, 70, 40
-    pts = [p for c in curves.values() for p in c]
-    t1 = max(p[0] for p in pts)
-    lo = min(p[1] for p in pts)
-    hi = sorted(p[1] for p in pts)[int(len(pts) * 0.9)]
-    sx = lambda t: L + (W - L - 20) * t / t1
-    sy = lambda o: 20 + (H - B - 20) * (1 - (min(o, hi) - lo) / max(hi - lo, 1e-12))
-    colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"]
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">',
-           f'<text x="{W/2}" y="14" text-anchor="middle">{title}</text>',
-           f'<line x1="{L}" y1="{H-B}" x2="{W-20}" y2="{H-B}" stroke="black"/><line x1="{L}" y1="20" x2="{L}" y2="{H-B}" stroke="black"/>',
-           f'<text x="{W/2}" y="{H-8}" text-anchor="middle">wall-clock seconds (0 to {t1:.1f})</text>',
-           f'<text x="4" y="28">{hi:.1f}</text><text x="4" y="{H-B}">{lo:.1f}</text>']
-    for i, (label, c) in enumerate(curves.items()):
-        col = colors[i % len(colors)]
-        out.append(f'<polyline fill="none" stroke="{col}" stroke-width="1.5" points="{" ".join(f"{sx(t):.1f},{sy(o):.1f}" for t, o in c)}"/>')
-        out.append(f'<text x="{W-150}" y="{40 + 16*i}" fill="{col}">{label}</text>')
-    out.append("</svg>")
-    open(path, "w").write("\n".join(out))
+    """Objective against time, one line per curve; the y axis stops at the 90th percentile."""
+    ys = sorted(p[1] for c in curves.values() for p in c)
+    line_plot(curves, path, title, "wall-clock seconds", ys[0], ys[int(len(ys) * 0.9)], lambda v: f"{v:.1f}")
 
 
 results = {}

@@ -883,7 +883,27 @@ impl KvClient {
     }
 
     /// Sends a range request (PushRange, PullRange, PushPullRange) for `[begin, begin+n)`.
-    fn ranged(&mut self, op: Op, table: u32, range: KeyRange, values: &[f32], mut lent: Option<&mut Lent<'_>>) -> Result<u64, ClientError> {
+    /// A range request. A `PullRange` runs under the table's consistency model like a keyed
+    /// pull (on a bsp table, a pull at clock c waits until round c − 1 is applied).
+    fn ranged(&mut self, op: Op, table: u32, range: KeyRange, values: &[f32], lent: Option<&mut Lent<'_>>) -> Result<u64, ClientError> {
+        if op != Op::PullRange || self.issuing.is_some() {
+            return self.ranged_now(op, table, range, values, lent);
+        }
+        let after = self.model_deps(table)?.clock;
+        self.issuing = Some((self.clock, after));
+        let r = self.ranged_now(op, table, range, values, lent);
+        self.issuing = None;
+        r
+    }
+
+    fn ranged_now(
+        &mut self,
+        op: Op,
+        table: u32,
+        range: KeyRange,
+        values: &[f32],
+        mut lent: Option<&mut Lent<'_>>,
+    ) -> Result<u64, ClientError> {
         let (vl, part, domain) = self.info(table)?;
         if op != Op::PullRange {
             check_lengths(range.len() as usize, vl, values.len())?;
@@ -1233,14 +1253,8 @@ impl KvClient {
         }
         check_lengths(out.len() / vl, vl, out.len())?;
         let end = begin.checked_add((out.len() / vl) as u64).ok_or_else(|| CoreError::Limit("range end overflows u64".into()))?;
-        // under the table's consistency model, as a keyed pull (a bsp table's pull at clock c
-        // waits until round c − 1 is applied)
-        let after = self.model_deps(table)?.clock;
         let mut lent = Lent { ts: 0, buf: out };
-        self.issuing = Some((self.clock, after));
-        let ts = self.ranged(Op::PullRange, table, KeyRange::new(begin, end), &[], Some(&mut lent));
-        self.issuing = None;
-        let ts = ts?;
+        let ts = self.ranged(Op::PullRange, table, KeyRange::new(begin, end), &[], Some(&mut lent))?;
         self.drive(ts, Some(&mut lent))?;
         self.finish(ts).map(|_| ())
     }
@@ -1308,11 +1322,10 @@ impl KvClient {
         self.drive(ts, Some(&mut lent))?;
         self.finish(ts)?;
         let mut out = vec![0f64; scalars];
-        for server in raw.chunks_exact(scalars.max(1) * 2).filter(|_| scalars > 0) {
-            for (o, v) in out.iter_mut().zip(server.chunks_exact(2)) {
-                let b: &[u8] = bytemuck::cast_slice(v);
-                *o += f64::from_le_bytes(b.try_into().unwrap_or([0; 8]));
-            }
+        // server s's scalars are raw[s·2k .. (s+1)·2k], each as 2 f32 slots
+        for (i, v) in raw.chunks_exact(2).enumerate() {
+            let b: &[u8] = bytemuck::cast_slice(v);
+            out[i % scalars.max(1)] += f64::from_le_bytes(b.try_into().unwrap_or([0; 8]));
         }
         Ok(out)
     }
@@ -1329,7 +1342,7 @@ impl KvClient {
     }
 
     /// All existing keys of `range` and their values, in key order (for dense tables,
-    /// every key of the range ∩ the table's range).
+    /// every key of the range ∩ the table's range), read under the table's consistency model.
     pub fn pull_range(&mut self, table: u32, range: KeyRange) -> Result<(Vec<u64>, Vec<f32>), ClientError> {
         let (vl, _, domain) = self.info(table)?;
         let range = range.intersect(&domain);

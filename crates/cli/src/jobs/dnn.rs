@@ -156,12 +156,14 @@ pub(crate) struct Ctx {
     pub model: Box<dyn Model>,
     pub layout: Layout,
     pub train: LabeledImages,
-    pub test: LabeledImages,
     pub pixels: usize,
     /// Seeded permutation of the training examples; part `p` (worker `p`'s share) is every
     /// W-th entry from `p`.
     pub order: Vec<u32>,
     pub slow: f64,
+    /// The test set as model inputs (pixels / 255) and labels, made once.
+    test_x: Vec<f32>,
+    test_y: Vec<u32>,
 }
 
 impl Ctx {
@@ -172,14 +174,14 @@ impl Ctx {
         v
     }
 
-    /// Inputs (pixels / 255) and labels of examples `idx`.
-    pub fn fill(&self, set: &LabeledImages, idx: &[u32], x: &mut Vec<f32>, y: &mut Vec<u32>) {
+    /// Inputs (pixels / 255) and labels of training examples `idx`.
+    fn fill(&self, idx: &[u32], x: &mut Vec<f32>, y: &mut Vec<u32>) {
         x.clear();
         y.clear();
         for &i in idx {
             let i = i as usize;
-            x.extend(set.images.pixels[i * self.pixels..(i + 1) * self.pixels].iter().map(|&p| p as f32 / 255.0));
-            y.push(set.labels[i] as u32);
+            x.extend(self.train.images.pixels[i * self.pixels..(i + 1) * self.pixels].iter().map(|&p| p as f32 / 255.0));
+            y.push(self.train.labels[i] as u32);
         }
     }
 
@@ -187,7 +189,7 @@ impl Ctx {
     /// sleeps (FACTOR − 1) × the compute time afterwards.
     pub fn gradient(&self, params: &[f32], idx: &[u32], grad: &mut [f32], x: &mut Vec<f32>, y: &mut Vec<u32>) -> Result<f32> {
         let t = Instant::now();
-        self.fill(&self.train, idx, x, y);
+        self.fill(idx, x, y);
         let loss = self.model.loss_and_grad(params, &Batch::new(x, y, self.pixels)?, grad)?;
         if self.slow > 1.0 {
             std::thread::sleep(t.elapsed().mul_f64(self.slow - 1.0));
@@ -197,9 +199,7 @@ impl Ctx {
 
     /// Test accuracy and loss.
     pub fn test(&self, params: &[f32]) -> Result<(f64, f64)> {
-        let x: Vec<f32> = self.test.images.pixels.iter().map(|&p| p as f32 / 255.0).collect();
-        let y: Vec<u32> = self.test.labels.iter().map(|&l| l as u32).collect();
-        Ok(evaluate(self.model.as_ref(), params, &x, &y, 500)?)
+        Ok(evaluate(self.model.as_ref(), params, &self.test_x, &self.test_y, 500)?)
     }
 }
 
@@ -253,7 +253,9 @@ fn load(a: &DnnArgs, rank: usize) -> Result<Ctx> {
     let mut order: Vec<u32> = (0..train.labels.len() as u32).collect();
     shuffle(&mut order, a.seed);
     let slow = a.straggler.filter(|s| s.0 == rank).map_or(1.0, |s| s.1);
-    Ok(Ctx { pixels: rows * cols, model, layout, train, test, order, slow })
+    let test_x = test.images.pixels.iter().map(|&p| p as f32 / 255.0).collect();
+    let test_y = test.labels.iter().map(|&l| l as u32).collect();
+    Ok(Ctx { pixels: rows * cols, model, layout, train, order, slow, test_x, test_y })
 }
 
 pub(crate) fn table(id: u32, name: &str, len: usize, rule: proto::Rule, consistency: Consistency) -> TableDef {
@@ -288,7 +290,7 @@ pub(crate) struct Evaluator {
     pub t0: Instant,
     pub spent: Duration,
     pub epochs: Vec<EpochReport>,
-    pub progress: Progress,
+    progress: Option<Progress>,
     pub total_epochs: usize,
 }
 
@@ -298,7 +300,7 @@ impl Evaluator {
             t0: Instant::now(),
             spent: Duration::ZERO,
             epochs: Vec::new(),
-            progress: Progress::new(!a_quiet && rank == 0, "epochs".to_string()),
+            progress: Some(Progress::new(!a_quiet && rank == 0, "epochs".to_string())),
             total_epochs,
         }
     }
@@ -313,12 +315,20 @@ impl Evaluator {
         let t = Instant::now();
         let wall_s = self.wall();
         let (accuracy, loss) = ctx.test(params)?;
-        self.progress.update(Some(epoch as f64 / self.total_epochs.max(1) as f64), || {
-            format!("epoch {epoch}: test accuracy {:.2}%, loss {loss:.4} ({wall_s:.1} s of training)", accuracy * 100.0)
-        });
+        let done = Some(epoch as f64 / self.total_epochs.max(1) as f64);
+        if let Some(p) = self.progress.as_mut() {
+            p.update(done, || format!("epoch {epoch}: test accuracy {:.2}%, loss {loss:.4} ({wall_s:.1} s of training)", accuracy * 100.0));
+        }
         self.epochs.push(EpochReport { epoch, accuracy, loss, wall_s });
         self.spent += t.elapsed();
         Ok(())
+    }
+
+    /// Clears the progress line (training is over).
+    pub fn finish(&mut self) {
+        if let Some(p) = self.progress.take() {
+            p.finish();
+        }
     }
 }
 
@@ -340,6 +350,11 @@ pub fn run(a: &DnnArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
         None => None,
     };
     let ctx = load(a, s.rank).with_context(|| format!("loading {}", a.data.display()))?;
+    ensure!(
+        ctx.order.len() >= w,
+        "{} training examples for {w} workers: every worker needs at least one (raise --train-limit or use fewer workers)",
+        ctx.order.len()
+    );
     let p = ctx.layout.len();
     let def = match a.algorithm {
         Algorithm::Downpour => table(
@@ -390,7 +405,7 @@ pub fn run(a: &DnnArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
         Algorithm::Lbfgs => super::dnn_lbfgs::run(a, s, &ctx, &mut params, &mut ev)?,
     };
     let wall = ev.wall();
-    std::mem::replace(&mut ev.progress, Progress::new(false, String::new())).finish();
+    ev.finish();
     let after = s.kv.traffic();
     const MIB: f64 = 1024.0 * 1024.0;
     let sent = (after.bytes_sent - before.bytes_sent) as f64 / MIB;
