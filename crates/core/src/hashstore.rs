@@ -295,6 +295,34 @@ impl HashStore {
         bytemuck::cast_slice_mut::<u32, f32>(&mut row[2..]).split_at_mut(vl)
     }
 
+    /// The values and state of a row, side by side.
+    #[inline]
+    pub fn row(&self, t: Slot) -> &[f32] {
+        let b = t.index() * self.stride + 2;
+        bytemuck::cast_slice(&self.shards[t.shard()].data[b..b + self.stride - 2])
+    }
+
+    /// Every stored key with `lo <= key < hi`, in key order, appended to `keys`, and its
+    /// values and state side by side appended to `rows` (for copying a shard to a replica).
+    pub fn range_rows(&self, lo: u64, hi: u64, keys: &mut Vec<u64>, rows: &mut Vec<f32>) {
+        let mut found: Vec<(u64, Slot)> = Vec::new();
+        for (si, sh) in self.shards.iter().enumerate() {
+            for j in 0..sh.cap {
+                let k = sh.key_at(j, self.stride);
+                if k != EMPTY && k >= lo && k < hi {
+                    found.push((k, Slot::new(si, j)));
+                }
+            }
+        }
+        found.sort_unstable_by_key(|p| p.0);
+        keys.reserve(found.len());
+        rows.reserve(found.len() * (self.stride - 2));
+        for (k, t) in found {
+            keys.push(k);
+            rows.extend_from_slice(self.row(t));
+        }
+    }
+
     /// Calls `f` with the values of every stored row, in no particular order.
     pub fn for_each_values(&self, mut f: impl FnMut(&[f32])) {
         for sh in &self.shards {

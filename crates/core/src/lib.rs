@@ -30,6 +30,7 @@ pub mod ring;
 pub mod rounds;
 pub mod rule;
 pub mod schedule;
+pub mod shards;
 pub mod table;
 pub mod tensor;
 pub mod vecops;

@@ -71,6 +71,16 @@ pub enum Op {
     /// Sandblaster's piece hand-out on the coordinator. Body: `PieceRequest`; reply body:
     /// `PieceReply` (see [`crate::pieces`]).
     Pieces = 30,
+    /// Server to server (replicated tables): the rows of one table in
+    /// `[range_begin, range_end)` — keys, then per key its values and update-rule state in
+    /// the values payload — and, in `meta`, the exactly-once watermarks of the range's
+    /// shards ([`crate::shards::Watermarks`]). Sent by a shard's surviving holder to a new
+    /// chain member while an epoch is being prepared; the receiver replaces its rows of the
+    /// range. `last` ends the copy, which is then acknowledged.
+    ShardCopy = 31,
+    /// A server tells the coordinator it has moved to an epoch and built its new replicas.
+    /// Body: `EpochReady`.
+    EpochReady = 32,
 }
 
 impl Op {
@@ -99,6 +109,8 @@ impl Op {
             28 => Summarize,
             29 => VecOps,
             30 => Pieces,
+            31 => ShardCopy,
+            32 => EpochReady,
             _ => return None,
         })
     }
@@ -219,6 +231,8 @@ mod tests {
             Op::Summarize,
             Op::VecOps,
             Op::Pieces,
+            Op::ShardCopy,
+            Op::EpochReady,
         ] {
             assert_eq!(Op::from_u32(op as u32), Some(op));
         }

@@ -12,6 +12,8 @@ use std::ops::Range;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Partition {
     ranges: Vec<KeyRange>,
+    /// The server of each range (`None`: range i is server i's).
+    owners: Option<Vec<usize>>,
 }
 
 impl Partition {
@@ -25,7 +27,21 @@ impl Partition {
         let ranges = (0..n)
             .map(|i| KeyRange { begin: domain.begin + (len * i / n) as u64, end: domain.begin + (len * (i + 1) / n) as u64 })
             .collect();
-        Partition { ranges }
+        Partition { ranges, owners: None }
+    }
+
+    /// Contiguous ranges in key order, each with its server index (a server may own
+    /// several): the heads of a replicated table's shards ([`crate::shards::ShardMap::heads`]).
+    /// Precondition: the ranges are sorted and do not overlap.
+    pub fn from_segments(segments: &[(KeyRange, usize)]) -> Self {
+        Partition { ranges: segments.iter().map(|s| s.0).collect(), owners: Some(segments.iter().map(|s| s.1).collect()) }
+    }
+
+    fn server_of(&self, i: usize) -> usize {
+        match &self.owners {
+            Some(o) => o[i],
+            None => i,
+        }
     }
 
     /// Number of servers.
@@ -41,25 +57,27 @@ impl Partition {
     /// The server that owns `key`, or `None` when the key is outside the domain.
     pub fn owner(&self, key: u64) -> Option<usize> {
         let i = self.ranges.partition_point(|r| r.end <= key);
-        (i < self.ranges.len() && self.ranges[i].contains(key)).then_some(i)
+        (i < self.ranges.len() && self.ranges[i].contains(key)).then(|| self.server_of(i))
     }
 
-    /// Splits a sorted key list into per-server index ranges: yields `(server, a..b)` for
-    /// each server that owns at least one of `keys[a..b]`, in server order. O(servers · log n).
+    /// Splits a sorted key list into per-range index ranges: yields `(server, a..b)` for
+    /// each range holding at least one of `keys[a..b]`, in key order (a server owning several
+    /// ranges appears once per range). O(servers · log n).
     /// Keys outside the domain are not yielded (callers check the domain first).
     pub fn split_keys<'a>(&'a self, keys: &'a [u64]) -> impl Iterator<Item = (usize, Range<usize>)> + 'a {
         self.ranges.iter().enumerate().filter_map(move |(i, r)| {
             let a = keys.partition_point(|&k| k < r.begin);
             let b = keys.partition_point(|&k| k < r.end);
-            (a < b).then_some((i, a..b))
+            (a < b).then(|| (self.server_of(i), a..b))
         })
     }
 
-    /// Splits a key range into the non-empty pieces each server owns, in server order.
+    /// Splits a key range into the non-empty pieces of each range, in key order, with the
+    /// owning server.
     pub fn split_range(&self, range: KeyRange) -> impl Iterator<Item = (usize, KeyRange)> + '_ {
         self.ranges.iter().enumerate().filter_map(move |(i, r)| {
             let x = r.intersect(&range);
-            (!x.is_empty()).then_some((i, x))
+            (!x.is_empty()).then(|| (self.server_of(i), x))
         })
     }
 }

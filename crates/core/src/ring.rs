@@ -45,6 +45,18 @@ impl Ring {
         Ring { epoch: 0, vnodes: vnodes.max(1), points: Vec::new(), servers: BTreeSet::new() }
     }
 
+    /// The ring of `members` (each with `vnodes` points) at `epoch`: what every node rebuilds
+    /// from a published routing table, identical to the coordinator's (points are a function
+    /// of the server id only). Duplicate members are counted once.
+    pub fn with_members(vnodes: u32, members: impl IntoIterator<Item = u32>, epoch: u64) -> Ring {
+        let mut r = Ring::new(vnodes);
+        for m in members {
+            let _ = r.add(m);
+        }
+        r.epoch = epoch;
+        r
+    }
+
     /// The epoch: the number of changes so far.
     pub fn epoch(&self) -> u64 {
         self.epoch
