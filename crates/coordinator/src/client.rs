@@ -115,6 +115,21 @@ impl ControlClient {
         crate::decode_body(&r).map_err(ControlError::Malformed)
     }
 
+    /// The routing table: waits up to `wait` for an active one of epoch `min_epoch` or later
+    /// (replicated jobs, after a failure), else answers the current one.
+    pub fn routing(&mut self, min_epoch: u64, wait: Duration) -> Result<proto::Routing, ControlError> {
+        let body = proto::RoutingRequest { min_epoch, wait_ms: wait.as_millis() as u64 }.encode_to_vec();
+        let r = self.call(Op::GetRouting, body)?;
+        crate::decode_body(&r).map_err(ControlError::Malformed)
+    }
+
+    /// (Servers of a replicated job) reports that this server moved to `epoch` and built
+    /// the replicas it had to (`keys_copied` rows sent), or why it could not (`error`).
+    pub fn epoch_ready(&mut self, epoch: u64, keys_copied: u64, error: &str) -> Result<(), ControlError> {
+        let body = proto::EpochReady { epoch, keys_copied, error: error.into() }.encode_to_vec();
+        self.call(Op::EpochReady, body).map(|_| ())
+    }
+
     /// Reports that this worker is done (`ok == false` fails the job with `message`).
     pub fn done(&mut self, ok: bool, message: &str) -> Result<(), ControlError> {
         self.call(Op::Done, proto::DoneRequest { ok, message: message.into() }.encode_to_vec()).map(|_| ())

@@ -14,6 +14,7 @@ pub mod client;
 
 use downpour_core::msg::{self, Op, Status};
 use downpour_core::pieces::PieceBoard;
+use downpour_core::ring::Ring;
 use downpour_core::proto::{self, FrameHeader};
 use downpour_core::schedule::{wire, BpgScheduler};
 use downpour_transport::{Connection, Listener};
@@ -39,6 +40,14 @@ pub struct CoordinatorConfig {
     /// The cluster secret: registered workers get a credential derived from it
     /// (`msg::worker_credential`) to identify with to the servers.
     pub secret: Option<String>,
+    /// Copies of every key (chain replication). 1: the fixed even partition, a server
+    /// failure fails the job; 2 or more: shards on a consistent-hashing ring, a failed
+    /// server is removed in a new epoch and the job goes on.
+    pub replication: usize,
+    /// Ring points per server (replication ≥ 2).
+    pub vnodes: u32,
+    /// Fixed shards per table domain (replication ≥ 2).
+    pub shards: u32,
 }
 
 impl Default for CoordinatorConfig {
@@ -50,6 +59,9 @@ impl Default for CoordinatorConfig {
             node_timeout: Duration::from_secs(10),
             register_timeout: Duration::from_secs(60),
             secret: None,
+            replication: 1,
+            vnodes: 4,
+            shards: 64,
         }
     }
 }
@@ -71,13 +83,55 @@ struct State {
     schedule: Option<BpgScheduler>,
     /// Sandblaster's piece board, made at the first `Pieces` call.
     pieces: Option<PieceBoard>,
+    /// Replicated jobs: the ring of live servers (its epoch is `epoch`).
+    ring: Option<Ring>,
+    /// Whether the servers serve `epoch` (false while replicas are rebuilt).
+    active: bool,
+    /// The epoch being prepared: servers still to report ready, when the failure that
+    /// started it was detected, and what failed.
+    pending: Option<Pending>,
+    /// Servers removed from the ring (they are fenced: their old epoch is refused).
+    removed: HashSet<u32>,
+    /// Recoveries: (epoch, what failed, detection to serving).
+    recoveries: Vec<Recovery>,
+}
+
+struct Pending {
+    waiting: HashSet<u32>,
+    detected: Instant,
+    cause: String,
+    keys_copied: u64,
+}
+
+/// One recovery of a replicated job: a server failed, was removed from the ring, and the
+/// new epoch was served once every survivor had rebuilt its replicas.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Recovery {
+    /// The epoch that took over.
+    pub epoch: u64,
+    /// What failed, as detected.
+    pub cause: String,
+    /// From the failure's detection to the new epoch being served.
+    pub took: Duration,
+    /// Rows copied to build the new replicas.
+    pub keys_copied: u64,
 }
 
 impl State {
-    fn routing(&self) -> proto::Routing {
+    fn routing(&self, cfg: &CoordinatorConfig) -> proto::Routing {
+        let live = |id: &u32| self.ring.as_ref().is_none_or(|r| r.servers().any(|s| s == *id));
         proto::Routing {
             epoch: self.epoch,
-            servers: self.servers.iter().map(|(id, addr)| proto::ServerEntry { node_id: *id, addr: addr.clone() }).collect(),
+            servers: self
+                .servers
+                .iter()
+                .filter(|(id, _)| live(id))
+                .map(|(id, addr)| proto::ServerEntry { node_id: *id, addr: addr.clone() })
+                .collect(),
+            replication: if self.ring.is_some() { cfg.replication as u32 } else { 0 },
+            vnodes: cfg.vnodes,
+            shards: cfg.shards,
+            active: self.active,
         }
     }
     fn describe(&self, id: u32) -> String {
@@ -201,8 +255,7 @@ impl Coordinator {
             if let Some(id) = dead {
                 let reason = format!("{} sent no heartbeat for {:?}: declared dead", st.describe(id), self.cfg.node_timeout);
                 drop(st);
-                self.fail(reason);
-                return;
+                self.lost(id, reason);
             }
         }
     }
@@ -243,9 +296,107 @@ impl Coordinator {
             drop(st);
             self.cv.notify_all();
             if !finished {
-                self.fail(format!("{what} disconnected before the job finished"));
+                self.lost(id, format!("{what} disconnected before the job finished"));
             }
         }
+    }
+
+    /// A node was lost: a server of a replicated job is removed from the ring in a new
+    /// epoch (the job goes on once the survivors rebuilt its replicas); anything else fails
+    /// the job with `reason`.
+    fn lost(&self, id: u32, reason: String) {
+        let mut st = self.state.lock();
+        if st.removed.contains(&id) || st.shutdown || st.failed.is_some() {
+            return;
+        }
+        let on_ring = st.ring.as_ref().is_some_and(|r| r.servers().any(|s| s == id));
+        if !on_ring {
+            drop(st);
+            self.fail(reason);
+            return;
+        }
+        let Some(ring) = st.ring.as_mut() else { return };
+        if let Err(e) = ring.remove(id) {
+            drop(st);
+            self.fail(format!("{reason}; removing it from the ring failed: {e}"));
+            return;
+        }
+        let left: HashSet<u32> = ring.servers().collect();
+        if left.is_empty() {
+            drop(st);
+            self.fail(format!("{reason}; no server is left"));
+            return;
+        }
+        st.epoch += 1;
+        st.active = false;
+        st.removed.insert(id);
+        st.last_seen.remove(&id);
+        st.heartbeating.remove(&id);
+        let detected = st.pending.as_ref().map(|p| p.detected).unwrap_or_else(Instant::now);
+        let cause = match st.pending.take() {
+            Some(p) => format!("{}; {reason}", p.cause),
+            None => reason.clone(),
+        };
+        tracing::warn!("{reason}: removed from the ring; preparing routing epoch {} with servers {:?}", st.epoch, {
+            let mut v: Vec<_> = left.iter().copied().collect();
+            v.sort_unstable();
+            v
+        });
+        st.pending = Some(Pending { waiting: left, detected, cause, keys_copied: 0 });
+        self.cv.notify_all();
+        self.sched_cv.notify_all();
+    }
+
+    /// A server moved to `epoch` and built its replicas; the last one activates the epoch.
+    fn epoch_ready(&self, node: u32, req: proto::EpochReady) -> Result<(), (Status, String)> {
+        let mut st = self.state.lock();
+        if !req.error.is_empty() {
+            let what = st.describe(node);
+            drop(st);
+            self.fail(format!("{what} cannot serve routing epoch {}: {}", req.epoch, req.error));
+            return Ok(());
+        }
+        if req.epoch != st.epoch {
+            // a superseded epoch: the server hears the newer one with its next heartbeat
+            return Ok(());
+        }
+        let epoch = st.epoch;
+        let Some(p) = st.pending.as_mut() else { return Ok(()) };
+        p.waiting.remove(&node);
+        p.keys_copied += req.keys_copied;
+        if p.waiting.is_empty() {
+            let p = st.pending.take().ok_or((Status::Internal, "no pending epoch".to_string()))?;
+            let took = p.detected.elapsed();
+            st.active = true;
+            tracing::info!(
+                "routing epoch {epoch} served: recovery took {:.1} ms from detection to serving ({} rows copied) after: {}",
+                took.as_secs_f64() * 1e3,
+                p.keys_copied,
+                p.cause
+            );
+            st.recoveries.push(Recovery { epoch, cause: p.cause, took, keys_copied: p.keys_copied });
+            self.cv.notify_all();
+        }
+        Ok(())
+    }
+
+    /// The recoveries so far (replicated jobs).
+    pub fn recoveries(&self) -> Vec<Recovery> {
+        self.state.lock().recoveries.clone()
+    }
+
+    /// The routing table, waiting up to `wait` for an active one of epoch `min_epoch` or later.
+    fn routing_after(&self, min_epoch: u64, wait: Duration) -> proto::Routing {
+        let deadline = Instant::now() + wait.min(Duration::from_secs(60));
+        let mut st = self.state.lock();
+        while !(st.active && st.epoch >= min_epoch) && st.failed.is_none() && !st.shutdown {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            self.cv.wait_for(&mut st, deadline - now);
+        }
+        st.routing(&self.cfg)
     }
 
     fn dispatch(&self, h: &FrameHeader, hb_node: &mut Option<u32>) -> Result<Vec<u8>, (Status, String)> {
@@ -268,7 +419,14 @@ impl Coordinator {
                 self.done(h.sender, req);
                 Ok(Vec::new())
             }
-            Some(Op::GetRouting) => Ok(self.state.lock().routing().encode_to_vec()),
+            Some(Op::GetRouting) => {
+                let req = proto::RoutingRequest::decode(h.meta.as_ref()).map_err(bad)?;
+                Ok(self.routing_after(req.min_epoch, Duration::from_millis(req.wait_ms)).encode_to_vec())
+            }
+            Some(Op::EpochReady) => {
+                let req = proto::EpochReady::decode(h.meta.as_ref()).map_err(bad)?;
+                self.epoch_ready(h.sender, req).map(|_| Vec::new())
+            }
             Some(Op::Pieces) => {
                 let req = proto::PieceRequest::decode(h.meta.as_ref()).map_err(bad)?;
                 self.pieces(h.sender, req).map(|r| r.encode_to_vec())
@@ -317,6 +475,16 @@ impl Coordinator {
         );
         if role == "server" && st.servers.len() == self.cfg.servers {
             st.epoch = 1;
+            st.active = true;
+            if self.cfg.replication >= 2 {
+                st.ring = Some(Ring::with_members(self.cfg.vnodes, st.servers.iter().map(|s| s.0), 1));
+                tracing::info!(
+                    "chain replication: {} copies of {} shards per table on a ring of {} points per server",
+                    self.cfg.replication,
+                    self.cfg.shards,
+                    self.cfg.vnodes
+                );
+            }
             tracing::info!("all {} servers registered: routing epoch 1 published", self.cfg.servers);
             self.cv.notify_all();
         }
@@ -334,7 +502,7 @@ impl Coordinator {
             rank,
             num_workers: self.cfg.workers as u32,
             num_servers: self.cfg.servers as u32,
-            routing: Some(st.routing()),
+            routing: Some(st.routing(&self.cfg)),
             heartbeat_ms: self.cfg.heartbeat.as_millis() as u64,
             credential: match (&self.cfg.secret, role) {
                 (Some(secret), "worker") => msg::worker_credential(secret, id).to_vec().into(),
@@ -500,7 +668,12 @@ impl Coordinator {
             self.cv.wait_for(&mut st, self.cfg.heartbeat);
         }
         st.last_seen.insert(node, Instant::now());
-        proto::HeartbeatReply { shutdown: st.shutdown, job_failed: st.failed.is_some(), reason: st.failed.clone().unwrap_or_default() }
+        proto::HeartbeatReply {
+            shutdown: st.shutdown,
+            job_failed: st.failed.is_some(),
+            reason: st.failed.clone().unwrap_or_default(),
+            routing: st.ring.is_some().then(|| st.routing(&self.cfg)),
+        }
     }
 
     fn done(&self, node: u32, req: proto::DoneRequest) {

@@ -20,7 +20,9 @@ use downpour_core::msg::{self, Op, Status};
 use downpour_core::partition::Partition;
 use downpour_core::proto::{self, FrameHeader};
 use downpour_core::rounds::Accepted;
+use downpour_core::ring::Ring;
 use downpour_core::rule::RuleRegistry;
+use downpour_core::shards::{self, ShardMap, Watermarks};
 use downpour_core::table::{Table, TableDef};
 use downpour_core::vecops;
 use downpour_core::{CoreError, KeyRange};
@@ -47,6 +49,9 @@ pub struct ServerConfig {
     pub rules: RuleRegistry,
     /// User filters the server knows (tables name them as `user:NAME`).
     pub filters: FilterRegistry,
+    /// How this server reaches the other servers (replicated jobs: chain forwarding and
+    /// replica copies). Required when the job replicates.
+    pub peer_transport: Option<Arc<dyn Transport>>,
 }
 
 impl Default for ServerConfig {
@@ -57,6 +62,7 @@ impl Default for ServerConfig {
             secret: None,
             rules: RuleRegistry::new(),
             filters: FilterRegistry::new(),
+            peer_transport: None,
         }
     }
 }
@@ -95,6 +101,40 @@ struct TableSlot {
     gate: Option<GateSlot>,
     /// Bytes before and after each filter, over all connections (tables with filters).
     filter_stats: FilterStats,
+    /// Replicated jobs: the table's shards and chains under the current epoch, and the
+    /// exactly-once watermarks (locked after the table's lock, never before).
+    repl: Option<TableRepl>,
+}
+
+struct TableRepl {
+    map: RwLock<Arc<ShardMap>>,
+    marks: Mutex<Watermarks>,
+}
+
+/// A replicated job's routing as this server knows it.
+#[derive(Clone)]
+struct Repl {
+    routing: proto::Routing,
+    /// The members of the last epoch served (whose placement the data is in).
+    active_members: Vec<u32>,
+}
+
+impl Repl {
+    fn members(&self) -> Vec<u32> {
+        self.routing.servers.iter().map(|s| s.node_id).collect()
+    }
+
+    fn ring(&self, members: &[u32]) -> Ring {
+        Ring::with_members(self.routing.vnodes, members.iter().copied(), self.routing.epoch)
+    }
+
+    fn map(&self, domain: KeyRange, members: &[u32]) -> ShardMap {
+        ShardMap::new(&self.ring(members), domain, self.routing.shards as usize, self.routing.replication as usize)
+    }
+
+    fn addr(&self, node: u32) -> Option<&str> {
+        self.routing.servers.iter().find(|s| s.node_id == node).map(|s| s.addr.as_str())
+    }
 }
 
 /// Per filter of a table, summed over connections: (direction, name, [messages, bytes in,
@@ -163,6 +203,8 @@ pub struct ServerState {
     stop: AtomicBool,
     /// Bytes the tables' rows hold (kept up to date by every request that grows a table).
     used_bytes: AtomicU64,
+    /// Replicated jobs: the routing (set at registration, changed by epochs).
+    repl: RwLock<Option<Repl>>,
 }
 
 impl ServerState {
@@ -175,6 +217,20 @@ impl ServerState {
         self.num_servers.store(num_servers.max(1), Ordering::Relaxed);
         self.num_workers.store(num_workers.max(1), Ordering::Relaxed);
         self.epoch.store(epoch, Ordering::Relaxed);
+    }
+
+    /// Makes this server part of a replicated job (`routing.replication >= 2`): tables are
+    /// held whole (every shard the server is in the chain of), pushes are forwarded down
+    /// each shard's chain and acknowledged once the tail has them. Call after
+    /// [`ServerState::set_placement`], before tables are created.
+    pub fn set_replicated(&self, routing: proto::Routing) {
+        let active_members = routing.servers.iter().map(|s| s.node_id).collect();
+        *self.repl.write() = Some(Repl { routing, active_members });
+    }
+
+    /// The routing epoch this server serves.
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Relaxed)
     }
 
     /// Asks the accept loop and connection threads to stop.
@@ -280,6 +336,7 @@ impl Server {
             tables: RwLock::new(HashMap::new()),
             stop: AtomicBool::new(false),
             used_bytes: AtomicU64::new(0),
+            repl: RwLock::new(None),
         });
         Ok(Server { state, listener })
     }
@@ -339,6 +396,32 @@ struct ConnCtx {
     pipes: HashMap<u32, TablePipes>,
     /// The worker node this connection identified as (clusters with a secret).
     identified: Option<u32>,
+    /// Replicated tables: this connection's forwarding state.
+    fwd: Forwarding,
+}
+
+/// A connection's chain forwarding: one connection per successor (so a worker's updates
+/// reach each replica in order), the current chunk's keys and values per successor, and
+/// the successors the current request was forwarded to (their acks come at its end).
+#[derive(Default)]
+struct Forwarding {
+    epoch: u64,
+    conns: HashMap<u32, Box<dyn Connection>>,
+    bufs: HashMap<u32, (Vec<u64>, Vec<f32>)>,
+    touched: Vec<u32>,
+}
+
+impl Forwarding {
+    /// Forgets every forwarding connection (after an error mid-request, so no successor is
+    /// left with a request that never ends).
+    fn reset(&mut self) {
+        self.conns.clear();
+        self.touched.clear();
+        for b in self.bufs.values_mut() {
+            b.0.clear();
+            b.1.clear();
+        }
+    }
 }
 
 /// The filter pipelines of one table on one connection.
@@ -368,6 +451,7 @@ pub fn serve_connection(st: &ServerState, mut conn: Box<dyn Connection>) {
         vbytes: Vec::new(),
         pipes: HashMap::new(),
         identified: None,
+        fwd: Forwarding::default(),
     };
     let mut skip: Option<u64> = None;
     // Wake up now and then to notice a stop request.
@@ -513,7 +597,9 @@ fn handle_frame(st: &ServerState, h: &FrameHeader, ctx: &mut ConnCtx, conn: &mut
         }
     }
     let epoch = st.epoch.load(Ordering::Relaxed);
-    if h.epoch != 0 && h.epoch != epoch && op != Op::Ping {
+    // A replica copy may come from a server that heard of a new epoch before this one did.
+    let copy_ahead = op == Op::ShardCopy && h.epoch > epoch;
+    if h.epoch != 0 && h.epoch != epoch && op != Op::Ping && !copy_ahead {
         return Ok(Err((Status::StaleEpoch, format!("request for routing epoch {} but this server is at epoch {epoch}", h.epoch))));
     }
     match op {
@@ -537,6 +623,13 @@ fn handle_frame(st: &ServerState, h: &FrameHeader, ctx: &mut ConnCtx, conn: &mut
             };
             if let Err(e) = decode_filtered(st, h, &slot, ctx) {
                 return Ok(Err(e));
+            }
+            if let Some(r) = &slot.repl {
+                let res = replicated_push(st, &slot, r, h, op, ctx, conn, me);
+                if !matches!(res, Ok(Ok(()))) {
+                    ctx.fwd.reset();
+                }
+                return res;
             }
             let res = match slot.gate.as_ref().filter(|g| g.rounds) {
                 // bsp: buffered under its round, applied when the round completes.
@@ -576,6 +669,9 @@ fn handle_frame(st: &ServerState, h: &FrameHeader, ctx: &mut ConnCtx, conn: &mut
             };
             if let Err(e) = decode_filtered(st, h, &slot, ctx) {
                 return Ok(Err(e));
+            }
+            if op == Op::PushPull && slot.repl.is_some() {
+                return Ok(Err((Status::Unsupported, "push-pull on a replicated table: push, then pull".into())));
             }
             if op == Op::PushPull && slot.gate.as_ref().is_some_and(|g| g.rounds) {
                 return Ok(Err((Status::Unsupported, "push-pull on a bsp table: push, clock, then pull".into())));
@@ -693,6 +789,9 @@ fn handle_frame(st: &ServerState, h: &FrameHeader, ctx: &mut ConnCtx, conn: &mut
             if slot.gate.as_ref().is_some_and(|g| g.rounds) {
                 return Ok(Err((Status::Unsupported, "push-pull on a bsp table: push, clock, then pull".into())));
             }
+            if slot.repl.is_some() {
+                return Ok(Err((Status::Unsupported, "push-pull on a replicated table: push, then pull".into())));
+            }
             let mut t = slot.table.write();
             let r = match t.push_range(h.range_begin, &ctx.vals) {
                 Ok(r) => r,
@@ -719,7 +818,19 @@ fn handle_frame(st: &ServerState, h: &FrameHeader, ctx: &mut ConnCtx, conn: &mut
             }
             Ok(Ok(()))
         }
-        Op::Register | Op::Barrier | Op::Heartbeat | Op::Done | Op::GetRouting | Op::Schedule | Op::Pieces => {
+        Op::ShardCopy => {
+            let slot = match lookup(st, ctx, h.table) {
+                Ok(s) => s,
+                Err(e) => return Ok(Err(e)),
+            };
+            let res = receive_copy(&slot, h, ctx);
+            if res.is_ok() && h.last {
+                let mut r = msg::reply_to(h, me);
+                conn.send(&mut r, &[], &[])?;
+            }
+            Ok(res)
+        }
+        Op::Register | Op::Barrier | Op::Heartbeat | Op::Done | Op::GetRouting | Op::Schedule | Op::Pieces | Op::EpochReady => {
             Ok(Err((Status::Unsupported, format!("{op:?} is a coordinator call; this is a server"))))
         }
         Op::Hello => Ok(Err((Status::InvalidArgument, "Hello is only valid as a connection's first frame".into()))),
@@ -739,6 +850,9 @@ fn handle_frame(st: &ServerState, h: &FrameHeader, ctx: &mut ConnCtx, conn: &mut
             Ok(Ok(()))
         }
         Op::VecOps => {
+            if st.repl.read().is_some() {
+                return Ok(Err((Status::Unsupported, "vector operations on replicated tables are not supported".into())));
+            }
             let res = run_vec_program(st, ctx, h);
             match res {
                 Ok(scalars) => {
@@ -918,7 +1032,26 @@ fn create_table(st: &ServerState, h: &FrameHeader) -> ReqResult {
     }
     let n = st.num_servers.load(Ordering::Relaxed) as usize;
     let rank = st.rank.load(Ordering::Relaxed) as usize;
-    let owned = Partition::even(def.domain(), n).range(rank.min(n - 1));
+    let workers = st.num_workers.load(Ordering::Relaxed) as usize;
+    let repl = st.repl.read().clone();
+    let (owned, table_repl) = match &repl {
+        None => (Partition::even(def.domain(), n).range(rank.min(n - 1)), None),
+        Some(r) => {
+            if def.consistency == downpour_core::consistency::Consistency::Bsp {
+                return Err((
+                    Status::Unsupported,
+                    format!("table {}: bsp tables are not replicated yet (use async or ssp with --replication)", def.id),
+                ));
+            }
+            if !def.filters.is_empty() {
+                return Err((Status::Unsupported, format!("table {}: filters on replicated tables are not supported yet", def.id)));
+            }
+            // every shard this server is in the chain of, now or after a fail-over
+            let map = r.map(def.domain(), &r.members());
+            let marks = Watermarks::new(map.len(), workers);
+            (def.domain(), Some(TableRepl { map: RwLock::new(Arc::new(map)), marks: Mutex::new(marks) }))
+        }
+    };
     if def.is_dense() {
         // weights and rule state, 4 bytes each, allocated at once
         let need = (owned.len() as u128) * (def.value_len as u128) * 8;
@@ -937,7 +1070,6 @@ fn create_table(st: &ServerState, h: &FrameHeader) -> ReqResult {
             ));
         }
     }
-    let workers = st.num_workers.load(Ordering::Relaxed) as usize;
     let (model, backup, aggregate, vl) = (def.consistency, def.backup_workers as usize, def.aggregate, def.value_len);
     let spec_filters = def.filters.clone();
     let table = Table::new(def, owned, &st.cfg.rules).map_err(core_err)?;
@@ -956,7 +1088,10 @@ fn create_table(st: &ServerState, h: &FrameHeader) -> ReqResult {
         FilterStats::new(&request, &reply)
     };
     account(st, 0, table.bytes());
-    tables.insert(canonical.id, Arc::new(TableSlot { spec: canonical, table: RwLock::new(table), gate, filter_stats }));
+    tables.insert(
+        canonical.id,
+        Arc::new(TableSlot { spec: canonical, table: RwLock::new(table), gate, filter_stats, repl: table_repl }),
+    );
     Ok(())
 }
 
@@ -1027,6 +1162,319 @@ fn pull_range(
             return Ok(Ok(()));
         }
         i = j;
+    }
+}
+
+/// How long a chain member waits for its successor's acknowledgement of a request.
+const FORWARD_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A push to a replicated table, from a worker (this server must head every shard it
+/// touches) or forwarded by the previous member of the shards' chains. Each shard's part is
+/// admitted by its watermarks (a retried or duplicated request applies only what it did not
+/// apply before), applied, and forwarded whole to the shard's successor; after the
+/// request's last chunk the successors' acknowledgements are awaited, then the sender is
+/// acknowledged: a worker's push is acknowledged only once the tail has it. The epoch is
+/// checked again under the table's lock, so nothing is applied after this server moved to a
+/// new epoch (whose replica copies are taken under that lock).
+#[allow(clippy::too_many_arguments)]
+fn replicated_push(
+    st: &ServerState,
+    slot: &TableSlot,
+    r: &TableRepl,
+    h: &FrameHeader,
+    op: Op,
+    ctx: &mut ConnCtx,
+    conn: &mut dyn Connection,
+    me: u32,
+) -> Result<ReqResult, TransportError> {
+    let workers = st.num_workers.load(Ordering::Relaxed);
+    if h.worker >= workers {
+        return Ok(Err((Status::InvalidArgument, format!("push from worker {} of a job of {workers} workers", h.worker))));
+    }
+    let (vl, domain) = {
+        let t = slot.table.read();
+        (t.def().value_len, t.def().domain())
+    };
+    if op == Op::PushRange {
+        // forwarded and admitted key by key like a keyed push
+        let n = (ctx.vals.len() / vl) as u64;
+        let Some(end) = h.range_begin.checked_add(n) else {
+            return Ok(Err(core_err(CoreError::Limit("range end overflows u64".into()))));
+        };
+        ctx.keys.clear();
+        ctx.keys.extend(h.range_begin..end);
+    }
+    if let Err(e) = check_sorted_unique(&ctx.keys).and_then(|_| check_lengths(ctx.keys.len(), vl, ctx.vals.len())) {
+        return Ok(Err(core_err(e)));
+    }
+    for k in [ctx.keys.first(), ctx.keys.last()].into_iter().flatten() {
+        if !domain.contains(*k) {
+            return Ok(Err(core_err(CoreError::KeyOutOfRange { table: h.table, key: *k, range: domain })));
+        }
+    }
+    let map = r.map.read().clone();
+    {
+        let mut t = slot.table.write();
+        let epoch = st.epoch.load(Ordering::Relaxed);
+        if h.epoch != epoch {
+            return Ok(Err((Status::StaleEpoch, format!("request for routing epoch {} but this server is at epoch {epoch}", h.epoch))));
+        }
+        for (shard, _) in map.split_keys(&ctx.keys) {
+            let pos = map.position(shard, me);
+            let ok = if h.forwarded { pos.is_some_and(|p| p > 0) } else { pos == Some(0) };
+            if !ok {
+                let role = if h.forwarded { "a replica" } else { "the head" };
+                return Ok(Err((
+                    Status::StaleEpoch,
+                    format!("this server is not {role} of shard {shard} of table {} in routing epoch {epoch}", h.table),
+                )));
+            }
+        }
+        if let Err(e) = check_quota(st, &t, &ctx.keys) {
+            return Ok(Err(e));
+        }
+        let before = t.bytes();
+        let mut marks = r.marks.lock();
+        for (shard, range) in map.split_keys(&ctx.keys) {
+            let from = match marks.admit(shard, h.worker as usize, h.request_id, &ctx.keys[range.clone()]) {
+                Ok(f) => f,
+                Err(e) => return Ok(Err(core_err(e))),
+            };
+            let a = range.start + from;
+            if a < range.end {
+                if let Err(e) = t.push(&ctx.keys[a..range.end], &ctx.vals[a * vl..range.end * vl]) {
+                    return Ok(Err(core_err(e)));
+                }
+            }
+            // duplicates go down the chain too: the successor may not have them
+            if let Some(next) = map.successor(shard, me) {
+                let b = ctx.fwd.bufs.entry(next).or_default();
+                b.0.extend_from_slice(&ctx.keys[range.clone()]);
+                b.1.extend_from_slice(&ctx.vals[range.start * vl..range.end * vl]);
+            }
+        }
+        drop(marks);
+        account(st, before, t.bytes());
+    }
+    if ctx.fwd.epoch != h.epoch {
+        ctx.fwd.conns.clear();
+        ctx.fwd.epoch = h.epoch;
+    }
+    let mut nexts: Vec<u32> = ctx.fwd.bufs.iter().filter(|(_, b)| !b.0.is_empty()).map(|(n, _)| *n).collect();
+    nexts.sort_unstable();
+    for next in nexts {
+        let (keys, vals) = ctx.fwd.bufs.get_mut(&next).map(|b| (std::mem::take(&mut b.0), std::mem::take(&mut b.1))).unwrap_or_default();
+        let mut fh = forward_header(h, me);
+        fh.last = false;
+        let sent = forward_conn(st, &mut ctx.fwd, next, me).and_then(|c| c.send(&mut fh, key_bytes(&keys), value_bytes(&vals)).map_err(|e| e.to_string()));
+        if let Some(b) = ctx.fwd.bufs.get_mut(&next) {
+            // give the buffers back for the next chunk
+            b.0 = keys;
+            b.1 = vals;
+            b.0.clear();
+            b.1.clear();
+        }
+        if let Err(e) = sent {
+            return Ok(Err((Status::StaleEpoch, format!("forwarding to replica node {next} failed: {e}"))));
+        }
+        if !ctx.fwd.touched.contains(&next) {
+            ctx.fwd.touched.push(next);
+        }
+    }
+    if h.last {
+        for next in std::mem::take(&mut ctx.fwd.touched) {
+            let mut fh = forward_header(h, me);
+            fh.last = true;
+            let acked = forward_conn(st, &mut ctx.fwd, next, me).and_then(|c| {
+                c.send(&mut fh, &[], &[]).map_err(|e| e.to_string())?;
+                match c.recv_header() {
+                    Ok(Some(a)) if a.status == 0 && a.request_id == h.request_id => Ok(None),
+                    Ok(Some(a)) if a.status != 0 => Ok(Some((Status::from_u32(a.status), a.error))),
+                    Ok(Some(a)) => Err(format!("acknowledgement of request {} while waiting for {}", a.request_id, h.request_id)),
+                    Ok(None) => Err("the connection was closed".into()),
+                    Err(e) => Err(e.to_string()),
+                }
+            });
+            match acked {
+                Ok(None) => {}
+                Ok(Some((status, why))) => return Ok(Err((status, format!("replica node {next}: {why}")))),
+                Err(e) => return Ok(Err((Status::StaleEpoch, format!("replica node {next} did not acknowledge: {e}")))),
+            }
+        }
+        let mut rep = msg::reply_to(h, me);
+        conn.send(&mut rep, &[], &[])?;
+    }
+    Ok(Ok(()))
+}
+
+/// The header of a push forwarded down the chain: same request id, worker, clock, epoch
+/// and table; this server as the sender.
+fn forward_header(h: &FrameHeader, me: u32) -> FrameHeader {
+    let mut f = msg::request(Op::Push, me, h.request_id, h.epoch, h.table);
+    f.worker = h.worker;
+    f.clock = h.clock;
+    f.chunk = h.chunk;
+    f.forwarded = true;
+    f
+}
+
+/// Connects to another server of the job (identifying with this node's credential when
+/// the cluster has a secret).
+fn peer_connect(st: &ServerState, node: u32, me: u32) -> Result<Box<dyn Connection>, String> {
+    let addr = st.repl.read().as_ref().and_then(|r| r.addr(node).map(str::to_string)).ok_or_else(|| format!("node {node} is not in the routing table"))?;
+    let t = st.cfg.peer_transport.as_ref().ok_or("this server has no transport to reach its peers")?;
+    let mut c = t.connect(&addr, Duration::from_secs(5)).map_err(|e| e.to_string())?;
+    c.set_recv_timeout(Some(FORWARD_TIMEOUT)).map_err(|e| e.to_string())?;
+    if let Some(secret) = &st.cfg.secret {
+        let mut h = msg::request(Op::Identify, me, 0, 0, 0);
+        h.meta = msg::worker_credential(secret, me).to_vec().into();
+        c.send(&mut h, &[], &[]).map_err(|e| e.to_string())?;
+        match c.recv_header() {
+            Ok(Some(r)) if r.status == 0 => {}
+            Ok(Some(r)) => return Err(format!("node {node} refused this server: {}", r.error)),
+            Ok(None) => return Err(format!("node {node} closed the connection")),
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    Ok(c)
+}
+
+fn forward_conn<'a>(st: &ServerState, fwd: &'a mut Forwarding, node: u32, me: u32) -> Result<&'a mut Box<dyn Connection>, String> {
+    if !fwd.conns.contains_key(&node) {
+        let c = peer_connect(st, node, me)?;
+        fwd.conns.insert(node, c);
+    }
+    fwd.conns.get_mut(&node).ok_or_else(|| "no connection".into())
+}
+
+/// Installs a chunk of a replica copy ([`Op::ShardCopy`]): rows, and with the first chunk
+/// the watermarks of the shards it covers.
+fn receive_copy(slot: &TableSlot, h: &FrameHeader, ctx: &mut ConnCtx) -> ReqResult {
+    let Some(r) = &slot.repl else {
+        return Err((Status::InvalidArgument, format!("table {} is not replicated", h.table)));
+    };
+    let mut t = slot.table.write();
+    t.import_rows(&ctx.keys, &ctx.vals).map_err(core_err)?;
+    if !h.meta.is_empty() {
+        let map = r.map.read().clone();
+        let range = KeyRange::new(h.range_begin, h.range_end);
+        let (Some(a), Some(b)) = (map.shard_of(range.begin), range.end.checked_sub(1).and_then(|e| map.shard_of(e))) else {
+            return Err((Status::InvalidArgument, format!("replica copy of {range}: outside table {}", h.table)));
+        };
+        r.marks.lock().decode_into(a, b + 1, &h.meta).map_err(core_err)?;
+    }
+    Ok(())
+}
+
+/// Moves this server to the routing epoch of `routing` (a replicated job's change): the
+/// epoch switches first (older requests are refused from then on: this server is fenced
+/// for them), then every table's placement is recomputed and, under its lock, the shards
+/// this server must hand to new chain members are copied out and sent. Returns the rows
+/// sent; an error says why the epoch cannot be served (then the job fails), or that this
+/// server was removed from the ring.
+pub fn move_to_epoch(st: &ServerState, routing: proto::Routing) -> Result<u64, EpochError> {
+    let me = st.node_id.load(Ordering::Relaxed);
+    let (old_members, repl) = {
+        let mut g = st.repl.write();
+        let r = g.as_mut().ok_or_else(|| EpochError::Failed("this server is not part of a replicated job".into()))?;
+        r.routing = routing.clone();
+        (r.active_members.clone(), r.clone())
+    };
+    let new_members = repl.members();
+    st.epoch.store(routing.epoch, Ordering::Relaxed);
+    if !new_members.contains(&me) {
+        return Err(EpochError::Removed(routing.epoch));
+    }
+    let slots: Vec<Arc<TableSlot>> = st.tables.read().values().cloned().collect();
+    let mut sent = 0u64;
+    for slot in slots {
+        let Some(tr) = &slot.repl else { continue };
+        let (domain, row_len, id) = {
+            let t = slot.table.read();
+            (t.def().domain(), t.row_len(), t.def().id)
+        };
+        let old = repl.map(domain, &old_members);
+        let new = repl.map(domain, &new_members);
+        let plan = shards::copies(&old, &new, &new_members).map_err(|e| EpochError::Failed(format!("table {id}: {e}")))?;
+        let mut outgoing = Vec::new();
+        {
+            let t = slot.table.write();
+            *tr.map.write() = Arc::new(new.clone());
+            let marks = tr.marks.lock();
+            for c in plan.iter().filter(|c| c.from == me) {
+                let (mut keys, mut rows) = (Vec::new(), Vec::new());
+                let range = new.range(c.shard);
+                t.export_rows(range, &mut keys, &mut rows);
+                outgoing.push((c.to.clone(), range, keys, rows, marks.encode(c.shard, c.shard + 1)));
+            }
+        }
+        for (to, range, keys, rows, marks) in outgoing {
+            for node in to {
+                send_copy(st, node, me, routing.epoch, id, range, &keys, &rows, row_len, &marks)
+                    .map_err(|e| EpochError::Failed(format!("copying {range} of table {id} to node {node}: {e}")))?;
+                sent += keys.len() as u64;
+            }
+        }
+    }
+    Ok(sent)
+}
+
+/// Marks the current epoch as served by every server: its placement is where the data is.
+pub fn epoch_served(st: &ServerState, routing: &proto::Routing) {
+    if let Some(r) = st.repl.write().as_mut() {
+        if r.routing.epoch == routing.epoch {
+            r.active_members = routing.servers.iter().map(|s| s.node_id).collect();
+        }
+    }
+}
+
+/// Why a server could not move to a new epoch.
+#[derive(Debug, thiserror::Error)]
+pub enum EpochError {
+    /// This server is not on the new ring: it was declared dead and is fenced.
+    #[error("this server was removed from the job's ring in routing epoch {0} (declared dead): it is fenced and stops")]
+    Removed(u64),
+    /// The new epoch cannot be served.
+    #[error("{0}")]
+    Failed(String),
+}
+
+#[allow(clippy::too_many_arguments)]
+fn send_copy(
+    st: &ServerState,
+    node: u32,
+    me: u32,
+    epoch: u64,
+    table: u32,
+    range: KeyRange,
+    keys: &[u64],
+    rows: &[f32],
+    row_len: usize,
+    marks: &[u8],
+) -> Result<(), String> {
+    let mut c = peer_connect(st, node, me)?;
+    let per = (st.cfg.chunk_bytes / (8 + 4 * row_len)).max(1);
+    let mut i = 0;
+    loop {
+        let j = (i + per).min(keys.len());
+        let mut h = msg::request(Op::ShardCopy, me, 1, epoch, table);
+        h.range_begin = range.begin;
+        h.range_end = range.end;
+        h.last = j >= keys.len();
+        if i == 0 {
+            h.meta = marks.to_vec().into();
+        }
+        c.send(&mut h, key_bytes(&keys[i..j]), value_bytes(&rows[i * row_len..j * row_len])).map_err(|e| e.to_string())?;
+        if j >= keys.len() {
+            break;
+        }
+        i = j;
+    }
+    match c.recv_header() {
+        Ok(Some(r)) if r.status == 0 => Ok(()),
+        Ok(Some(r)) => Err(r.error),
+        Ok(None) => Err("the connection was closed".into()),
+        Err(e) => Err(e.to_string()),
     }
 }
 
@@ -1102,6 +1550,12 @@ pub fn run_server_node(transport: &dyn Transport, cfg: NodeConfig) -> Result<(),
     let reg = control.register("server", &addr)?;
     let epoch = reg.routing.as_ref().map(|r| r.epoch).unwrap_or(0).max(1);
     server.state().set_placement(reg.node_id, reg.rank, reg.num_servers, reg.num_workers, epoch);
+    if let Some(r) = reg.routing.as_ref().filter(|r| r.replication >= 2) {
+        if cfg.server.peer_transport.is_none() {
+            return Err(NodeError::Address("a replicated job needs the server's peer transport".into()));
+        }
+        server.state().set_replicated(r.clone());
+    }
     tracing::info!("server {} (node {}) serving on {addr}", reg.rank, reg.node_id);
     let server_state = server.state().clone();
     let handle = server.spawn()?;
@@ -1111,7 +1565,28 @@ pub fn run_server_node(transport: &dyn Transport, cfg: NodeConfig) -> Result<(),
         match control.heartbeat() {
             Ok(r) if r.job_failed => break Err(NodeError::JobFailed(r.reason)),
             Ok(r) if r.shutdown => break Ok(()),
-            Ok(_) => {}
+            Ok(r) => {
+                let Some(routing) = r.routing else { continue };
+                if routing.epoch > server_state.epoch() {
+                    let started = std::time::Instant::now();
+                    let epoch = routing.epoch;
+                    let (copied, error) = match move_to_epoch(&server_state, routing) {
+                        Ok(n) => (n, String::new()),
+                        Err(e @ EpochError::Removed(_)) => break Err(NodeError::JobFailed(e.to_string())),
+                        Err(EpochError::Failed(e)) => (0, e),
+                    };
+                    tracing::info!(
+                        "server {}: moved to routing epoch {epoch} in {:.1} ms, {copied} rows copied to new replicas",
+                        reg.rank,
+                        started.elapsed().as_secs_f64() * 1e3
+                    );
+                    if let Err(e) = control.epoch_ready(epoch, copied, &error) {
+                        break Err(e.into());
+                    }
+                } else if routing.active {
+                    epoch_served(&server_state, &routing);
+                }
+            }
             Err(e) => break Err(e.into()),
         }
     };
