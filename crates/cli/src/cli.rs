@@ -222,7 +222,7 @@ fn run(cli: Cli, s: Settings) -> Result<()> {
         Cmd::Counter { args, servers, workers, coordinator } => {
             let job = JobCmd::Counter(args);
             match coordinator {
-                Some(addr) => cluster::run_worker(transport(&s)?.as_ref(), &s, &addr, &job, &stdout_sink()),
+                Some(addr) => cluster::run_worker(transport(&s)?, &s, &addr, &job, &stdout_sink()),
                 None => cluster::run_embedded(&s, servers, workers, &job, stdout_sink()),
             }
         }
@@ -288,6 +288,7 @@ fn run(cli: Cli, s: Settings) -> Result<()> {
         }
         Cmd::Server { coordinator, listen, advertise } => {
             let t = transport(&s)?;
+            let peer = t.clone();
             let cfg = NodeConfig {
                 coordinator,
                 listen,
@@ -297,6 +298,7 @@ fn run(cli: Cli, s: Settings) -> Result<()> {
                     chunk_bytes: s.chunk_bytes,
                     limits: s.limits,
                     secret: s.auth.as_ref().map(|a| a.secret().to_string()),
+                    peer_transport: Some(peer),
                     ..Default::default()
                 },
                 own_process: true,
@@ -304,6 +306,6 @@ fn run(cli: Cli, s: Settings) -> Result<()> {
             run_server_node(t.as_ref(), cfg)?;
             Ok(())
         }
-        Cmd::Worker { coordinator, job } => cluster::run_worker(transport(&s)?.as_ref(), &s, &coordinator, &job, &stdout_sink()),
+        Cmd::Worker { coordinator, job } => cluster::run_worker(transport(&s)?, &s, &coordinator, &job, &stdout_sink()),
     }
 }

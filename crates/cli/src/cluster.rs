@@ -31,15 +31,23 @@ pub fn coordinator_config(s: &Settings, servers: usize, workers: usize) -> Coord
         node_timeout: s.node_timeout,
         register_timeout: s.connect_timeout.max(Duration::from_secs(30)),
         secret: s.auth.as_ref().map(|a| a.secret().to_string()),
+        replication: s.replication,
+        vnodes: s.vnodes,
+        shards: s.shards,
     }
 }
 
 /// Runs one worker: join, run the job, report done. Used by worker processes and threads.
-pub fn run_worker(transport: &dyn Transport, s: &Settings, coordinator: &str, job: &JobCmd, sink: &Sink) -> Result<()> {
-    let cfg = SessionConfig { coordinator: coordinator.to_string(), connect_timeout: s.connect_timeout, kv: kv_config(s) };
-    let mut session = join_job(transport, &cfg).context("joining the job")?;
+pub fn run_worker(transport: Arc<dyn Transport>, s: &Settings, coordinator: &str, job: &JobCmd, sink: &Sink) -> Result<()> {
+    let cfg = SessionConfig {
+        coordinator: coordinator.to_string(),
+        connect_timeout: s.connect_timeout,
+        kv: kv_config(s),
+        failover_timeout: s.node_timeout * 3 + Duration::from_secs(10),
+    };
+    let mut session = join_job(transport.clone(), &cfg).context("joining the job")?;
     if job.wants_reader(session.rank) {
-        session.open_reader(transport).context("opening the evaluator's connections")?;
+        session.open_reader(transport.as_ref()).context("opening the evaluator's connections")?;
     }
     let servers = session.kv.num_servers();
     match job.run(&mut session, servers, sink) {
@@ -72,7 +80,13 @@ pub fn run_embedded(s: &Settings, servers: usize, workers: usize, job: &JobCmd, 
             listen: "inproc://0".into(),
             advertise: None,
             connect_timeout: s.connect_timeout,
-            server: ServerConfig { chunk_bytes: s.chunk_bytes, limits: s.limits, secret: None, ..Default::default() },
+            server: ServerConfig {
+                chunk_bytes: s.chunk_bytes,
+                limits: s.limits,
+                secret: None,
+                peer_transport: Some(Arc::new(t.clone())),
+                ..Default::default()
+            },
             own_process: false,
         };
         server_threads.push(std::thread::Builder::new().name(format!("server-{i}")).spawn(move || run_server_node(&t, cfg))?);
@@ -81,7 +95,7 @@ pub fn run_embedded(s: &Settings, servers: usize, workers: usize, job: &JobCmd, 
     for i in 0..workers {
         let (t, addr, s2, job, sink) = (transport.clone(), coord_addr.clone(), s.clone(), job.clone(), sink.clone());
         worker_threads
-            .push(std::thread::Builder::new().name(format!("worker-{i}")).spawn(move || run_worker(&t, &s2, &addr, &job, &sink))?);
+            .push(std::thread::Builder::new().name(format!("worker-{i}")).spawn(move || run_worker(Arc::new(t), &s2, &addr, &job, &sink))?);
     }
     let mut first_err: Option<anyhow::Error> = None;
     for (i, w) in worker_threads.into_iter().enumerate() {

@@ -80,6 +80,19 @@ pub struct CommonArgs {
     /// Memory the tables of one server may hold, in MiB (default: 80 % of the machine's memory).
     #[arg(long, global = true, env = "DOWNPOUR_MEMORY_QUOTA_MIB")]
     pub memory_quota_mib: Option<u64>,
+    /// Copies of every key (chain replication, 1..=8). With 2 or more, tables are cut into
+    /// shards placed on a consistent-hashing ring, and a failed server is replaced by its
+    /// chain's survivors while the job goes on; with 1 (the default) a server failure fails
+    /// the job. Replicated tables must be async or ssp, without filters.
+    #[arg(long, global = true, env = "DOWNPOUR_REPLICATION")]
+    pub replication: Option<usize>,
+    /// Ring points per server (replication ≥ 2; more spreads load more evenly, each adds a
+    /// key range per server to every request).
+    #[arg(long, global = true, env = "DOWNPOUR_VNODES")]
+    pub vnodes: Option<u32>,
+    /// Fixed shards per table (replication ≥ 2): the unit of placement and of copying.
+    #[arg(long, global = true, env = "DOWNPOUR_SHARDS")]
+    pub shards: Option<u32>,
 }
 
 #[derive(Deserialize, Default, Debug)]
@@ -104,6 +117,9 @@ struct FileConfig {
     max_value_len: Option<usize>,
     max_tables: Option<usize>,
     memory_quota_mib: Option<u64>,
+    replication: Option<usize>,
+    vnodes: Option<u32>,
+    shards: Option<u32>,
 }
 
 /// Resolved settings.
@@ -128,6 +144,10 @@ pub struct Settings {
     pub max_connections: usize,
     /// Server limits.
     pub limits: Limits,
+    /// Chain replication: copies of every key, ring points per server, shards per table.
+    pub replication: usize,
+    pub vnodes: u32,
+    pub shards: u32,
 }
 
 impl Settings {
@@ -254,7 +274,16 @@ impl CommonArgs {
             limits.max_keys_per_request >= 1 && limits.max_value_len >= 1 && limits.max_tables >= 1,
             "limits must be at least 1"
         );
+        let replication = self.replication.or(file.replication).unwrap_or(1);
+        anyhow::ensure!((1..=8).contains(&replication), "--replication must be 1..=8, got {replication}");
+        let vnodes = self.vnodes.or(file.vnodes).unwrap_or(4);
+        anyhow::ensure!((1..=1024).contains(&vnodes), "--vnodes must be 1..=1024, got {vnodes}");
+        let shards = self.shards.or(file.shards).unwrap_or(64);
+        anyhow::ensure!((1..=65_536).contains(&shards), "--shards must be 1..=65536, got {shards}");
         Ok(Settings {
+            replication,
+            vnodes,
+            shards,
             auth,
             auth_token_file,
             tls,
@@ -298,6 +327,12 @@ impl CommonArgs {
             s.max_connections.to_string(),
             "--max-keys-per-request".into(),
             s.limits.max_keys_per_request.to_string(),
+            "--replication".into(),
+            s.replication.to_string(),
+            "--vnodes".into(),
+            s.vnodes.to_string(),
+            "--shards".into(),
+            s.shards.to_string(),
             "--max-value-len".into(),
             s.limits.max_value_len.to_string(),
             "--max-tables".into(),

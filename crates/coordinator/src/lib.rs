@@ -14,8 +14,8 @@ pub mod client;
 
 use downpour_core::msg::{self, Op, Status};
 use downpour_core::pieces::PieceBoard;
-use downpour_core::ring::Ring;
 use downpour_core::proto::{self, FrameHeader};
+use downpour_core::ring::Ring;
 use downpour_core::schedule::{wire, BpgScheduler};
 use downpour_transport::{Connection, Listener};
 use parking_lot::{Condvar, Mutex};
@@ -128,7 +128,7 @@ impl State {
                 .filter(|(id, _)| live(id))
                 .map(|(id, addr)| proto::ServerEntry { node_id: *id, addr: addr.clone() })
                 .collect(),
-            replication: if self.ring.is_some() { cfg.replication as u32 } else { 0 },
+            replication: if cfg.replication >= 2 { cfg.replication as u32 } else { 0 },
             vnodes: cfg.vnodes,
             shards: cfg.shards,
             active: self.active,
@@ -672,7 +672,7 @@ impl Coordinator {
             shutdown: st.shutdown,
             job_failed: st.failed.is_some(),
             reason: st.failed.clone().unwrap_or_default(),
-            routing: st.ring.is_some().then(|| st.routing(&self.cfg)),
+            routing: (st.ring.is_some() && st.epoch >= 1).then(|| st.routing(&self.cfg)),
         }
     }
 

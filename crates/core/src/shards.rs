@@ -238,12 +238,8 @@ pub fn copies(old: &ShardMap, new: &ShardMap, alive: &[u32]) -> Result<Vec<Shard
         if to.is_empty() {
             continue;
         }
-        let from = nc
-            .iter()
-            .copied()
-            .find(|n| oc.contains(n))
-            .or_else(|| oc.iter().copied().find(|n| alive.contains(n)))
-            .ok_or_else(|| {
+        let from =
+            nc.iter().copied().find(|n| oc.contains(n)).or_else(|| oc.iter().copied().find(|n| alive.contains(n))).ok_or_else(|| {
                 CoreError::Consistency(format!(
                     "shard {i} ({}): every server holding it ({oc:?}) failed; its updates are lost",
                     old.range(i)

@@ -19,8 +19,8 @@ use downpour_core::keys::{check_lengths, check_sorted_unique};
 use downpour_core::msg::{self, Op, Status};
 use downpour_core::partition::Partition;
 use downpour_core::proto::{self, FrameHeader};
-use downpour_core::rounds::Accepted;
 use downpour_core::ring::Ring;
+use downpour_core::rounds::Accepted;
 use downpour_core::rule::RuleRegistry;
 use downpour_core::shards::{self, ShardMap, Watermarks};
 use downpour_core::table::{Table, TableDef};
@@ -1088,10 +1088,7 @@ fn create_table(st: &ServerState, h: &FrameHeader) -> ReqResult {
         FilterStats::new(&request, &reply)
     };
     account(st, 0, table.bytes());
-    tables.insert(
-        canonical.id,
-        Arc::new(TableSlot { spec: canonical, table: RwLock::new(table), gate, filter_stats, repl: table_repl }),
-    );
+    tables.insert(canonical.id, Arc::new(TableSlot { spec: canonical, table: RwLock::new(table), gate, filter_stats, repl: table_repl }));
     Ok(())
 }
 
@@ -1266,7 +1263,8 @@ fn replicated_push(
         let (keys, vals) = ctx.fwd.bufs.get_mut(&next).map(|b| (std::mem::take(&mut b.0), std::mem::take(&mut b.1))).unwrap_or_default();
         let mut fh = forward_header(h, me);
         fh.last = false;
-        let sent = forward_conn(st, &mut ctx.fwd, next, me).and_then(|c| c.send(&mut fh, key_bytes(&keys), value_bytes(&vals)).map_err(|e| e.to_string()));
+        let sent = forward_conn(st, &mut ctx.fwd, next, me)
+            .and_then(|c| c.send(&mut fh, key_bytes(&keys), value_bytes(&vals)).map_err(|e| e.to_string()));
         if let Some(b) = ctx.fwd.bufs.get_mut(&next) {
             // give the buffers back for the next chunk
             b.0 = keys;
@@ -1321,7 +1319,12 @@ fn forward_header(h: &FrameHeader, me: u32) -> FrameHeader {
 /// Connects to another server of the job (identifying with this node's credential when
 /// the cluster has a secret).
 fn peer_connect(st: &ServerState, node: u32, me: u32) -> Result<Box<dyn Connection>, String> {
-    let addr = st.repl.read().as_ref().and_then(|r| r.addr(node).map(str::to_string)).ok_or_else(|| format!("node {node} is not in the routing table"))?;
+    let addr = st
+        .repl
+        .read()
+        .as_ref()
+        .and_then(|r| r.addr(node).map(str::to_string))
+        .ok_or_else(|| format!("node {node} is not in the routing table"))?;
     let t = st.cfg.peer_transport.as_ref().ok_or("this server has no transport to reach its peers")?;
     let mut c = t.connect(&addr, Duration::from_secs(5)).map_err(|e| e.to_string())?;
     c.set_recv_timeout(Some(FORWARD_TIMEOUT)).map_err(|e| e.to_string())?;
@@ -1550,11 +1553,23 @@ pub fn run_server_node(transport: &dyn Transport, cfg: NodeConfig) -> Result<(),
     let reg = control.register("server", &addr)?;
     let epoch = reg.routing.as_ref().map(|r| r.epoch).unwrap_or(0).max(1);
     server.state().set_placement(reg.node_id, reg.rank, reg.num_servers, reg.num_workers, epoch);
-    if let Some(r) = reg.routing.as_ref().filter(|r| r.replication >= 2) {
+    if reg.routing.as_ref().is_some_and(|r| r.replication >= 2) {
         if cfg.server.peer_transport.is_none() {
             return Err(NodeError::Address("a replicated job needs the server's peer transport".into()));
         }
-        server.state().set_replicated(r.clone());
+        // The ring is known once every server has registered: heartbeat until then.
+        control.set_timeout(Some(Duration::from_millis(reg.heartbeat_ms.max(10)) * 4 + cfg.connect_timeout))?;
+        loop {
+            let r = control.heartbeat()?;
+            if r.job_failed {
+                return Err(NodeError::JobFailed(r.reason));
+            }
+            if let Some(routing) = r.routing.filter(|r| r.epoch >= 1) {
+                server.state().set_placement(reg.node_id, reg.rank, reg.num_servers, reg.num_workers, routing.epoch);
+                server.state().set_replicated(routing);
+                break;
+            }
+        }
     }
     tracing::info!("server {} (node {}) serving on {addr}", reg.rank, reg.node_id);
     let server_state = server.state().clone();

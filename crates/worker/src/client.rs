@@ -3,13 +3,16 @@ use downpour_core::keys::{check_lengths, check_sorted_unique};
 use downpour_core::msg::{self, Op, Status};
 use downpour_core::partition::Partition;
 use downpour_core::proto::{self, FrameHeader};
+use downpour_core::ring::Ring;
+use downpour_core::shards::ShardMap;
 use downpour_core::table::TableDef;
 use downpour_core::tensor::Tensor;
 use downpour_core::{CoreError, KeyRange};
 use downpour_transport::{key_bytes, key_bytes_mut, value_bytes, value_bytes_mut, Connection, TrafficStats, Transport, TransportError};
 use prost::Message;
-use std::collections::{HashMap, VecDeque};
-use std::time::Duration;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 use thiserror::Error;
 
 /// Identifies an issued request; wait on it with [`KvClient::wait`], or make later
@@ -94,6 +97,53 @@ pub enum ClientError {
         message: String,
     },
 }
+
+/// Where a client of a replicated job gets a newer routing table after a failure (the
+/// coordinator; see `WorkerSession`).
+pub trait RoutingSource: Send {
+    /// Waits up to `wait` for an active routing table of epoch `min_epoch` or later and
+    /// returns it, or the current one when none came in time.
+    fn routing(&mut self, min_epoch: u64, wait: Duration) -> Result<proto::Routing, String>;
+}
+
+/// Fail-over state of a client of a replicated job: how to find the new routing and
+/// reconnect, and the journal of unfinished requests to send again after a routing change.
+struct Failover {
+    transport: Arc<dyn Transport>,
+    source: Box<dyn RoutingSource>,
+    credential: Option<Vec<u8>>,
+    /// Unfinished requests by timestamp (request id), sent again, with the same id, after a
+    /// routing change: servers apply a push's keys at most once per id.
+    journal: BTreeMap<u64, Redo>,
+    /// Bytes the journal holds; past [`JOURNAL_BYTES`] the client waits for old requests.
+    journal_bytes: usize,
+    /// How long to keep trying to reach a working routing table.
+    give_up_after: Duration,
+    /// Routing changes this client went through, and the time spent in them.
+    recoveries: u64,
+    recovery_time: Duration,
+}
+
+/// What an unfinished request needs to be sent again.
+enum Redo {
+    Keyed { op: Op, table: u32, keys: Vec<u64>, values: Vec<f32>, out_len: usize, clock: u64, after: Option<u64> },
+    Ranged { op: Op, table: u32, range: KeyRange, values: Vec<f32>, clock: u64, after: Option<u64> },
+    Clock { clock: u64, pause: bool },
+}
+
+impl Redo {
+    fn bytes(&self) -> usize {
+        match self {
+            Redo::Keyed { keys, values, .. } => keys.len() * 8 + values.len() * 4,
+            Redo::Ranged { values, .. } => values.len() * 4,
+            Redo::Clock { .. } => 0,
+        }
+    }
+}
+
+/// Bytes of unfinished requests a client of a replicated job keeps for a fail-over before
+/// it waits for the oldest to be acknowledged.
+const JOURNAL_BYTES: usize = 64 << 20;
 
 /// Client settings.
 #[derive(Clone, Copy, Debug)]
@@ -252,6 +302,17 @@ pub struct KvClient {
     tables: HashMap<u32, TableInfo>,
     ops: HashMap<u64, OpState>,
     cfg: KvConfig,
+    /// The routing table the connections follow.
+    routing: proto::Routing,
+    /// Replicated jobs: fail-over state (`None`: a failure is returned to the caller).
+    failover: Option<Failover>,
+    /// A connection failed or a server answered for another epoch: the routing must be
+    /// refreshed before more is sent (replicated jobs).
+    broken: bool,
+    /// Whether the broken state came from a dead connection (then only a newer epoch helps).
+    broken_conn: bool,
+    /// Requests are being sent again after a routing change (not journaled twice).
+    replaying: bool,
 }
 
 /// Where a reply's values go when the caller lent a buffer.
@@ -276,6 +337,41 @@ impl KvClient {
         cfg: KvConfig,
         credential: Option<&[u8]>,
     ) -> Result<KvClient, ClientError> {
+        let servers = Self::connect_servers(transport, routing, node_id, cfg, credential)?;
+        Ok(KvClient {
+            node_id,
+            epoch: routing.epoch,
+            clock: 0,
+            worker_rank: None,
+            staleness: Vec::new(),
+            staleness_max: None,
+            held: Duration::ZERO,
+            dropped: 0,
+            fast_forwards: 0,
+            issuing: None,
+            reuse_ts: None,
+            deferred: VecDeque::new(),
+            filter_registry: FilterRegistry::new(),
+            next_id: 1,
+            servers,
+            tables: HashMap::new(),
+            ops: HashMap::new(),
+            cfg,
+            routing: routing.clone(),
+            failover: None,
+            broken: false,
+            broken_conn: false,
+            replaying: false,
+        })
+    }
+
+    fn connect_servers(
+        transport: &dyn Transport,
+        routing: &proto::Routing,
+        node_id: u32,
+        cfg: KvConfig,
+        credential: Option<&[u8]>,
+    ) -> Result<Vec<ServerConn>, ClientError> {
         let mut servers = Vec::with_capacity(routing.servers.len());
         for (i, s) in routing.servers.iter().enumerate() {
             let mut conn =
@@ -299,26 +395,43 @@ impl KvClient {
         if servers.is_empty() {
             return Err(ClientError::BadReply { server: 0, message: "the routing table lists no server".into() });
         }
-        Ok(KvClient {
-            node_id,
-            epoch: routing.epoch,
-            clock: 0,
-            worker_rank: None,
-            staleness: Vec::new(),
-            staleness_max: None,
-            held: Duration::ZERO,
-            dropped: 0,
-            fast_forwards: 0,
-            issuing: None,
-            reuse_ts: None,
-            deferred: VecDeque::new(),
-            filter_registry: FilterRegistry::new(),
-            next_id: 1,
-            servers,
-            tables: HashMap::new(),
-            ops: HashMap::new(),
-            cfg,
-        })
+        Ok(servers)
+    }
+
+    /// Makes this client survive server failures of a replicated job (routing
+    /// `replication >= 2`): unfinished requests are kept, and when a connection fails or a
+    /// server answers for another epoch, the client fetches the new routing from `source`,
+    /// reconnects with `transport` (identifying with `credential`) and sends them again
+    /// under their original ids, which servers apply at most once. Requests are not
+    /// returned as failed unless no working routing comes within `give_up_after`.
+    pub fn enable_failover(
+        &mut self,
+        transport: Arc<dyn Transport>,
+        source: Box<dyn RoutingSource>,
+        credential: Option<Vec<u8>>,
+        give_up_after: Duration,
+    ) {
+        self.failover = Some(Failover {
+            transport,
+            source,
+            credential,
+            journal: BTreeMap::new(),
+            journal_bytes: 0,
+            give_up_after,
+            recoveries: 0,
+            recovery_time: Duration::ZERO,
+        });
+    }
+
+    /// Routing changes this client went through (replicated jobs) and the time it spent
+    /// waiting for them.
+    pub fn recoveries(&self) -> (u64, Duration) {
+        self.failover.as_ref().map(|f| (f.recoveries, f.recovery_time)).unwrap_or_default()
+    }
+
+    /// The routing epoch this client sends under.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
     }
 
     /// Number of servers.
@@ -356,7 +469,10 @@ impl KvClient {
         let bounded = self.tables.values().any(|t| t.def.consistency.bound().is_some());
         if bounded || (self.worker_rank.is_some() && !self.tables.is_empty()) {
             let rank = self.rank_for_bounded()?;
+            let _ = self.before_issue()?;
             let ts = self.new_op(self.servers.len(), 0, false);
+            let clock = self.issuing.map(|c| c.0).unwrap_or(self.clock);
+            self.journal(ts, || Redo::Clock { clock, pause });
             for s in 0..self.servers.len() {
                 self.before_send(s, None)?;
                 let mut h = self.header(Op::Clock, ts, 0);
@@ -452,7 +568,7 @@ impl KvClient {
     /// Declares a table that already exists on the servers (created by another worker)
     /// without contacting them.
     pub fn use_table(&mut self, def: TableDef) {
-        let partition = Partition::even(def.domain(), self.servers.len());
+        let partition = self.partition_for(&def);
         let mut pipes = Vec::new();
         let mut filter_error = None;
         if !def.filters.is_empty() {
@@ -467,6 +583,21 @@ impl KvClient {
             }
         }
         self.tables.insert(def.id, TableInfo { def, partition, pipes, filter_error });
+    }
+
+    /// How `def`'s keys map to this client's server connections under its routing: even
+    /// ranges by rank, or (replicated jobs) each shard to its chain's head.
+    fn partition_for(&self, def: &TableDef) -> Partition {
+        let r = &self.routing;
+        if r.replication < 2 {
+            return Partition::even(def.domain(), self.servers.len());
+        }
+        let members: Vec<u32> = r.servers.iter().map(|s| s.node_id).collect();
+        let ring = Ring::with_members(r.vnodes, members.iter().copied(), r.epoch);
+        let map = ShardMap::new(&ring, def.domain(), r.shards as usize, r.replication as usize);
+        let segs: Vec<(KeyRange, usize)> =
+            map.heads().into_iter().filter_map(|(k, head)| members.iter().position(|&m| m == head).map(|i| (k, i))).collect();
+        Partition::from_segments(&segs)
     }
 
     /// The user filters this worker knows (tables name them as `user:NAME`). Set it before
@@ -656,7 +787,20 @@ impl KvClient {
     }
 
     fn send(&mut self, s: usize, h: &mut FrameHeader, keys: &[u8], values: &[u8]) -> Result<(), ClientError> {
-        self.servers[s].conn.send(h, keys, values).map_err(|source| ClientError::Transport { server: s, cause: source })
+        if self.broken {
+            // the request is journaled and goes again after the routing change
+            return Ok(());
+        }
+        match self.servers[s].conn.send(h, keys, values) {
+            Ok(()) => Ok(()),
+            Err(e) if self.failover.is_some() => {
+                tracing::warn!("server {s} ({}): {e}; waiting for a new routing epoch", self.servers[s].addr);
+                self.broken = true;
+                self.broken_conn = true;
+                Ok(())
+            }
+            Err(source) => Err(ClientError::Transport { server: s, cause: source }),
+        }
     }
 
     /// Before sending on connection `s`: read replies that could otherwise fill the socket
@@ -665,6 +809,9 @@ impl KvClient {
     /// server still holds a prefetched pull for its clock dependency.
     fn before_send(&mut self, s: usize, mut lent: Option<&mut Lent<'_>>) -> Result<(), ClientError> {
         loop {
+            if self.broken {
+                return Ok(());
+            }
             let c = &self.servers[s];
             let pending: usize = c.inflight.iter().map(|f| f.reply_bytes).fold(0, usize::saturating_add);
             let big = pending > REPLY_SLACK;
@@ -722,8 +869,19 @@ impl KvClient {
         }
         let with_values = !matches!(op, Op::Pull | Op::Peek);
         let (vl, part) = self.check_keys(table, keys, with_values.then_some(values.len()))?;
+        let part = if self.before_issue()? { self.info(table)?.1 } else { part };
         let parts: Vec<_> = part.split_keys(keys).collect();
         let ts = self.new_keyed_op(op, parts.len(), vl, out_len, lent.as_deref_mut());
+        let (clock, after) = self.issuing.unwrap_or((self.clock, None));
+        self.journal(ts, || Redo::Keyed {
+            op,
+            table,
+            keys: keys.to_vec(),
+            values: if with_values { values.to_vec() } else { Vec::new() },
+            out_len,
+            clock,
+            after,
+        });
         let per_chunk = (self.cfg.chunk_bytes / (8 + if with_values { 4 * vl } else { 0 })).max(1) as u64;
         let parts: Vec<Part> =
             parts.into_iter().map(|(s, r)| Part { server: s, begin: r.start as u64, end: r.end as u64, base: r.start * vl }).collect();
@@ -874,6 +1032,9 @@ impl KvClient {
     /// Keeps at most `reply_window` per-chunk replies of the current request unread.
     fn window(&mut self, s: usize, ts: u64, mut lent: Option<&mut Lent<'_>>) -> Result<(), ClientError> {
         loop {
+            if self.broken {
+                return Ok(());
+            }
             let Some(f) = self.servers[s].inflight.back() else { return Ok(()) };
             if f.ts != ts || f.sent.saturating_sub(f.got) <= self.cfg.reply_window {
                 return Ok(());
@@ -913,8 +1074,18 @@ impl KvClient {
             return Err(CoreError::KeyOutOfRange { table, key, range: domain }.into());
         }
         let dense = self.tables.get(&table).map(|t| t.def.is_dense()).unwrap_or(false);
+        let part = if self.before_issue()? { self.info(table)?.1 } else { part };
         let parts: Vec<_> = part.split_range(range).collect();
         let ts = self.new_op(parts.len(), vl, op != Op::PushRange);
+        let (clock, after) = self.issuing.unwrap_or((self.clock, None));
+        self.journal(ts, || Redo::Ranged {
+            op,
+            table,
+            range,
+            values: if op == Op::PullRange { Vec::new() } else { values.to_vec() },
+            clock,
+            after,
+        });
         let out_len = range.len() as usize * vl;
         if let Some(l) = lent.as_deref_mut() {
             l.ts = ts;
@@ -954,9 +1125,22 @@ impl KvClient {
     /// Reads one reply frame from server `s` and files it under its request.
     fn recv_one(&mut self, s: usize, lent: Option<&mut Lent<'_>>) -> Result<(), ClientError> {
         let terr = |source| ClientError::Transport { server: s, cause: source };
-        let h = match self.servers[s].conn.recv_header() {
-            Ok(Some(h)) => h,
-            Ok(None) => return Err(terr(TransportError::Closed { peer: self.servers[s].addr.clone() })),
+        if self.broken {
+            return Ok(());
+        }
+        let got = match self.servers[s].conn.recv_header() {
+            Ok(Some(h)) => Ok(h),
+            Ok(None) => Err(TransportError::Closed { peer: self.servers[s].addr.clone() }),
+            Err(e) => Err(e),
+        };
+        let h = match got {
+            Ok(h) => h,
+            Err(e) if self.failover.is_some() => {
+                tracing::warn!("server {s} ({}): {e}; waiting for a new routing epoch", self.servers[s].addr);
+                self.broken = true;
+                self.broken_conn = true;
+                return Ok(());
+            }
             Err(e) => return Err(terr(e)),
         };
         let bad = |message: String| ClientError::BadReply { server: s, message };
@@ -974,6 +1158,14 @@ impl KvClient {
             let mut k = vec![0u8; h.keys_len as usize];
             let mut v = vec![0u8; h.values_len as usize];
             self.servers[s].conn.recv_payload(&mut k, &mut v).map_err(terr)?;
+            if Status::from_u32(h.status) == Status::StaleEpoch && self.failover.is_some() {
+                // The server is at another epoch: this part goes again after the routing
+                // is refreshed (the op stays unfinished and journaled).
+                tracing::debug!("server {s}: {}; refreshing the routing", h.error);
+                self.servers[s].inflight.pop_front();
+                self.broken = true;
+                return Ok(());
+            }
             if Status::from_u32(h.status) == Status::KeyCacheMiss {
                 let front = self.servers[s].inflight.front_mut().ok_or_else(|| bad("no request in line".into()))?;
                 if let (Some(resend), Reply::Ack | Reply::Filtered { .. }) = (front.resend.take(), front.reply) {
@@ -1083,6 +1275,13 @@ impl KvClient {
                 if o.error.is_none() {
                     o.error = failure;
                 }
+                if o.parts_left == 0 {
+                    if let Some(f) = self.failover.as_mut() {
+                        if let Some(r) = f.journal.remove(&ts) {
+                            f.journal_bytes -= r.bytes();
+                        }
+                    }
+                }
                 // A finished request with nothing to hand back is forgotten at once, so
                 // pushes that are never waited on do not accumulate.
                 if o.parts_left == 0 && o.error.is_none() && !o.keep {
@@ -1093,11 +1292,188 @@ impl KvClient {
         Ok(())
     }
 
-    fn drive(&mut self, ts: u64, mut lent: Option<&mut Lent<'_>>) -> Result<(), ClientError> {
-        for s in 0..self.servers.len() {
-            while self.servers[s].inflight.iter().any(|f| f.ts <= ts) {
-                self.recv_one(s, lent.as_deref_mut())?;
+    /// Before a new request is sent (replicated jobs): finishes a pending routing change and
+    /// bounds the journal by waiting for the oldest requests. True when the routing changed.
+    fn before_issue(&mut self) -> Result<bool, ClientError> {
+        if self.replaying || self.failover.is_none() {
+            return Ok(false);
+        }
+        let epoch = self.epoch;
+        if self.broken {
+            self.recover(None)?;
+        }
+        loop {
+            let oldest = match &self.failover {
+                Some(f) if f.journal_bytes > JOURNAL_BYTES => f.journal.keys().next().copied(),
+                _ => None,
+            };
+            let Some(ts) = oldest else { break };
+            self.drive(ts, None)?;
+            // an op not finished by driving (none in line: e.g. failed) leaves the journal
+            if let Some(f) = self.failover.as_mut() {
+                if !self.ops.get(&ts).is_some_and(|o| o.parts_left > 0) {
+                    if let Some(r) = f.journal.remove(&ts) {
+                        f.journal_bytes -= r.bytes();
+                    }
+                }
             }
+        }
+        Ok(self.epoch != epoch)
+    }
+
+    /// Keeps what request `ts` needs to go again (replicated jobs, not while replaying).
+    fn journal(&mut self, ts: u64, redo: impl FnOnce() -> Redo) {
+        if self.replaying {
+            return;
+        }
+        if let Some(f) = self.failover.as_mut() {
+            let r = redo();
+            f.journal_bytes += r.bytes();
+            if let Some(old) = f.journal.insert(ts, r) {
+                f.journal_bytes -= old.bytes();
+            }
+        }
+    }
+
+    /// After a connection failed or a server answered for another epoch: waits for a newer
+    /// (or, for a stale answer, the same but served) routing table, reconnects, recomputes
+    /// the tables' partitions, and sends every unfinished journaled request again with its
+    /// original id (pushes are applied at most once per id by the servers). Requests that
+    /// cannot be sent again (not journaled: summaries, vector programs, table creation)
+    /// fail. Gives up after the fail-over's time limit.
+    fn recover(&mut self, mut lent: Option<&mut Lent<'_>>) -> Result<(), ClientError> {
+        let Some(give_up) = self.failover.as_ref().map(|f| f.give_up_after) else {
+            return Err(ClientError::BadReply { server: 0, message: "routing change without fail-over".into() });
+        };
+        let started = Instant::now();
+        let deadline = started + give_up;
+        loop {
+            // A dead connection needs a newer epoch. A server that answered for another
+            // epoch is about to move (or this client is behind): prefer a newer epoch, but
+            // take the current one again after a short wait.
+            let min = if self.broken_conn { self.epoch + 1 } else { self.epoch };
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(ClientError::BadReply {
+                    server: 0,
+                    message: format!("no working routing table within {give_up:?} after a server failed (epoch {} or later needed)", min),
+                });
+            }
+            let wait = if self.broken_conn { left.min(Duration::from_secs(2)) } else { left.min(Duration::from_millis(200)) };
+            let ask = if self.broken_conn { min } else { self.epoch + 1 };
+            let routing = match self.failover.as_mut().map(|f| f.source.routing(ask, wait)) {
+                Some(Ok(r)) => r,
+                Some(Err(e)) => {
+                    return Err(ClientError::BadReply { server: 0, message: format!("asking the coordinator for the routing: {e}") })
+                }
+                None => unreachable_failover()?,
+            };
+            if !routing.active || routing.epoch < min {
+                continue;
+            }
+            let Some((transport, credential)) = self.failover.as_ref().map(|f| (f.transport.clone(), f.credential.clone())) else {
+                return unreachable_failover();
+            };
+            let servers = match Self::connect_servers(transport.as_ref(), &routing, self.node_id, self.cfg, credential.as_deref()) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!("reconnecting under routing epoch {}: {e}", routing.epoch);
+                    // a server of this epoch is gone too: wait for the next one
+                    self.broken_conn = true;
+                    self.epoch = routing.epoch;
+                    continue;
+                }
+            };
+            if routing.epoch != self.epoch {
+                tracing::info!("worker node {}: now at routing epoch {} ({} servers)", self.node_id, routing.epoch, routing.servers.len());
+            }
+            self.servers = servers;
+            self.epoch = routing.epoch;
+            self.routing = routing;
+            self.broken = false;
+            self.broken_conn = false;
+            let ids: Vec<u32> = self.tables.keys().copied().collect();
+            for id in ids {
+                if let Some(def) = self.tables.get(&id).map(|t| t.def.clone()) {
+                    let p = self.partition_for(&def);
+                    if let Some(t) = self.tables.get_mut(&id) {
+                        t.partition = p;
+                    }
+                }
+            }
+            // requests that cannot go again fail; the journaled ones are sent again in order
+            let journaled: Vec<u64> = self.failover.as_ref().map(|f| f.journal.keys().copied().collect()).unwrap_or_default();
+            for (ts, o) in self.ops.iter_mut() {
+                if o.parts_left > 0 && !o.deferred && journaled.binary_search(ts).is_err() {
+                    o.parts_left = 0;
+                    o.keep = true;
+                    o.error = Some(ClientError::BadReply {
+                        server: 0,
+                        message: "the request was interrupted by a server failure and cannot be sent again".into(),
+                    });
+                }
+            }
+            self.replaying = true;
+            let r = self.replay(&journaled, lent.as_deref_mut());
+            self.replaying = false;
+            r?;
+            if !self.broken {
+                if let Some(f) = self.failover.as_mut() {
+                    f.recoveries += 1;
+                    f.recovery_time += started.elapsed();
+                }
+                return Ok(());
+            }
+        }
+    }
+
+    fn replay(&mut self, journaled: &[u64], mut lent: Option<&mut Lent<'_>>) -> Result<(), ClientError> {
+        for &ts in journaled {
+            if self.broken {
+                return Ok(());
+            }
+            let Some(redo) = self.failover.as_mut().and_then(|f| f.journal.remove(&ts)) else { continue };
+            let mine = lent.as_deref_mut().filter(|l| l.ts == ts);
+            self.reuse_ts = Some(ts);
+            let r = match &redo {
+                Redo::Keyed { op, table, keys, values, out_len, clock, after } => {
+                    self.issuing = Some((*clock, *after));
+                    self.keyed(*op, *table, keys, values, *out_len, mine).map(|_| ())
+                }
+                Redo::Ranged { op, table, range, values, clock, after } => {
+                    self.issuing = Some((*clock, *after));
+                    self.ranged_now(*op, *table, *range, values, mine).map(|_| ())
+                }
+                Redo::Clock { clock, pause } => {
+                    self.issuing = Some((*clock, None));
+                    self.send_clock(*pause)
+                }
+            };
+            self.issuing = None;
+            self.reuse_ts = None;
+            if self.ops.get(&ts).is_some_and(|o| o.parts_left > 0) {
+                if let Some(f) = self.failover.as_mut() {
+                    f.journal.insert(ts, redo);
+                }
+            } else if let Some(f) = self.failover.as_mut() {
+                f.journal_bytes -= redo.bytes();
+            }
+            r?;
+        }
+        Ok(())
+    }
+
+    fn drive(&mut self, ts: u64, mut lent: Option<&mut Lent<'_>>) -> Result<(), ClientError> {
+        loop {
+            for s in 0..self.servers.len() {
+                while !self.broken && self.servers[s].inflight.iter().any(|f| f.ts <= ts) {
+                    self.recv_one(s, lent.as_deref_mut())?;
+                }
+            }
+            if !self.broken {
+                break;
+            }
+            self.recover(lent.as_deref_mut())?;
         }
         if lent.is_none() && !self.deferred.is_empty() {
             self.send_ready_deferred()?;
@@ -1373,6 +1749,10 @@ impl KvClient {
         check_lengths(tensor.len(), 1, out.len())?;
         self.pull_range_into(table, tensor.keys.begin, out)
     }
+}
+
+fn unreachable_failover<T>() -> Result<T, ClientError> {
+    Err(ClientError::BadReply { server: 0, message: "fail-over state missing".into() })
 }
 
 mod bytes_like {

@@ -16,6 +16,18 @@ pub struct SessionConfig {
     pub connect_timeout: Duration,
     /// Client settings.
     pub kv: KvConfig,
+    /// Replicated jobs: how long a request may wait for the job to recover from a server
+    /// failure before it fails.
+    pub failover_timeout: Duration,
+}
+
+/// The coordinator as the source of routing changes.
+struct CoordinatorRouting(ControlClient);
+
+impl crate::client::RoutingSource for CoordinatorRouting {
+    fn routing(&mut self, min_epoch: u64, wait: Duration) -> Result<downpour_core::proto::Routing, String> {
+        self.0.routing(min_epoch, wait).map_err(|e| e.to_string())
+    }
 }
 
 /// A worker's membership in a job: its client, rank and coordinator connection.
@@ -58,7 +70,9 @@ pub enum SessionError {
 }
 
 /// Registers as a worker (waiting for the routing table), starts heartbeats, and connects to every server.
-pub fn join_job(transport: &dyn Transport, cfg: &SessionConfig) -> Result<WorkerSession, SessionError> {
+pub fn join_job(transport: Arc<dyn Transport>, cfg: &SessionConfig) -> Result<WorkerSession, SessionError> {
+    let shared = transport.clone();
+    let transport = transport.as_ref();
     let mut control = ControlClient::connect(transport, &cfg.coordinator, cfg.connect_timeout)?;
     control.set_timeout(Some(cfg.connect_timeout))?;
     let reg = control.register("worker", "")?;
@@ -66,6 +80,13 @@ pub fn join_job(transport: &dyn Transport, cfg: &SessionConfig) -> Result<Worker
     let credential = (!reg.credential.is_empty()).then(|| reg.credential.to_vec());
     let mut kv = KvClient::connect_as(transport, &routing, reg.node_id, cfg.kv, credential.as_deref())?;
     kv.set_worker_rank(reg.rank);
+    if routing.replication >= 2 {
+        // the fail-over asks the coordinator for routing changes on a connection of its own
+        let mut c = ControlClient::connect(transport, &cfg.coordinator, cfg.connect_timeout)?;
+        c.set_node_id(reg.node_id);
+        c.set_timeout(Some(cfg.connect_timeout + Duration::from_secs(5)))?;
+        kv.enable_failover(shared, Box::new(CoordinatorRouting(c)), credential.clone(), cfg.failover_timeout);
+    }
     // A barrier may legitimately wait for slow peers: no timeout on the job connection.
     control.set_timeout(None)?;
     let mut hb = ControlClient::connect(transport, &cfg.coordinator, cfg.connect_timeout)?;
