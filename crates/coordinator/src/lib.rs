@@ -663,8 +663,10 @@ impl Coordinator {
         let mut st = self.state.lock();
         st.last_seen.insert(node, Instant::now());
         st.heartbeating.insert(node);
-        // Long-poll: answer at once on shutdown or failure, else after one interval.
-        if !st.shutdown && st.failed.is_none() {
+        // Long-poll: answer at once on shutdown or failure, or to a server that has yet to
+        // move to a routing epoch being prepared; else after one interval.
+        let must_move = st.pending.as_ref().is_some_and(|p| p.waiting.contains(&node));
+        if !st.shutdown && st.failed.is_none() && !must_move {
             self.cv.wait_for(&mut st, self.cfg.heartbeat);
         }
         st.last_seen.insert(node, Instant::now());

@@ -597,8 +597,9 @@ fn handle_frame(st: &ServerState, h: &FrameHeader, ctx: &mut ConnCtx, conn: &mut
         }
     }
     let epoch = st.epoch.load(Ordering::Relaxed);
-    // A replica copy may come from a server that heard of a new epoch before this one did.
-    let copy_ahead = op == Op::ShardCopy && h.epoch > epoch;
+    // A replica copy (and the table creation before it) may come from a server that heard
+    // of a new epoch before this one did.
+    let copy_ahead = matches!(op, Op::ShardCopy | Op::CreateTable) && h.epoch > epoch;
     if h.epoch != 0 && h.epoch != epoch && op != Op::Ping && !copy_ahead {
         return Ok(Err((Status::StaleEpoch, format!("request for routing epoch {} but this server is at epoch {epoch}", h.epoch))));
     }
@@ -1413,7 +1414,7 @@ pub fn move_to_epoch(st: &ServerState, routing: proto::Routing) -> Result<u64, E
         }
         for (to, range, keys, rows, marks) in outgoing {
             for node in to {
-                send_copy(st, node, me, routing.epoch, id, range, &keys, &rows, row_len, &marks)
+                send_copy(st, node, me, routing.epoch, id, &slot.spec, range, &keys, &rows, row_len, &marks)
                     .map_err(|e| EpochError::Failed(format!("copying {range} of table {id} to node {node}: {e}")))?;
                 sent += keys.len() as u64;
             }
@@ -1449,6 +1450,7 @@ fn send_copy(
     me: u32,
     epoch: u64,
     table: u32,
+    spec: &proto::TableSpec,
     range: KeyRange,
     keys: &[u64],
     rows: &[f32],
@@ -1456,6 +1458,16 @@ fn send_copy(
     marks: &[u8],
 ) -> Result<(), String> {
     let mut c = peer_connect(st, node, me)?;
+    // the receiver may not have the table yet (its creation was under way at the failure)
+    let mut h = msg::request(Op::CreateTable, me, 1, epoch, table);
+    h.meta = spec.encode_to_vec().into();
+    c.send(&mut h, &[], &[]).map_err(|e| e.to_string())?;
+    match c.recv_header() {
+        Ok(Some(r)) if r.status == 0 => {}
+        Ok(Some(r)) => return Err(format!("creating the table there: {}", r.error)),
+        Ok(None) => return Err("the connection was closed".into()),
+        Err(e) => return Err(e.to_string()),
+    }
     let per = (st.cfg.chunk_bytes / (8 + 4 * row_len)).max(1);
     let mut i = 0;
     loop {

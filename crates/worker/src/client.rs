@@ -85,6 +85,10 @@ pub enum ClientError {
         /// What happened (in the message, not a separate error source, so it prints once).
         cause: TransportError,
     },
+    /// A request that is not kept for a fail-over (a summary, a vector program, a table
+    /// creation) was under way when a server failed; the routing has changed since.
+    #[error("the request was interrupted by a server failure (the routing changed); it was not sent again")]
+    Interrupted,
     /// A timestamp that was never issued or was already consumed.
     #[error("timestamp {0:?} is unknown (never issued, or its result was already taken)")]
     UnknownTimestamp(Timestamp),
@@ -553,16 +557,24 @@ impl KvClient {
     pub fn create_table(&mut self, def: TableDef) -> Result<(), ClientError> {
         let spec = def.to_proto();
         let body: bytes_like::Bytes = spec.encode_to_vec().into();
-        let ts = self.new_op(self.servers.len(), def.value_len, false);
-        for s in 0..self.servers.len() {
-            self.before_send(s, None)?;
-            let mut h = self.header(Op::CreateTable, ts, def.id);
-            h.meta = body.clone();
-            self.send(s, &mut h, &[], &[])?;
-            self.push_inflight(s, ts, Reply::Ack, 0, 0);
+        let mut attempts = 0;
+        loop {
+            let _ = self.before_issue()?;
+            let ts = self.new_op(self.servers.len(), def.value_len, false);
+            for s in 0..self.servers.len() {
+                self.before_send(s, None)?;
+                let mut h = self.header(Op::CreateTable, ts, def.id);
+                h.meta = body.clone();
+                self.send(s, &mut h, &[], &[])?;
+                self.push_inflight(s, ts, Reply::Ack, 0, 0);
+            }
+            self.use_table(def.clone());
+            match self.wait(Timestamp(ts)) {
+                // idempotent: create it on the new routing's servers
+                Err(ClientError::Interrupted) if attempts < 8 => attempts += 1,
+                r => return r,
+            }
         }
-        self.use_table(def);
-        self.wait(Timestamp(ts))
     }
 
     /// Declares a table that already exists on the servers (created by another worker)
@@ -1407,10 +1419,7 @@ impl KvClient {
                 if o.parts_left > 0 && !o.deferred && journaled.binary_search(ts).is_err() {
                     o.parts_left = 0;
                     o.keep = true;
-                    o.error = Some(ClientError::BadReply {
-                        server: 0,
-                        message: "the request was interrupted by a server failure and cannot be sent again".into(),
-                    });
+                    o.error = Some(ClientError::Interrupted);
                 }
             }
             self.replaying = true;
