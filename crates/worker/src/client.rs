@@ -1013,6 +1013,11 @@ impl KvClient {
                 if b >= p.end {
                     continue;
                 }
+                // Parts to one server (replicated tables: a server heads several ranges) go one
+                // after the other: replies are matched to parts in order.
+                if parts[..pi].iter().zip(&next).any(|(q, &nb)| q.server == p.server && nb < q.end) {
+                    continue;
+                }
                 let e = (b + per_chunk).min(p.end);
                 let mut h = self.header(op, ts, table);
                 h.chunk = ((b - p.begin) / per_chunk) as u32;

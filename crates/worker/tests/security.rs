@@ -26,7 +26,7 @@ fn server(t: &dyn Transport, cfg: ServerConfig) -> ServerHandle {
 }
 
 fn routing(h: &ServerHandle) -> proto::Routing {
-    proto::Routing { epoch: 1, servers: vec![proto::ServerEntry { node_id: 10, addr: h.addr.clone() }] }
+    proto::Routing { epoch: 1, servers: vec![proto::ServerEntry { node_id: 10, addr: h.addr.clone() }], ..Default::default() }
 }
 
 fn kv_cfg() -> KvConfig {
