@@ -251,8 +251,8 @@ fn launch_kills_every_child_on_ctrl_c() {
 }
 
 #[test]
-fn an_injected_server_kill_fails_the_job_promptly_and_names_the_fault() {
-    // fail-over does not exist yet: the job must fail fast with a message, not hang
+fn an_injected_server_kill_without_replication_fails_the_job_promptly_and_names_the_fault() {
+    // with one copy there is nothing to fail over to: the job must fail fast with a message, not hang
     let t0 = std::time::Instant::now();
     let o = Command::new(env!("CARGO_BIN_EXE_downpour"))
         .env("DOWNPOUR_LOG", "warn")
@@ -273,4 +273,51 @@ fn an_injected_server_kill_fails_the_job_promptly_and_names_the_fault() {
     let o =
         Command::new(env!("CARGO_BIN_EXE_downpour")).args(["launch", "--fault", "kill server:1 soon", "--", "counter"]).output().unwrap();
     assert_eq!(o.status.code(), Some(2), "a malformed fault is a usage error");
+}
+
+/// The check: with two copies, a server SIGKILLed mid-job is replaced by its chains'
+/// survivors and the counter ends exact (no lost or doubled increment) on every worker.
+#[test]
+fn a_server_killed_mid_job_with_two_copies_loses_and_doubles_no_update() {
+    for (server, at) in [(1, "900ms"), (0, "1500ms"), (2, "400ms")] {
+        let fault = format!("kill server:{server} at {at}");
+        let o = Command::new(env!("CARGO_BIN_EXE_downpour"))
+            .args(["launch", "--servers", "3", "--workers", "2", "--replication", "2", "--fault", &fault, "--"])
+            .args(["counter", "--keys", "20000", "--rounds", "400"])
+            .output()
+            .unwrap();
+        let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        assert!(o.status.success(), "{fault}: {out}\n{err}");
+        assert_eq!(out.matches("counter: OK").count() + err.matches("counter: OK").count(), 2, "{fault}: {out}\n{err}");
+        assert!(err.contains(&format!("killed server {server}")), "{err}");
+    }
+}
+
+#[test]
+fn a_job_fails_with_a_clear_message_when_every_copy_of_a_shard_is_lost() {
+    // two of three servers killed at once with two copies: some shard lost both
+    let o = Command::new(env!("CARGO_BIN_EXE_downpour"))
+        .args(["launch", "--servers", "3", "--workers", "1", "--replication", "2"])
+        .args(["--fault", "kill server:0 at 600ms", "--fault", "kill server:1 at 600ms", "--"])
+        .args(["counter", "--keys", "20000", "--rounds", "100000"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("its updates are lost") || err.contains("no server is left"), "{err}");
+}
+
+#[test]
+fn an_embedded_replicated_counter_is_exact_and_a_bad_replication_flag_is_refused() {
+    let o = Command::new(env!("CARGO_BIN_EXE_downpour"))
+        .args(["counter", "--servers", "3", "--workers", "2", "--replication", "2", "--keys", "1000", "--rounds", "20"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "an embedded replicated counter runs: {}", String::from_utf8_lossy(&o.stderr));
+    let all = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert_eq!(all.matches("counter: OK").count(), 2, "{all}");
+
+    let bad = Command::new(env!("CARGO_BIN_EXE_downpour")).args(["launch", "--replication", "9", "--", "counter"]).output().unwrap();
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--replication must be 1..=8"));
 }

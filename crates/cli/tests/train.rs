@@ -155,6 +155,47 @@ fn a_corrupt_training_line_is_reported_with_file_and_line() {
 }
 
 #[test]
+fn training_with_a_server_killed_mid_run_ends_within_0_005_auc_of_an_undisturbed_run() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/spamassassin");
+    let d = tempfile::tempdir().unwrap();
+    let run = |fault: Option<&str>, name: &str| -> (f64, String) {
+        let out = d.path().join(name);
+        let mut c = downpour();
+        c.args(["launch", "--servers", "3", "--workers", "2", "--replication", "2"]);
+        if let Some(f) = fault {
+            c.args(["--fault", f]);
+        }
+        let o = c
+            .args(["--", "train", "linear", "--format", "text-jsonl"])
+            .args(["--train", root.join("train.jsonl.gz").to_str().unwrap(), "--test", root.join("test.jsonl.gz").to_str().unwrap()])
+            .args(["--epochs", "5", "--lr", "1", "--quiet", "--out", out.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{fault:?}: {}", String::from_utf8_lossy(&o.stderr));
+        (metrics(&out)["test_auc"].as_f64().unwrap(), String::from_utf8_lossy(&o.stderr).into_owned())
+    };
+    let (calm, _) = run(None, "calm.json");
+    let (killed, log) = run(Some("kill server:1 at 1200ms"), "killed.json");
+    // the kill landed while the workers were training, and the job recovered from it
+    assert!(log.contains("killed server 1") && log.contains("removed from the ring; preparing routing epoch 2"), "{log}");
+    assert!(calm >= 0.99, "undisturbed test AUC {calm}");
+    assert!((calm - killed).abs() <= 0.005, "AUC {killed} with a server killed against {calm}");
+}
+
+#[test]
+fn replicated_tables_refuse_bsp_with_a_clear_error() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/spamassassin");
+    let o = downpour()
+        .args(["train", "linear", "--replication", "2", "--consistency", "bsp", "--format", "text-jsonl", "--quiet"])
+        .args(["--train", root.join("train.jsonl.gz").to_str().unwrap(), "--epochs", "1"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("bsp tables are not replicated yet"), "{err}");
+}
+
+#[test]
 fn multi_process_training_on_the_committed_spam_data_reaches_auc_0_99() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/spamassassin");
     let d = tempfile::tempdir().unwrap();

@@ -1344,11 +1344,10 @@ fn peer_connect(st: &ServerState, node: u32, me: u32) -> Result<Box<dyn Connecti
 }
 
 fn forward_conn<'a>(st: &ServerState, fwd: &'a mut Forwarding, node: u32, me: u32) -> Result<&'a mut Box<dyn Connection>, String> {
-    if !fwd.conns.contains_key(&node) {
-        let c = peer_connect(st, node, me)?;
-        fwd.conns.insert(node, c);
+    match fwd.conns.entry(node) {
+        std::collections::hash_map::Entry::Occupied(e) => Ok(e.into_mut()),
+        std::collections::hash_map::Entry::Vacant(e) => Ok(e.insert(peer_connect(st, node, me)?)),
     }
-    fwd.conns.get_mut(&node).ok_or_else(|| "no connection".into())
 }
 
 /// Installs a chunk of a replica copy ([`Op::ShardCopy`]): rows, and with the first chunk

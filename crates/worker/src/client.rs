@@ -1328,7 +1328,7 @@ impl KvClient {
             self.drive(ts, None)?;
             // an op not finished by driving (none in line: e.g. failed) leaves the journal
             if let Some(f) = self.failover.as_mut() {
-                if !self.ops.get(&ts).is_some_and(|o| o.parts_left > 0) {
+                if self.ops.get(&ts).is_none_or(|o| o.parts_left == 0) {
                     if let Some(r) = f.journal.remove(&ts) {
                         f.journal_bytes -= r.bytes();
                     }
