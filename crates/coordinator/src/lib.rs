@@ -350,14 +350,14 @@ impl Coordinator {
     /// A server moved to `epoch` and built its replicas; the last one activates the epoch.
     fn epoch_ready(&self, node: u32, req: proto::EpochReady) -> Result<(), (Status, String)> {
         let mut st = self.state.lock();
+        if req.epoch != st.epoch {
+            // a superseded epoch: the server hears the newer one with its next heartbeat
+            return Ok(());
+        }
         if !req.error.is_empty() {
             let what = st.describe(node);
             drop(st);
             self.fail(format!("{what} cannot serve routing epoch {}: {}", req.epoch, req.error));
-            return Ok(());
-        }
-        if req.epoch != st.epoch {
-            // a superseded epoch: the server hears the newer one with its next heartbeat
             return Ok(());
         }
         let epoch = st.epoch;

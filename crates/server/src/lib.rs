@@ -1414,7 +1414,7 @@ pub fn move_to_epoch(st: &ServerState, routing: proto::Routing) -> Result<u64, E
         for (to, range, keys, rows, marks) in outgoing {
             for node in to {
                 send_copy(st, node, me, routing.epoch, id, &slot.spec, range, &keys, &rows, row_len, &marks)
-                    .map_err(|e| EpochError::Failed(format!("copying {range} of table {id} to node {node}: {e}")))?;
+                    .map_err(|e| EpochError::Copy(format!("copying {range} of table {id} to node {node}: {e}")))?;
                 sent += keys.len() as u64;
             }
         }
@@ -1440,6 +1440,10 @@ pub enum EpochError {
     /// The new epoch cannot be served.
     #[error("{0}")]
     Failed(String),
+    /// A replica copy could not be delivered (its receiver may have failed too); tried
+    /// again until the coordinator publishes a newer epoch.
+    #[error("{0}")]
+    Copy(String),
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -1587,20 +1591,27 @@ pub fn run_server_node(transport: &dyn Transport, cfg: NodeConfig) -> Result<(),
     let handle = server.spawn()?;
     let hb = Duration::from_millis(reg.heartbeat_ms.max(10));
     control.set_timeout(Some(hb * 4 + cfg.connect_timeout))?;
+    let mut reported = server_state.epoch();
     let result = loop {
         match control.heartbeat() {
             Ok(r) if r.job_failed => break Err(NodeError::JobFailed(r.reason)),
             Ok(r) if r.shutdown => break Ok(()),
             Ok(r) => {
                 let Some(routing) = r.routing else { continue };
-                if routing.epoch > server_state.epoch() {
+                if routing.epoch > reported {
                     let started = std::time::Instant::now();
                     let epoch = routing.epoch;
                     let (copied, error) = match move_to_epoch(&server_state, routing) {
                         Ok(n) => (n, String::new()),
                         Err(e @ EpochError::Removed(_)) => break Err(NodeError::JobFailed(e.to_string())),
                         Err(EpochError::Failed(e)) => (0, e),
+                        Err(EpochError::Copy(e)) => {
+                            tracing::warn!("server {}: routing epoch {epoch}: {e}; trying again", reg.rank);
+                            std::thread::sleep(Duration::from_millis(100));
+                            continue;
+                        }
                     };
+                    reported = epoch;
                     tracing::info!(
                         "server {}: moved to routing epoch {epoch} in {:.1} ms, {copied} rows copied to new replicas",
                         reg.rank,
