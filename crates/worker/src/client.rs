@@ -433,6 +433,11 @@ impl KvClient {
         self.failover.as_ref().map(|f| (f.recoveries, f.recovery_time)).unwrap_or_default()
     }
 
+    /// Copies of every key in this job (1: unreplicated).
+    pub fn replication(&self) -> usize {
+        (self.routing.replication as usize).max(1)
+    }
+
     /// The routing epoch this client sends under.
     pub fn epoch(&self) -> u64 {
         self.epoch
