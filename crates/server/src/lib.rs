@@ -401,13 +401,12 @@ struct ConnCtx {
 }
 
 /// A connection's chain forwarding: one connection per successor (so a worker's updates
-/// reach each replica in order), the current chunk's keys and values per successor, and
-/// the successors the current request was forwarded to (their acks come at its end).
+/// reach each replica in order) and the successors the current request was forwarded to
+/// (their acks come at its end).
 #[derive(Default)]
 struct Forwarding {
     epoch: u64,
     conns: HashMap<u32, Box<dyn Connection>>,
-    bufs: HashMap<u32, (Vec<u64>, Vec<f32>)>,
     touched: Vec<u32>,
 }
 
@@ -417,10 +416,6 @@ impl Forwarding {
     fn reset(&mut self) {
         self.conns.clear();
         self.touched.clear();
-        for b in self.bufs.values_mut() {
-            b.0.clear();
-            b.1.clear();
-        }
     }
 }
 
@@ -1193,32 +1188,46 @@ fn replicated_push(
         let t = slot.table.read();
         (t.def().value_len, t.def().domain())
     };
-    if op == Op::PushRange {
-        // forwarded and admitted key by key like a keyed push
-        let n = (ctx.vals.len() / vl) as u64;
-        let Some(end) = h.range_begin.checked_add(n) else {
-            return Ok(Err(core_err(CoreError::Limit("range end overflows u64".into()))));
-        };
-        ctx.keys.clear();
-        ctx.keys.extend(h.range_begin..end);
-    }
-    if let Err(e) = check_sorted_unique(&ctx.keys).and_then(|_| check_lengths(ctx.keys.len(), vl, ctx.vals.len())) {
+    // A range push carries no keys: its keys are [range_begin, range_begin + n).
+    let ranged = op == Op::PushRange;
+    let n = if ranged { ctx.vals.len() / vl } else { ctx.keys.len() };
+    if ranged {
+        if !ctx.vals.len().is_multiple_of(vl) {
+            return Ok(Err(core_err(CoreError::LengthMismatch { keys: n, value_len: vl, expected: n * vl, got: ctx.vals.len() })));
+        }
+    } else if let Err(e) = check_sorted_unique(&ctx.keys).and_then(|_| check_lengths(n, vl, ctx.vals.len())) {
         return Ok(Err(core_err(e)));
     }
-    for k in [ctx.keys.first(), ctx.keys.last()].into_iter().flatten() {
-        if !domain.contains(*k) {
-            return Ok(Err(core_err(CoreError::KeyOutOfRange { table: h.table, key: *k, range: domain })));
+    let span = if ranged {
+        match h.range_begin.checked_add(n as u64) {
+            Some(end) => KeyRange::new(h.range_begin, end),
+            None => return Ok(Err(core_err(CoreError::Limit("range end overflows u64".into())))),
         }
+    } else {
+        match (ctx.keys.first(), ctx.keys.last()) {
+            (Some(&a), Some(&b)) => KeyRange::new(a, b.saturating_add(1)),
+            _ => KeyRange::new(0, 0),
+        }
+    };
+    if !span.is_empty() && (!domain.contains(span.begin) || !domain.contains(span.end - 1)) {
+        let key = if domain.contains(span.begin) { span.end - 1 } else { span.begin };
+        return Ok(Err(core_err(CoreError::KeyOutOfRange { table: h.table, key, range: domain })));
     }
     let map = r.map.read().clone();
+    // (shard, index range into the request) for every shard the request touches
+    let segments: Vec<(usize, std::ops::Range<usize>)> = if ranged {
+        map.split_range(span).map(|(sh, k)| (sh, (k.begin - span.begin) as usize..(k.end - span.begin) as usize)).collect()
+    } else {
+        map.split_keys(&ctx.keys).collect()
+    };
     {
         let mut t = slot.table.write();
         let epoch = st.epoch.load(Ordering::Relaxed);
         if h.epoch != epoch {
             return Ok(Err((Status::StaleEpoch, format!("request for routing epoch {} but this server is at epoch {epoch}", h.epoch))));
         }
-        for (shard, _) in map.split_keys(&ctx.keys) {
-            let pos = map.position(shard, me);
+        for (shard, _) in &segments {
+            let pos = map.position(*shard, me);
             let ok = if h.forwarded { pos.is_some_and(|p| p > 0) } else { pos == Some(0) };
             if !ok {
                 let role = if h.forwarded { "a replica" } else { "the head" };
@@ -1228,27 +1237,33 @@ fn replicated_push(
                 )));
             }
         }
-        if let Err(e) = check_quota(st, &t, &ctx.keys) {
-            return Ok(Err(e));
+        if !ranged {
+            if let Err(e) = check_quota(st, &t, &ctx.keys) {
+                return Ok(Err(e));
+            }
         }
         let before = t.bytes();
         let mut marks = r.marks.lock();
-        for (shard, range) in map.split_keys(&ctx.keys) {
-            let from = match marks.admit(shard, h.worker as usize, h.request_id, &ctx.keys[range.clone()]) {
+        for (shard, range) in &segments {
+            let (shard, range) = (*shard, range.clone());
+            let from = if ranged {
+                let keys = KeyRange::new(span.begin + range.start as u64, span.begin + range.end as u64);
+                marks.admit_range(shard, h.worker as usize, h.request_id, keys).map(|k| (k - span.begin) as usize - range.start)
+            } else {
+                marks.admit(shard, h.worker as usize, h.request_id, &ctx.keys[range.clone()])
+            };
+            let from = match from {
                 Ok(f) => f,
                 Err(e) => return Ok(Err(core_err(e))),
             };
             let a = range.start + from;
             if a < range.end {
-                if let Err(e) = t.push(&ctx.keys[a..range.end], &ctx.vals[a * vl..range.end * vl]) {
+                let vals = &ctx.vals[a * vl..range.end * vl];
+                let applied =
+                    if ranged { t.push_range(span.begin + a as u64, vals).map(|_| ()) } else { t.push(&ctx.keys[a..range.end], vals) };
+                if let Err(e) = applied {
                     return Ok(Err(core_err(e)));
                 }
-            }
-            // duplicates go down the chain too: the successor may not have them
-            if let Some(next) = map.successor(shard, me) {
-                let b = ctx.fwd.bufs.entry(next).or_default();
-                b.0.extend_from_slice(&ctx.keys[range.clone()]);
-                b.1.extend_from_slice(&ctx.vals[range.start * vl..range.end * vl]);
             }
         }
         drop(marks);
@@ -1258,21 +1273,30 @@ fn replicated_push(
         ctx.fwd.conns.clear();
         ctx.fwd.epoch = h.epoch;
     }
-    let mut nexts: Vec<u32> = ctx.fwd.bufs.iter().filter(|(_, b)| !b.0.is_empty()).map(|(n, _)| *n).collect();
-    nexts.sort_unstable();
-    for next in nexts {
-        let (keys, vals) = ctx.fwd.bufs.get_mut(&next).map(|b| (std::mem::take(&mut b.0), std::mem::take(&mut b.1))).unwrap_or_default();
+    // Forward: each run of adjacent shards with one successor is one frame, sent straight
+    // from the request's buffers (duplicates too: the successor may not have them).
+    let mut i = 0;
+    while i < segments.len() {
+        let next = map.successor(segments[i].0, me);
+        let mut j = i + 1;
+        while j < segments.len() && map.successor(segments[j].0, me) == next && segments[j].1.start == segments[j - 1].1.end {
+            j += 1;
+        }
+        let (a, b) = (segments[i].1.start, segments[j - 1].1.end);
+        i = j;
+        let Some(next) = next else { continue };
         let mut fh = forward_header(h, me);
         fh.last = false;
-        let sent = forward_conn(st, &mut ctx.fwd, next, me)
-            .and_then(|c| c.send(&mut fh, key_bytes(&keys), value_bytes(&vals)).map_err(|e| e.to_string()));
-        if let Some(b) = ctx.fwd.bufs.get_mut(&next) {
-            // give the buffers back for the next chunk
-            b.0 = keys;
-            b.1 = vals;
-            b.0.clear();
-            b.1.clear();
-        }
+        let vals = value_bytes(&ctx.vals[a * vl..b * vl]);
+        let keys: &[u8] = if ranged {
+            fh.op = Op::PushRange as u32;
+            fh.range_begin = span.begin + a as u64;
+            fh.range_end = span.begin + b as u64;
+            &[]
+        } else {
+            key_bytes(&ctx.keys[a..b])
+        };
+        let sent = forward_conn(st, &mut ctx.fwd, next, me).and_then(|c| c.send(&mut fh, keys, vals).map_err(|e| e.to_string()));
         if let Err(e) = sent {
             return Ok(Err((Status::StaleEpoch, format!("forwarding to replica node {next} failed: {e}"))));
         }
