@@ -295,10 +295,11 @@ fn a_server_killed_mid_job_with_two_copies_loses_and_doubles_no_update() {
 
 #[test]
 fn a_job_fails_with_a_clear_message_when_every_copy_of_a_shard_is_lost() {
-    // two of three servers killed at once with two copies: some shard lost both
+    // two of three servers killed at once with two copies, once the table holds data: some
+    // shard lost both copies
     let o = Command::new(env!("CARGO_BIN_EXE_downpour"))
         .args(["launch", "--servers", "3", "--workers", "1", "--replication", "2"])
-        .args(["--fault", "kill server:0 at 600ms", "--fault", "kill server:1 at 600ms", "--"])
+        .args(["--fault", "kill server:0 at 2s", "--fault", "kill server:1 at 2s", "--"])
         .args(["counter", "--keys", "20000", "--rounds", "100000"])
         .output()
         .unwrap();

@@ -49,6 +49,10 @@ pub enum CoreError {
     /// A consistency model or clock event that makes no sense.
     #[error("invalid consistency setting: {0}")]
     Consistency(String),
+    /// Replication: data whose every copy was lost, or an update that does not fit the
+    /// table's shards and workers.
+    #[error("replication: {0}")]
+    Replication(String),
     /// A size limit was exceeded.
     #[error("limit exceeded: {0}")]
     Limit(String),

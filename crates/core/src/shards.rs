@@ -126,7 +126,7 @@ impl Watermarks {
     fn slot(&self, shard: usize, worker: usize) -> Result<usize> {
         let i = shard * self.workers + worker;
         if worker >= self.workers || i >= self.marks.len() {
-            return Err(CoreError::Consistency(format!(
+            return Err(CoreError::Replication(format!(
                 "update from worker {worker} for shard {shard}: the table has {} workers and {} shards",
                 self.workers,
                 self.marks.len() / self.workers
@@ -197,7 +197,7 @@ impl Watermarks {
         let lo = a * self.workers;
         let hi = b * self.workers;
         if hi > self.marks.len() || bytes.len() != (hi.saturating_sub(lo)) * 16 {
-            return Err(CoreError::Consistency(format!(
+            return Err(CoreError::Replication(format!(
                 "watermarks of shards {a}..{b}: {} bytes for {} marks",
                 bytes.len(),
                 hi.saturating_sub(lo)
@@ -240,7 +240,7 @@ pub fn copies(old: &ShardMap, new: &ShardMap, alive: &[u32]) -> Result<Vec<Shard
         }
         let from =
             nc.iter().copied().find(|n| oc.contains(n)).or_else(|| oc.iter().copied().find(|n| alive.contains(n))).ok_or_else(|| {
-                CoreError::Consistency(format!(
+                CoreError::Replication(format!(
                     "shard {i} ({}): every server holding it ({oc:?}) failed; its updates are lost",
                     old.range(i)
                 ))

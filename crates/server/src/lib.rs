@@ -1605,7 +1605,13 @@ pub fn run_server_node(transport: &dyn Transport, cfg: NodeConfig) -> Result<(),
             }
             if let Some(routing) = r.routing.filter(|r| r.epoch >= 1) {
                 server.state().set_placement(reg.node_id, reg.rank, reg.num_servers, reg.num_workers, routing.epoch);
+                let (epoch, active) = (routing.epoch, routing.active);
                 server.state().set_replicated(routing);
+                if !active {
+                    // a server failed before this one started serving: it holds nothing to
+                    // copy, and the epoch being prepared waits for it too
+                    control.epoch_ready(epoch, 0, "")?;
+                }
                 break;
             }
         }
