@@ -819,7 +819,7 @@ fn handle_frame(st: &ServerState, h: &FrameHeader, ctx: &mut ConnCtx, conn: &mut
                 Ok(s) => s,
                 Err(e) => return Ok(Err(e)),
             };
-            let res = receive_copy(&slot, h, ctx);
+            let res = receive_copy(st, &slot, h, ctx);
             if res.is_ok() && h.last {
                 let mut r = msg::reply_to(h, me);
                 conn.send(&mut r, &[], &[])?;
@@ -1184,6 +1184,9 @@ fn replicated_push(
     if h.worker >= workers {
         return Ok(Err((Status::InvalidArgument, format!("push from worker {} of a job of {workers} workers", h.worker))));
     }
+    if h.forwarded && !is_peer(st, h.sender) {
+        return Ok(Err((Status::PermissionDenied, format!("a forwarded push from node {}, which is not a server of this job", h.sender))));
+    }
     let (vl, domain) = {
         let t = slot.table.read();
         (t.def().value_len, t.def().domain())
@@ -1376,10 +1379,13 @@ fn forward_conn<'a>(st: &ServerState, fwd: &'a mut Forwarding, node: u32, me: u3
 
 /// Installs a chunk of a replica copy ([`Op::ShardCopy`]): rows, and with the first chunk
 /// the watermarks of the shards it covers.
-fn receive_copy(slot: &TableSlot, h: &FrameHeader, ctx: &mut ConnCtx) -> ReqResult {
+fn receive_copy(st: &ServerState, slot: &TableSlot, h: &FrameHeader, ctx: &mut ConnCtx) -> ReqResult {
     let Some(r) = &slot.repl else {
         return Err((Status::InvalidArgument, format!("table {} is not replicated", h.table)));
     };
+    if !is_peer(st, h.sender) {
+        return Err((Status::PermissionDenied, format!("a replica copy from node {}, which is not a server of this job", h.sender)));
+    }
     let mut t = slot.table.write();
     t.import_rows(&ctx.keys, &ctx.vals).map_err(core_err)?;
     if !h.meta.is_empty() {
@@ -1391,6 +1397,12 @@ fn receive_copy(slot: &TableSlot, h: &FrameHeader, ctx: &mut ConnCtx) -> ReqResu
         r.marks.lock().decode_into(a, b + 1, &h.meta).map_err(core_err)?;
     }
     Ok(())
+}
+
+/// Whether `node` is a server of this replicated job (in the current routing or the last
+/// one served): only those forward pushes and send replica copies.
+fn is_peer(st: &ServerState, node: u32) -> bool {
+    st.repl.read().as_ref().is_some_and(|r| r.active_members.contains(&node) || r.routing.servers.iter().any(|s| s.node_id == node))
 }
 
 /// Moves this server to the routing epoch of `routing` (a replicated job's change): the

@@ -120,6 +120,14 @@ fn a_repeated_request_id_is_applied_once_down_the_whole_chain() {
         let a = c.recv_header().unwrap().unwrap();
         assert_eq!(a.status, 0, "{}", a.error);
     }
+    // a worker cannot pass itself off as a chain member
+    let tail = members.iter().find(|m| m.0 == chain[1]).unwrap().1.clone();
+    let mut w = t.connect(&tail, Duration::from_secs(5)).unwrap();
+    let mut h = msg::request(Op::Push, 100, 99, 1, 1);
+    h.forwarded = true;
+    w.send(&mut h, key_bytes(&[key]), value_bytes(&[50.0])).unwrap();
+    let a = w.recv_header().unwrap().unwrap();
+    assert_eq!(Status::from_u32(a.status), Status::PermissionDenied, "{}", a.error);
     let mut out = [0f32];
     kv.pull_into(1, &[key], &mut out).unwrap();
     assert_eq!(out[0], 1.0, "applied once at the head");
