@@ -305,6 +305,17 @@ impl HashStore {
     /// Every stored key with `lo <= key < hi`, in key order, appended to `keys`, and its
     /// values and state side by side appended to `rows` (for copying a shard to a replica).
     pub fn range_rows(&self, lo: u64, hi: u64, keys: &mut Vec<u64>, rows: &mut Vec<f32>) {
+        let found = self.sorted_slots(lo, hi);
+        keys.reserve(found.len());
+        rows.reserve(found.len() * (self.stride - 2));
+        for (k, t) in found {
+            keys.push(k);
+            rows.extend_from_slice(self.row(t));
+        }
+    }
+
+    /// The stored keys with `lo <= key < hi` and their rows, in key order (a full scan).
+    fn sorted_slots(&self, lo: u64, hi: u64) -> Vec<(u64, Slot)> {
         let mut found: Vec<(u64, Slot)> = Vec::new();
         for (si, sh) in self.shards.iter().enumerate() {
             for j in 0..sh.cap {
@@ -315,12 +326,7 @@ impl HashStore {
             }
         }
         found.sort_unstable_by_key(|p| p.0);
-        keys.reserve(found.len());
-        rows.reserve(found.len() * (self.stride - 2));
-        for (k, t) in found {
-            keys.push(k);
-            rows.extend_from_slice(self.row(t));
-        }
+        found
     }
 
     /// Calls `f` with the values of every stored row, in no particular order.
@@ -338,16 +344,7 @@ impl HashStore {
     /// Every stored (key, values) with `lo <= key < hi`, in key order, appended to
     /// `keys`/`values`. O(n log n) for n stored keys (a full scan; for export, not the hot path).
     pub fn range(&self, lo: u64, hi: u64, keys: &mut Vec<u64>, values: &mut Vec<f32>) {
-        let mut found: Vec<(u64, Slot)> = Vec::new();
-        for (si, sh) in self.shards.iter().enumerate() {
-            for j in 0..sh.cap {
-                let k = sh.key_at(j, self.stride);
-                if k != EMPTY && k >= lo && k < hi {
-                    found.push((k, Slot::new(si, j)));
-                }
-            }
-        }
-        found.sort_unstable_by_key(|p| p.0);
+        let found = self.sorted_slots(lo, hi);
         keys.reserve(found.len());
         values.reserve(found.len() * self.vl);
         for (k, t) in found {
