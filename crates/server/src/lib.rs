@@ -1360,14 +1360,19 @@ fn peer_connect(st: &ServerState, node: u32, me: u32) -> Result<Box<dyn Connecti
         let mut h = msg::request(Op::Identify, me, 0, 0, 0);
         h.meta = msg::worker_credential(secret, me).to_vec().into();
         c.send(&mut h, &[], &[]).map_err(|e| e.to_string())?;
-        match c.recv_header() {
-            Ok(Some(r)) if r.status == 0 => {}
-            Ok(Some(r)) => return Err(format!("node {node} refused this server: {}", r.error)),
-            Ok(None) => return Err(format!("node {node} closed the connection")),
-            Err(e) => return Err(e.to_string()),
-        }
+        peer_ack(c.as_mut()).map_err(|e| format!("node {node} refused this server: {e}"))?;
     }
     Ok(c)
+}
+
+/// Reads a peer's one-frame answer: `Ok` for a success, else what went wrong.
+fn peer_ack(c: &mut dyn Connection) -> Result<(), String> {
+    match c.recv_header() {
+        Ok(Some(r)) if r.status == 0 => Ok(()),
+        Ok(Some(r)) => Err(r.error),
+        Ok(None) => Err("the connection was closed".into()),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 fn forward_conn<'a>(st: &ServerState, fwd: &'a mut Forwarding, node: u32, me: u32) -> Result<&'a mut Box<dyn Connection>, String> {
@@ -1501,12 +1506,7 @@ fn send_copy(
     let mut h = msg::request(Op::CreateTable, me, 1, epoch, table);
     h.meta = spec.encode_to_vec().into();
     c.send(&mut h, &[], &[]).map_err(|e| e.to_string())?;
-    match c.recv_header() {
-        Ok(Some(r)) if r.status == 0 => {}
-        Ok(Some(r)) => return Err(format!("creating the table there: {}", r.error)),
-        Ok(None) => return Err("the connection was closed".into()),
-        Err(e) => return Err(e.to_string()),
-    }
+    peer_ack(c.as_mut()).map_err(|e| format!("creating the table there: {e}"))?;
     let per = (st.cfg.chunk_bytes / (8 + 4 * row_len)).max(1);
     let mut i = 0;
     loop {
@@ -1524,12 +1524,7 @@ fn send_copy(
         }
         i = j;
     }
-    match c.recv_header() {
-        Ok(Some(r)) if r.status == 0 => Ok(()),
-        Ok(Some(r)) => Err(r.error),
-        Ok(None) => Err("the connection was closed".into()),
-        Err(e) => Err(e.to_string()),
-    }
+    peer_ack(c.as_mut())
 }
 
 /// Settings of a server node in a cluster.

@@ -85,6 +85,10 @@ pub enum ClientError {
         /// What happened (in the message, not a separate error source, so it prints once).
         cause: TransportError,
     },
+    /// A replicated job could not recover from a server failure (no working routing table in
+    /// time, or the coordinator could not be asked for one).
+    #[error("fail-over: {0}")]
+    Failover(String),
     /// A request that is not kept for a fail-over (a summary, a vector program, a table
     /// creation) was under way when a server failed; the routing has changed since.
     #[error("the request was interrupted by a server failure (the routing changed); it was not sent again")]
@@ -1365,7 +1369,7 @@ impl KvClient {
     /// fail. Gives up after the fail-over's time limit.
     fn recover(&mut self, mut lent: Option<&mut Lent<'_>>) -> Result<(), ClientError> {
         let Some(give_up) = self.failover.as_ref().map(|f| f.give_up_after) else {
-            return Err(ClientError::BadReply { server: 0, message: "routing change without fail-over".into() });
+            return unreachable_failover();
         };
         let started = Instant::now();
         let deadline = started + give_up;
@@ -1376,18 +1380,15 @@ impl KvClient {
             let min = if self.broken_conn { self.epoch + 1 } else { self.epoch };
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(ClientError::BadReply {
-                    server: 0,
-                    message: format!("no working routing table within {give_up:?} after a server failed (epoch {} or later needed)", min),
-                });
+                return Err(ClientError::Failover(format!(
+                    "no working routing table within {give_up:?} after a server failed (epoch {min} or later needed)"
+                )));
             }
             let wait = if self.broken_conn { left.min(Duration::from_secs(2)) } else { left.min(Duration::from_millis(200)) };
             let ask = if self.broken_conn { min } else { self.epoch + 1 };
             let routing = match self.failover.as_mut().map(|f| f.source.routing(ask, wait)) {
                 Some(Ok(r)) => r,
-                Some(Err(e)) => {
-                    return Err(ClientError::BadReply { server: 0, message: format!("asking the coordinator for the routing: {e}") })
-                }
+                Some(Err(e)) => return Err(ClientError::Failover(format!("asking the coordinator for the routing: {e}"))),
                 None => unreachable_failover()?,
             };
             if !routing.active || routing.epoch < min {
@@ -1771,7 +1772,7 @@ impl KvClient {
 }
 
 fn unreachable_failover<T>() -> Result<T, ClientError> {
-    Err(ClientError::BadReply { server: 0, message: "fail-over state missing".into() })
+    Err(ClientError::Failover("a routing change without fail-over state (a bug)".into()))
 }
 
 mod bytes_like {
