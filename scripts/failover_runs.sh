@@ -1,16 +1,31 @@
 #!/bin/bash
-# The fail-over check: 20 seeded runs of the counter job with K=2, each SIGKILLing one
-# server (chosen by the seed) at a time chosen by the seed; prints the recovery times.
-# Usage: scripts/failover_runs.sh (after cargo build --release)
+# The fail-over checks: 20 seeded runs of the counter job with K=2 (3 servers, 2 workers).
+#   scripts/failover_runs.sh          each run SIGKILLs one server (chosen by the seed) at a
+#                                     time chosen by the seed; prints the recovery times
+#   scripts/failover_runs.sh elastic  each run starts a fourth server (it joins) and drains
+#                                     one server (chosen by the seed, the new one included)
+#                                     at times chosen by the seed; prints the switch times
+# Usage: after cargo build --release (DOWNPOUR=path overrides the binary)
+mode=${1:-kill}
 fails=0
 for seed in $(seq 1 20); do
-  srv=$(( (seed * 7919) % 3 ))
-  ms=$(( 300 + (seed * 104729) % 3000 ))
-  out=$(timeout 120 ${DOWNPOUR:-target/release/downpour} launch --servers 3 --workers 2 --replication 2 --fault "kill server:$srv at ${ms}ms" -- counter --keys 100000 --rounds 300 2>&1)
+  if [ "$mode" = elastic ]; then
+    join=$(( 300 + (seed * 7919) % 2000 ))
+    srv=$(( (seed * 104729) % 4 ))
+    drain=$(( join + 500 + (seed * 15485863) % 2000 ))
+    faults=(--fault "start server at ${join}ms" --fault "drain server:$srv at ${drain}ms")
+    what="join at ${join}ms, drain server $srv at ${drain}ms"
+  else
+    srv=$(( (seed * 7919) % 3 ))
+    ms=$(( 300 + (seed * 104729) % 3000 ))
+    faults=(--fault "kill server:$srv at ${ms}ms")
+    what="kill server $srv at ${ms}ms"
+  fi
+  out=$(timeout 120 ${DOWNPOUR:-target/release/downpour} launch --servers 3 --workers 2 --replication 2 "${faults[@]}" -- counter --keys 100000 --rounds 300 2>&1)
   rc=$?
   oks=$(echo "$out" | grep -c "counter: OK")
-  rec=$(echo "$out" | grep -o "recovery took [0-9.]* ms" | head -1)
-  echo "seed=$seed server=$srv at=${ms}ms rc=$rc oks=$oks $rec"
+  took=$(echo "$out" | grep -o "\(recovery\|reconfiguration\) took [0-9.]* ms" | sed 's/.* took //' | tr '\n' ' ')
+  echo "seed=$seed $what: rc=$rc oks=$oks served after: $took"
   if [ $rc -ne 0 ] || [ $oks -ne 2 ]; then fails=$((fails+1)); echo "$out" | grep -v "counter: round" | tail -8; fi
 done
 echo "failures: $fails"

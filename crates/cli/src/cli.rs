@@ -70,10 +70,12 @@ enum Cmd {
         /// workers.
         #[arg(long)]
         tls_dir: Option<std::path::PathBuf>,
-        /// Inject a fault (repeatable): `kill server:N at TIME`, `kill worker:N at TIME` or
-        /// `kill coordinator at TIME`, TIME like `2s`, `1.5s` or `800ms` from the start.
-        /// The process gets SIGKILL. (Fail-over does not exist yet: a killed node fails the
-        /// job, with a message naming what died.)
+        /// Inject a fault (repeatable), TIME like `2s`, `1.5s` or `800ms` from the start:
+        /// `kill server:N at TIME`, `kill worker:N at TIME`, `kill coordinator at TIME` (the
+        /// process gets SIGKILL), `start server at TIME` (one more server joins the job) or
+        /// `drain server:N at TIME` (`admin drain`). With --replication 2 or more a job
+        /// survives a server's death, join or drain; anything else killed fails the job
+        /// with a message naming what died.
         #[arg(long = "fault", value_name = "FAULT")]
         faults: Vec<cluster::Fault>,
         /// The job and its flags.
@@ -108,7 +110,13 @@ enum Cmd {
         /// Host workers reach this server at (needed when listening on 0.0.0.0).
         #[arg(long)]
         advertise: Option<String>,
+        /// Write "RANK NODE_ID" to this file once registered (for launchers).
+        #[arg(long, hide = true)]
+        registered_file: Option<std::path::PathBuf>,
     },
+    /// Administer a running job (`admin drain --coordinator ADDR 1`).
+    #[command(subcommand)]
+    Admin(AdminCmd),
     /// Run a worker of a cluster with the given job.
     Worker {
         /// Coordinator address.
@@ -116,6 +124,21 @@ enum Cmd {
         coordinator: String,
         #[command(subcommand)]
         job: JobCmd,
+    },
+}
+
+/// Operations on a running job, sent to its coordinator.
+#[derive(Subcommand, Debug)]
+pub enum AdminCmd {
+    /// Drain a server of a replicated job: its shards move to the other servers (copies
+    /// are rebuilt until every shard has its K copies again), then the server exits. The
+    /// job goes on; pushes in flight are replayed, none lost or doubled.
+    Drain {
+        /// Coordinator address.
+        #[arg(long)]
+        coordinator: String,
+        /// The server's rank, as its log lines name it ("server 1 (node 3)").
+        server: u32,
     },
 }
 
@@ -286,9 +309,26 @@ fn run(cli: Cli, s: Settings) -> Result<()> {
                 JobOutcome::Failed(r) => anyhow::bail!("the job failed: {r}"),
             }
         }
-        Cmd::Server { coordinator, listen, advertise } => {
+        Cmd::Admin(AdminCmd::Drain { coordinator, server }) => {
+            let t = transport(&s)?;
+            let mut c = downpour_coordinator::client::ControlClient::connect(t.as_ref(), &coordinator, s.connect_timeout)
+                .with_context(|| format!("cannot reach the coordinator at {coordinator}"))?;
+            c.set_timeout(Some(s.connect_timeout))?;
+            let r = c.drain(server).with_context(|| format!("draining server {server}"))?;
+            println!("server {server} (node {}) is being drained: routing epoch {} moves its shards away", r.node_id, r.epoch);
+            Ok(())
+        }
+        Cmd::Server { coordinator, listen, advertise, registered_file } => {
             let t = transport(&s)?;
             let peer = t.clone();
+            let on_registered = registered_file.map(|p| -> Arc<dyn Fn(u32, u32) + Send + Sync> {
+                Arc::new(move |rank, node| {
+                    // the launcher waits for this file; failing to write it fails the launch there
+                    if let Err(e) = std::fs::write(&p, format!("{rank} {node}\n")) {
+                        tracing::error!("cannot write {}: {e}", p.display());
+                    }
+                })
+            });
             let cfg = NodeConfig {
                 coordinator,
                 listen,
@@ -302,6 +342,7 @@ fn run(cli: Cli, s: Settings) -> Result<()> {
                     ..Default::default()
                 },
                 own_process: true,
+                on_registered,
             };
             run_server_node(t.as_ref(), cfg)?;
             Ok(())

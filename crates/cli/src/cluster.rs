@@ -88,6 +88,7 @@ pub fn run_embedded(s: &Settings, servers: usize, workers: usize, job: &JobCmd, 
                 ..Default::default()
             },
             own_process: false,
+            on_registered: None,
         };
         server_threads.push(std::thread::Builder::new().name(format!("server-{i}")).spawn(move || run_server_node(&t, cfg))?);
     }
@@ -155,7 +156,7 @@ fn forward(label: String, r: impl std::io::Read + Send + 'static, capture: Optio
 /// The role a fault targets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FaultTarget {
-    /// Server N (0-based, in start order).
+    /// Server N (0-based: the launch's servers in rank order, then the started ones).
     Server(usize),
     /// Worker N (0-based, in start order).
     Worker(usize),
@@ -163,11 +164,22 @@ pub enum FaultTarget {
     Coordinator,
 }
 
-/// A fault `launch --fault` injects: SIGKILL a process at a time from the job's start.
+/// What a fault does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FaultAction {
+    /// SIGKILL the target's process.
+    Kill(FaultTarget),
+    /// Start one more server, which joins the running job (replicated jobs).
+    StartServer,
+    /// `admin drain` server N: its shards move away, then it exits (replicated jobs).
+    Drain(usize),
+}
+
+/// A fault `launch --fault` injects at a time from the job's start.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Fault {
-    /// The process.
-    pub target: FaultTarget,
+    /// What happens.
+    pub action: FaultAction,
     /// When, from the start of the launch.
     pub at: Duration,
 }
@@ -189,22 +201,39 @@ fn parse_time(t: &str) -> Result<Duration, String> {
 
 impl std::str::FromStr for Fault {
     type Err = String;
-    /// `kill server:N at TIME`, `kill worker:N at TIME` or `kill coordinator at TIME`.
+    /// `kill server:N at TIME`, `kill worker:N at TIME`, `kill coordinator at TIME`,
+    /// `start server at TIME` or `drain server:N at TIME`.
     fn from_str(s: &str) -> Result<Fault, String> {
         let words: Vec<&str> = s.split_whitespace().collect();
-        let bad = || format!("fault {s:?}: expected `kill server:N at TIME`, `kill worker:N at TIME` or `kill coordinator at TIME`");
+        let bad = || {
+            format!(
+                "fault {s:?}: expected `kill server:N at TIME`, `kill worker:N at TIME`, `kill coordinator at TIME`, \
+                 `start server at TIME` or `drain server:N at TIME`"
+            )
+        };
         let [action, target, at_word, time] = words[..] else { return Err(bad()) };
-        if action != "kill" || at_word != "at" {
+        if at_word != "at" {
             return Err(bad());
         }
         let index = |n: &str| n.parse::<usize>().map_err(|_| format!("fault {s:?}: {n:?} is not a process number"));
-        let target = match target.split_once(':') {
-            Some(("server", n)) => FaultTarget::Server(index(n)?),
-            Some(("worker", n)) => FaultTarget::Worker(index(n)?),
-            None if target == "coordinator" => FaultTarget::Coordinator,
+        let target_of = |t: &str| -> Result<FaultTarget, String> {
+            match t.split_once(':') {
+                Some(("server", n)) => Ok(FaultTarget::Server(index(n)?)),
+                Some(("worker", n)) => Ok(FaultTarget::Worker(index(n)?)),
+                None if t == "coordinator" => Ok(FaultTarget::Coordinator),
+                _ => Err(bad()),
+            }
+        };
+        let action = match action {
+            "kill" => FaultAction::Kill(target_of(target)?),
+            "start" if target == "server" => FaultAction::StartServer,
+            "drain" => match target_of(target)? {
+                FaultTarget::Server(n) => FaultAction::Drain(n),
+                _ => return Err(format!("fault {s:?}: only a server can be drained")),
+            },
             _ => return Err(bad()),
         };
-        Ok(Fault { target, at: parse_time(time).map_err(|e| format!("fault {s:?}: {e}"))? })
+        Ok(Fault { action, at: parse_time(time).map_err(|e| format!("fault {s:?}: {e}"))? })
     }
 }
 
@@ -214,6 +243,16 @@ impl std::fmt::Display for FaultTarget {
             FaultTarget::Server(n) => write!(f, "server {n}"),
             FaultTarget::Worker(n) => write!(f, "worker {n}"),
             FaultTarget::Coordinator => write!(f, "coordinator"),
+        }
+    }
+}
+
+impl std::fmt::Display for FaultAction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FaultAction::Kill(t) => write!(f, "kill {t}"),
+            FaultAction::StartServer => write!(f, "start a server"),
+            FaultAction::Drain(n) => write!(f, "drain server {n}"),
         }
     }
 }
@@ -242,15 +281,21 @@ pub struct LocalRun<'a> {
 /// kills every other child and returns an error naming the one that failed.
 pub fn launch_local(r: LocalRun<'_>) -> Result<()> {
     anyhow::ensure!(r.servers >= 1 && r.workers >= 1, "--servers and --workers must be at least 1");
+    // servers started by faults are numbered after the launch's own
+    let all_servers = r.servers + r.faults.iter().filter(|f| f.action == FaultAction::StartServer).count();
     for f in r.faults {
-        match f.target {
-            FaultTarget::Server(n) if n >= r.servers => {
-                bail!("--fault names server {n}, but there are {} servers (0..{})", r.servers, r.servers)
-            }
-            FaultTarget::Worker(n) if n >= r.workers => {
+        let server = match f.action {
+            FaultAction::Kill(FaultTarget::Server(n)) | FaultAction::Drain(n) => Some(n),
+            FaultAction::Kill(FaultTarget::Worker(n)) if n >= r.workers => {
                 bail!("--fault names worker {n}, but there are {} workers (0..{})", r.workers, r.workers)
             }
-            _ => {}
+            _ => None,
+        };
+        if let Some(n) = server.filter(|&n| n >= all_servers) {
+            bail!("--fault names server {n}, but there are {all_servers} servers (0..{all_servers}, counting those started by faults)")
+        }
+        if matches!(f.action, FaultAction::StartServer | FaultAction::Drain(_)) && r.settings.replication < 2 {
+            bail!("--fault \"{}\" needs a replicated job (--replication 2 or more): only then can servers join or leave", f.action);
         }
     }
     let started = Instant::now();
@@ -316,50 +361,96 @@ pub fn launch_local(r: LocalRun<'_>) -> Result<()> {
             }
             std::thread::sleep(Duration::from_millis(10));
         };
+        let server_args = |i: usize| -> Vec<String> {
+            let reg = dir.join(format!("server-{i}.registered")).display().to_string();
+            ["server", "--coordinator", &addr, "--listen", "127.0.0.1:0", "--registered-file", &reg].map(String::from).to_vec()
+        };
+        // Servers start one at a time, each once the previous has registered, so that
+        // "server N" here is the coordinator's server N (faults and logs name the same one).
+        let mut server_procs: Vec<usize> = Vec::new();
         for i in 0..r.servers {
-            procs.push(spawn(
-                &format!("server {i}"),
-                vec!["server".into(), "--coordinator".into(), addr.clone(), "--listen".into(), "127.0.0.1:0".into()],
-                None,
-            )?);
+            server_procs.push(procs.len());
+            procs.push(spawn(&format!("server {i}"), server_args(i), None)?);
+            let reg = dir.join(format!("server-{i}.registered"));
+            let deadline = Instant::now() + r.settings.connect_timeout;
+            while !std::fs::read_to_string(&reg).is_ok_and(|a| a.ends_with('\n')) {
+                if let Some(st) = procs[server_procs[i]].child.try_wait()? {
+                    bail!("server {i} exited ({st}) before it registered with the coordinator");
+                }
+                if Instant::now() > deadline {
+                    bail!("server {i} did not register with the coordinator within {:?}", r.settings.connect_timeout);
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
         }
+        let mut worker_procs: Vec<usize> = Vec::new();
         for i in 0..r.workers {
             let mut args = vec!["worker".into(), "--coordinator".into(), addr.clone()];
             args.extend(r.job_args.iter().cloned());
+            worker_procs.push(procs.len());
             procs.push(spawn(&format!("worker {i}"), args, r.capture.clone())?);
         }
-        // Wait for every child; the first failure ends the run. Injected faults kill their
-        // process at their time; its death is not itself a failure (the job's reaction is).
+        // Wait for every child; the first failure ends the run. Injected faults act at their
+        // time; a killed process's death is not itself a failure (the job's reaction is).
         let mut running: Vec<bool> = vec![true; procs.len()];
         let mut pending: Vec<&Fault> = r.faults.iter().collect();
+        pending.sort_by_key(|f| f.at);
         let mut killed: Vec<bool> = vec![false; procs.len()];
-        let injected = || r.faults.iter().map(|f| format!("kill {} at {:?}", f.target, f.at)).collect::<Vec<_>>().join(", ");
+        let injected = || r.faults.iter().map(|f| format!("{} at {:?}", f.action, f.at)).collect::<Vec<_>>().join(", ");
         loop {
             if r.interrupted.load(Ordering::Relaxed) {
                 bail!("interrupted");
             }
             let now = started.elapsed();
-            let mut k = 0;
-            while k < pending.len() {
-                let f = pending[k];
-                if f.at > now {
-                    k += 1;
-                    continue;
+            while pending.first().is_some_and(|f| f.at <= now) {
+                let f = pending.remove(0);
+                let at = now.as_secs_f64();
+                match f.action {
+                    FaultAction::StartServer => {
+                        let n = server_procs.len();
+                        server_procs.push(procs.len());
+                        procs.push(spawn(&format!("server {n}"), server_args(n), None)?);
+                        running.push(true);
+                        killed.push(false);
+                        eprintln!(
+                            "[launch] fault at {at:.2}s: started server {n} (pid {}) to join the job",
+                            procs[procs.len() - 1].child.id()
+                        );
+                    }
+                    FaultAction::Drain(n) => {
+                        // `downpour admin drain`, as an operator would run it
+                        let Some(rank) = std::fs::read_to_string(dir.join(format!("server-{n}.registered")))
+                            .ok()
+                            .and_then(|l| l.split_whitespace().next().and_then(|r| r.parse::<u32>().ok()))
+                        else {
+                            eprintln!("[launch] fault at {at:.2}s: server {n} has not registered (yet); nothing to drain");
+                            continue;
+                        };
+                        procs.push(spawn(
+                            &format!("admin drain {n}"),
+                            vec!["admin".into(), "drain".into(), "--coordinator".into(), addr.clone(), rank.to_string()],
+                            None,
+                        )?);
+                        running.push(true);
+                        killed.push(false);
+                        eprintln!("[launch] fault at {at:.2}s: draining server {n}");
+                    }
+                    FaultAction::Kill(t) => {
+                        let i = match t {
+                            FaultTarget::Coordinator => Some(0),
+                            FaultTarget::Server(n) => server_procs.get(n).copied(),
+                            FaultTarget::Worker(n) => worker_procs.get(n).copied(),
+                        };
+                        let Some(i) = i.filter(|&i| running[i]) else {
+                            eprintln!("[launch] fault at {at:.2}s: {t} is not running (not started or already exited); nothing to kill");
+                            continue;
+                        };
+                        // std's kill is SIGKILL on Unix: no cleanup, as a crashed machine
+                        procs[i].child.kill().with_context(|| format!("cannot kill {t}"))?;
+                        killed[i] = true;
+                        eprintln!("[launch] fault at {at:.2}s: killed {t} (pid {}) with SIGKILL", procs[i].child.id());
+                    }
                 }
-                pending.swap_remove(k);
-                let i = match f.target {
-                    FaultTarget::Coordinator => 0,
-                    FaultTarget::Server(n) => 1 + n,
-                    FaultTarget::Worker(n) => 1 + r.servers + n,
-                };
-                if !running[i] {
-                    eprintln!("[launch] fault at {:.2}s: {} had already exited; nothing to kill", now.as_secs_f64(), f.target);
-                    continue;
-                }
-                // std's kill is SIGKILL on Unix: no cleanup, as a crashed machine
-                procs[i].child.kill().with_context(|| format!("cannot kill {}", f.target))?;
-                killed[i] = true;
-                eprintln!("[launch] fault at {:.2}s: killed {} (pid {}) with SIGKILL", now.as_secs_f64(), f.target, procs[i].child.id());
             }
             for (i, p) in procs.iter_mut().enumerate() {
                 if !running[i] {
@@ -400,11 +491,15 @@ mod tests {
     #[test]
     fn faults_parse_the_documented_forms_and_refuse_others() {
         let f: Fault = "kill server:1 at 3s".parse().unwrap();
-        assert_eq!(f, Fault { target: FaultTarget::Server(1), at: Duration::from_secs(3) });
+        assert_eq!(f, Fault { action: FaultAction::Kill(FaultTarget::Server(1)), at: Duration::from_secs(3) });
         let f: Fault = "kill worker:0 at 1.5s".parse().unwrap();
-        assert_eq!(f, Fault { target: FaultTarget::Worker(0), at: Duration::from_millis(1500) });
+        assert_eq!(f, Fault { action: FaultAction::Kill(FaultTarget::Worker(0)), at: Duration::from_millis(1500) });
         let f: Fault = " kill  coordinator at 800ms ".parse().unwrap();
-        assert_eq!(f, Fault { target: FaultTarget::Coordinator, at: Duration::from_millis(800) });
+        assert_eq!(f, Fault { action: FaultAction::Kill(FaultTarget::Coordinator), at: Duration::from_millis(800) });
+        let f: Fault = "start server at 6s".parse().unwrap();
+        assert_eq!(f, Fault { action: FaultAction::StartServer, at: Duration::from_secs(6) });
+        let f: Fault = "drain server:2 at 4s".parse().unwrap();
+        assert_eq!(f, Fault { action: FaultAction::Drain(2), at: Duration::from_secs(4) });
         for bad in [
             "kill server:x at 1s",
             "kill server:1 at 1",
@@ -412,6 +507,10 @@ mod tests {
             "stop server:1 at 1s",
             "kill server:1",
             "kill disk:1 at 1s",
+            "start worker at 1s",
+            "start server:1 at 1s",
+            "drain worker:0 at 1s",
+            "drain coordinator at 1s",
             "",
         ] {
             assert!(bad.parse::<Fault>().is_err(), "{bad:?} parsed");

@@ -293,6 +293,38 @@ fn a_server_killed_mid_job_with_two_copies_loses_and_doubles_no_update() {
     }
 }
 
+/// The elasticity check: one server joins and another is drained while two workers
+/// push; every increment lands exactly once, and both changes were served mid-job.
+#[test]
+fn a_server_joining_and_another_draining_mid_job_lose_and_double_no_update() {
+    let o = Command::new(env!("CARGO_BIN_EXE_downpour"))
+        .args(["launch", "--servers", "3", "--workers", "2", "--replication", "2"])
+        .args(["--fault", "start server at 600ms", "--fault", "drain server:0 at 1500ms", "--"])
+        .args(["counter", "--keys", "20000", "--rounds", "1500"])
+        .output()
+        .unwrap();
+    let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success(), "{out}\n{err}");
+    assert_eq!(out.matches("counter: OK").count() + err.matches("counter: OK").count(), 2, "{out}\n{err}");
+    assert!(err.contains("served: reconfiguration took") && err.contains("joined at"), "the join was served: {err}");
+    assert!(err.contains("server 0 (node 1): drained in routing epoch"), "the drained server left: {err}");
+    assert!(err.matches("served: reconfiguration took").count() >= 2, "both changes were served: {err}");
+}
+
+#[test]
+fn joining_or_draining_an_unreplicated_job_is_refused_before_anything_starts() {
+    for fault in ["start server at 1s", "drain server:0 at 1s"] {
+        let o = Command::new(env!("CARGO_BIN_EXE_downpour"))
+            .args(["launch", "--servers", "2", "--workers", "1", "--fault", fault, "--", "counter"])
+            .output()
+            .unwrap();
+        assert!(!o.status.success());
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("needs a replicated job (--replication 2 or more)"), "{fault}: {err}");
+        assert!(!err.contains("registered"), "nothing was started: {err}");
+    }
+}
+
 #[test]
 fn a_job_fails_with_a_clear_message_when_every_copy_of_a_shard_is_lost() {
     // two of three servers killed at once with two copies, once the table holds data: some

@@ -130,6 +130,15 @@ impl ControlClient {
         self.call(Op::EpochReady, body).map(|_| ())
     }
 
+    /// (Admin) drains server `rank` of a replicated job: the coordinator moves its shards to
+    /// the other servers in a new epoch (returned with the server's node id) and the server
+    /// exits once it hears it. Refused for unreplicated jobs, unknown or already removed
+    /// servers, and when fewer servers than copies would be left.
+    pub fn drain(&mut self, rank: u32) -> Result<proto::DrainReply, ControlError> {
+        let r = self.call(Op::Drain, proto::DrainRequest { server: rank }.encode_to_vec())?;
+        crate::decode_body(&r).map_err(ControlError::Malformed)
+    }
+
     /// Reports that this worker is done (`ok == false` fails the job with `message`).
     pub fn done(&mut self, ok: bool, message: &str) -> Result<(), ControlError> {
         self.call(Op::Done, proto::DoneRequest { ok, message: message.into() }.encode_to_vec()).map(|_| ())

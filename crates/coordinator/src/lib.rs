@@ -6,6 +6,11 @@
 //! receives heartbeats (declaring a silent or disconnected node dead and failing the job
 //! cleanly), and ends the job when every worker is done by telling the servers to stop.
 //!
+//! Replicated jobs (`replication >= 2`) keep a consistent-hashing ring of servers instead:
+//! a lost server, a server registering while the job runs (a join) and an `admin drain`
+//! each change the ring in a new routing epoch, served once every member reported that it
+//! moved and built its new copies.
+//!
 //! [`client::ControlClient`] is the node side of this protocol.
 
 #![warn(missing_docs)]
@@ -94,6 +99,10 @@ struct State {
     removed: HashSet<u32>,
     /// Recoveries: (epoch, what failed, detection to serving).
     recoveries: Vec<Recovery>,
+    /// The members of the last epoch served (where the data is while an epoch is prepared).
+    served: Vec<u32>,
+    /// Servers drained by `admin drain` (they exit cleanly once off the ring).
+    drained: HashSet<u32>,
 }
 
 struct Pending {
@@ -101,20 +110,25 @@ struct Pending {
     detected: Instant,
     cause: String,
     keys_copied: u64,
+    /// Whether a failure (rather than only joins and drains) started it.
+    failure: bool,
 }
 
-/// One recovery of a replicated job: a server failed, was removed from the ring, and the
-/// new epoch was served once every survivor had rebuilt its replicas.
+/// One change of a replicated job's ring: a server failed (or was drained, or joined),
+/// the ring changed in a new epoch, and the epoch was served once every member had moved
+/// to it and built its new replicas.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Recovery {
     /// The epoch that took over.
     pub epoch: u64,
-    /// What failed, as detected.
+    /// What happened: the failure as detected, a drain or a join.
     pub cause: String,
-    /// From the failure's detection to the new epoch being served.
+    /// From the failure's detection (or the request) to the new epoch being served.
     pub took: Duration,
     /// Rows copied to build the new replicas.
     pub keys_copied: u64,
+    /// Whether a failure caused it (false for joins and drains only).
+    pub failure: bool,
 }
 
 impl State {
@@ -132,7 +146,25 @@ impl State {
             vnodes: cfg.vnodes,
             shards: cfg.shards,
             active: self.active,
+            served: self.served.clone(),
         }
+    }
+
+    /// Starts preparing a new epoch of the ring as it now is: every member must move to
+    /// it (and build its new replicas) before it is served. A change while another epoch
+    /// is being prepared folds into it (the earlier one is never served).
+    fn reconfigure(&mut self, cause: String, failure: bool) {
+        self.epoch += 1;
+        self.active = false;
+        let waiting: HashSet<u32> = self.ring.as_ref().map(|r| r.servers().collect()).unwrap_or_default();
+        let (detected, cause, failure) = match self.pending.take() {
+            Some(p) => (p.detected, format!("{}; {cause}", p.cause), p.failure || failure),
+            None => (Instant::now(), cause, failure),
+        };
+        let mut members: Vec<u32> = waiting.iter().copied().collect();
+        members.sort_unstable();
+        tracing::warn!("{cause}: preparing routing epoch {} with servers {members:?}", self.epoch);
+        self.pending = Some(Pending { waiting, detected, cause, keys_copied: 0, failure });
     }
     fn describe(&self, id: u32) -> String {
         match self.roles.get(&id) {
@@ -327,24 +359,54 @@ impl Coordinator {
             self.fail(format!("{reason}; no server is left"));
             return;
         }
-        st.epoch += 1;
-        st.active = false;
         st.removed.insert(id);
         st.last_seen.remove(&id);
         st.heartbeating.remove(&id);
-        let detected = st.pending.as_ref().map(|p| p.detected).unwrap_or_else(Instant::now);
-        let cause = match st.pending.take() {
-            Some(p) => format!("{}; {reason}", p.cause),
-            None => reason.clone(),
-        };
-        tracing::warn!("{reason}: removed from the ring; preparing routing epoch {} with servers {:?}", st.epoch, {
-            let mut v: Vec<_> = left.iter().copied().collect();
-            v.sort_unstable();
-            v
-        });
-        st.pending = Some(Pending { waiting: left, detected, cause, keys_copied: 0 });
+        st.reconfigure(format!("{reason}: removed from the ring"), true);
         self.cv.notify_all();
         self.sched_cv.notify_all();
+    }
+
+    /// `admin drain`: moves server `rank`'s shards to the other servers in a new epoch; the
+    /// server hears it with its next heartbeat and exits once off the ring.
+    fn drain(&self, rank: u32) -> Result<proto::DrainReply, (Status, String)> {
+        let mut st = self.state.lock();
+        if let Some(r) = &st.failed {
+            return Err((Status::Aborted, format!("job failed: {r}")));
+        }
+        if self.cfg.replication < 2 {
+            return Err((
+                Status::InvalidArgument,
+                "draining a server needs a replicated job (--replication 2 or more): without copies its keys would be lost".into(),
+            ));
+        }
+        let Some(&(id, _)) = st.servers.get(rank as usize) else {
+            return Err((
+                Status::InvalidArgument,
+                format!("no server {rank}: the job has had {} servers (0..{})", st.servers.len(), st.servers.len()),
+            ));
+        };
+        let Some(ring) = st.ring.as_mut() else {
+            return Err((Status::Aborted, "the servers are still registering; drain once the job runs".into()));
+        };
+        if !ring.servers().any(|s| s == id) {
+            return Err((Status::InvalidArgument, format!("server {rank} (node {id}) is not on the ring (drained or failed already)")));
+        }
+        let left = ring.servers().count() - 1;
+        if left < self.cfg.replication {
+            return Err((
+                Status::InvalidArgument,
+                format!("draining server {rank} would leave {left} servers for {} copies of every shard", self.cfg.replication),
+            ));
+        }
+        ring.remove(id).map_err(|e| (Status::Internal, e.to_string()))?;
+        st.drained.insert(id);
+        st.removed.insert(id);
+        st.reconfigure(format!("server {rank} (node {id}) drained"), false);
+        let epoch = st.epoch;
+        self.cv.notify_all();
+        self.sched_cv.notify_all();
+        Ok(proto::DrainReply { epoch, node_id: id })
     }
 
     /// A server moved to `epoch` and built its replicas; the last one activates the epoch.
@@ -368,13 +430,15 @@ impl Coordinator {
             let p = st.pending.take().ok_or((Status::Internal, "no pending epoch".to_string()))?;
             let took = p.detected.elapsed();
             st.active = true;
+            st.served = st.ring.as_ref().map(|r| r.servers().collect()).unwrap_or_default();
+            let (what, from) = if p.failure { ("recovery", "detection") } else { ("reconfiguration", "the change") };
             tracing::info!(
-                "routing epoch {epoch} served: recovery took {:.1} ms from detection to serving ({} rows copied) after: {}",
+                "routing epoch {epoch} served: {what} took {:.1} ms from {from} to serving ({} rows copied) after: {}",
                 took.as_secs_f64() * 1e3,
                 p.keys_copied,
                 p.cause
             );
-            st.recoveries.push(Recovery { epoch, cause: p.cause, took, keys_copied: p.keys_copied });
+            st.recoveries.push(Recovery { epoch, cause: p.cause, took, keys_copied: p.keys_copied, failure: p.failure });
             self.cv.notify_all();
         }
         Ok(())
@@ -435,6 +499,10 @@ impl Coordinator {
                 let req = proto::ScheduleRequest::decode(h.meta.as_ref()).map_err(bad)?;
                 self.schedule(h.sender, req).map(|r| r.encode_to_vec())
             }
+            Some(Op::Drain) => {
+                let req = proto::DrainRequest::decode(h.meta.as_ref()).map_err(bad)?;
+                self.drain(req.server).map(|r| r.encode_to_vec())
+            }
             Some(Op::Ping) => Ok(Vec::new()),
             _ => Err((Status::Unsupported, format!("op {} is not served by the coordinator", h.op))),
         }
@@ -448,14 +516,37 @@ impl Coordinator {
         let id = st.next_id;
         let (rank, role) = match req.role.as_str() {
             "server" => {
-                if st.servers.len() >= self.cfg.servers {
-                    return Err((Status::ResourceExhausted, format!("the job already has its {} servers", self.cfg.servers)));
-                }
                 if req.addr.is_empty() {
                     return Err((Status::InvalidArgument, "a server must register its data address".into()));
                 }
-                st.servers.push((id, req.addr.clone()));
-                (st.servers.len() as u32 - 1, "server")
+                if st.servers.len() >= self.cfg.servers {
+                    // A replicated job takes servers while it runs: they join the ring.
+                    if self.cfg.replication < 2 {
+                        return Err((
+                            Status::ResourceExhausted,
+                            format!(
+                                "the job already has its {} servers (a server can join a running job only with --replication 2 or more)",
+                                self.cfg.servers
+                            ),
+                        ));
+                    }
+                    if st.shutdown {
+                        return Err((Status::Aborted, "the job is shutting down".into()));
+                    }
+                    let rank = st.servers.len() as u32;
+                    let Some(ring) = st.ring.as_mut() else {
+                        return Err((Status::Internal, "a replicated job without a ring".into()));
+                    };
+                    ring.add(id).map_err(|e| (Status::Internal, e.to_string()))?;
+                    st.servers.push((id, req.addr.clone()));
+                    st.reconfigure(format!("server {rank} (node {id}) joined at {}", req.addr), false);
+                    self.cv.notify_all();
+                    self.sched_cv.notify_all();
+                    (rank, "server")
+                } else {
+                    st.servers.push((id, req.addr.clone()));
+                    (st.servers.len() as u32 - 1, "server")
+                }
             }
             "worker" => {
                 if st.workers.len() >= self.cfg.workers {
@@ -473,11 +564,12 @@ impl Coordinator {
             "{role} {rank} registered as node {id}{}",
             if req.addr.is_empty() { String::new() } else { format!(" at {}", req.addr) }
         );
-        if role == "server" && st.servers.len() == self.cfg.servers {
+        if role == "server" && st.servers.len() == self.cfg.servers && st.epoch == 0 {
             st.epoch = 1;
             st.active = true;
             if self.cfg.replication >= 2 {
                 st.ring = Some(Ring::with_members(self.cfg.vnodes, st.servers.iter().map(|s| s.0), 1));
+                st.served = st.servers.iter().map(|s| s.0).collect();
                 tracing::info!(
                     "chain replication: {} copies of {} shards per table on a ring of {} points per server",
                     self.cfg.replication,
@@ -501,7 +593,7 @@ impl Coordinator {
             node_id: id,
             rank,
             num_workers: self.cfg.workers as u32,
-            num_servers: self.cfg.servers as u32,
+            num_servers: (st.servers.len() as u32).max(self.cfg.servers as u32),
             routing: Some(st.routing(&self.cfg)),
             heartbeat_ms: self.cfg.heartbeat.as_millis() as u64,
             credential: match (&self.cfg.secret, role) {
@@ -675,6 +767,7 @@ impl Coordinator {
             job_failed: st.failed.is_some(),
             reason: st.failed.clone().unwrap_or_default(),
             routing: (st.ring.is_some() && st.epoch >= 1).then(|| st.routing(&self.cfg)),
+            drained: st.drained.contains(&node),
         }
     }
 

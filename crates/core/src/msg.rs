@@ -81,6 +81,10 @@ pub enum Op {
     /// A server tells the coordinator it has moved to an epoch and built its new replicas.
     /// Body: `EpochReady`.
     EpochReady = 32,
+    /// Admin to coordinator: drain a server of a replicated job (its shards move to the
+    /// other servers in a new epoch, then it exits). Body: `DrainRequest`; reply body:
+    /// `DrainReply`.
+    Drain = 33,
 }
 
 impl Op {
@@ -111,6 +115,7 @@ impl Op {
             30 => Pieces,
             31 => ShardCopy,
             32 => EpochReady,
+            33 => Drain,
             _ => return None,
         })
     }
@@ -233,6 +238,7 @@ mod tests {
             Op::Pieces,
             Op::ShardCopy,
             Op::EpochReady,
+            Op::Drain,
         ] {
             assert_eq!(Op::from_u32(op as u32), Some(op));
         }

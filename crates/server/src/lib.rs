@@ -224,7 +224,13 @@ impl ServerState {
     /// each shard's chain and acknowledged once the tail has them. Call after
     /// [`ServerState::set_placement`], before tables are created.
     pub fn set_replicated(&self, routing: proto::Routing) {
-        let active_members = routing.servers.iter().map(|s| s.node_id).collect();
+        // While an epoch is being prepared the data is where the last served epoch put it
+        // (a server joining then holds nothing yet).
+        let active_members = if routing.active || routing.served.is_empty() {
+            routing.servers.iter().map(|s| s.node_id).collect()
+        } else {
+            routing.served.clone()
+        };
         *self.repl.write() = Some(Repl { routing, active_members });
     }
 
@@ -826,7 +832,7 @@ fn handle_frame(st: &ServerState, h: &FrameHeader, ctx: &mut ConnCtx, conn: &mut
             }
             Ok(res)
         }
-        Op::Register | Op::Barrier | Op::Heartbeat | Op::Done | Op::GetRouting | Op::Schedule | Op::Pieces | Op::EpochReady => {
+        Op::Register | Op::Barrier | Op::Heartbeat | Op::Done | Op::GetRouting | Op::Schedule | Op::Pieces | Op::EpochReady | Op::Drain => {
             Ok(Err((Status::Unsupported, format!("{op:?} is a coordinator call; this is a server"))))
         }
         Op::Hello => Ok(Err((Status::InvalidArgument, "Hello is only valid as a connection's first frame".into()))),
@@ -1544,6 +1550,9 @@ pub struct NodeConfig {
     /// The server has its process to itself, so the process's peak memory is the server's
     /// and is reported per stored key at the end (false for embedded clusters).
     pub own_process: bool,
+    /// Called once the coordinator registered this server, with its rank and node id
+    /// (launchers learn which process is which server from it).
+    pub on_registered: Option<Arc<dyn Fn(u32, u32) + Send + Sync>>,
 }
 
 /// Why a server node stopped abnormally.
@@ -1597,6 +1606,9 @@ pub fn run_server_node(transport: &dyn Transport, cfg: NodeConfig) -> Result<(),
     let mut control = ControlClient::connect(transport, &cfg.coordinator, cfg.connect_timeout)?;
     control.set_timeout(Some(cfg.connect_timeout))?;
     let reg = control.register("server", &addr)?;
+    if let Some(f) = &cfg.on_registered {
+        f(reg.rank, reg.node_id);
+    }
     let epoch = reg.routing.as_ref().map(|r| r.epoch).unwrap_or(0).max(1);
     server.state().set_placement(reg.node_id, reg.rank, reg.num_servers, reg.num_workers, epoch);
     if reg.routing.as_ref().is_some_and(|r| r.replication >= 2) {
@@ -1635,6 +1647,13 @@ pub fn run_server_node(transport: &dyn Transport, cfg: NodeConfig) -> Result<(),
             Ok(r) if r.shutdown => break Ok(()),
             Ok(r) => {
                 let Some(routing) = r.routing else { continue };
+                if r.drained && !routing.servers.iter().any(|s| s.node_id == reg.node_id) {
+                    // `admin drain`: the other servers hold every shard of this one (and
+                    // build the missing copies among themselves); nothing is lost by going.
+                    server_state.epoch.store(routing.epoch, Ordering::Relaxed);
+                    tracing::info!("server {} (node {}): drained in routing epoch {}; exiting", reg.rank, reg.node_id, routing.epoch);
+                    break Ok(());
+                }
                 if routing.epoch > reported {
                     let started = std::time::Instant::now();
                     let epoch = routing.epoch;

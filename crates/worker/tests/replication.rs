@@ -29,6 +29,7 @@ fn routing(epoch: u64, servers: &[(u32, String)]) -> proto::Routing {
         vnodes: VNODES,
         shards: SHARDS,
         active: true,
+        served: Vec::new(),
     }
 }
 

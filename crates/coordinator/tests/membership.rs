@@ -1,0 +1,147 @@
+//! Ring membership through the coordinator's control calls (in-process transport, no data
+//! servers): a server joining a running replicated job and a drained server each start a
+//! new epoch that is served only once every member reported ready; drains that would lose
+//! data, and joins of unreplicated jobs, are refused with a clear reason.
+
+use downpour_coordinator::client::ControlClient;
+use downpour_coordinator::{Coordinator, CoordinatorConfig, JobOutcome};
+use downpour_core::proto;
+use downpour_transport::inproc::InProcTransport;
+use downpour_transport::Transport;
+use std::sync::Arc;
+use std::time::Duration;
+
+struct Job {
+    coord: Arc<Coordinator>,
+    serving: Option<std::thread::JoinHandle<JobOutcome>>,
+    t: Arc<InProcTransport>,
+    addr: String,
+}
+
+impl Job {
+    fn start(servers: usize, replication: usize) -> Job {
+        let t = Arc::new(InProcTransport::new());
+        let listener = t.listen("inproc://coordinator").unwrap();
+        let addr = listener.local_addr();
+        let coord = Coordinator::new(CoordinatorConfig {
+            servers,
+            workers: 1,
+            replication,
+            heartbeat: Duration::from_millis(50),
+            ..Default::default()
+        });
+        let serving = {
+            let c = coord.clone();
+            Some(std::thread::spawn(move || c.serve(listener)))
+        };
+        Job { coord, serving, t, addr }
+    }
+
+    fn client(&self) -> ControlClient {
+        ControlClient::connect(self.t.as_ref(), &self.addr, Duration::from_secs(5)).unwrap()
+    }
+
+    fn server(&self, addr: &str) -> (ControlClient, proto::RegisterReply) {
+        let mut c = self.client();
+        let r = c.register("server", addr).unwrap();
+        (c, r)
+    }
+
+    fn routing(&self) -> proto::Routing {
+        self.client().routing(0, Duration::ZERO).unwrap()
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        let mut w = self.client();
+        if w.register("worker", "").is_ok() {
+            let _ = w.done(true, "");
+        }
+        if let Some(h) = self.serving.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+fn members(r: &proto::Routing) -> Vec<u32> {
+    let mut m: Vec<u32> = r.servers.iter().map(|s| s.node_id).collect();
+    m.sort_unstable();
+    m
+}
+
+#[test]
+fn a_server_joining_a_running_replicated_job_is_served_once_every_member_is_ready() {
+    let job = Job::start(2, 2);
+    let (mut s0, r0) = job.server("inproc://s0");
+    let (mut s1, r1) = job.server("inproc://s1");
+    let before = job.routing();
+    assert_eq!((before.epoch, before.active), (1, true));
+
+    let (mut s2, r2) = job.server("inproc://s2");
+    assert_eq!(r2.rank, 2, "the joining server is numbered after the job's own");
+    let joining = r2.routing.expect("a joining server gets the routing");
+    assert_eq!(joining.epoch, 2);
+    assert!(!joining.active, "the new epoch waits for its copies");
+    assert_eq!(members(&joining), vec![r0.node_id, r1.node_id, r2.node_id]);
+    assert_eq!(joining.served, vec![r0.node_id, r1.node_id], "the data is still where epoch 1 put it");
+
+    // served only after all three reported
+    s0.epoch_ready(2, 10, "").unwrap();
+    s2.epoch_ready(2, 0, "").unwrap();
+    assert!(!job.routing().active);
+    s1.epoch_ready(2, 5, "").unwrap();
+    let after = job.routing();
+    assert!(after.active);
+    assert_eq!(members(&after), vec![r0.node_id, r1.node_id, r2.node_id]);
+    let rec = job.coord.recoveries();
+    assert_eq!(rec.len(), 1);
+    assert!(!rec[0].failure && rec[0].cause.contains("joined") && rec[0].keys_copied == 15, "{rec:?}");
+}
+
+#[test]
+fn a_drained_server_leaves_the_ring_and_hears_it_while_refused_drains_change_nothing() {
+    let job = Job::start(3, 2);
+    let (mut s0, r0) = job.server("inproc://s0");
+    let (mut s1, r1) = job.server("inproc://s1");
+    let (mut s2, r2) = job.server("inproc://s2");
+    let mut admin = job.client();
+
+    for (rank, why) in [(7, "no server 7"), (9, "no server 9")] {
+        let e = admin.drain(rank).unwrap_err().to_string();
+        assert!(e.contains(why), "{e}");
+    }
+    let d = admin.drain(1).unwrap();
+    assert_eq!((d.epoch, d.node_id), (2, r1.node_id));
+    let routing = job.routing();
+    assert_eq!(members(&routing), vec![r0.node_id, r2.node_id]);
+    assert!(!routing.active);
+    assert!(s1.heartbeat().unwrap().drained, "the drained server is told so");
+    assert!(!s0.heartbeat().unwrap().drained);
+
+    let again = admin.drain(1).unwrap_err().to_string();
+    assert!(again.contains("not on the ring"), "{again}");
+    let too_few = admin.drain(0).unwrap_err().to_string();
+    assert!(too_few.contains("would leave 1 servers for 2 copies"), "{too_few}");
+    assert_eq!(job.routing().epoch, 2, "refused drains start no epoch");
+
+    s0.epoch_ready(2, 3, "").unwrap();
+    s2.epoch_ready(2, 4, "").unwrap();
+    assert!(job.routing().active);
+    // the drained server's disconnection is not a failure
+    drop(s1);
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(job.routing().active);
+    assert_eq!(job.coord.recoveries().len(), 1);
+}
+
+#[test]
+fn an_unreplicated_job_refuses_a_joining_server_and_a_drain() {
+    let job = Job::start(1, 1);
+    let (_s0, _) = job.server("inproc://s0");
+    let mut extra = job.client();
+    let e = extra.register("server", "inproc://s1").unwrap_err().to_string();
+    assert!(e.contains("only with --replication 2"), "{e}");
+    let e = job.client().drain(0).unwrap_err().to_string();
+    assert!(e.contains("needs a replicated job"), "{e}");
+}
