@@ -7,7 +7,7 @@ use crate::jobs::{self, counter::CounterArgs, JobCmd, Sink};
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use downpour_coordinator::{Coordinator, JobOutcome};
-use downpour_server::{run_server_node, NodeConfig, ServerConfig};
+use downpour_server::{run_server_node, NodeConfig};
 use downpour_transport::{network_transport, Transport};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -114,6 +114,9 @@ enum Cmd {
         #[arg(long, hide = true)]
         registered_file: Option<std::path::PathBuf>,
     },
+    /// Checkpoint tools (`checkpoint show DIR`, `checkpoint export DIR --out model.safetensors`).
+    #[command(subcommand)]
+    Checkpoint(crate::ckpt::CheckpointCmd),
     /// Administer a running job (`admin drain --coordinator ADDR 1`).
     #[command(subcommand)]
     Admin(AdminCmd),
@@ -262,11 +265,15 @@ fn run(cli: Cli, s: Settings) -> Result<()> {
         }
         Cmd::Data(cmd) => crate::datagen::run(cmd),
         Cmd::Certs(cmd) => crate::certs::run(&cmd),
+        Cmd::Checkpoint(cmd) => crate::ckpt::run(&cmd),
         Cmd::Experiment(cmd) => crate::experiment::run(cmd),
         Cmd::Predict(a) => crate::model::predict(&a),
         Cmd::Launch { servers, workers, tls_dir, faults, job } => {
             // Check the job's flags before starting anything.
-            jobs::parse_job(&job).map_err(|e| anyhow::anyhow!("bad job arguments after `--`:\n{e}"))?;
+            let parsed = jobs::parse_job(&job).map_err(|e| anyhow::anyhow!("bad job arguments after `--`:\n{e}"))?;
+            if s.checkpoint.is_some() || s.resume.is_some() {
+                parsed.check_checkpoints()?;
+            }
             let mut s = s.clone();
             if let Some(dir) = &tls_dir {
                 anyhow::ensure!(s.tls.is_none(), "--tls-dir replaces --tls-cert/--tls-key/--tls-ca: give one or the other");
@@ -334,13 +341,7 @@ fn run(cli: Cli, s: Settings) -> Result<()> {
                 listen,
                 advertise,
                 connect_timeout: s.connect_timeout,
-                server: ServerConfig {
-                    chunk_bytes: s.chunk_bytes,
-                    limits: s.limits,
-                    secret: s.auth.as_ref().map(|a| a.secret().to_string()),
-                    peer_transport: Some(peer),
-                    ..Default::default()
-                },
+                server: cluster::server_config(&s, peer, s.auth.as_ref().map(|a| a.secret().to_string()))?,
                 own_process: true,
                 on_registered,
             };

@@ -6,10 +6,11 @@ use crate::config::{CommonArgs, Settings};
 use crate::jobs::{JobCmd, Sink};
 use anyhow::{anyhow, bail, Context, Result};
 use downpour_coordinator::{Coordinator, CoordinatorConfig, JobOutcome};
+use downpour_core::checkpoint;
 use downpour_server::{run_server_node, NodeConfig, ServerConfig};
 use downpour_transport::inproc::InProcTransport;
 use downpour_transport::Transport;
-use downpour_worker::{join_job, KvConfig, SessionConfig};
+use downpour_worker::{join_job, CheckpointEvery, KvConfig, SessionConfig};
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -34,17 +35,55 @@ pub fn coordinator_config(s: &Settings, servers: usize, workers: usize) -> Coord
         replication: s.replication,
         vnodes: s.vnodes,
         shards: s.shards,
+        checkpoint_every: match s.checkpoint.as_ref().map(|c| c.every) {
+            Some(CheckpointEvery::Time(t)) => Some(t),
+            _ => None,
+        },
     }
 }
 
-/// Runs one worker: join, run the job, report done. Used by worker processes and threads.
-pub fn run_worker(transport: Arc<dyn Transport>, s: &Settings, coordinator: &str, job: &JobCmd, sink: &Sink) -> Result<()> {
-    let cfg = SessionConfig {
+/// A server's settings: limits, peers, and the checkpoint directory and the checkpoint to
+/// resume from (its parts read here, so a missing or corrupt one fails before the job starts).
+pub fn server_config(s: &Settings, peer: Arc<dyn Transport>, secret: Option<String>) -> Result<ServerConfig> {
+    let resume = match &s.resume {
+        Some(p) => {
+            let manifest = checkpoint::read_manifest(p)?;
+            Some(Arc::new(checkpoint::read_parts(p, &manifest)?))
+        }
+        None => None,
+    };
+    Ok(ServerConfig {
+        chunk_bytes: s.chunk_bytes,
+        limits: s.limits,
+        secret,
+        peer_transport: Some(peer),
+        checkpoint_dir: s.checkpoint.as_ref().map(|c| c.dir.clone()),
+        resume,
+        ..Default::default()
+    })
+}
+
+/// A worker's session settings (with the manifest of the checkpoint to resume from).
+pub fn session_config(s: &Settings, coordinator: &str) -> Result<SessionConfig> {
+    Ok(SessionConfig {
         coordinator: coordinator.to_string(),
         connect_timeout: s.connect_timeout,
         kv: kv_config(s),
         failover_timeout: s.node_timeout * 3 + Duration::from_secs(10),
-    };
+        checkpoint: s.checkpoint.clone(),
+        resume: match &s.resume {
+            Some(p) => Some(Arc::new(checkpoint::read_manifest(p)?)),
+            None => None,
+        },
+    })
+}
+
+/// Runs one worker: join, run the job, report done. Used by worker processes and threads.
+pub fn run_worker(transport: Arc<dyn Transport>, s: &Settings, coordinator: &str, job: &JobCmd, sink: &Sink) -> Result<()> {
+    if s.checkpoint.is_some() || s.resume.is_some() {
+        job.check_checkpoints()?;
+    }
+    let cfg = session_config(s, coordinator)?;
     let mut session = join_job(transport.clone(), &cfg).context("joining the job")?;
     if job.wants_reader(session.rank) {
         session.open_reader(transport.as_ref()).context("opening the evaluator's connections")?;
@@ -66,6 +105,9 @@ pub fn run_worker(transport: Arc<dyn Transport>, s: &Settings, coordinator: &str
 /// Runs `job` on an embedded cluster of `servers` servers and `workers` worker threads.
 pub fn run_embedded(s: &Settings, servers: usize, workers: usize, job: &JobCmd, sink: Sink) -> Result<()> {
     anyhow::ensure!(servers >= 1 && workers >= 1, "an embedded cluster needs at least one server and one worker");
+    if s.checkpoint.is_some() || s.resume.is_some() {
+        job.check_checkpoints()?;
+    }
     let transport = InProcTransport::new();
     let listener = transport.listen("inproc://coordinator")?;
     let coord_addr = listener.local_addr();
@@ -80,13 +122,7 @@ pub fn run_embedded(s: &Settings, servers: usize, workers: usize, job: &JobCmd, 
             listen: "inproc://0".into(),
             advertise: None,
             connect_timeout: s.connect_timeout,
-            server: ServerConfig {
-                chunk_bytes: s.chunk_bytes,
-                limits: s.limits,
-                secret: None,
-                peer_transport: Some(Arc::new(t.clone())),
-                ..Default::default()
-            },
+            server: server_config(s, Arc::new(t.clone()), None)?,
             own_process: false,
             on_registered: None,
         };

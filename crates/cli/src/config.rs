@@ -7,6 +7,7 @@ use clap::Args;
 use downpour_core::codec::FrameLimits;
 use downpour_server::Limits;
 use downpour_transport::{AuthToken, NetConfig, TlsConfig, TransportKind};
+use downpour_worker::{CheckpointConfig, CheckpointEvery};
 use serde::Deserialize;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -93,6 +94,20 @@ pub struct CommonArgs {
     /// Fixed shards per table (replication ≥ 2): the unit of placement and of copying.
     #[arg(long, global = true, env = "DOWNPOUR_SHARDS")]
     pub shards: Option<u32>,
+    /// Take checkpoints into this directory (every node must reach it: local, or a shared
+    /// mount): a consistent snapshot of every table at a clock boundary, `ckpt-N`, written
+    /// atomically. Supported by the counter and `train linear` jobs.
+    #[arg(long, global = true, env = "DOWNPOUR_CHECKPOINT_DIR")]
+    pub checkpoint_dir: Option<PathBuf>,
+    /// How often: N clocks of every worker (`500`), or a time after the last checkpoint
+    /// (`30s`, `1.5s`, `800ms`). Default 60s.
+    #[arg(long, global = true, env = "DOWNPOUR_CHECKPOINT_EVERY")]
+    pub checkpoint_every: Option<String>,
+    /// Restart the job from a checkpoint: a `ckpt-N` directory, or a checkpoint directory
+    /// (its newest complete checkpoint). Tables start from their checkpointed rows and
+    /// workers go on from where they stood; the job needs the same workers count and flags.
+    #[arg(long, global = true, env = "DOWNPOUR_RESUME")]
+    pub resume: Option<PathBuf>,
 }
 
 #[derive(Deserialize, Default, Debug)]
@@ -120,6 +135,9 @@ struct FileConfig {
     replication: Option<usize>,
     vnodes: Option<u32>,
     shards: Option<u32>,
+    checkpoint_dir: Option<PathBuf>,
+    checkpoint_every: Option<String>,
+    resume: Option<PathBuf>,
 }
 
 /// Resolved settings.
@@ -148,6 +166,30 @@ pub struct Settings {
     pub replication: usize,
     pub vnodes: u32,
     pub shards: u32,
+    /// Checkpoints to take.
+    pub checkpoint: Option<CheckpointConfig>,
+    /// The complete checkpoint to resume from (resolved from `--resume`).
+    pub resume: Option<PathBuf>,
+}
+
+/// Parses `--checkpoint-every`: `N` clocks, or a time (`30s`, `1.5s`, `800ms`).
+pub fn parse_every(v: &str) -> Result<CheckpointEvery> {
+    let v = v.trim();
+    if let Ok(n) = v.parse::<u64>() {
+        anyhow::ensure!(n >= 1, "--checkpoint-every must be at least 1 clock");
+        return Ok(CheckpointEvery::Clocks(n));
+    }
+    let (num, scale) = if let Some(n) = v.strip_suffix("ms") {
+        (n, 1e-3)
+    } else if let Some(n) = v.strip_suffix('s') {
+        (n, 1.0)
+    } else {
+        anyhow::bail!("--checkpoint-every {v:?}: give a number of clocks (500) or a time (30s, 1.5s, 800ms)")
+    };
+    match num.parse::<f64>() {
+        Ok(x) if x.is_finite() && x * scale >= 0.01 && x * scale < 1e7 => Ok(CheckpointEvery::Time(Duration::from_secs_f64(x * scale))),
+        _ => anyhow::bail!("--checkpoint-every {v:?}: the time must be between 10ms and 10^7 s"),
+    }
 }
 
 impl Settings {
@@ -280,7 +322,27 @@ impl CommonArgs {
         anyhow::ensure!((1..=1024).contains(&vnodes), "--vnodes must be 1..=1024, got {vnodes}");
         let shards = self.shards.or(file.shards).unwrap_or(64);
         anyhow::ensure!((1..=65_536).contains(&shards), "--shards must be 1..=65536, got {shards}");
+        let every = match self.checkpoint_every.clone().or(file.checkpoint_every) {
+            Some(v) => Some(parse_every(&v)?),
+            None => None,
+        };
+        let checkpoint = match self.checkpoint_dir.clone().or(file.checkpoint_dir) {
+            Some(dir) => {
+                std::fs::create_dir_all(&dir).with_context(|| format!("cannot create the checkpoint directory {}", dir.display()))?;
+                Some(CheckpointConfig { dir, every: every.unwrap_or(CheckpointEvery::Time(Duration::from_secs(60))) })
+            }
+            None => {
+                anyhow::ensure!(every.is_none(), "--checkpoint-every needs --checkpoint-dir");
+                None
+            }
+        };
+        let resume = match self.resume.clone().or(file.resume) {
+            Some(p) => Some(downpour_core::checkpoint::resolve(&p).with_context(|| format!("--resume {}", p.display()))?),
+            None => None,
+        };
         Ok(Settings {
+            checkpoint,
+            resume,
             replication,
             vnodes,
             shards,
@@ -341,6 +403,14 @@ impl CommonArgs {
             (s.limits.memory_quota_bytes >> 20).to_string(),
         ]
         .into_iter()
+        .chain(s.checkpoint.iter().flat_map(|c| {
+            let every = match c.every {
+                CheckpointEvery::Clocks(n) => n.to_string(),
+                CheckpointEvery::Time(t) => format!("{}ms", t.as_millis().max(10)),
+            };
+            ["--checkpoint-dir".to_string(), c.dir.display().to_string(), "--checkpoint-every".to_string(), every]
+        }))
+        .chain(s.resume.iter().flat_map(|p| ["--resume".to_string(), p.display().to_string()]))
         .chain(s.auth_token_file.iter().flat_map(|p| ["--auth-token-file".to_string(), p.display().to_string()]))
         .chain(s.tls.iter().flat_map(|(c, files)| {
             let mut v = tls_file_args(files);

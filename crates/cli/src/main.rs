@@ -9,6 +9,7 @@ static GLOBAL: MiMalloc = MiMalloc;
 
 mod bench;
 mod certs;
+mod ckpt;
 mod cli;
 mod cluster;
 mod config;

@@ -354,3 +354,82 @@ fn an_embedded_replicated_counter_is_exact_and_a_bad_replication_flag_is_refused
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--replication must be 1..=8"));
 }
+
+/// The checkpoint check: a job checkpointing every 50 clocks is killed whole (the
+/// coordinator's death takes every process down), then restarted with --resume: tables come
+/// back from the newest complete checkpoint, workers go on from its round, and the counter
+/// ends exact. Old checkpoints are pruned, and the export holds the checkpointed counts.
+#[test]
+fn a_job_killed_whole_resumes_from_its_newest_checkpoint_and_ends_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("ck");
+    let ck_arg = ck.display().to_string();
+    let o = run(downpour()
+        .args(["launch", "--servers", "2", "--workers", "2", "--checkpoint-dir", &ck_arg, "--checkpoint-every", "50"])
+        .args(["--fault", "kill coordinator at 2s", "--", "counter", "--keys", "20000", "--rounds", "1000000"]));
+    let (_, err) = text(&o);
+    assert!(!o.status.success(), "the killed job fails: {err}");
+    let complete: Vec<_> = std::fs::read_dir(&ck)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().join("manifest.pb").is_file())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!((1..=3).contains(&complete.len()), "at most 3 complete checkpoints are kept: {complete:?}");
+
+    let show = run(downpour().args(["checkpoint", "show", &ck_arg]));
+    let (out, err) = text(&show);
+    assert!(show.status.success(), "{err}");
+    let clock: u64 = out
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("worker 0: clock ").and_then(|r| r.split(',').next()).and_then(|n| n.parse().ok()))
+        .unwrap_or_else(|| panic!("no worker clock in {out}"));
+    assert!(clock >= 50 && clock.is_multiple_of(50), "{out}");
+    assert!(out.contains("table 1 \"counter\": 20000 rows"), "{out}");
+
+    // the export holds 2 × clock for every key
+    let st = dir.path().join("c.safetensors");
+    let ex = run(downpour().args(["checkpoint", "export", &ck_arg, "--out", &st.display().to_string()]));
+    assert!(ex.status.success(), "{}", text(&ex).1);
+    let bytes = std::fs::read(&st).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header = String::from_utf8_lossy(&bytes[8..8 + n]);
+    assert!(header.contains("\"table1.values\":{\"dtype\":\"F32\",\"shape\":[20000,1]"), "{header}");
+    let values = &bytes[8 + n + 20000 * 8..];
+    assert!(values.chunks_exact(4).all(|c| f32::from_le_bytes(c.try_into().unwrap()) == 2.0 * clock as f32));
+
+    // resumed with 300 more rounds: exact, and the workers said where they went on from
+    let rounds = (clock + 300).to_string();
+    let o = run(downpour()
+        .env("DOWNPOUR_LOG", "info")
+        .args(["launch", "--servers", "2", "--workers", "2", "--checkpoint-dir", &ck_arg, "--checkpoint-every", "50"])
+        .args(["--resume", &ck_arg, "--", "counter", "--keys", "20000", "--rounds", &rounds]));
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{out}\n{err}");
+    assert_eq!(out.matches("counter: OK").count() + err.matches("counter: OK").count(), 2, "{out}\n{err}");
+    assert!(err.contains(&format!("resumes after round {clock}")), "{err}");
+    assert!(err.contains("rows restored from the checkpoint"), "{err}");
+
+    // a different number of workers cannot take over the workers' states
+    let o = run(downpour().args(["counter", "--servers", "1", "--workers", "3", "--resume", &ck_arg, "--rounds", &rounds]));
+    assert!(!o.status.success());
+    assert!(text(&o).1.contains("taken with 2 workers; this job has 3"), "{}", text(&o).1);
+}
+
+#[test]
+fn checkpoint_flags_are_checked_before_anything_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display().to_string();
+    for (args, why) in [
+        (vec!["--checkpoint-dir", d.as_str(), "--checkpoint-every", "soon"], "give a number of clocks"),
+        (vec!["--checkpoint-every", "100"], "--checkpoint-every needs --checkpoint-dir"),
+        (vec!["--resume", d.as_str()], "holds no complete checkpoint"),
+    ] {
+        let o = run(downpour().args(&args).args(["counter", "--rounds", "1"]));
+        assert!(!o.status.success(), "{args:?}");
+        assert!(text(&o).1.contains(why), "{args:?}: {}", text(&o).1);
+    }
+    let o = run(downpour().args(["--checkpoint-dir", &d, "launch", "--", "train", "dnn", "--data", "x"]));
+    assert!(!o.status.success());
+    assert!(text(&o).1.contains("supported by the counter job only"), "{}", text(&o).1);
+}

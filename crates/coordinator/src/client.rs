@@ -139,6 +139,20 @@ impl ControlClient {
         crate::decode_body(&r).map_err(ControlError::Malformed)
     }
 
+    /// (Workers) joins checkpoint round `seq` with every push acknowledged, or (`retiring`)
+    /// says this worker takes no more clocks; held until the round is written. The reply's
+    /// `write` makes this worker the one to write it.
+    pub fn checkpoint_join(&mut self, req: &proto::CheckpointJoin) -> Result<proto::CheckpointJoinReply, ControlError> {
+        let r = self.call(Op::CheckpointJoin, req.encode_to_vec())?;
+        crate::decode_body(&r).map_err(ControlError::Malformed)
+    }
+
+    /// (The checkpoint's writer) reports checkpoint `seq` written at `path`, or why not.
+    pub fn checkpoint_written(&mut self, seq: u64, path: &str, error: &str) -> Result<(), ControlError> {
+        let body = proto::CheckpointWritten { seq, path: path.into(), error: error.into() }.encode_to_vec();
+        self.call(Op::CheckpointWritten, body).map(|_| ())
+    }
+
     /// Reports that this worker is done (`ok == false` fails the job with `message`).
     pub fn done(&mut self, ok: bool, message: &str) -> Result<(), ControlError> {
         self.call(Op::Done, proto::DoneRequest { ok, message: message.into() }.encode_to_vec()).map(|_| ())

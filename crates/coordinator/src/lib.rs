@@ -53,6 +53,9 @@ pub struct CoordinatorConfig {
     pub vnodes: u32,
     /// Fixed shards per table domain (replication ≥ 2).
     pub shards: u32,
+    /// Time-driven checkpoints: ask the workers for one this long after the last (they join
+    /// it at their next clock). Clock-driven checkpoints need nothing here.
+    pub checkpoint_every: Option<Duration>,
 }
 
 impl Default for CoordinatorConfig {
@@ -67,6 +70,7 @@ impl Default for CoordinatorConfig {
             replication: 1,
             vnodes: 4,
             shards: 64,
+            checkpoint_every: None,
         }
     }
 }
@@ -103,6 +107,30 @@ struct State {
     served: Vec<u32>,
     /// Servers drained by `admin drain` (they exit cleanly once off the ring).
     drained: HashSet<u32>,
+    /// Checkpoints being gathered and taken.
+    ckpt: Checkpoints,
+}
+
+/// The checkpoint protocol's state: workers join a round at a clock boundary with every push
+/// acknowledged and are held; once every worker joined (or retired, or finished) one of them
+/// writes it, and all go on when it reports the checkpoint written.
+#[derive(Default)]
+struct Checkpoints {
+    /// The round being gathered.
+    seq: u64,
+    /// Workers held at it, with where they stand.
+    joined: HashMap<u32, proto::WorkerCheckpoint>,
+    /// The worker writing it, once every worker joined.
+    writer: Option<u32>,
+    /// Workers that take no more clocks, with their final state (in every later checkpoint).
+    retired: HashMap<u32, proto::WorkerCheckpoint>,
+    /// The last round written.
+    done: u64,
+    /// Time-driven: the round asked for, and when the last one was asked for.
+    requested: u64,
+    asked: Option<Instant>,
+    /// When the first worker joined the round being gathered.
+    gathering: Option<Instant>,
 }
 
 struct Pending {
@@ -260,7 +288,7 @@ impl Coordinator {
     fn monitor(&self) {
         loop {
             std::thread::sleep(self.cfg.heartbeat / 2);
-            let st = self.state.lock();
+            let mut st = self.state.lock();
             if st.shutdown || st.failed.is_some() {
                 return;
             }
@@ -277,6 +305,14 @@ impl Coordinator {
                 drop(st);
                 self.fail(reason);
                 return;
+            }
+            if let Some(every) = self.cfg.checkpoint_every {
+                let asked = *st.ckpt.asked.get_or_insert_with(Instant::now);
+                if st.ckpt.requested == st.ckpt.done && asked.elapsed() >= every && st.epoch >= 1 {
+                    st.ckpt.requested = st.ckpt.done + 1;
+                    st.ckpt.asked = Some(Instant::now());
+                    tracing::info!("checkpoint {} asked for (every {every:?})", st.ckpt.requested);
+                }
             }
             let now = Instant::now();
             let dead = st
@@ -502,6 +538,14 @@ impl Coordinator {
             Some(Op::Drain) => {
                 let req = proto::DrainRequest::decode(h.meta.as_ref()).map_err(bad)?;
                 self.drain(req.server).map(|r| r.encode_to_vec())
+            }
+            Some(Op::CheckpointJoin) => {
+                let req = proto::CheckpointJoin::decode(h.meta.as_ref()).map_err(bad)?;
+                self.checkpoint_join(h.sender, req).map(|r| r.encode_to_vec())
+            }
+            Some(Op::CheckpointWritten) => {
+                let req = proto::CheckpointWritten::decode(h.meta.as_ref()).map_err(bad)?;
+                self.checkpoint_written(h.sender, req).map(|_| Vec::new())
             }
             Some(Op::Ping) => Ok(Vec::new()),
             _ => Err((Status::Unsupported, format!("op {} is not served by the coordinator", h.op))),
@@ -751,6 +795,84 @@ impl Coordinator {
         }
     }
 
+    /// A worker at a checkpoint point (or retiring from them): held until the round is
+    /// written; the last worker to join is told to write it.
+    fn checkpoint_join(&self, node: u32, req: proto::CheckpointJoin) -> Result<proto::CheckpointJoinReply, (Status, String)> {
+        let mut st = self.state.lock();
+        if !st.workers.contains(&node) {
+            return Err((Status::PermissionDenied, format!("node {node} is not a worker of this job")));
+        }
+        let w = req.worker.unwrap_or_default();
+        if req.retiring {
+            st.ckpt.retired.insert(node, w);
+            self.sched_cv.notify_all();
+            return Ok(proto::CheckpointJoinReply::default());
+        }
+        if req.seq <= st.ckpt.done {
+            // written already (a worker that resumed past it, or a late time-driven request)
+            return Ok(proto::CheckpointJoinReply::default());
+        }
+        if st.ckpt.joined.is_empty() {
+            st.ckpt.seq = req.seq;
+            st.ckpt.gathering = Some(Instant::now());
+        } else if req.seq != st.ckpt.seq {
+            return Err((
+                Status::InvalidArgument,
+                format!(
+                    "worker at checkpoint {} while checkpoint {} is being taken (do all workers use one --checkpoint-every?)",
+                    req.seq, st.ckpt.seq
+                ),
+            ));
+        }
+        let seq = req.seq;
+        st.ckpt.joined.insert(node, w);
+        self.sched_cv.notify_all();
+        loop {
+            if let Some(r) = &st.failed {
+                return Err((Status::Aborted, format!("job failed: {r}")));
+            }
+            if st.shutdown {
+                return Err((Status::Aborted, "the job is shutting down".into()));
+            }
+            if st.ckpt.done >= seq {
+                return Ok(proto::CheckpointJoinReply::default());
+            }
+            let c = &st.ckpt;
+            let all = st.workers.len() == self.cfg.workers
+                && st.workers.iter().all(|w| c.joined.contains_key(w) || c.retired.contains_key(w) || st.done.contains(w));
+            if all && c.writer.is_none() {
+                let mut workers: Vec<proto::WorkerCheckpoint> = c.joined.values().chain(c.retired.values()).cloned().collect();
+                workers.sort_by_key(|w| w.rank);
+                st.ckpt.writer = Some(node);
+                return Ok(proto::CheckpointJoinReply { write: true, workers });
+            }
+            self.sched_cv.wait_for(&mut st, Duration::from_millis(200));
+        }
+    }
+
+    /// The writer reports the checkpoint complete (the held workers go on), or why it is not
+    /// (the job fails: a checkpoint asked for and silently missing would lose training).
+    fn checkpoint_written(&self, node: u32, req: proto::CheckpointWritten) -> Result<(), (Status, String)> {
+        let mut st = self.state.lock();
+        if st.ckpt.writer != Some(node) || st.ckpt.seq != req.seq {
+            return Err((Status::InvalidArgument, format!("node {node} is not writing checkpoint {}", req.seq)));
+        }
+        if !req.error.is_empty() {
+            drop(st);
+            self.fail(format!("checkpoint {} could not be written: {}", req.seq, req.error));
+            return Ok(());
+        }
+        let held = st.ckpt.gathering.take().map(|t| t.elapsed().as_secs_f64() * 1e3).unwrap_or(0.0);
+        tracing::info!("checkpoint {} written: {} (the job paused {held:.1} ms from the first worker's arrival)", req.seq, req.path);
+        st.ckpt.done = req.seq;
+        st.ckpt.requested = st.ckpt.requested.max(req.seq);
+        st.ckpt.joined.clear();
+        st.ckpt.writer = None;
+        st.ckpt.asked = Some(Instant::now());
+        self.sched_cv.notify_all();
+        Ok(())
+    }
+
     fn heartbeat(&self, node: u32) -> proto::HeartbeatReply {
         let mut st = self.state.lock();
         st.last_seen.insert(node, Instant::now());
@@ -768,6 +890,7 @@ impl Coordinator {
             reason: st.failed.clone().unwrap_or_default(),
             routing: (st.ring.is_some() && st.epoch >= 1).then(|| st.routing(&self.cfg)),
             drained: st.drained.contains(&node),
+            checkpoint: st.ckpt.requested,
         }
     }
 

@@ -53,6 +53,9 @@ pub enum CoreError {
     /// table's shards and workers.
     #[error("replication: {0}")]
     Replication(String),
+    /// A checkpoint could not be read or written (the message names the file).
+    #[error("checkpoint: {0}")]
+    Checkpoint(String),
     /// A size limit was exceeded.
     #[error("limit exceeded: {0}")]
     Limit(String),

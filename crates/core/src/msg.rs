@@ -85,6 +85,13 @@ pub enum Op {
     /// other servers in a new epoch, then it exits). Body: `DrainRequest`; reply body:
     /// `DrainReply`.
     Drain = 33,
+    /// Worker to coordinator: at a checkpoint point. Body: `CheckpointJoin`; reply body:
+    /// `CheckpointJoinReply` (held until every worker joined and the checkpoint is written).
+    CheckpointJoin = 34,
+    /// The checkpoint's writer to the coordinator. Body: `CheckpointWritten`.
+    CheckpointWritten = 35,
+    /// Worker to server: write this server's part of a checkpoint. Body: `CheckpointRequest`.
+    Checkpoint = 36,
 }
 
 impl Op {
@@ -116,6 +123,9 @@ impl Op {
             31 => ShardCopy,
             32 => EpochReady,
             33 => Drain,
+            34 => CheckpointJoin,
+            35 => CheckpointWritten,
+            36 => Checkpoint,
             _ => return None,
         })
     }
@@ -239,6 +249,9 @@ mod tests {
             Op::ShardCopy,
             Op::EpochReady,
             Op::Drain,
+            Op::CheckpointJoin,
+            Op::CheckpointWritten,
+            Op::Checkpoint,
         ] {
             assert_eq!(Op::from_u32(op as u32), Some(op));
         }

@@ -13,6 +13,7 @@
 #![warn(missing_docs)]
 
 use downpour_coordinator::client::{ControlClient, ControlError};
+use downpour_core::checkpoint;
 use downpour_core::consistency::PullGate;
 use downpour_core::filter::{FilterRegistry, FilterTraffic, Message as FilterMessage, Pipeline};
 use downpour_core::keys::{check_lengths, check_sorted_unique};
@@ -52,6 +53,14 @@ pub struct ServerConfig {
     /// How this server reaches the other servers (replicated jobs: chain forwarding and
     /// replica copies). Required when the job replicates.
     pub peer_transport: Option<Arc<dyn Transport>>,
+    /// The job's checkpoint directory (`--checkpoint-dir`), shared by every node: a worker's
+    /// [`Op::Checkpoint`] has this server write its part into a `ckpt-N.tmp` directory under
+    /// it. `None` refuses checkpoint requests.
+    pub checkpoint_dir: Option<std::path::PathBuf>,
+    /// The checkpoint to start from (`--resume`), read at the edge: a table created with an
+    /// id found there starts with that table's rows this server holds (its range, or the
+    /// shards it is in the chain of); its definition must be the checkpoint's.
+    pub resume: Option<Arc<Vec<proto::CheckpointPart>>>,
 }
 
 impl Default for ServerConfig {
@@ -63,6 +72,8 @@ impl Default for ServerConfig {
             rules: RuleRegistry::new(),
             filters: FilterRegistry::new(),
             peer_transport: None,
+            checkpoint_dir: None,
+            resume: None,
         }
     }
 }
@@ -832,10 +843,26 @@ fn handle_frame(st: &ServerState, h: &FrameHeader, ctx: &mut ConnCtx, conn: &mut
             }
             Ok(res)
         }
-        Op::Register | Op::Barrier | Op::Heartbeat | Op::Done | Op::GetRouting | Op::Schedule | Op::Pieces | Op::EpochReady | Op::Drain => {
-            Ok(Err((Status::Unsupported, format!("{op:?} is a coordinator call; this is a server"))))
-        }
+        Op::Register
+        | Op::Barrier
+        | Op::Heartbeat
+        | Op::Done
+        | Op::GetRouting
+        | Op::Schedule
+        | Op::Pieces
+        | Op::EpochReady
+        | Op::Drain
+        | Op::CheckpointJoin
+        | Op::CheckpointWritten => Ok(Err((Status::Unsupported, format!("{op:?} is a coordinator call; this is a server")))),
         Op::Hello => Ok(Err((Status::InvalidArgument, "Hello is only valid as a connection's first frame".into()))),
+        Op::Checkpoint => {
+            let r = write_checkpoint_part(st, h);
+            if r.is_ok() {
+                let mut rep = msg::reply_to(h, st.node_id.load(Ordering::Relaxed));
+                conn.send(&mut rep, &[], &[])?;
+            }
+            Ok(r)
+        }
         Op::Summarize => {
             let slot = match lookup(st, ctx, h.table) {
                 Ok(s) => s,
@@ -1074,7 +1101,14 @@ fn create_table(st: &ServerState, h: &FrameHeader) -> ReqResult {
     }
     let (model, backup, aggregate, vl) = (def.consistency, def.backup_workers as usize, def.aggregate, def.value_len);
     let spec_filters = def.filters.clone();
-    let table = Table::new(def, owned, &st.cfg.rules).map_err(core_err)?;
+    let mut table = Table::new(def, owned, &st.cfg.rules).map_err(core_err)?;
+    if let Some(parts) = &st.cfg.resume {
+        let me = st.node_id.load(Ordering::Relaxed);
+        let map = table_repl.as_ref().map(|r| r.map.read().clone());
+        restore_rows(&mut table, &canonical, parts, |key| {
+            map.as_ref().is_none_or(|m| m.shard_of(key).is_some_and(|i| m.chain(i).contains(&me)))
+        })?;
+    }
     let owned = table.owned();
     let gate = if owned.is_empty() {
         None
@@ -1369,6 +1403,90 @@ fn peer_connect(st: &ServerState, node: u32, me: u32) -> Result<Box<dyn Connecti
         peer_ack(c.as_mut()).map_err(|e| format!("node {node} refused this server: {e}"))?;
     }
     Ok(c)
+}
+
+/// Loads a new table's rows from the checkpoint's parts: every stored row of table
+/// `spec.id` that this server owns and `holds` (replicated jobs: the shards it is in the
+/// chain of). A checkpoint whose table has another definition is refused.
+fn restore_rows(table: &mut Table, spec: &proto::TableSpec, parts: &[proto::CheckpointPart], holds: impl Fn(u64) -> bool) -> ReqResult {
+    let owned = table.owned();
+    let mut restored = 0usize;
+    for part in parts {
+        for t in part.tables.iter().filter(|t| t.spec.as_ref().is_some_and(|s| s.id == spec.id)) {
+            if t.spec.as_ref() != Some(spec) {
+                return Err((
+                    Status::InvalidArgument,
+                    format!("table {} ({:?}) is defined differently in the checkpoint being resumed", spec.id, spec.name),
+                ));
+            }
+            if t.row_len as usize != table.row_len() {
+                return Err((
+                    Status::InvalidArgument,
+                    format!("table {}: checkpoint rows of {} floats, expected {}", spec.id, t.row_len, table.row_len()),
+                ));
+            }
+            let (keys, rows) = checkpoint::decode_table(t).map_err(core_err)?;
+            let rl = table.row_len();
+            // sorted keys: take the held runs inside the owned range
+            let (a, b) = (keys.partition_point(|k| *k < owned.begin), keys.partition_point(|k| *k < owned.end));
+            let mut i = a;
+            while i < b {
+                let mut j = i;
+                while j < b && holds(keys[j]) {
+                    j += 1;
+                }
+                if j > i {
+                    table.import_rows(&keys[i..j], &rows[i * rl..j * rl]).map_err(core_err)?;
+                    restored += j - i;
+                    i = j;
+                } else {
+                    i += 1;
+                }
+            }
+        }
+    }
+    if restored > 0 {
+        tracing::info!("table {} ({:?}): {restored} rows restored from the checkpoint", spec.id, spec.name);
+    }
+    Ok(())
+}
+
+/// Writes this server's part of a checkpoint ([`Op::Checkpoint`]): the rows of every table
+/// it answers for (its range; replicated jobs: the shards it heads), with rule state, into
+/// `--checkpoint-dir`/`name`/`part-NODE.pb`, synced before the acknowledgement.
+fn write_checkpoint_part(st: &ServerState, h: &FrameHeader) -> ReqResult {
+    let req =
+        proto::CheckpointRequest::decode(h.meta.as_ref()).map_err(|e| (Status::InvalidArgument, format!("bad checkpoint request: {e}")))?;
+    let Some(base) = &st.cfg.checkpoint_dir else {
+        return Err((Status::Unsupported, "this server was started without --checkpoint-dir".into()));
+    };
+    if !checkpoint::is_tmp_name(&req.name) {
+        return Err((Status::InvalidArgument, format!("{:?} is not a checkpoint being written (ckpt-N.tmp)", req.name)));
+    }
+    let me = st.node_id.load(Ordering::Relaxed);
+    let dir = base.join(&req.name);
+    std::fs::create_dir_all(&dir).map_err(|e| (Status::Internal, format!("cannot create {}: {e}", dir.display())))?;
+    let mut slots: Vec<Arc<TableSlot>> = st.tables.read().values().cloned().collect();
+    slots.sort_by_key(|s| s.spec.id);
+    let mut part = proto::CheckpointPart { node_id: me, tables: Vec::with_capacity(slots.len()) };
+    for slot in slots {
+        let (mut keys, mut rows) = (Vec::new(), Vec::new());
+        let t = slot.table.read();
+        match &slot.repl {
+            None => t.export_rows(t.owned(), &mut keys, &mut rows),
+            Some(r) => {
+                for (range, head) in r.map.read().heads() {
+                    if head == me {
+                        t.export_rows(range, &mut keys, &mut rows);
+                    }
+                }
+            }
+        }
+        let row_len = t.row_len();
+        drop(t);
+        part.tables.push(checkpoint::encode_table(slot.spec.clone(), row_len, &keys, &rows));
+    }
+    checkpoint::write_synced(&dir.join(checkpoint::part_name(me)), &part.encode_to_vec()).map_err(|e| (Status::Internal, e.to_string()))
 }
 
 /// Reads a peer's one-frame answer: `Ok` for a success, else what went wrong.

@@ -586,6 +586,30 @@ impl KvClient {
         }
     }
 
+    /// Has every server write its part of checkpoint directory `name` (`ckpt-N.tmp` under
+    /// the servers' `--checkpoint-dir`) and returns their node ids once all have synced it.
+    /// Idempotent: after a fail-over it asks the new routing's servers again.
+    pub fn checkpoint_servers(&mut self, name: &str) -> Result<Vec<u32>, ClientError> {
+        let body: bytes_like::Bytes = proto::CheckpointRequest { name: name.into() }.encode_to_vec().into();
+        let mut attempts = 0;
+        loop {
+            let _ = self.before_issue()?;
+            let ts = self.new_op(self.servers.len(), 1, false);
+            for s in 0..self.servers.len() {
+                self.before_send(s, None)?;
+                let mut h = self.header(Op::Checkpoint, ts, 0);
+                h.meta = body.clone();
+                self.send(s, &mut h, &[], &[])?;
+                self.push_inflight(s, ts, Reply::Ack, 0, 0);
+            }
+            match self.wait(Timestamp(ts)) {
+                Ok(()) => return Ok(self.routing.servers.iter().map(|s| s.node_id).collect()),
+                Err(ClientError::Interrupted) if attempts < 8 => attempts += 1,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
     /// Declares a table that already exists on the servers (created by another worker)
     /// without contacting them.
     pub fn use_table(&mut self, def: TableDef) {

@@ -1,8 +1,10 @@
 use crate::client::{ClientError, KvClient, KvConfig};
 use downpour_coordinator::client::{ControlClient, ControlError};
+use downpour_core::{checkpoint, proto};
 use downpour_transport::Transport;
 use parking_lot::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -19,6 +21,32 @@ pub struct SessionConfig {
     /// Replicated jobs: how long a request may wait for the job to recover from a server
     /// failure before it fails.
     pub failover_timeout: Duration,
+    /// Take checkpoints (`--checkpoint-dir`, `--checkpoint-every`).
+    pub checkpoint: Option<CheckpointConfig>,
+    /// The manifest of the checkpoint this job resumes from (`--resume`, read at the edge).
+    pub resume: Option<Arc<proto::CheckpointManifest>>,
+}
+
+/// Complete checkpoints kept in the checkpoint directory (older ones are removed once a
+/// newer one is complete).
+pub const CHECKPOINTS_KEPT: usize = 3;
+
+/// When checkpoints are taken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CheckpointEvery {
+    /// Every N clocks of every worker (each worker joins at its clocks N, 2N, ...).
+    Clocks(u64),
+    /// This long after the last one (the coordinator asks; workers join at their next clock).
+    Time(Duration),
+}
+
+/// Checkpoint settings of a job.
+#[derive(Clone, Debug)]
+pub struct CheckpointConfig {
+    /// The directory every node writes into (local, or shared by every machine of the job).
+    pub dir: PathBuf,
+    /// How often.
+    pub every: CheckpointEvery,
 }
 
 /// The coordinator as the source of routing changes.
@@ -53,6 +81,13 @@ pub struct WorkerSession {
     hb_error: Arc<Mutex<Option<String>>>,
     hb_thread: Option<JoinHandle<()>>,
     finished: bool,
+    ckpt: Option<CheckpointConfig>,
+    /// Time-driven checkpoints: the round the coordinator asks for (set by the heartbeat).
+    ckpt_requested: Arc<AtomicU64>,
+    /// The last round this worker joined.
+    ckpt_joined: u64,
+    /// Where this worker stood in the checkpoint the job resumed from.
+    resumed: Option<proto::WorkerCheckpoint>,
 }
 
 /// Why joining or talking to the job failed.
@@ -67,6 +102,9 @@ pub enum SessionError {
     /// The heartbeat found the job failed or the coordinator gone.
     #[error("{0}")]
     Job(String),
+    /// A checkpoint could not be written or resumed.
+    #[error(transparent)]
+    Checkpoint(#[from] downpour_core::CoreError),
 }
 
 /// Registers as a worker (waiting for the routing table), starts heartbeats, and connects to every server.
@@ -76,6 +114,23 @@ pub fn join_job(transport: Arc<dyn Transport>, cfg: &SessionConfig) -> Result<Wo
     let mut control = ControlClient::connect(transport, &cfg.coordinator, cfg.connect_timeout)?;
     control.set_timeout(Some(cfg.connect_timeout))?;
     let reg = control.register("worker", "")?;
+    let resumed =
+        match &cfg.resume {
+            None => None,
+            Some(m) => {
+                if m.num_workers != reg.num_workers {
+                    return Err(SessionError::Job(format!(
+                        "the checkpoint being resumed was taken with {} workers; this job has {} (resume with the same number)",
+                        m.num_workers, reg.num_workers
+                    )));
+                }
+                Some(
+                    m.workers.iter().find(|w| w.rank == reg.rank).cloned().ok_or_else(|| {
+                        SessionError::Job(format!("the checkpoint being resumed records no state for worker {}", reg.rank))
+                    })?,
+                )
+            }
+        };
     let routing = reg.routing.clone().unwrap_or_default();
     let credential = (!reg.credential.is_empty()).then(|| reg.credential.to_vec());
     let mut kv = KvClient::connect_as(transport, &routing, reg.node_id, cfg.kv, credential.as_deref())?;
@@ -95,7 +150,8 @@ pub fn join_job(transport: Arc<dyn Transport>, cfg: &SessionConfig) -> Result<Wo
     hb.set_timeout(Some(interval * 4 + cfg.connect_timeout))?;
     let hb_stop = Arc::new(AtomicBool::new(false));
     let hb_error = Arc::new(Mutex::new(None));
-    let (stop, err) = (hb_stop.clone(), hb_error.clone());
+    let ckpt_requested = Arc::new(AtomicU64::new(0));
+    let (stop, err, asked) = (hb_stop.clone(), hb_error.clone(), ckpt_requested.clone());
     let hb_thread = std::thread::Builder::new()
         .name("worker-heartbeat".into())
         .spawn(move || {
@@ -106,7 +162,7 @@ pub fn join_job(transport: Arc<dyn Transport>, cfg: &SessionConfig) -> Result<Wo
                         return;
                     }
                     Ok(r) if r.shutdown => return,
-                    Ok(_) => {}
+                    Ok(r) => asked.store(r.checkpoint, Ordering::Relaxed),
                     Err(e) => {
                         if !stop.load(Ordering::Relaxed) {
                             *err.lock() = Some(format!("lost the coordinator: {e}"));
@@ -131,6 +187,10 @@ pub fn join_job(transport: Arc<dyn Transport>, cfg: &SessionConfig) -> Result<Wo
         hb_error,
         hb_thread: Some(hb_thread),
         finished: false,
+        ckpt: cfg.checkpoint.clone(),
+        ckpt_requested,
+        ckpt_joined: 0,
+        resumed,
     })
 }
 
@@ -168,6 +228,99 @@ impl WorkerSession {
     pub fn pieces(&mut self, req: &downpour_core::proto::PieceRequest) -> Result<downpour_core::proto::PieceReply, SessionError> {
         self.check()?;
         Ok(self.control.pieces(req)?)
+    }
+
+    /// Where this worker stood in the checkpoint the job resumed from (`--resume`): its
+    /// clock and its job's state as the job wrote it; `None` for a fresh start.
+    pub fn resumed(&self) -> Option<&proto::WorkerCheckpoint> {
+        self.resumed.as_ref()
+    }
+
+    /// Clocks this worker completed since the job's very start (a resumed job counts on from
+    /// the checkpoint's clock).
+    pub fn job_clock(&self) -> u64 {
+        self.resumed.as_ref().map_or(0, |r| r.clock) + self.kv.current_clock()
+    }
+
+    /// Whether checkpoints are taken (`--checkpoint-dir`).
+    pub fn checkpointing(&self) -> bool {
+        self.ckpt.is_some()
+    }
+
+    /// A checkpoint point: call it right after each clock, with the job's state at that
+    /// clock (what it needs to go on from there after `--resume`). When a checkpoint is due
+    /// (every N clocks, or asked for by the coordinator) this waits for every push of this
+    /// worker to be acknowledged, joins the round and is held until every worker joined and
+    /// the checkpoint is written (by whichever worker the coordinator picks). Returns
+    /// whether a checkpoint was taken. Precondition: every worker of the job calls it after
+    /// its clocks, and calls [`WorkerSession::retire_from_checkpoints`] once it takes no
+    /// more (else the others wait for it).
+    pub fn checkpoint_point(&mut self, state: impl FnOnce() -> String) -> Result<bool, SessionError> {
+        let Some(cfg) = &self.ckpt else { return Ok(false) };
+        let clock = self.job_clock();
+        let seq = match cfg.every {
+            CheckpointEvery::Clocks(n) => {
+                let base = self.resumed.as_ref().map_or(0, |r| r.clock);
+                if n == 0 || clock == 0 || !clock.is_multiple_of(n) || clock <= base {
+                    return Ok(false);
+                }
+                clock / n
+            }
+            CheckpointEvery::Time(_) => {
+                let asked = self.ckpt_requested.load(Ordering::Relaxed);
+                if asked <= self.ckpt_joined {
+                    return Ok(false);
+                }
+                asked
+            }
+        };
+        let dir = cfg.dir.clone();
+        self.check()?;
+        self.kv.wait_all()?;
+        self.ckpt_joined = seq;
+        let me = proto::WorkerCheckpoint { rank: self.rank as u32, clock, state: state() };
+        let reply = self.control.checkpoint_join(&proto::CheckpointJoin { seq, worker: Some(me), retiring: false })?;
+        if reply.write {
+            let written = self.write_checkpoint(&dir, reply.workers);
+            let (path, error) = match &written {
+                Ok(p) => (p.display().to_string(), String::new()),
+                Err(e) => (String::new(), e.to_string()),
+            };
+            self.control.checkpoint_written(seq, &path, &error)?;
+            written?;
+        }
+        Ok(true)
+    }
+
+    /// Tells the coordinator this worker takes no more clocks (its share is done), with its
+    /// final state: checkpoints no longer wait for it and record that state for it. Call
+    /// before the job's closing barriers. No-op without checkpoints.
+    pub fn retire_from_checkpoints(&mut self, state: impl FnOnce() -> String) -> Result<(), SessionError> {
+        if self.ckpt.is_none() {
+            return Ok(());
+        }
+        self.kv.wait_all()?;
+        let me = proto::WorkerCheckpoint { rank: self.rank as u32, clock: self.job_clock(), state: state() };
+        self.control.checkpoint_join(&proto::CheckpointJoin { seq: 0, worker: Some(me), retiring: true })?;
+        Ok(())
+    }
+
+    fn write_checkpoint(&mut self, dir: &std::path::Path, workers: Vec<proto::WorkerCheckpoint>) -> Result<PathBuf, SessionError> {
+        let number = checkpoint::next_number(dir)?;
+        let tmp = dir.join(checkpoint::tmp_name(number));
+        std::fs::create_dir_all(&tmp).map_err(|e| downpour_core::CoreError::Checkpoint(format!("cannot create {}: {e}", tmp.display())))?;
+        let nodes = self.kv.checkpoint_servers(&checkpoint::tmp_name(number))?;
+        let unix_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
+        let manifest = proto::CheckpointManifest {
+            number,
+            unix_ms,
+            parts: nodes.iter().map(|n| checkpoint::part_name(*n)).collect(),
+            workers,
+            num_workers: self.num_workers as u32,
+        };
+        let path = checkpoint::finalize(dir, number, &manifest)?;
+        checkpoint::prune(dir, CHECKPOINTS_KEPT)?;
+        Ok(path)
     }
 
     /// Reports the job result to the coordinator and stops the heartbeat.

@@ -54,21 +54,34 @@ pub fn run(a: &CounterArgs, s: &mut WorkerSession, num_servers: usize, sink: &Si
     s.kv.create_table(def).context("creating the counter table")?;
     let keys = counter_keys(a.keys);
     let ones = vec![1f32; keys.len() * a.value_len];
+    // A resumed job goes on after the rounds its checkpoint holds (one clock per round).
+    let done = match s.resumed() {
+        None => 0,
+        Some(w) => {
+            let r: u64 =
+                w.state.parse().map_err(|_| anyhow::anyhow!("the checkpoint's counter state {:?} is not a round number", w.state))?;
+            ensure!(r <= a.rounds, "the checkpoint is at round {r}, past --rounds {}", a.rounds);
+            tracing::info!("counter: worker {} resumes after round {r}", s.rank);
+            r
+        }
+    };
     s.barrier("counter-start")?;
     let mut last = None;
     let t0 = std::time::Instant::now();
     let step = (a.rounds / 10).max(1);
-    for r in 1..=a.rounds {
+    for r in done + 1..=a.rounds {
         last = Some(s.kv.push(TABLE, &keys, &ones)?);
         s.kv.clock()?;
+        s.checkpoint_point(|| r.to_string())?;
         if s.rank == 0 && r % step == 0 && r < a.rounds {
-            let rate = r as f64 / t0.elapsed().as_secs_f64().max(1e-9);
+            let rate = (r - done) as f64 / t0.elapsed().as_secs_f64().max(1e-9);
             tracing::info!("counter: round {r}/{} ({:.0} rounds/s, ETA {:.1}s)", a.rounds, rate, (a.rounds - r) as f64 / rate);
         }
     }
     if let Some(ts) = last {
         s.kv.wait(ts)?;
     }
+    s.retire_from_checkpoints(|| a.rounds.to_string())?;
     s.barrier("counter-pushed")?;
     let mut got = vec![0f32; ones.len()];
     s.kv.pull_into(TABLE, &keys, &mut got)?;

@@ -52,6 +52,14 @@ impl JobCmd {
         }
     }
 
+    /// An error unless this job can take checkpoints and resume from them.
+    pub fn check_checkpoints(&self) -> Result<()> {
+        match self {
+            JobCmd::Counter(_) => Ok(()),
+            _ => anyhow::bail!("checkpoints (--checkpoint-dir, --resume) are supported by the counter job only so far"),
+        }
+    }
+
     /// Runs the job on this worker.
     pub fn run(&self, session: &mut WorkerSession, num_servers: usize, sink: &Sink) -> Result<()> {
         match self {
