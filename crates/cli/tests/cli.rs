@@ -431,5 +431,5 @@ fn checkpoint_flags_are_checked_before_anything_starts() {
     }
     let o = run(downpour().args(["--checkpoint-dir", &d, "launch", "--", "train", "dnn", "--data", "x"]));
     assert!(!o.status.success());
-    assert!(text(&o).1.contains("supported by the counter job only"), "{}", text(&o).1);
+    assert!(text(&o).1.contains("supported by the counter and train linear jobs only"), "{}", text(&o).1);
 }

@@ -552,3 +552,40 @@ fn bpg_reaches_the_l1_logistic_optimum_within_a_tenth_of_a_percent() {
     let kc = m["filter_traffic"].as_array().unwrap().iter().find(|f| f["filter"] == "key-cache").unwrap();
     assert!(kc["bytes_out"].as_u64() < kc["bytes_in"].as_u64(), "block key lists repeat every pass: {kc}");
 }
+
+/// Linear training resumed from a checkpoint taken mid-run goes on from that epoch and
+/// minibatch with the checkpointed weights and FTRL state, and ends exactly where an
+/// undisturbed run ends (one worker: the same minibatches in the same order, and the
+/// checkpoint falls between two epochs, where the pull pipeline restarts anyway).
+#[test]
+fn linear_training_resumed_from_a_mid_run_checkpoint_ends_like_an_undisturbed_run() {
+    let d = tempfile::tempdir().unwrap();
+    let (tr, te, ck) = (d.path().join("tr.svm"), d.path().join("te.svm"), d.path().join("ck"));
+    write_data(&tr, 5_000, 3);
+    write_data(&te, 1_000, 4);
+    let run = |out: &Path, resume: Option<&Path>| {
+        let mut c = downpour();
+        c.env("DOWNPOUR_LOG", "info")
+            .args(["--checkpoint-dir", ck.to_str().unwrap(), "--checkpoint-every", "40"])
+            .args(["train", "linear", "--workers", "1", "--servers", "2", "--train", tr.to_str().unwrap(), "--test", te.to_str().unwrap()])
+            .args(["--epochs", "3", "--batch", "50", "--out", out.to_str().unwrap(), "--quiet"]);
+        if let Some(r) = resume {
+            c.args(["--resume", r.to_str().unwrap()]);
+        }
+        let o = c.output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert!(o.status.success(), "{err}");
+        (metrics(out)["test_logloss"].as_f64().unwrap(), err)
+    };
+    let (whole, _) = run(&d.path().join("a.json"), None);
+    // 300 minibatches: checkpoints at clocks 40..280, the newest three kept (200, 240, 280)
+    let mut kept: Vec<_> = std::fs::read_dir(&ck).unwrap().map(|e| e.unwrap().path()).collect();
+    kept.sort();
+    assert_eq!(kept.len(), 3, "{kept:?}");
+    let (resumed, err) = run(&d.path().join("b.json"), Some(&kept[0]));
+    // checkpoint 5 (clock 200) was taken after the last minibatch of epoch 2
+    assert!(kept[0].ends_with("ckpt-000005"), "{kept:?}");
+    assert!(err.contains("resumes in epoch 2 after 100 minibatches"), "{err}");
+    assert!(err.contains("rows restored from the checkpoint"), "{err}");
+    assert_eq!(whole, resumed, "test log loss of the undisturbed and the resumed run");
+}

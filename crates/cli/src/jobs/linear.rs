@@ -419,6 +419,29 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
     if scale != 1.0 && s.rank == 0 && !a.quiet {
         tracing::info!("feature values are divided by {scale} (--scale; the exported model is in the original units)");
     }
+    if s.checkpointing() {
+        ensure!(
+            a.filters.is_empty(),
+            "checkpoints with --filters are not supported yet (the filters' held-back updates live in the workers)"
+        );
+    }
+    // A resumed job goes on from the checkpoint's epoch and minibatch ("EPOCH:BATCHES" done
+    // in it; a worker that had finished its share reads it again without training).
+    let (first_epoch, mut skip) = match s.resumed() {
+        None => (1, 0usize),
+        Some(w) => {
+            let bad = || anyhow::anyhow!("the checkpoint's linear state {:?} is not EPOCH:BATCHES", w.state);
+            let (e, b) = w.state.split_once(':').ok_or_else(bad)?;
+            let (e, b): (usize, usize) = (e.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?);
+            ensure!(e >= 1, "{}", bad());
+            if e > a.epochs {
+                (a.epochs, usize::MAX)
+            } else {
+                tracing::info!("linear: worker {} resumes in epoch {e} after {b} minibatches", s.rank);
+                (e, b)
+            }
+        }
+    };
     s.kv.create_table(table_def(a))?;
     s.barrier("linear-start")?;
     let t0 = Instant::now();
@@ -440,7 +463,7 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
         _ => None,
     };
 
-    for epoch in 1..=a.epochs {
+    for epoch in first_epoch..=a.epochs {
         let te = Instant::now();
         let shuffle_seed = a.seed ^ (epoch as u64).wrapping_mul(0x9E37_79B9) ^ (s.rank as u64).wrapping_mul(0x85EB_CA6B);
         let reader = ShareReader::for_worker(&a.train, &format, s.rank, s.num_workers)?
@@ -459,8 +482,17 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
                 Err(_) => anyhow::bail!("the reader thread stopped before the end of the data"),
             }
         };
+        // Minibatches a resumed job trained before its checkpoint (the share and its shuffle
+        // are the same for the same flags): read past them.
+        let to_skip = std::mem::take(&mut skip);
+        let mut in_epoch = 0usize;
+        let mut first = next_batch()?;
+        while in_epoch < to_skip && first.is_some() {
+            in_epoch += 1;
+            first = next_batch()?;
+        }
         // Pipeline: the pull of batch k+1 is in flight while batch k is computed.
-        let mut cur: Option<(Batch, Option<f64>, Timestamp)> = match next_batch()? {
+        let mut cur: Option<(Batch, Option<f64>, Timestamp)> = match first {
             Some((b, f)) => {
                 let ts = s.kv.pull(TABLE, &b.keys)?;
                 Some((b, f, ts))
@@ -488,6 +520,8 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
             (mark, held_mark) = (Instant::now(), held);
             s.kv.push(TABLE, &b.keys, &grad)?;
             s.kv.clock()?;
+            in_epoch += 1;
+            s.checkpoint_point(|| format!("{epoch}:{in_epoch}"))?;
             loss_sum += l * b.len() as f64;
             loss_n += b.len();
             seen += b.len();
@@ -523,6 +557,7 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
             // Every push, clock and pause acknowledged: once all workers pass the barrier,
             // every round is applied and the model is final.
             s.kv.wait_all()?;
+            s.retire_from_checkpoints(|| format!("{}:0", a.epochs + 1))?;
             let waiting = Instant::now();
             s.barrier("linear-trained")?;
             idle += waiting.elapsed();

@@ -55,8 +55,8 @@ impl JobCmd {
     /// An error unless this job can take checkpoints and resume from them.
     pub fn check_checkpoints(&self) -> Result<()> {
         match self {
-            JobCmd::Counter(_) => Ok(()),
-            _ => anyhow::bail!("checkpoints (--checkpoint-dir, --resume) are supported by the counter job only so far"),
+            JobCmd::Counter(_) | JobCmd::Train(TrainModel::Linear(_)) => Ok(()),
+            _ => anyhow::bail!("checkpoints (--checkpoint-dir, --resume) are supported by the counter and train linear jobs only so far"),
         }
     }
 
