@@ -177,7 +177,7 @@ fn training_with_a_server_killed_mid_run_ends_within_0_005_auc_of_an_undisturbed
     let (calm, _) = run(None, "calm.json");
     let (killed, log) = run(Some("kill server:1 at 1200ms"), "killed.json");
     // the kill landed while the workers were training, and the job recovered from it
-    assert!(log.contains("killed server 1") && log.contains("removed from the ring; preparing routing epoch 2"), "{log}");
+    assert!(log.contains("killed server 1") && log.contains("removed from the ring: preparing routing epoch 2"), "{log}");
     assert!(calm >= 0.99, "undisturbed test AUC {calm}");
     assert!((calm - killed).abs() <= 0.005, "AUC {killed} with a server killed against {calm}");
 }
