@@ -221,7 +221,7 @@ pub struct Fault {
 }
 
 /// Parses a time like `2s`, `1.5s` or `800ms`.
-fn parse_time(t: &str) -> Result<Duration, String> {
+pub fn parse_time(t: &str) -> Result<Duration, String> {
     let (num, scale) = if let Some(n) = t.strip_suffix("ms") {
         (n, 1e-3)
     } else if let Some(n) = t.strip_suffix('s') {

@@ -179,17 +179,12 @@ pub fn parse_every(v: &str) -> Result<CheckpointEvery> {
         anyhow::ensure!(n >= 1, "--checkpoint-every must be at least 1 clock");
         return Ok(CheckpointEvery::Clocks(n));
     }
-    let (num, scale) = if let Some(n) = v.strip_suffix("ms") {
-        (n, 1e-3)
-    } else if let Some(n) = v.strip_suffix('s') {
-        (n, 1.0)
-    } else {
+    if !v.ends_with('s') {
         anyhow::bail!("--checkpoint-every {v:?}: give a number of clocks (500) or a time (30s, 1.5s, 800ms)")
-    };
-    match num.parse::<f64>() {
-        Ok(x) if x.is_finite() && x * scale >= 0.01 && x * scale < 1e7 => Ok(CheckpointEvery::Time(Duration::from_secs_f64(x * scale))),
-        _ => anyhow::bail!("--checkpoint-every {v:?}: the time must be between 10ms and 10^7 s"),
     }
+    let t = crate::cluster::parse_time(v).map_err(|e| anyhow::anyhow!("--checkpoint-every: {e}"))?;
+    anyhow::ensure!(t >= Duration::from_millis(10), "--checkpoint-every {v:?}: the time must be at least 10ms");
+    Ok(CheckpointEvery::Time(t))
 }
 
 impl Settings {

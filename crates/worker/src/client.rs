@@ -564,26 +564,10 @@ impl KvClient {
     /// Creates `def` on every server (idempotent for an identical definition, an error for
     /// a different one) and remembers it. Blocks until every server has answered.
     pub fn create_table(&mut self, def: TableDef) -> Result<(), ClientError> {
-        let spec = def.to_proto();
-        let body: bytes_like::Bytes = spec.encode_to_vec().into();
-        let mut attempts = 0;
-        loop {
-            let _ = self.before_issue()?;
-            let ts = self.new_op(self.servers.len(), def.value_len, false);
-            for s in 0..self.servers.len() {
-                self.before_send(s, None)?;
-                let mut h = self.header(Op::CreateTable, ts, def.id);
-                h.meta = body.clone();
-                self.send(s, &mut h, &[], &[])?;
-                self.push_inflight(s, ts, Reply::Ack, 0, 0);
-            }
-            self.use_table(def.clone());
-            match self.wait(Timestamp(ts)) {
-                // idempotent: create it on the new routing's servers
-                Err(ClientError::Interrupted) if attempts < 8 => attempts += 1,
-                r => return r,
-            }
-        }
+        let body: bytes_like::Bytes = def.to_proto().encode_to_vec().into();
+        let (id, vl) = (def.id, def.value_len);
+        // remembered (re-partitioned) under the routing of every attempt
+        self.on_every_server(Op::CreateTable, id, vl, body, |c| c.use_table(def.clone()))
     }
 
     /// Has every server write its part of checkpoint directory `name` (`ckpt-N.tmp` under
@@ -591,21 +575,36 @@ impl KvClient {
     /// Idempotent: after a fail-over it asks the new routing's servers again.
     pub fn checkpoint_servers(&mut self, name: &str) -> Result<Vec<u32>, ClientError> {
         let body: bytes_like::Bytes = proto::CheckpointRequest { name: name.into() }.encode_to_vec().into();
+        self.on_every_server(Op::Checkpoint, 0, 1, body, |_| {})?;
+        Ok(self.routing.servers.iter().map(|s| s.node_id).collect())
+    }
+
+    /// Sends one idempotent request (`op` with `body` as its meta) to every server and waits
+    /// for all acknowledgements; `issued` runs after the sends of each attempt. A request
+    /// interrupted by a fail-over is sent again to the new routing's servers (8 times at most).
+    fn on_every_server(
+        &mut self,
+        op: Op,
+        table: u32,
+        value_len: usize,
+        body: bytes_like::Bytes,
+        mut issued: impl FnMut(&mut Self),
+    ) -> Result<(), ClientError> {
         let mut attempts = 0;
         loop {
             let _ = self.before_issue()?;
-            let ts = self.new_op(self.servers.len(), 1, false);
+            let ts = self.new_op(self.servers.len(), value_len, false);
             for s in 0..self.servers.len() {
                 self.before_send(s, None)?;
-                let mut h = self.header(Op::Checkpoint, ts, 0);
+                let mut h = self.header(op, ts, table);
                 h.meta = body.clone();
                 self.send(s, &mut h, &[], &[])?;
                 self.push_inflight(s, ts, Reply::Ack, 0, 0);
             }
+            issued(self);
             match self.wait(Timestamp(ts)) {
-                Ok(()) => return Ok(self.routing.servers.iter().map(|s| s.node_id).collect()),
                 Err(ClientError::Interrupted) if attempts < 8 => attempts += 1,
-                Err(e) => return Err(e),
+                r => return r,
             }
         }
     }
