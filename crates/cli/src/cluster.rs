@@ -30,6 +30,7 @@ pub fn coordinator_config(s: &Settings, servers: usize, workers: usize) -> Coord
         workers,
         heartbeat: s.heartbeat,
         node_timeout: s.node_timeout,
+        worker_rejoin: s.worker_rejoin,
         register_timeout: s.connect_timeout.max(Duration::from_secs(30)),
         secret: s.auth.as_ref().map(|a| a.secret().to_string()),
         replication: s.replication,
@@ -420,12 +421,18 @@ pub fn launch_local(r: LocalRun<'_>) -> Result<()> {
             }
         }
         let mut worker_procs: Vec<usize> = Vec::new();
-        for i in 0..r.workers {
+        let worker_args = || {
             let mut args = vec!["worker".into(), "--coordinator".into(), addr.clone()];
             args.extend(r.job_args.iter().cloned());
+            args
+        };
+        for i in 0..r.workers {
             worker_procs.push(procs.len());
-            procs.push(spawn(&format!("worker {i}"), args, r.capture.clone())?);
+            procs.push(spawn(&format!("worker {i}"), worker_args(), r.capture.clone())?);
         }
+        // A killed worker of a replicated job is started again at once, as a cluster manager
+        // would: the new process takes the lost worker's rank and goes on from its progress.
+        let replace_workers = r.settings.replication >= 2 && !r.settings.worker_rejoin.is_zero();
         // Wait for every child; the first failure ends the run. Injected faults act at their
         // time; a killed process's death is not itself a failure (the job's reaction is).
         let mut running: Vec<bool> = vec![true; procs.len()];
@@ -485,6 +492,19 @@ pub fn launch_local(r: LocalRun<'_>) -> Result<()> {
                         procs[i].child.kill().with_context(|| format!("cannot kill {t}"))?;
                         killed[i] = true;
                         eprintln!("[launch] fault at {at:.2}s: killed {t} (pid {}) with SIGKILL", procs[i].child.id());
+                        if let (FaultTarget::Worker(n), true) = (t, replace_workers) {
+                            // reaped first, so its connections are closed before the new one registers
+                            let _ = procs[i].child.wait();
+                            running[i] = false;
+                            worker_procs[n] = procs.len();
+                            procs.push(spawn(&format!("worker {n}"), worker_args(), r.capture.clone())?);
+                            running.push(true);
+                            killed.push(false);
+                            eprintln!(
+                                "[launch] started a replacement for worker {n} (pid {}): it takes over the lost worker's rank",
+                                procs[procs.len() - 1].child.id()
+                            );
+                        }
                     }
                 }
             }

@@ -108,6 +108,12 @@ pub struct CommonArgs {
     /// workers go on from where they stood; the job needs the same workers count and flags.
     #[arg(long, global = true, env = "DOWNPOUR_RESUME")]
     pub resume: Option<PathBuf>,
+    /// Replicated jobs: seconds a lost worker's rank waits for a replacement (the next worker
+    /// to register takes it over and goes on from the lost worker's last progress record)
+    /// before the job fails; 0 fails the job at once. Default 60. Supported by the counter
+    /// and `train linear` jobs.
+    #[arg(long, global = true, env = "DOWNPOUR_WORKER_REJOIN_S")]
+    pub worker_rejoin_s: Option<f64>,
 }
 
 #[derive(Deserialize, Default, Debug)]
@@ -138,6 +144,7 @@ struct FileConfig {
     checkpoint_dir: Option<PathBuf>,
     checkpoint_every: Option<String>,
     resume: Option<PathBuf>,
+    worker_rejoin_s: Option<f64>,
 }
 
 /// Resolved settings.
@@ -170,6 +177,8 @@ pub struct Settings {
     pub checkpoint: Option<CheckpointConfig>,
     /// The complete checkpoint to resume from (resolved from `--resume`).
     pub resume: Option<PathBuf>,
+    /// How long a lost worker's rank waits for a replacement (zero: fail at once).
+    pub worker_rejoin: Duration,
 }
 
 /// Parses `--checkpoint-every`: `N` clocks, or a time (`30s`, `1.5s`, `800ms`).
@@ -335,7 +344,12 @@ impl CommonArgs {
             Some(p) => Some(downpour_core::checkpoint::resolve(&p).with_context(|| format!("--resume {}", p.display()))?),
             None => None,
         };
+        let worker_rejoin = match self.worker_rejoin_s.or(file.worker_rejoin_s).unwrap_or(60.0) {
+            0.0 => Duration::ZERO,
+            v => secs("worker rejoin time", v)?,
+        };
         Ok(Settings {
+            worker_rejoin,
             checkpoint,
             resume,
             replication,
@@ -376,6 +390,8 @@ impl CommonArgs {
             s.heartbeat.as_millis().to_string(),
             "--node-timeout-s".into(),
             s.node_timeout.as_secs_f64().to_string(),
+            "--worker-rejoin-s".into(),
+            s.worker_rejoin.as_secs_f64().to_string(),
             "--log".into(),
             s.log.clone(),
             "--max-message-mib".into(),

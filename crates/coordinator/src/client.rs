@@ -91,15 +91,28 @@ impl ControlClient {
         Ok(reply)
     }
 
-    /// Waits at the named barrier until every worker has reached it.
-    pub fn barrier(&mut self, name: &str) -> Result<(), ControlError> {
-        self.call(Op::Barrier, proto::BarrierRequest { name: name.into() }.encode_to_vec()).map(|_| ())
+    /// Waits at the named barrier until every worker has reached it. `count` is this
+    /// worker's count of its calls to `name`, 1-based (0: not counted); a pass its rank made
+    /// already (before a replacement took the rank over) returns at once.
+    pub fn barrier(&mut self, name: &str, count: u64) -> Result<(), ControlError> {
+        self.call(Op::Barrier, proto::BarrierRequest { name: name.into(), count }.encode_to_vec()).map(|_| ())
     }
 
-    /// One heartbeat (long-polled by the coordinator for up to one interval).
-    pub fn heartbeat(&mut self) -> Result<proto::HeartbeatReply, ControlError> {
-        let r = self.call(Op::Heartbeat, Vec::new())?;
+    /// One heartbeat (long-polled by the coordinator for up to one interval), carrying this
+    /// worker's latest progress record, if any.
+    pub fn heartbeat(&mut self, progress: Option<proto::WorkerCheckpoint>) -> Result<proto::HeartbeatReply, ControlError> {
+        let body = match progress {
+            Some(p) => proto::HeartbeatRequest { progress: Some(p) }.encode_to_vec(),
+            None => Vec::new(),
+        };
+        let r = self.call(Op::Heartbeat, body)?;
         crate::decode_body(&r).map_err(ControlError::Malformed)
+    }
+
+    /// (Workers) records where this worker stands with every request acknowledged (answered
+    /// at once): a replacement goes on from the newest record if the worker is lost.
+    pub fn progress(&mut self, record: &proto::WorkerCheckpoint) -> Result<(), ControlError> {
+        self.call(Op::Progress, record.encode_to_vec()).map(|_| ())
     }
 
     /// Sends a worker's reports to the BPG task scheduler and returns its next tasks (held by

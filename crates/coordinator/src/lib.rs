@@ -9,7 +9,9 @@
 //! Replicated jobs (`replication >= 2`) keep a consistent-hashing ring of servers instead:
 //! a lost server, a server registering while the job runs (a join) and an `admin drain`
 //! each change the ring in a new routing epoch, served once every member reported that it
-//! moved and built its new copies.
+//! moved and built its new copies. A lost worker of a replicated job whose job records its
+//! progress leaves its rank vacant: the next worker to register takes the rank over and
+//! goes on from the lost worker's last recorded point (see [`CoordinatorConfig::worker_rejoin`]).
 //!
 //! [`client::ControlClient`] is the node side of this protocol.
 
@@ -28,6 +30,9 @@ use prost::Message;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// How long a worker registering while every rank is taken waits for one to become vacant.
+const VACANCY_WAIT: Duration = Duration::from_secs(5);
 
 /// Coordinator settings.
 #[derive(Clone, Debug)]
@@ -56,6 +61,12 @@ pub struct CoordinatorConfig {
     /// Time-driven checkpoints: ask the workers for one this long after the last (they join
     /// it at their next clock). Clock-driven checkpoints need nothing here.
     pub checkpoint_every: Option<Duration>,
+    /// Replicated jobs: how long a lost worker's rank waits for a replacement (a worker
+    /// registering once every rank is taken) before the job fails. Zero: a lost worker
+    /// fails the job at once. Only workers that recorded their progress (`Op::Progress`)
+    /// can be replaced; unreplicated jobs always fail (their servers keep no watermarks to
+    /// recognise the requests a replacement sends again).
+    pub worker_rejoin: Duration,
 }
 
 impl Default for CoordinatorConfig {
@@ -71,6 +82,7 @@ impl Default for CoordinatorConfig {
             vnodes: 4,
             shards: 64,
             checkpoint_every: None,
+            worker_rejoin: Duration::from_secs(60),
         }
     }
 }
@@ -82,7 +94,7 @@ struct State {
     workers: Vec<u32>,
     roles: HashMap<u32, (&'static str, u32)>,
     epoch: u64,
-    barriers: HashMap<String, (usize, u64)>,
+    barriers: HashMap<String, Barrier>,
     done: HashSet<u32>,
     last_seen: HashMap<u32, Instant>,
     failed: Option<String>,
@@ -109,6 +121,19 @@ struct State {
     drained: HashSet<u32>,
     /// Checkpoints being gathered and taken.
     ckpt: Checkpoints,
+    /// Per worker rank, the last point it recorded with every request acknowledged.
+    progress: HashMap<u32, proto::WorkerCheckpoint>,
+    /// Worker ranks whose worker was lost, waiting for a replacement: since when, and why.
+    vacant: std::collections::BTreeMap<u32, (Instant, String)>,
+    /// Lost workers' node ids (told so if they still call).
+    lost_workers: HashSet<u32>,
+}
+
+/// One named barrier: passes completed, and the worker ranks arrived at the next one.
+#[derive(Default)]
+struct Barrier {
+    passed: u64,
+    arrived: HashSet<u32>,
 }
 
 /// The checkpoint protocol's state: workers join a round at a clock boundary with every push
@@ -118,11 +143,13 @@ struct State {
 struct Checkpoints {
     /// The round being gathered.
     seq: u64,
-    /// Workers held at it, with where they stand.
+    /// Worker ranks held at it, with where they stand (a lost worker's entry stays: it was
+    /// taken with every push acknowledged).
     joined: HashMap<u32, proto::WorkerCheckpoint>,
-    /// The worker writing it, once every worker joined.
+    /// The worker (node id) writing it, once every worker joined.
     writer: Option<u32>,
-    /// Workers that take no more clocks, with their final state (in every later checkpoint).
+    /// Worker ranks that take no more clocks, with their final state (in every later
+    /// checkpoint).
     retired: HashMap<u32, proto::WorkerCheckpoint>,
     /// The last round written.
     done: u64,
@@ -315,6 +342,13 @@ impl Coordinator {
                 }
             }
             let now = Instant::now();
+            let expired = st.vacant.values().find(|(since, _)| now.duration_since(*since) > self.cfg.worker_rejoin);
+            if let Some((_, why)) = expired {
+                let reason = format!("{why}, and no worker replaced it within {:?}", self.cfg.worker_rejoin);
+                drop(st);
+                self.fail(reason);
+                return;
+            }
             let dead = st
                 .last_seen
                 .iter()
@@ -370,15 +404,26 @@ impl Coordinator {
     }
 
     /// A node was lost: a server of a replicated job is removed from the ring in a new
-    /// epoch (the job goes on once the survivors rebuilt its replicas); anything else fails
-    /// the job with `reason`.
+    /// epoch (the job goes on once the survivors rebuilt its replicas); a worker of a
+    /// replicated job that recorded its progress leaves its rank to a replacement; anything
+    /// else fails the job with `reason`.
     fn lost(&self, id: u32, reason: String) {
         let mut st = self.state.lock();
-        if st.removed.contains(&id) || st.shutdown || st.failed.is_some() {
+        if st.removed.contains(&id) || st.lost_workers.contains(&id) || st.shutdown || st.failed.is_some() {
             return;
         }
         let on_ring = st.ring.as_ref().is_some_and(|r| r.servers().any(|s| s == id));
         if !on_ring {
+            let reason = match st.roles.get(&id) {
+                Some(("worker", rank)) => {
+                    let rank = *rank;
+                    match self.worker_vacancy(&mut st, id, rank, &reason) {
+                        Ok(()) => return,
+                        Err(why) => format!("{reason} ({why})"),
+                    }
+                }
+                _ => reason,
+            };
             drop(st);
             self.fail(reason);
             return;
@@ -401,6 +446,38 @@ impl Coordinator {
         st.reconfigure(format!("{reason}: removed from the ring"), true);
         self.cv.notify_all();
         self.sched_cv.notify_all();
+    }
+
+    /// Leaves lost worker `id`'s rank to a replacement, or says why it cannot be replaced.
+    fn worker_vacancy(&self, st: &mut State, id: u32, rank: u32, reason: &str) -> Result<(), String> {
+        if self.cfg.replication < 2 {
+            return Err("a worker can be replaced only in a replicated job, --replication 2 or more".into());
+        }
+        if self.cfg.worker_rejoin.is_zero() {
+            return Err("worker replacement is off".into());
+        }
+        if st.workers.get(rank as usize) != Some(&id) {
+            return Err("it was no longer the worker of its rank".into());
+        }
+        if st.ckpt.writer == Some(id) {
+            return Err(format!("it was writing checkpoint {}", st.ckpt.seq));
+        }
+        let Some(p) = st.progress.get(&rank) else {
+            return Err("it recorded no progress to go on from: its job cannot replace workers, or it had not started".into());
+        };
+        tracing::warn!(
+            "{reason}: worker {rank} waits up to {:?} for a replacement, which goes on after clock {} (state {:?})",
+            self.cfg.worker_rejoin,
+            p.clock,
+            p.state
+        );
+        st.lost_workers.insert(id);
+        st.last_seen.remove(&id);
+        st.heartbeating.remove(&id);
+        st.vacant.insert(rank, (Instant::now(), reason.to_string()));
+        self.cv.notify_all();
+        self.sched_cv.notify_all();
+        Ok(())
     }
 
     /// `admin drain`: moves server `rank`'s shards to the other servers in a new epoch; the
@@ -508,11 +585,19 @@ impl Coordinator {
             }
             Some(Op::Barrier) => {
                 let req = proto::BarrierRequest::decode(h.meta.as_ref()).map_err(bad)?;
-                self.barrier(&req.name).map(|_| Vec::new())
+                self.barrier(h.sender, &req.name, req.count).map(|_| Vec::new())
             }
             Some(Op::Heartbeat) => {
+                let req = proto::HeartbeatRequest::decode(h.meta.as_ref()).map_err(bad)?;
                 *hb_node = Some(h.sender);
+                if let Some(p) = req.progress {
+                    self.progress(h.sender, p)?;
+                }
                 Ok(self.heartbeat(h.sender).encode_to_vec())
+            }
+            Some(Op::Progress) => {
+                let req = proto::WorkerCheckpoint::decode(h.meta.as_ref()).map_err(bad)?;
+                self.progress(h.sender, req).map(|_| Vec::new())
             }
             Some(Op::Done) => {
                 let req = proto::DoneRequest::decode(h.meta.as_ref()).map_err(bad)?;
@@ -557,7 +642,20 @@ impl Coordinator {
         if let Some(r) = &st.failed {
             return Err((Status::Aborted, format!("job failed: {r}")));
         }
+        // A lost worker's replacement may come before the loss is noticed (a restarted
+        // process racing the dead one's closing connections): wait a little for it.
+        if req.role == "worker"
+            && st.workers.len() >= self.cfg.workers
+            && self.cfg.replication >= 2
+            && !self.cfg.worker_rejoin.is_zero()
+        {
+            let deadline = Instant::now() + VACANCY_WAIT;
+            while st.vacant.is_empty() && st.failed.is_none() && !st.shutdown && Instant::now() < deadline {
+                self.cv.wait_for(&mut st, Duration::from_millis(50));
+            }
+        }
         let id = st.next_id;
+        let mut restart = None;
         let (rank, role) = match req.role.as_str() {
             "server" => {
                 if req.addr.is_empty() {
@@ -594,10 +692,25 @@ impl Coordinator {
             }
             "worker" => {
                 if st.workers.len() >= self.cfg.workers {
-                    return Err((Status::ResourceExhausted, format!("the job already has its {} workers", self.cfg.workers)));
+                    // A lost worker's rank goes to the first worker registering after it.
+                    let Some(rank) = st.vacant.keys().next().copied() else {
+                        return Err((Status::ResourceExhausted, format!("the job already has its {} workers", self.cfg.workers)));
+                    };
+                    st.vacant.remove(&rank);
+                    st.workers[rank as usize] = id;
+                    let p = st.progress.get(&rank).cloned().unwrap_or_default();
+                    tracing::info!(
+                        "worker {rank} replaced by node {id}: it goes on after clock {} (state {:?}, next request {})",
+                        p.clock,
+                        p.state,
+                        p.next_request
+                    );
+                    restart = Some(p);
+                    (rank, "worker")
+                } else {
+                    st.workers.push(id);
+                    (st.workers.len() as u32 - 1, "worker")
                 }
-                st.workers.push(id);
-                (st.workers.len() as u32 - 1, "worker")
             }
             other => return Err((Status::InvalidArgument, format!("unknown role {other:?}"))),
         };
@@ -644,17 +757,33 @@ impl Coordinator {
                 (Some(secret), "worker") => msg::worker_credential(secret, id).to_vec().into(),
                 _ => Default::default(),
             },
+            restart,
         })
     }
 
-    fn barrier(&self, name: &str) -> Result<(), (Status, String)> {
+    /// Worker `node` at barrier `name` for the `count`-th time (1-based; 0: uncounted, the
+    /// next pass): returns once every worker rank arrived. A pass the rank made already (a
+    /// replacement calling again what the lost worker had passed) returns at once; an
+    /// arrival the lost worker made is not counted twice.
+    fn barrier(&self, node: u32, name: &str, count: u64) -> Result<(), (Status, String)> {
         let mut st = self.state.lock();
+        let rank = self.current_worker(&st, node)?;
         let n = self.cfg.workers;
-        let entry = st.barriers.entry(name.to_string()).or_insert((0, 0));
-        entry.0 += 1;
-        let gen = entry.1;
-        if entry.0 >= n {
-            *entry = (0, gen + 1);
+        let b = st.barriers.entry(name.to_string()).or_default();
+        let target = if count == 0 { b.passed + 1 } else { count };
+        if target <= b.passed {
+            return Ok(());
+        }
+        if target > b.passed + 1 {
+            return Err((
+                Status::InvalidArgument,
+                format!("worker {rank} at barrier {name:?} for the {target}th time, while {} passes were made", b.passed),
+            ));
+        }
+        b.arrived.insert(rank);
+        if b.arrived.len() >= n {
+            b.arrived.clear();
+            b.passed += 1;
             self.cv.notify_all();
             return Ok(());
         }
@@ -662,11 +791,33 @@ impl Coordinator {
             if let Some(r) = &st.failed {
                 return Err((Status::Aborted, format!("job failed: {r}")));
             }
-            if st.barriers.get(name).map(|e| e.1) != Some(gen) {
+            if st.barriers.get(name).is_some_and(|b| b.passed >= target) {
                 return Ok(());
             }
             self.cv.wait_for(&mut st, Duration::from_millis(200));
         }
+    }
+
+    /// The rank of worker `node`, which must still hold it (not lost and replaced).
+    fn current_worker(&self, st: &State, node: u32) -> Result<u32, (Status, String)> {
+        if st.lost_workers.contains(&node) {
+            return Err((Status::Aborted, format!("node {node} was declared lost; its rank went to a replacement")));
+        }
+        match st.roles.get(&node) {
+            Some(("worker", rank)) if st.workers.get(*rank as usize) == Some(&node) => Ok(*rank),
+            _ => Err((Status::PermissionDenied, format!("node {node} is not a worker of this job"))),
+        }
+    }
+
+    /// A worker's progress record: kept for a replacement should the worker be lost.
+    fn progress(&self, node: u32, p: proto::WorkerCheckpoint) -> Result<(), (Status, String)> {
+        let mut st = self.state.lock();
+        let rank = self.current_worker(&st, node)?;
+        if p.rank != rank {
+            return Err((Status::InvalidArgument, format!("worker {rank} sent progress for worker {}", p.rank)));
+        }
+        st.progress.insert(rank, p);
+        Ok(())
     }
 
     /// A worker's reports to the BPG task scheduler, and its next tasks (held until there is
@@ -799,12 +950,10 @@ impl Coordinator {
     /// written; the last worker to join is told to write it.
     fn checkpoint_join(&self, node: u32, req: proto::CheckpointJoin) -> Result<proto::CheckpointJoinReply, (Status, String)> {
         let mut st = self.state.lock();
-        if !st.workers.contains(&node) {
-            return Err((Status::PermissionDenied, format!("node {node} is not a worker of this job")));
-        }
+        let rank = self.current_worker(&st, node)?;
         let w = req.worker.unwrap_or_default();
         if req.retiring {
-            st.ckpt.retired.insert(node, w);
+            st.ckpt.retired.insert(rank, w);
             self.sched_cv.notify_all();
             return Ok(proto::CheckpointJoinReply::default());
         }
@@ -825,7 +974,7 @@ impl Coordinator {
             ));
         }
         let seq = req.seq;
-        st.ckpt.joined.insert(node, w);
+        st.ckpt.joined.insert(rank, w);
         self.sched_cv.notify_all();
         loop {
             if let Some(r) = &st.failed {
@@ -839,7 +988,10 @@ impl Coordinator {
             }
             let c = &st.ckpt;
             let all = st.workers.len() == self.cfg.workers
-                && st.workers.iter().all(|w| c.joined.contains_key(w) || c.retired.contains_key(w) || st.done.contains(w));
+                && st.workers.iter().enumerate().all(|(r, w)| {
+                    let r = r as u32;
+                    c.joined.contains_key(&r) || c.retired.contains_key(&r) || st.done.contains(w)
+                });
             if all && c.writer.is_none() {
                 let mut workers: Vec<proto::WorkerCheckpoint> = c.joined.values().chain(c.retired.values()).cloned().collect();
                 workers.sort_by_key(|w| w.rank);
@@ -875,6 +1027,14 @@ impl Coordinator {
 
     fn heartbeat(&self, node: u32) -> proto::HeartbeatReply {
         let mut st = self.state.lock();
+        if st.lost_workers.contains(&node) {
+            // declared lost (a timeout) yet still running: it must stop, its rank is taken
+            return proto::HeartbeatReply {
+                job_failed: true,
+                reason: format!("{} was declared lost and its rank went to a replacement", st.describe(node)),
+                ..Default::default()
+            };
+        }
         st.last_seen.insert(node, Instant::now());
         st.heartbeating.insert(node);
         // Long-poll: answer at once on shutdown or failure, or to a server that has yet to

@@ -116,8 +116,8 @@ fn a_drained_server_leaves_the_ring_and_hears_it_while_refused_drains_change_not
     let routing = job.routing();
     assert_eq!(members(&routing), vec![r0.node_id, r2.node_id]);
     assert!(!routing.active);
-    assert!(s1.heartbeat().unwrap().drained, "the drained server is told so");
-    assert!(!s0.heartbeat().unwrap().drained);
+    assert!(s1.heartbeat(None).unwrap().drained, "the drained server is told so");
+    assert!(!s0.heartbeat(None).unwrap().drained);
 
     let again = admin.drain(1).unwrap_err().to_string();
     assert!(again.contains("not on the ring"), "{again}");

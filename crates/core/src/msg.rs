@@ -44,7 +44,8 @@ pub enum Op {
     Register = 20,
     /// Wait until every worker has reached the barrier. Body: `BarrierRequest`.
     Barrier = 21,
-    /// Heartbeat to the coordinator; the reply (`HeartbeatReply`) may order a shutdown.
+    /// Heartbeat to the coordinator (body: `HeartbeatRequest`, may be empty); the reply
+    /// (`HeartbeatReply`) may order a shutdown.
     Heartbeat = 22,
     /// A worker has finished its job. Body: `DoneRequest`.
     Done = 23,
@@ -92,6 +93,9 @@ pub enum Op {
     CheckpointWritten = 35,
     /// Worker to server: write this server's part of a checkpoint. Body: `CheckpointRequest`.
     Checkpoint = 36,
+    /// Worker to coordinator: where it stands with every request acknowledged (answered at
+    /// once). Body: `WorkerCheckpoint`. Later records ride on heartbeats.
+    Progress = 37,
 }
 
 impl Op {
@@ -126,6 +130,7 @@ impl Op {
             34 => CheckpointJoin,
             35 => CheckpointWritten,
             36 => Checkpoint,
+            37 => Progress,
             _ => return None,
         })
     }
@@ -252,6 +257,7 @@ mod tests {
             Op::CheckpointJoin,
             Op::CheckpointWritten,
             Op::Checkpoint,
+            Op::Progress,
         ] {
             assert_eq!(Op::from_u32(op as u32), Some(op));
         }

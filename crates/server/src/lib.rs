@@ -853,6 +853,7 @@ fn handle_frame(st: &ServerState, h: &FrameHeader, ctx: &mut ConnCtx, conn: &mut
         | Op::EpochReady
         | Op::Drain
         | Op::CheckpointJoin
+        | Op::Progress
         | Op::CheckpointWritten => Ok(Err((Status::Unsupported, format!("{op:?} is a coordinator call; this is a server")))),
         Op::Hello => Ok(Err((Status::InvalidArgument, "Hello is only valid as a connection's first frame".into()))),
         Op::Checkpoint => {
@@ -1736,7 +1737,7 @@ pub fn run_server_node(transport: &dyn Transport, cfg: NodeConfig) -> Result<(),
         // The ring is known once every server has registered: heartbeat until then.
         control.set_timeout(Some(Duration::from_millis(reg.heartbeat_ms.max(10)) * 4 + cfg.connect_timeout))?;
         loop {
-            let r = control.heartbeat()?;
+            let r = control.heartbeat(None)?;
             if r.job_failed {
                 return Err(NodeError::JobFailed(r.reason));
             }
@@ -1760,7 +1761,7 @@ pub fn run_server_node(transport: &dyn Transport, cfg: NodeConfig) -> Result<(),
     control.set_timeout(Some(hb * 4 + cfg.connect_timeout))?;
     let mut reported = server_state.epoch();
     let result = loop {
-        match control.heartbeat() {
+        match control.heartbeat(None) {
             Ok(r) if r.job_failed => break Err(NodeError::JobFailed(r.reason)),
             Ok(r) if r.shutdown => break Ok(()),
             Ok(r) => {

@@ -93,6 +93,9 @@ pub enum ClientError {
     /// creation) was under way when a server failed; the routing has changed since.
     #[error("the request was interrupted by a server failure (the routing changed); it was not sent again")]
     Interrupted,
+    /// A replacement worker could not go on from the lost worker's progress record.
+    #[error("cannot go on from the lost worker's progress record: {0}")]
+    Resume(String),
     /// A timestamp that was never issued or was already consumed.
     #[error("timestamp {0:?} is unknown (never issued, or its result was already taken)")]
     UnknownTimestamp(Timestamp),
@@ -503,6 +506,41 @@ impl KvClient {
             server: 0,
             message: "a table with a staleness bound needs the worker's rank (KvClient::set_worker_rank)".into(),
         })
+    }
+
+    /// The id the next request takes (request ids rise by one per request).
+    pub fn next_request_id(&self) -> u64 {
+        self.next_id
+    }
+
+    /// The oldest request not finished yet (the next request's id when none is): every
+    /// request before it is answered or acknowledged. Costs a scan of the requests in
+    /// flight (call it per clock, not per request).
+    pub fn first_unfinished(&self) -> u64 {
+        let held = self.deferred.front().map(|d| d.ts);
+        let open = self.ops.iter().filter(|(_, o)| o.deferred || o.parts_left > 0).map(|(ts, _)| *ts).min();
+        held.into_iter().chain(open).min().unwrap_or(self.next_id).min(self.next_id)
+    }
+
+    /// Continues a lost worker's requests: the next request takes id `next_request` and the
+    /// clock is set to `clock`, as they were at the lost worker's progress record, so that
+    /// the requests a deterministic job issues again from there carry the ids the servers'
+    /// watermarks recognise (what the lost worker had applied is not applied twice).
+    /// Preconditions: nothing in flight, and `next_request` is not below the ids this
+    /// client used already (an error otherwise).
+    pub fn resume_requests(&mut self, next_request: u64, clock: u64) -> Result<(), ClientError> {
+        if self.first_unfinished() != self.next_id {
+            return Err(ClientError::Resume("requests are in flight".into()));
+        }
+        if next_request < self.next_id {
+            return Err(ClientError::Resume(format!(
+                "its next request is {next_request}, but this client used ids up to {} already (the job did not replay as recorded)",
+                self.next_id - 1
+            )));
+        }
+        self.next_id = next_request;
+        self.clock = clock;
+        Ok(())
     }
 
     /// The worker's clock: iterations completed (moved up to the servers' applied rounds

@@ -3,6 +3,7 @@ use downpour_coordinator::client::{ControlClient, ControlError};
 use downpour_core::{checkpoint, proto};
 use downpour_transport::Transport;
 use parking_lot::Mutex;
+use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -86,9 +87,29 @@ pub struct WorkerSession {
     ckpt_requested: Arc<AtomicU64>,
     /// The last round this worker joined.
     ckpt_joined: u64,
-    /// Where this worker stood in the checkpoint the job resumed from.
+    /// Where this worker stood in the checkpoint the job resumed from, or (a replacement)
+    /// at the lost worker's last progress record.
     resumed: Option<proto::WorkerCheckpoint>,
+    /// Whether this worker replaces a lost one (`resumed` is then its progress record).
+    replacing: bool,
+    /// Clocks done before this client's clock 0: `job_clock() = clock_base + kv clock`.
+    clock_base: u64,
+    /// This worker's calls per barrier name.
+    barriers: HashMap<String, u64>,
+    /// Progress records (replicated jobs, once the job called `start_progress`).
+    progress: Option<ProgressLog>,
 }
+
+/// A worker's progress records not yet known safe (some request before them unfinished),
+/// oldest first, and the newest safe one for the heartbeat to carry.
+struct ProgressLog {
+    pending: VecDeque<proto::WorkerCheckpoint>,
+    safe: Arc<Mutex<Option<proto::WorkerCheckpoint>>>,
+}
+
+/// Progress records kept waiting for their requests' acknowledgements, at most (older ones
+/// are dropped: a replacement then replays a little more).
+const PROGRESS_PENDING_MAX: usize = 256;
 
 /// Why joining or talking to the job failed.
 #[derive(Debug, thiserror::Error)]
@@ -114,10 +135,20 @@ pub fn join_job(transport: Arc<dyn Transport>, cfg: &SessionConfig) -> Result<Wo
     let mut control = ControlClient::connect(transport, &cfg.coordinator, cfg.connect_timeout)?;
     control.set_timeout(Some(cfg.connect_timeout))?;
     let reg = control.register("worker", "")?;
+    let replacing = reg.restart.is_some();
     let resumed =
-        match &cfg.resume {
-            None => None,
-            Some(m) => {
+        match (&reg.restart, &cfg.resume) {
+            (Some(r), _) => {
+                tracing::info!(
+                    "worker {} takes over from a lost worker: goes on after clock {} (state {:?})",
+                    reg.rank,
+                    r.clock,
+                    r.state
+                );
+                Some(r.clone())
+            }
+            (None, None) => None,
+            (None, Some(m)) => {
                 if m.num_workers != reg.num_workers {
                     return Err(SessionError::Job(format!(
                         "the checkpoint being resumed was taken with {} workers; this job has {} (resume with the same number)",
@@ -151,12 +182,14 @@ pub fn join_job(transport: Arc<dyn Transport>, cfg: &SessionConfig) -> Result<Wo
     let hb_stop = Arc::new(AtomicBool::new(false));
     let hb_error = Arc::new(Mutex::new(None));
     let ckpt_requested = Arc::new(AtomicU64::new(0));
-    let (stop, err, asked) = (hb_stop.clone(), hb_error.clone(), ckpt_requested.clone());
+    let safe_progress: Arc<Mutex<Option<proto::WorkerCheckpoint>>> = Arc::new(Mutex::new(None));
+    let (stop, err, asked, safe) = (hb_stop.clone(), hb_error.clone(), ckpt_requested.clone(), safe_progress.clone());
     let hb_thread = std::thread::Builder::new()
         .name("worker-heartbeat".into())
         .spawn(move || {
             while !stop.load(Ordering::Relaxed) {
-                match hb.heartbeat() {
+                let progress = safe.lock().take();
+                match hb.heartbeat(progress) {
                     Ok(r) if r.job_failed => {
                         *err.lock() = Some(format!("the job failed: {}", r.reason));
                         return;
@@ -173,6 +206,7 @@ pub fn join_job(transport: Arc<dyn Transport>, cfg: &SessionConfig) -> Result<Wo
             }
         })
         .map_err(|e| SessionError::Job(format!("cannot start the heartbeat thread: {e}")))?;
+    let recording = routing.replication >= 2;
     Ok(WorkerSession {
         kv,
         rank: reg.rank as usize,
@@ -190,7 +224,15 @@ pub fn join_job(transport: Arc<dyn Transport>, cfg: &SessionConfig) -> Result<Wo
         ckpt: cfg.checkpoint.clone(),
         ckpt_requested,
         ckpt_joined: 0,
+        clock_base: match (&resumed, replacing) {
+            (Some(r), true) => r.clock.saturating_sub(r.kv_clock),
+            (Some(r), false) => r.clock,
+            (None, _) => 0,
+        },
         resumed,
+        replacing,
+        barriers: HashMap::new(),
+        progress: recording.then(|| ProgressLog { pending: VecDeque::new(), safe: safe_progress }),
     })
 }
 
@@ -209,10 +251,14 @@ impl WorkerSession {
         Ok(())
     }
 
-    /// Waits until every worker has reached the barrier `name`.
+    /// Waits until every worker has reached the barrier `name`. Calls are counted per name:
+    /// a replacement of a lost worker passes at once the barriers the lost worker passed.
     pub fn barrier(&mut self, name: &str) -> Result<(), SessionError> {
         self.check()?;
-        self.control.barrier(name)?;
+        let count = self.barriers.entry(name.to_string()).or_insert(0);
+        *count += 1;
+        let count = *count;
+        self.control.barrier(name, count)?;
         Ok(())
     }
 
@@ -230,16 +276,78 @@ impl WorkerSession {
         Ok(self.control.pieces(req)?)
     }
 
-    /// Where this worker stood in the checkpoint the job resumed from (`--resume`): its
-    /// clock and its job's state as the job wrote it; `None` for a fresh start.
+    /// Where this worker stood in the checkpoint the job resumed from (`--resume`), or, for
+    /// a worker replacing a lost one, at the lost worker's last progress record: its clock
+    /// and its job's state as the job wrote it; `None` for a fresh start.
     pub fn resumed(&self) -> Option<&proto::WorkerCheckpoint> {
         self.resumed.as_ref()
+    }
+
+    /// Whether this worker took over the rank of a lost worker ([`WorkerSession::resumed`]
+    /// is then the lost worker's last progress record).
+    pub fn replacing(&self) -> bool {
+        self.replacing
     }
 
     /// Clocks this worker completed since the job's very start (a resumed job counts on from
     /// the checkpoint's clock).
     pub fn job_clock(&self) -> u64 {
-        self.resumed.as_ref().map_or(0, |r| r.clock) + self.kv.current_clock()
+        self.clock_base + self.kv.current_clock()
+    }
+
+    /// Starts recording this worker's progress so that a replacement can go on if it is lost
+    /// (replicated jobs; nothing to do otherwise). Call once, after the job's setup (tables
+    /// created, its position taken from [`WorkerSession::resumed`]) and before its first
+    /// request that changes a table, with its state at that point; then call
+    /// [`WorkerSession::checkpoint_point`] after every clock. A replacement's requests
+    /// continue the lost worker's ids from here.
+    ///
+    /// Precondition (what makes a replacement exact): from a recorded point on, the job
+    /// issues the same requests in the same order given the same state — a deterministic
+    /// job — so the servers' watermarks recognise those the lost worker had applied.
+    pub fn start_progress(&mut self, state: impl FnOnce() -> String) -> Result<(), SessionError> {
+        if self.progress.is_none() {
+            return Ok(());
+        }
+        self.check()?;
+        self.kv.wait_all()?;
+        if self.replacing {
+            if let Some(r) = &self.resumed {
+                self.kv.resume_requests(r.next_request, r.kv_clock)?;
+            }
+        }
+        let record = self.record(state());
+        self.control.progress(&record)?;
+        Ok(())
+    }
+
+    fn record(&self, state: String) -> proto::WorkerCheckpoint {
+        proto::WorkerCheckpoint {
+            rank: self.rank as u32,
+            clock: self.job_clock(),
+            state,
+            next_request: self.kv.next_request_id(),
+            kv_clock: self.kv.current_clock(),
+        }
+    }
+
+    /// Logs a progress record at this clock; hands the newest one whose requests are all
+    /// acknowledged to the heartbeat.
+    fn note_progress(&mut self, state: &str) {
+        let record = self.record(state.to_string());
+        let done = self.kv.first_unfinished();
+        let Some(log) = self.progress.as_mut() else { return };
+        log.pending.push_back(record);
+        if log.pending.len() > PROGRESS_PENDING_MAX {
+            log.pending.pop_front();
+        }
+        let mut safe = None;
+        while log.pending.front().is_some_and(|r| r.next_request <= done) {
+            safe = log.pending.pop_front();
+        }
+        if let Some(r) = safe {
+            *log.safe.lock() = Some(r);
+        }
     }
 
     /// Whether checkpoints are taken (`--checkpoint-dir`).
@@ -248,7 +356,8 @@ impl WorkerSession {
     }
 
     /// A checkpoint point: call it right after each clock, with the job's state at that
-    /// clock (what it needs to go on from there after `--resume`). When a checkpoint is due
+    /// clock (what it needs to go on from there after `--resume`, or for a replacement to go
+    /// on from if this worker is lost; see [`WorkerSession::start_progress`]). When a checkpoint is due
     /// (every N clocks, or asked for by the coordinator) this waits for every push of this
     /// worker to be acknowledged, joins the round and is held until every worker joined and
     /// the checkpoint is written (by whichever worker the coordinator picks). Returns
@@ -256,29 +365,20 @@ impl WorkerSession {
     /// its clocks, and calls [`WorkerSession::retire_from_checkpoints`] once it takes no
     /// more (else the others wait for it).
     pub fn checkpoint_point(&mut self, state: impl FnOnce() -> String) -> Result<bool, SessionError> {
-        let Some(cfg) = &self.ckpt else { return Ok(false) };
+        let due = self.checkpoint_due();
+        if self.progress.is_none() && due.is_none() {
+            return Ok(false);
+        }
+        let state = state();
+        if self.progress.is_some() {
+            self.note_progress(&state);
+        }
+        let Some((seq, dir)) = due else { return Ok(false) };
         let clock = self.job_clock();
-        let seq = match cfg.every {
-            CheckpointEvery::Clocks(n) => {
-                let base = self.resumed.as_ref().map_or(0, |r| r.clock);
-                if n == 0 || clock == 0 || !clock.is_multiple_of(n) || clock <= base {
-                    return Ok(false);
-                }
-                clock / n
-            }
-            CheckpointEvery::Time(_) => {
-                let asked = self.ckpt_requested.load(Ordering::Relaxed);
-                if asked <= self.ckpt_joined {
-                    return Ok(false);
-                }
-                asked
-            }
-        };
-        let dir = cfg.dir.clone();
         self.check()?;
         self.kv.wait_all()?;
         self.ckpt_joined = seq;
-        let me = proto::WorkerCheckpoint { rank: self.rank as u32, clock, state: state() };
+        let me = proto::WorkerCheckpoint { rank: self.rank as u32, clock, state, ..Default::default() };
         let reply = self.control.checkpoint_join(&proto::CheckpointJoin { seq, worker: Some(me), retiring: false })?;
         if reply.write {
             let written = self.write_checkpoint(&dir, reply.workers);
@@ -292,6 +392,29 @@ impl WorkerSession {
         Ok(true)
     }
 
+    /// The checkpoint round due at this clock, with the directory, if any.
+    fn checkpoint_due(&self) -> Option<(u64, PathBuf)> {
+        let cfg = self.ckpt.as_ref()?;
+        let clock = self.job_clock();
+        let seq = match cfg.every {
+            CheckpointEvery::Clocks(n) => {
+                let base = self.resumed.as_ref().map_or(0, |r| r.clock);
+                if n == 0 || clock == 0 || !clock.is_multiple_of(n) || clock <= base {
+                    return None;
+                }
+                clock / n
+            }
+            CheckpointEvery::Time(_) => {
+                let asked = self.ckpt_requested.load(Ordering::Relaxed);
+                if asked <= self.ckpt_joined {
+                    return None;
+                }
+                asked
+            }
+        };
+        Some((seq, cfg.dir.clone()))
+    }
+
     /// Tells the coordinator this worker takes no more clocks (its share is done), with its
     /// final state: checkpoints no longer wait for it and record that state for it. Call
     /// before the job's closing barriers. No-op without checkpoints.
@@ -300,7 +423,7 @@ impl WorkerSession {
             return Ok(());
         }
         self.kv.wait_all()?;
-        let me = proto::WorkerCheckpoint { rank: self.rank as u32, clock: self.job_clock(), state: state() };
+        let me = proto::WorkerCheckpoint { rank: self.rank as u32, clock: self.job_clock(), state: state(), ..Default::default() };
         self.control.checkpoint_join(&proto::CheckpointJoin { seq: 0, worker: Some(me), retiring: true })?;
         Ok(())
     }

@@ -66,6 +66,8 @@ pub fn run(a: &CounterArgs, s: &mut WorkerSession, num_servers: usize, sink: &Si
         }
     };
     s.barrier("counter-start")?;
+    // From here a replacement of this worker (replicated jobs) goes on from its last record.
+    s.start_progress(|| done.to_string())?;
     let mut last = None;
     let t0 = std::time::Instant::now();
     let step = (a.rounds / 10).max(1);

@@ -453,6 +453,7 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
     // (wall seconds, test log loss, test AUC) of every evaluation, in time order.
     let mut evals: Vec<(f64, f64, Option<f64>)> = Vec::new();
     let mut batches_done = 0usize;
+    let mut progress_started = false;
     // Worker 0's evaluations every --eval-every minibatches run on their own thread and
     // connections, so they neither slow worker 0's training nor (under bsp) everyone's.
     let mut evaluator = match (s.reader.take(), &a.test) {
@@ -491,6 +492,15 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
             in_epoch += 1;
             first = next_batch()?;
         }
+        // Progress records (replicated jobs: a replacement of this worker goes on from its
+        // last one) are taken after each clock, when the next minibatch's pull is already
+        // sent. So a job going on in the middle of an epoch sends that pull again first, and
+        // starts recording after it: its later requests then take the ids they had.
+        let mid_epoch = to_skip > 0 && first.is_some();
+        if !progress_started && !mid_epoch {
+            s.start_progress(|| format!("{epoch}:{in_epoch}"))?;
+            progress_started = true;
+        }
         // Pipeline: the pull of batch k+1 is in flight while batch k is computed.
         let mut cur: Option<(Batch, Option<f64>, Timestamp)> = match first {
             Some((b, f)) => {
@@ -499,6 +509,10 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
             }
             None => None,
         };
+        if !progress_started {
+            s.start_progress(|| format!("{epoch}:{in_epoch}"))?;
+            progress_started = true;
+        }
         while let Some((b, frac, ts)) = cur.take() {
             let next = next_batch()?;
             let next_ts = match &next {
