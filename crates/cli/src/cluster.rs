@@ -76,6 +76,7 @@ pub fn session_config(s: &Settings, coordinator: &str) -> Result<SessionConfig> 
             Some(p) => Some(Arc::new(checkpoint::read_manifest(p)?)),
             None => None,
         },
+        records_progress: false,
     })
 }
 
@@ -84,7 +85,8 @@ pub fn run_worker(transport: Arc<dyn Transport>, s: &Settings, coordinator: &str
     if s.checkpoint.is_some() || s.resume.is_some() {
         job.check_checkpoints()?;
     }
-    let cfg = session_config(s, coordinator)?;
+    let mut cfg = session_config(s, coordinator)?;
+    cfg.records_progress = job.records_progress();
     let mut session = join_job(transport.clone(), &cfg).context("joining the job")?;
     if job.wants_reader(session.rank) {
         session.open_reader(transport.as_ref()).context("opening the evaluator's connections")?;

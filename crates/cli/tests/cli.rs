@@ -293,6 +293,39 @@ fn a_server_killed_mid_job_with_two_copies_loses_and_doubles_no_update() {
     }
 }
 
+/// A SIGKILLed worker of a replicated job is started again by the launcher; the new process
+/// takes the lost worker's rank, goes on from its last acknowledged progress record with the
+/// same request ids, and the counter ends exact (the servers' watermarks drop what the lost
+/// worker had applied after that record). Once alone, once with a server killed as well.
+#[test]
+fn a_worker_killed_mid_job_is_replaced_and_the_counter_loses_and_doubles_no_update() {
+    for faults in [&["kill worker:0 at 1200ms"][..], &["kill worker:1 at 900ms", "kill server:2 at 1400ms"][..]] {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_downpour"));
+        c.args(["launch", "--servers", "3", "--workers", "2", "--replication", "2"]);
+        for f in faults {
+            c.args(["--fault", f]);
+        }
+        let o = c.args(["--", "counter", "--keys", "20000", "--rounds", "600"]).output().unwrap();
+        let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        assert!(o.status.success(), "{faults:?}: {out}\n{err}");
+        assert_eq!(out.matches("counter: OK").count() + err.matches("counter: OK").count(), 2, "{faults:?}: {out}\n{err}");
+        assert!(err.contains("started a replacement for worker") && err.contains("replaced by node"), "{faults:?}: {err}");
+    }
+}
+
+/// Without copies a lost worker cannot be replaced exactly: the job fails and says why.
+#[test]
+fn a_worker_killed_in_an_unreplicated_job_fails_it_with_the_reason() {
+    let o = Command::new(env!("CARGO_BIN_EXE_downpour"))
+        .args(["launch", "--servers", "2", "--workers", "2", "--fault", "kill worker:1 at 700ms", "--"])
+        .args(["counter", "--keys", "20000", "--rounds", "1000000"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("killed worker 1") && err.contains("a worker can be replaced only in a replicated job"), "{err}");
+}
+
 /// The elasticity check: one server joins and another is drained while two workers
 /// push; every increment lands exactly once, and both changes were served mid-job.
 #[test]

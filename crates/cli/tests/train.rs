@@ -155,7 +155,7 @@ fn a_corrupt_training_line_is_reported_with_file_and_line() {
 }
 
 #[test]
-fn training_with_a_server_killed_mid_run_ends_within_0_005_auc_of_an_undisturbed_run() {
+fn training_with_a_server_or_a_worker_killed_mid_run_ends_within_0_005_auc_of_an_undisturbed_run() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/spamassassin");
     let d = tempfile::tempdir().unwrap();
     let run = |fault: Option<&str>, name: &str| -> (f64, String) {
@@ -180,6 +180,10 @@ fn training_with_a_server_killed_mid_run_ends_within_0_005_auc_of_an_undisturbed
     assert!(log.contains("killed server 1") && log.contains("removed from the ring: preparing routing epoch 2"), "{log}");
     assert!(calm >= 0.99, "undisturbed test AUC {calm}");
     assert!((calm - killed).abs() <= 0.005, "AUC {killed} with a server killed against {calm}");
+    // a killed worker is replaced by a new process that goes on from its last progress record
+    let (replaced, log) = run(Some("kill worker:1 at 1200ms"), "worker.json");
+    assert!(log.contains("killed worker 1") && log.contains("waits up to 60s for a replacement"), "{log}");
+    assert!((calm - replaced).abs() <= 0.005, "AUC {replaced} with a worker killed and replaced against {calm}");
 }
 
 #[test]

@@ -85,7 +85,12 @@ impl ControlClient {
 
     /// Registers as `role` ("server" with its data address, or "worker").
     pub fn register(&mut self, role: &str, addr: &str) -> Result<proto::RegisterReply, ControlError> {
-        let r = self.call(Op::Register, proto::RegisterRequest { role: role.into(), addr: addr.into() }.encode_to_vec())?;
+        self.register_as(&proto::RegisterRequest { role: role.into(), addr: addr.into(), ..Default::default() })
+    }
+
+    /// Registers with the full request (a worker saying its job records progress).
+    pub fn register_as(&mut self, req: &proto::RegisterRequest) -> Result<proto::RegisterReply, ControlError> {
+        let r = self.call(Op::Register, req.encode_to_vec())?;
         let reply: proto::RegisterReply = crate::decode_body(&r).map_err(ControlError::Malformed)?;
         self.node_id = reply.node_id;
         Ok(reply)

@@ -127,6 +127,8 @@ struct State {
     vacant: std::collections::BTreeMap<u32, (Instant, String)>,
     /// Lost workers' node ids (told so if they still call).
     lost_workers: HashSet<u32>,
+    /// Worker ranks whose job records progress (replaceable before their first record).
+    records_progress: HashSet<u32>,
 }
 
 /// One named barrier: passes completed, and the worker ranks arrived at the next one.
@@ -462,15 +464,20 @@ impl Coordinator {
         if st.ckpt.writer == Some(id) {
             return Err(format!("it was writing checkpoint {}", st.ckpt.seq));
         }
-        let Some(p) = st.progress.get(&rank) else {
-            return Err("it recorded no progress to go on from: its job cannot replace workers, or it had not started".into());
+        if !st.progress.contains_key(&rank) {
+            if !st.records_progress.contains(&rank) {
+                return Err("its job records no progress (counter and train linear do), so no replacement could go on from it".into());
+            }
+            // lost before its first record: it changed no table yet, a replacement starts afresh
+            st.progress.insert(rank, proto::WorkerCheckpoint { rank, ..Default::default() });
+        }
+        let Some(p) = st.progress.get(&rank) else { return Err("no progress record".into()) };
+        let from = if p.next_request == 0 {
+            "starts its share afresh (it was lost before its first progress record)".to_string()
+        } else {
+            format!("goes on after clock {} (state {:?})", p.clock, p.state)
         };
-        tracing::warn!(
-            "{reason}: worker {rank} waits up to {:?} for a replacement, which goes on after clock {} (state {:?})",
-            self.cfg.worker_rejoin,
-            p.clock,
-            p.state
-        );
+        tracing::warn!("{reason}: worker {rank} waits up to {:?} for a replacement, which {from}", self.cfg.worker_rejoin);
         st.lost_workers.insert(id);
         st.last_seen.remove(&id);
         st.heartbeating.remove(&id);
@@ -644,11 +651,7 @@ impl Coordinator {
         }
         // A lost worker's replacement may come before the loss is noticed (a restarted
         // process racing the dead one's closing connections): wait a little for it.
-        if req.role == "worker"
-            && st.workers.len() >= self.cfg.workers
-            && self.cfg.replication >= 2
-            && !self.cfg.worker_rejoin.is_zero()
-        {
+        if req.role == "worker" && st.workers.len() >= self.cfg.workers && self.cfg.replication >= 2 && !self.cfg.worker_rejoin.is_zero() {
             let deadline = Instant::now() + VACANCY_WAIT;
             while st.vacant.is_empty() && st.failed.is_none() && !st.shutdown && Instant::now() < deadline {
                 self.cv.wait_for(&mut st, Duration::from_millis(50));
@@ -691,7 +694,7 @@ impl Coordinator {
                 }
             }
             "worker" => {
-                if st.workers.len() >= self.cfg.workers {
+                let rank = if st.workers.len() >= self.cfg.workers {
                     // A lost worker's rank goes to the first worker registering after it.
                     let Some(rank) = st.vacant.keys().next().copied() else {
                         return Err((Status::ResourceExhausted, format!("the job already has its {} workers", self.cfg.workers)));
@@ -699,18 +702,26 @@ impl Coordinator {
                     st.vacant.remove(&rank);
                     st.workers[rank as usize] = id;
                     let p = st.progress.get(&rank).cloned().unwrap_or_default();
-                    tracing::info!(
-                        "worker {rank} replaced by node {id}: it goes on after clock {} (state {:?}, next request {})",
-                        p.clock,
-                        p.state,
-                        p.next_request
-                    );
+                    if p.next_request == 0 {
+                        tracing::info!("worker {rank} replaced by node {id}: the lost worker had not started its share; it starts afresh");
+                    } else {
+                        tracing::info!(
+                            "worker {rank} replaced by node {id}: it goes on after clock {} (state {:?}, next request {})",
+                            p.clock,
+                            p.state,
+                            p.next_request
+                        );
+                    }
                     restart = Some(p);
-                    (rank, "worker")
+                    rank
                 } else {
                     st.workers.push(id);
-                    (st.workers.len() as u32 - 1, "worker")
+                    st.workers.len() as u32 - 1
+                };
+                if req.records_progress {
+                    st.records_progress.insert(rank);
                 }
+                (rank, "worker")
             }
             other => return Err((Status::InvalidArgument, format!("unknown role {other:?}"))),
         };

@@ -33,7 +33,11 @@ fn job(workers: usize) -> (Arc<Coordinator>, std::thread::JoinHandle<JobOutcome>
 }
 
 fn join(seq: u64, rank: u32, clock: u64, state: &str) -> proto::CheckpointJoin {
-    proto::CheckpointJoin { seq, worker: Some(proto::WorkerCheckpoint { rank, clock, state: state.into() }), retiring: false }
+    proto::CheckpointJoin {
+        seq,
+        worker: Some(proto::WorkerCheckpoint { rank, clock, state: state.into(), ..Default::default() }),
+        retiring: false,
+    }
 }
 
 #[test]
@@ -45,7 +49,7 @@ fn the_last_worker_to_join_writes_with_every_state_and_the_held_ones_go_on_after
     // worker 2's share is done: it retires with its final state
     w2.checkpoint_join(&proto::CheckpointJoin {
         seq: 0,
-        worker: Some(proto::WorkerCheckpoint { rank: 2, clock: 40, state: "done".into() }),
+        worker: Some(proto::WorkerCheckpoint { rank: 2, clock: 40, state: "done".into(), ..Default::default() }),
         retiring: true,
     })
     .unwrap();

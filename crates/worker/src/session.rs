@@ -26,6 +26,10 @@ pub struct SessionConfig {
     pub checkpoint: Option<CheckpointConfig>,
     /// The manifest of the checkpoint this job resumes from (`--resume`, read at the edge).
     pub resume: Option<Arc<proto::CheckpointManifest>>,
+    /// The job records its progress ([`WorkerSession::start_progress`]): told to the
+    /// coordinator at registration, so that a worker lost even before its first record can
+    /// be replaced (replicated jobs).
+    pub records_progress: bool,
 }
 
 /// Complete checkpoints kept in the checkpoint directory (older ones are removed once a
@@ -90,8 +94,10 @@ pub struct WorkerSession {
     /// Where this worker stood in the checkpoint the job resumed from, or (a replacement)
     /// at the lost worker's last progress record.
     resumed: Option<proto::WorkerCheckpoint>,
-    /// Whether this worker replaces a lost one (`resumed` is then its progress record).
+    /// Whether this worker replaces a lost one.
     replacing: bool,
+    /// Whether it goes on from the lost worker's progress record (`resumed` is that record).
+    restarted: bool,
     /// Clocks done before this client's clock 0: `job_clock() = clock_base + kv clock`.
     clock_base: u64,
     /// This worker's calls per barrier name.
@@ -134,17 +140,19 @@ pub fn join_job(transport: Arc<dyn Transport>, cfg: &SessionConfig) -> Result<Wo
     let transport = transport.as_ref();
     let mut control = ControlClient::connect(transport, &cfg.coordinator, cfg.connect_timeout)?;
     control.set_timeout(Some(cfg.connect_timeout))?;
-    let reg = control.register("worker", "")?;
+    let reg = control.register_as(&proto::RegisterRequest {
+        role: "worker".into(),
+        records_progress: cfg.records_progress,
+        ..Default::default()
+    })?;
     let replacing = reg.restart.is_some();
+    // A record with no next request: the lost worker had not started, this one starts afresh.
+    let restart = reg.restart.clone().filter(|r| r.next_request > 0);
+    let restarted = restart.is_some();
     let resumed =
-        match (&reg.restart, &cfg.resume) {
+        match (&restart, &cfg.resume) {
             (Some(r), _) => {
-                tracing::info!(
-                    "worker {} takes over from a lost worker: goes on after clock {} (state {:?})",
-                    reg.rank,
-                    r.clock,
-                    r.state
-                );
+                tracing::info!("worker {} takes over from a lost worker: goes on after clock {} (state {:?})", reg.rank, r.clock, r.state);
                 Some(r.clone())
             }
             (None, None) => None,
@@ -224,13 +232,14 @@ pub fn join_job(transport: Arc<dyn Transport>, cfg: &SessionConfig) -> Result<Wo
         ckpt: cfg.checkpoint.clone(),
         ckpt_requested,
         ckpt_joined: 0,
-        clock_base: match (&resumed, replacing) {
+        clock_base: match (&resumed, restarted) {
             (Some(r), true) => r.clock.saturating_sub(r.kv_clock),
             (Some(r), false) => r.clock,
             (None, _) => 0,
         },
         resumed,
         replacing,
+        restarted,
         barriers: HashMap::new(),
         progress: recording.then(|| ProgressLog { pending: VecDeque::new(), safe: safe_progress }),
     })
@@ -284,7 +293,8 @@ impl WorkerSession {
     }
 
     /// Whether this worker took over the rank of a lost worker ([`WorkerSession::resumed`]
-    /// is then the lost worker's last progress record).
+    /// is then the lost worker's last progress record, unless the lost worker had not
+    /// started its share).
     pub fn replacing(&self) -> bool {
         self.replacing
     }
@@ -311,7 +321,7 @@ impl WorkerSession {
         }
         self.check()?;
         self.kv.wait_all()?;
-        if self.replacing {
+        if self.restarted {
             if let Some(r) = &self.resumed {
                 self.kv.resume_requests(r.next_request, r.kv_clock)?;
             }

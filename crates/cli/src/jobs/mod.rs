@@ -60,6 +60,12 @@ impl JobCmd {
         }
     }
 
+    /// Whether the job records its progress (`WorkerSession::start_progress`), so that a lost
+    /// worker of a replicated job can be replaced: the jobs that take checkpoints.
+    pub fn records_progress(&self) -> bool {
+        self.check_checkpoints().is_ok()
+    }
+
     /// Runs the job on this worker.
     pub fn run(&self, session: &mut WorkerSession, num_servers: usize, sink: &Sink) -> Result<()> {
         match self {
