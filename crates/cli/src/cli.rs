@@ -98,6 +98,13 @@ enum Cmd {
         /// Write the address actually listened on to this file (for launchers; useful with port 0).
         #[arg(long)]
         addr_file: Option<std::path::PathBuf>,
+        /// Keep the coordinator's state (membership, routing epochs, barrier passes, worker
+        /// progress, checkpoints) in this directory. Restarted with the same directory (and
+        /// the same --listen address), the coordinator takes the job back: the nodes
+        /// reconnect and the job goes on. A directory holding an ended job's state starts a
+        /// new job.
+        #[arg(long)]
+        state_dir: Option<std::path::PathBuf>,
     },
     /// Run a server of a cluster.
     Server {
@@ -298,7 +305,7 @@ fn run(cli: Cli, s: Settings) -> Result<()> {
             let flag = if b.embedded { Arc::new(AtomicBool::new(false)) } else { interrupt_flag() };
             bench::run(&b, &cli.common, &s, flag)
         }
-        Cmd::Coordinator { listen, servers, workers, addr_file } => {
+        Cmd::Coordinator { listen, servers, workers, addr_file, state_dir } => {
             anyhow::ensure!(servers >= 1 && workers >= 1, "--servers and --workers must be at least 1");
             let t = transport(&s)?;
             let listener = t.listen(&listen)?;
@@ -307,7 +314,9 @@ fn run(cli: Cli, s: Settings) -> Result<()> {
             if let Some(p) = addr_file {
                 std::fs::write(&p, format!("{addr}\n")).with_context(|| format!("cannot write {}", p.display()))?;
             }
-            let c = Coordinator::new(cluster::coordinator_config(&s, servers, workers));
+            let mut cfg = cluster::coordinator_config(&s, servers, workers);
+            cfg.state_dir = state_dir;
+            let c = Coordinator::open(cfg).map_err(|e| anyhow::anyhow!("{e}"))?;
             match c.serve(listener) {
                 JobOutcome::Succeeded => {
                     tracing::info!("job finished");
@@ -344,6 +353,7 @@ fn run(cli: Cli, s: Settings) -> Result<()> {
                 server: cluster::server_config(&s, peer, s.auth.as_ref().map(|a| a.secret().to_string()))?,
                 own_process: true,
                 on_registered,
+                coordinator_restart_wait: cluster::coordinator_restart_wait(&s),
             };
             run_server_node(t.as_ref(), cfg)?;
             Ok(())

@@ -31,6 +31,7 @@ pub fn coordinator_config(s: &Settings, servers: usize, workers: usize) -> Coord
         heartbeat: s.heartbeat,
         node_timeout: s.node_timeout,
         worker_rejoin: s.worker_rejoin,
+        state_dir: None,
         register_timeout: s.connect_timeout.max(Duration::from_secs(30)),
         secret: s.auth.as_ref().map(|a| a.secret().to_string()),
         replication: s.replication,
@@ -64,13 +65,19 @@ pub fn server_config(s: &Settings, peer: Arc<dyn Transport>, secret: Option<Stri
     })
 }
 
+/// How long nodes keep reconnecting to a coordinator (with a state directory) that went
+/// away: as long as a request waits for a fail-over.
+pub fn coordinator_restart_wait(s: &Settings) -> Duration {
+    s.node_timeout * 3 + Duration::from_secs(10)
+}
+
 /// A worker's session settings (with the manifest of the checkpoint to resume from).
 pub fn session_config(s: &Settings, coordinator: &str) -> Result<SessionConfig> {
     Ok(SessionConfig {
         coordinator: coordinator.to_string(),
         connect_timeout: s.connect_timeout,
         kv: kv_config(s),
-        failover_timeout: s.node_timeout * 3 + Duration::from_secs(10),
+        failover_timeout: coordinator_restart_wait(s),
         checkpoint: s.checkpoint.clone(),
         resume: match &s.resume {
             Some(p) => Some(Arc::new(checkpoint::read_manifest(p)?)),
@@ -128,6 +135,7 @@ pub fn run_embedded(s: &Settings, servers: usize, workers: usize, job: &JobCmd, 
             server: server_config(s, Arc::new(t.clone()), None)?,
             own_process: false,
             on_registered: None,
+            coordinator_restart_wait: coordinator_restart_wait(s),
         };
         server_threads.push(std::thread::Builder::new().name(format!("server-{i}")).spawn(move || run_server_node(&t, cfg))?);
     }
@@ -369,22 +377,26 @@ pub fn launch_local(r: LocalRun<'_>) -> Result<()> {
         }
         Ok(Proc { label: label.to_string(), child })
     };
+    // The coordinator keeps its state on disk, so a killed one is started again (on the same
+    // address) and takes the job back.
+    let state_dir = dir.join("coordinator-state");
+    let coordinator_args = |listen: &str| -> Vec<String> {
+        vec![
+            "coordinator".into(),
+            "--listen".into(),
+            listen.into(),
+            "--servers".into(),
+            r.servers.to_string(),
+            "--workers".into(),
+            r.workers.to_string(),
+            "--addr-file".into(),
+            addr_file.display().to_string(),
+            "--state-dir".into(),
+            state_dir.display().to_string(),
+        ]
+    };
     let result = (|| -> Result<()> {
-        procs.push(spawn(
-            "coordinator",
-            vec![
-                "coordinator".into(),
-                "--listen".into(),
-                "127.0.0.1:0".into(),
-                "--servers".into(),
-                r.servers.to_string(),
-                "--workers".into(),
-                r.workers.to_string(),
-                "--addr-file".into(),
-                addr_file.display().to_string(),
-            ],
-            None,
-        )?);
+        procs.push(spawn("coordinator", coordinator_args("127.0.0.1:0"), None)?);
         let deadline = Instant::now() + r.settings.connect_timeout;
         let addr = loop {
             if let Ok(a) = std::fs::read_to_string(&addr_file) {
@@ -494,6 +506,16 @@ pub fn launch_local(r: LocalRun<'_>) -> Result<()> {
                         procs[i].child.kill().with_context(|| format!("cannot kill {t}"))?;
                         killed[i] = true;
                         eprintln!("[launch] fault at {at:.2}s: killed {t} (pid {}) with SIGKILL", procs[i].child.id());
+                        if t == FaultTarget::Coordinator {
+                            // as a supervisor would: the same address and state directory
+                            let _ = procs[i].child.wait();
+                            procs[0] = spawn("coordinator", coordinator_args(&addr), None)?;
+                            killed[0] = false;
+                            eprintln!(
+                                "[launch] started the coordinator again (pid {}) on {addr}: it takes the job back from its state",
+                                procs[0].child.id()
+                            );
+                        }
                         if let (FaultTarget::Worker(n), true) = (t, replace_workers) {
                             // reaped first, so its connections are closed before the new one registers
                             let _ = procs[i].child.wait();

@@ -4,7 +4,8 @@ use downpour_core::msg::{self, Op, Status};
 use downpour_core::proto::{self, FrameHeader};
 use downpour_transport::{Connection, Transport, TransportError};
 use prost::Message;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 use thiserror::Error;
 
 /// A failed control call.
@@ -31,6 +32,9 @@ pub enum ControlError {
     /// A reply that does not decode.
     #[error("{0}")]
     Malformed(String),
+    /// The coordinator went away and did not come back in time (reconnecting clients).
+    #[error("{0}")]
+    Gone(String),
 }
 
 /// A connection to the coordinator, used by one thread.
@@ -39,13 +43,42 @@ pub struct ControlClient {
     addr: String,
     node_id: u32,
     next_id: u64,
+    /// The receive timeout set (kept for a new connection).
+    timeout: Option<Duration>,
+    /// Reconnect to a restarted coordinator: how, and for how long.
+    reconnect: Option<(Arc<dyn Transport>, Duration)>,
+}
+
+/// Calls sent again, unchanged, to a coordinator that went away and came back: the
+/// coordinator answers each of them the same however often it hears it (a barrier counts
+/// ranks and passes, a checkpoint join its round, a report its epoch or round).
+fn retried(op: Op) -> bool {
+    matches!(
+        op,
+        Op::Heartbeat
+            | Op::Barrier
+            | Op::Progress
+            | Op::GetRouting
+            | Op::EpochReady
+            | Op::CheckpointJoin
+            | Op::CheckpointWritten
+            | Op::Done
+    )
 }
 
 impl ControlClient {
     /// Connects to the coordinator at `addr`, failing after `timeout`.
     pub fn connect(transport: &dyn Transport, addr: &str, timeout: Duration) -> Result<Self, ControlError> {
         let conn = transport.connect(addr, timeout).map_err(|source| ControlError::Transport { addr: addr.into(), cause: source })?;
-        Ok(ControlClient { conn, addr: addr.into(), node_id: 0, next_id: 1 })
+        Ok(ControlClient { conn, addr: addr.into(), node_id: 0, next_id: 1, timeout: None, reconnect: None })
+    }
+
+    /// Survive a coordinator restart (a coordinator with a state directory, which says so at
+    /// registration): when the connection fails, reconnect to the same address with
+    /// `transport` for up to `within` and send the call again (only calls the coordinator
+    /// answers the same when repeated; others still fail).
+    pub fn enable_reconnect(&mut self, transport: Arc<dyn Transport>, within: Duration) {
+        self.reconnect = Some((transport, within));
     }
 
     /// Sets the node id sent with every call (after registration).
@@ -55,11 +88,50 @@ impl ControlClient {
 
     /// Bounds how long a call may wait for its reply.
     pub fn set_timeout(&mut self, t: Option<Duration>) -> Result<(), ControlError> {
+        self.timeout = t;
         self.conn.set_recv_timeout(t).map_err(|source| ControlError::Transport { addr: self.addr.clone(), cause: source })
     }
 
     /// Sends one call with `body` and returns the reply header (its `meta` is the body).
+    /// With [`ControlClient::enable_reconnect`], a call the coordinator answers the same when
+    /// repeated survives the coordinator going away and coming back.
     pub fn call(&mut self, op: Op, body: Vec<u8>) -> Result<FrameHeader, ControlError> {
+        let Some((transport, within)) = self.reconnect.clone().filter(|_| retried(op)) else {
+            return self.call_once(op, body);
+        };
+        let first = match self.call_once(op, body.clone()) {
+            Err(e @ ControlError::Transport { .. }) => e,
+            r => return r,
+        };
+        tracing::warn!("lost the coordinator at {} ({first}); reconnecting for up to {within:?}", self.addr);
+        let deadline = Instant::now() + within;
+        let mut last = first;
+        while Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+            let conn = match transport.connect(&self.addr, Duration::from_secs(1)) {
+                Ok(c) => c,
+                Err(cause) => {
+                    last = ControlError::Transport { addr: self.addr.clone(), cause };
+                    continue;
+                }
+            };
+            self.conn = conn;
+            if let Err(cause) = self.conn.set_recv_timeout(self.timeout) {
+                last = ControlError::Transport { addr: self.addr.clone(), cause };
+                continue;
+            }
+            match self.call_once(op, body.clone()) {
+                Err(e @ ControlError::Transport { .. }) => last = e,
+                r => {
+                    tracing::info!("reconnected to the coordinator at {}", self.addr);
+                    return r;
+                }
+            }
+        }
+        Err(ControlError::Gone(format!("the coordinator at {} did not come back within {within:?}: {last}", self.addr)))
+    }
+
+    fn call_once(&mut self, op: Op, body: Vec<u8>) -> Result<FrameHeader, ControlError> {
         let id = self.next_id;
         self.next_id += 1;
         let mut h = msg::request(op, self.node_id, id, 0, 0);

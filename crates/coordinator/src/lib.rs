@@ -18,6 +18,7 @@
 #![warn(missing_docs)]
 
 pub mod client;
+pub mod persist;
 
 use downpour_core::msg::{self, Op, Status};
 use downpour_core::pieces::PieceBoard;
@@ -67,6 +68,10 @@ pub struct CoordinatorConfig {
     /// can be replaced; unreplicated jobs always fail (their servers keep no watermarks to
     /// recognise the requests a replacement sends again).
     pub worker_rejoin: Duration,
+    /// Keep the coordinator's state in this directory ([`persist`]): a coordinator
+    /// restarted with it ([`Coordinator::open`]) takes the job back, and nodes told so at
+    /// registration reconnect instead of failing when the coordinator goes away.
+    pub state_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for CoordinatorConfig {
@@ -83,6 +88,7 @@ impl Default for CoordinatorConfig {
             shards: 64,
             checkpoint_every: None,
             worker_rejoin: Duration::from_secs(60),
+            state_dir: None,
         }
     }
 }
@@ -129,6 +135,12 @@ struct State {
     lost_workers: HashSet<u32>,
     /// Worker ranks whose job records progress (replaceable before their first record).
     records_progress: HashSet<u32>,
+    /// Taken back from a state directory after a restart.
+    restored: bool,
+    /// The job used the BPG scheduler or the piece board (whose state is not kept on disk).
+    scheduled: bool,
+    /// Why the state could not be written last time (logged once).
+    persist_error: bool,
 }
 
 /// One named barrier: passes completed, and the worker ranks arrived at the next one.
@@ -252,15 +264,58 @@ pub enum JobOutcome {
 }
 
 impl Coordinator {
-    /// A coordinator expecting `cfg.servers` servers and `cfg.workers` workers.
+    /// A coordinator expecting `cfg.servers` servers and `cfg.workers` workers, starting a
+    /// new job (whatever `cfg.state_dir` holds is overwritten at the first change).
     pub fn new(cfg: CoordinatorConfig) -> Arc<Self> {
-        Arc::new(Coordinator {
-            cfg,
-            state: Mutex::new(State { next_id: 1, ..Default::default() }),
-            cv: Condvar::new(),
-            sched_cv: Condvar::new(),
-            started: Instant::now(),
-        })
+        Self::with_state(cfg, State { next_id: 1, ..Default::default() })
+    }
+
+    /// A coordinator for `cfg`: when `cfg.state_dir` holds the state of this job (same
+    /// servers, workers and copies) and the job has not ended, it takes the job back from
+    /// there — nodes reconnecting find their ids, ranks, routing epoch, barrier passes,
+    /// progress records and checkpoints as they were; else it starts a new job. An error
+    /// when the state is unreadable or belongs to a different job.
+    pub fn open(cfg: CoordinatorConfig) -> Result<Arc<Self>, String> {
+        let Some(dir) = cfg.state_dir.clone() else { return Ok(Self::new(cfg)) };
+        std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create the state directory {}: {e}", dir.display()))?;
+        let Some(p) = persist::read(&dir)? else { return Ok(Self::new(cfg)) };
+        if p.shutdown || !p.failed.is_empty() {
+            tracing::info!("the state in {} is of a job that ended: starting a new job", dir.display());
+            return Ok(Self::new(cfg));
+        }
+        let st = persist::from_proto(p, &cfg).map_err(|e| format!("the state in {}: {e}", dir.display()))?;
+        tracing::info!(
+            "coordinator restarted: took back the job from {} ({} servers, {} workers registered, routing epoch {}, {} done, {} checkpoints)",
+            dir.display(),
+            st.servers.len(),
+            st.workers.len(),
+            st.epoch,
+            st.done.len(),
+            st.ckpt.done
+        );
+        Ok(Self::with_state(cfg, st))
+    }
+
+    fn with_state(cfg: CoordinatorConfig, st: State) -> Arc<Self> {
+        Arc::new(Coordinator { cfg, state: Mutex::new(st), cv: Condvar::new(), sched_cv: Condvar::new(), started: Instant::now() })
+    }
+
+    /// Writes the state to the state directory, if there is one (`sync`: to the disk).
+    /// A failed write fails the job: a restart would lose what was not written.
+    fn persist(&self, st: &mut State, sync: bool) {
+        let Some(dir) = &self.cfg.state_dir else { return };
+        if let Err(e) = persist::write(dir, &persist::to_proto(st, &self.cfg), sync) {
+            if !st.persist_error {
+                st.persist_error = true;
+                let reason = format!("cannot write the coordinator state to {}: {e}", dir.display());
+                tracing::error!("job failed: {reason}");
+                if st.failed.is_none() && !st.shutdown {
+                    st.failed = Some(reason);
+                }
+                self.cv.notify_all();
+                self.sched_cv.notify_all();
+            }
+        }
     }
 
     /// Accepts nodes on `listener` (a thread per connection) until the job ends, then
@@ -309,6 +364,7 @@ impl Coordinator {
         if st.failed.is_none() && !st.shutdown {
             tracing::error!("job failed: {reason}");
             st.failed = Some(reason);
+            self.persist(&mut st, true);
         }
         self.cv.notify_all();
         self.sched_cv.notify_all();
@@ -446,6 +502,7 @@ impl Coordinator {
         st.last_seen.remove(&id);
         st.heartbeating.remove(&id);
         st.reconfigure(format!("{reason}: removed from the ring"), true);
+        self.persist(&mut st, true);
         self.cv.notify_all();
         self.sched_cv.notify_all();
     }
@@ -482,6 +539,7 @@ impl Coordinator {
         st.last_seen.remove(&id);
         st.heartbeating.remove(&id);
         st.vacant.insert(rank, (Instant::now(), reason.to_string()));
+        self.persist(st, true);
         self.cv.notify_all();
         self.sched_cv.notify_all();
         Ok(())
@@ -523,6 +581,7 @@ impl Coordinator {
         st.drained.insert(id);
         st.removed.insert(id);
         st.reconfigure(format!("server {rank} (node {id}) drained"), false);
+        self.persist(&mut st, true);
         let epoch = st.epoch;
         self.cv.notify_all();
         self.sched_cv.notify_all();
@@ -561,6 +620,7 @@ impl Coordinator {
             st.recoveries.push(Recovery { epoch, cause: p.cause, took, keys_copied: p.keys_copied, failure: p.failure });
             self.cv.notify_all();
         }
+        self.persist(&mut st, true);
         Ok(())
     }
 
@@ -748,6 +808,7 @@ impl Coordinator {
             tracing::info!("all {} servers registered: routing epoch 1 published", self.cfg.servers);
             self.cv.notify_all();
         }
+        self.persist(&mut st, true);
         // Workers need the routing table: wait until every server is there.
         if role == "worker" {
             while st.epoch == 0 && st.failed.is_none() {
@@ -769,6 +830,7 @@ impl Coordinator {
                 _ => Default::default(),
             },
             restart,
+            coordinator_restartable: self.cfg.state_dir.is_some(),
         })
     }
 
@@ -795,6 +857,7 @@ impl Coordinator {
         if b.arrived.len() >= n {
             b.arrived.clear();
             b.passed += 1;
+            self.persist(&mut st, true);
             self.cv.notify_all();
             return Ok(());
         }
@@ -828,6 +891,7 @@ impl Coordinator {
             return Err((Status::InvalidArgument, format!("worker {rank} sent progress for worker {}", p.rank)));
         }
         st.progress.insert(rank, p);
+        self.persist(&mut st, false);
         Ok(())
     }
 
@@ -858,7 +922,12 @@ impl Coordinator {
                     plan.epsilon,
                     if plan.kkt { "on" } else { "off" }
                 );
+                if st.scheduled {
+                    return Err(restarted_scheduler("BPG task scheduler"));
+                }
                 st.schedule = Some(BpgScheduler::new(plan).map_err(invalid)?);
+                st.scheduled = true;
+                self.persist(&mut st, true);
             }
             (Some(s), Some(plan)) if s.plan() != &plan => {
                 return Err((Status::InvalidArgument, format!("{} sent a plan that differs from the job's", st.describe(node))));
@@ -905,7 +974,15 @@ impl Coordinator {
             _ => return Err((Status::InvalidArgument, format!("{} is not a registered worker", st.describe(node)))),
         };
         let workers = self.cfg.workers;
-        let board = st.pieces.get_or_insert_with(|| PieceBoard::new(workers));
+        if st.pieces.is_none() {
+            if st.scheduled {
+                return Err(restarted_scheduler("piece board"));
+            }
+            st.pieces = Some(PieceBoard::new(workers));
+            st.scheduled = true;
+            self.persist(&mut st, true);
+        }
+        let board = st.pieces.as_mut().ok_or((Status::Internal, "no piece board".to_string()))?;
         let mut reply = proto::PieceReply::default();
         if (req.open_pieces > 0 || req.finish) && rank != 0 {
             return Err((Status::InvalidArgument, "only worker 0 opens rounds and ends the job".into()));
@@ -965,6 +1042,7 @@ impl Coordinator {
         let w = req.worker.unwrap_or_default();
         if req.retiring {
             st.ckpt.retired.insert(rank, w);
+            self.persist(&mut st, true);
             self.sched_cv.notify_all();
             return Ok(proto::CheckpointJoinReply::default());
         }
@@ -1017,7 +1095,14 @@ impl Coordinator {
     /// (the job fails: a checkpoint asked for and silently missing would lose training).
     fn checkpoint_written(&self, node: u32, req: proto::CheckpointWritten) -> Result<(), (Status, String)> {
         let mut st = self.state.lock();
-        if st.ckpt.writer != Some(node) || st.ckpt.seq != req.seq {
+        if req.seq <= st.ckpt.done {
+            // written and reported already (a writer chosen before a coordinator restart)
+            return Ok(());
+        }
+        // A coordinator restarted while the checkpoint was being written does not know the
+        // writer: its report completes the round.
+        let writer_before_restart = st.restored && st.ckpt.writer.is_none();
+        if !writer_before_restart && (st.ckpt.writer != Some(node) || st.ckpt.seq != req.seq) {
             return Err((Status::InvalidArgument, format!("node {node} is not writing checkpoint {}", req.seq)));
         }
         if !req.error.is_empty() {
@@ -1032,6 +1117,7 @@ impl Coordinator {
         st.ckpt.joined.clear();
         st.ckpt.writer = None;
         st.ckpt.asked = Some(Instant::now());
+        self.persist(&mut st, true);
         self.sched_cv.notify_all();
         Ok(())
     }
@@ -1079,8 +1165,19 @@ impl Coordinator {
             tracing::info!("all {} workers done: shutting the job down", self.cfg.workers);
             st.shutdown = true;
         }
+        self.persist(&mut st, true);
         self.cv.notify_all();
     }
+}
+
+/// The refusal of a scheduler call after a coordinator restart: that state is not on disk.
+fn restarted_scheduler(what: &str) -> (Status, String) {
+    (
+        Status::Aborted,
+        format!(
+            "the coordinator restarted, and the {what}'s state is not kept on disk: this job cannot go on (run it again, or --resume a checkpoint)"
+        ),
+    )
 }
 
 /// A reply body from a successful control call.

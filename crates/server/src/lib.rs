@@ -1672,6 +1672,9 @@ pub struct NodeConfig {
     /// Called once the coordinator registered this server, with its rank and node id
     /// (launchers learn which process is which server from it).
     pub on_registered: Option<Arc<dyn Fn(u32, u32) + Send + Sync>>,
+    /// How long to keep reconnecting to a coordinator that went away, when it keeps its
+    /// state on disk and so may come back (it says so at registration).
+    pub coordinator_restart_wait: Duration,
 }
 
 /// Why a server node stopped abnormally.
@@ -1725,6 +1728,11 @@ pub fn run_server_node(transport: &dyn Transport, cfg: NodeConfig) -> Result<(),
     let mut control = ControlClient::connect(transport, &cfg.coordinator, cfg.connect_timeout)?;
     control.set_timeout(Some(cfg.connect_timeout))?;
     let reg = control.register("server", &addr)?;
+    if reg.coordinator_restartable {
+        if let Some(t) = cfg.server.peer_transport.clone() {
+            control.enable_reconnect(t, cfg.coordinator_restart_wait);
+        }
+    }
     if let Some(f) = &cfg.on_registered {
         f(reg.rank, reg.node_id);
     }

@@ -170,6 +170,14 @@ pub fn join_job(transport: Arc<dyn Transport>, cfg: &SessionConfig) -> Result<Wo
                 )
             }
         };
+    // A coordinator keeping its state on disk may come back: reconnect rather than fail.
+    let restartable = reg.coordinator_restartable.then(|| shared.clone());
+    let reconnect = |c: &mut ControlClient| {
+        if let Some(t) = &restartable {
+            c.enable_reconnect(t.clone(), cfg.failover_timeout);
+        }
+    };
+    reconnect(&mut control);
     let routing = reg.routing.clone().unwrap_or_default();
     let credential = (!reg.credential.is_empty()).then(|| reg.credential.to_vec());
     let mut kv = KvClient::connect_as(transport, &routing, reg.node_id, cfg.kv, credential.as_deref())?;
@@ -179,12 +187,14 @@ pub fn join_job(transport: Arc<dyn Transport>, cfg: &SessionConfig) -> Result<Wo
         let mut c = ControlClient::connect(transport, &cfg.coordinator, cfg.connect_timeout)?;
         c.set_node_id(reg.node_id);
         c.set_timeout(Some(cfg.connect_timeout + Duration::from_secs(5)))?;
+        reconnect(&mut c);
         kv.enable_failover(shared, Box::new(CoordinatorRouting(c)), credential.clone(), cfg.failover_timeout);
     }
     // A barrier may legitimately wait for slow peers: no timeout on the job connection.
     control.set_timeout(None)?;
     let mut hb = ControlClient::connect(transport, &cfg.coordinator, cfg.connect_timeout)?;
     hb.set_node_id(reg.node_id);
+    reconnect(&mut hb);
     let interval = Duration::from_millis(reg.heartbeat_ms.max(10));
     hb.set_timeout(Some(interval * 4 + cfg.connect_timeout))?;
     let hb_stop = Arc::new(AtomicBool::new(false));

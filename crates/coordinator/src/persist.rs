@@ -1,0 +1,166 @@
+//! The coordinator's state on disk (`CoordinatorConfig::state_dir`): written whole after
+//! every change that a restarted coordinator needs (membership, epochs, barrier passes,
+//! progress records, checkpoints), atomically (a temporary file, then a rename); read back by
+//! [`crate::Coordinator::open`]. What is *not* kept is rebuilt by the nodes calling again:
+//! barrier arrivals, checkpoint joins and heartbeats are re-sent by nodes reconnecting.
+
+use crate::{Barrier, Checkpoints, CoordinatorConfig, Pending, State};
+use downpour_core::proto;
+use downpour_core::ring::Ring;
+use prost::Message;
+use std::collections::{HashMap, HashSet};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// The state file in a state directory.
+pub const STATE_FILE: &str = "state.pb";
+
+/// The state file of `dir`.
+pub fn state_path(dir: &Path) -> PathBuf {
+    dir.join(STATE_FILE)
+}
+
+fn sorted(set: &HashSet<u32>) -> Vec<u32> {
+    let mut v: Vec<u32> = set.iter().copied().collect();
+    v.sort_unstable();
+    v
+}
+
+/// The part of `st` a restarted coordinator needs.
+pub(crate) fn to_proto(st: &State, cfg: &CoordinatorConfig) -> proto::CoordinatorState {
+    let mut barriers: Vec<proto::BarrierPasses> =
+        st.barriers.iter().map(|(name, b)| proto::BarrierPasses { name: name.clone(), passed: b.passed }).collect();
+    barriers.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut progress: Vec<proto::WorkerCheckpoint> = st.progress.values().cloned().collect();
+    progress.sort_by_key(|p| p.rank);
+    let mut retired: Vec<proto::WorkerCheckpoint> = st.ckpt.retired.values().cloned().collect();
+    retired.sort_by_key(|p| p.rank);
+    proto::CoordinatorState {
+        servers_expected: cfg.servers as u32,
+        workers_expected: cfg.workers as u32,
+        replication: cfg.replication as u32,
+        next_id: st.next_id,
+        servers: st.servers.iter().map(|(id, addr)| proto::ServerEntry { node_id: *id, addr: addr.clone() }).collect(),
+        workers: st.workers.clone(),
+        epoch: st.epoch,
+        active: st.active,
+        ring: st.ring.as_ref().map(|r| r.servers().collect()).unwrap_or_default(),
+        served: st.served.clone(),
+        removed: sorted(&st.removed),
+        drained: sorted(&st.drained),
+        pending: st.pending.as_ref().map(|p| sorted(&p.waiting)).unwrap_or_default(),
+        pending_cause: st.pending.as_ref().map(|p| p.cause.clone()).unwrap_or_default(),
+        pending_failure: st.pending.as_ref().is_some_and(|p| p.failure),
+        has_pending: st.pending.is_some(),
+        done: sorted(&st.done),
+        barriers,
+        progress,
+        records_progress: sorted(&st.records_progress),
+        vacant: st.vacant.keys().copied().collect(),
+        lost_workers: sorted(&st.lost_workers),
+        checkpoints_done: st.ckpt.done,
+        retired,
+        shutdown: st.shutdown,
+        failed: st.failed.clone().unwrap_or_default(),
+        scheduled: st.schedule.is_some() || st.pieces.is_some() || st.scheduled,
+    }
+}
+
+/// The state a coordinator restarted from `p` starts with: every live node counts as just
+/// seen (it has the node timeout to reconnect), vacant ranks wait afresh.
+pub(crate) fn from_proto(p: proto::CoordinatorState, cfg: &CoordinatorConfig) -> Result<State, String> {
+    if p.servers_expected as usize != cfg.servers || p.workers_expected as usize != cfg.workers || p.replication as usize != cfg.replication
+    {
+        return Err(format!(
+            "it was written for a job of {} servers, {} workers and {} copies; this one has {}, {} and {}",
+            p.servers_expected, p.workers_expected, p.replication, cfg.servers, cfg.workers, cfg.replication
+        ));
+    }
+    if p.workers.len() > cfg.workers || p.vacant.iter().any(|r| *r as usize >= p.workers.len()) {
+        return Err("its worker list does not fit the job".into());
+    }
+    let now = Instant::now();
+    let mut st = State { next_id: p.next_id, ..Default::default() };
+    st.servers = p.servers.iter().map(|s| (s.node_id, s.addr.clone())).collect();
+    st.workers = p.workers.clone();
+    for (rank, (id, _)) in st.servers.iter().enumerate() {
+        st.roles.insert(*id, ("server", rank as u32));
+    }
+    for (rank, id) in st.workers.iter().enumerate() {
+        st.roles.insert(*id, ("worker", rank as u32));
+    }
+    st.epoch = p.epoch;
+    st.active = p.active;
+    if cfg.replication >= 2 && p.epoch >= 1 {
+        st.ring = Some(Ring::with_members(cfg.vnodes, p.ring.iter().copied(), p.epoch));
+    }
+    st.served = p.served;
+    st.removed = p.removed.into_iter().collect();
+    st.drained = p.drained.into_iter().collect();
+    if p.has_pending {
+        st.pending = Some(Pending {
+            waiting: p.pending.into_iter().collect(),
+            detected: now,
+            cause: p.pending_cause,
+            keys_copied: 0,
+            failure: p.pending_failure,
+        });
+    }
+    st.done = p.done.into_iter().collect();
+    st.barriers = p.barriers.into_iter().map(|b| (b.name, Barrier { passed: b.passed, arrived: HashSet::new() })).collect();
+    st.progress = p.progress.into_iter().map(|w| (w.rank, w)).collect();
+    st.records_progress = p.records_progress.into_iter().collect();
+    st.lost_workers = p.lost_workers.into_iter().collect();
+    st.vacant =
+        p.vacant.iter().map(|r| (*r, (now, format!("worker {r} was lost (before the coordinator restarted)")))).collect();
+    st.ckpt = Checkpoints {
+        done: p.checkpoints_done,
+        requested: p.checkpoints_done,
+        retired: p.retired.into_iter().map(|w| (w.rank, w)).collect::<HashMap<_, _>>(),
+        ..Default::default()
+    };
+    st.shutdown = p.shutdown;
+    st.failed = (!p.failed.is_empty()).then_some(p.failed);
+    st.scheduled = p.scheduled;
+    st.restored = true;
+    // every live node has the node timeout from now to call again
+    let live_servers = st.servers.iter().map(|s| s.0).filter(|id| !st.removed.contains(id));
+    let live_workers = st.workers.iter().copied().filter(|id| !st.done.contains(id) && !st.lost_workers.contains(id));
+    let live: Vec<u32> = live_servers.chain(live_workers).collect();
+    for id in live {
+        st.last_seen.insert(id, now);
+    }
+    Ok(st)
+}
+
+/// Writes `state` to `dir` atomically; `sync` also forces it to the disk (membership
+/// changes; a progress record alone is not worth a disk flush: an older one is still valid).
+pub fn write(dir: &Path, state: &proto::CoordinatorState, sync: bool) -> std::io::Result<()> {
+    let tmp = dir.join(format!("{STATE_FILE}.tmp"));
+    {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(&state.encode_to_vec())?;
+        if sync {
+            f.sync_data()?;
+        }
+    }
+    std::fs::rename(&tmp, state_path(dir))?;
+    if sync {
+        if let Ok(d) = std::fs::File::open(dir) {
+            let _ = d.sync_all();
+        }
+    }
+    Ok(())
+}
+
+/// The state in `dir`, if there is one.
+pub fn read(dir: &Path) -> Result<Option<proto::CoordinatorState>, String> {
+    let path = state_path(dir);
+    let bytes = match std::fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+    };
+    proto::CoordinatorState::decode(bytes.as_slice()).map(Some).map_err(|e| format!("{} is not a coordinator state: {e}", path.display()))
+}
