@@ -313,6 +313,40 @@ fn a_worker_killed_mid_job_is_replaced_and_the_counter_loses_and_doubles_no_upda
     }
 }
 
+/// A SIGKILLed coordinator is started again by the launcher on its address and state
+/// directory; it takes the job back, every node reconnects, and the counter ends exact —
+/// with and without copies (the coordinator's restart needs none), and once together with a
+/// worker's and a server's death.
+#[test]
+fn a_coordinator_killed_mid_job_takes_the_job_back_and_the_counter_ends_exact() {
+    let runs: [&[&str]; 3] = [
+        &["--replication", "2", "--fault", "kill coordinator at 1s"],
+        &["--fault", "kill coordinator at 300ms"],
+        &[
+            "--replication",
+            "2",
+            "--fault",
+            "kill worker:0 at 700ms",
+            "--fault",
+            "kill coordinator at 1300ms",
+            "--fault",
+            "kill server:1 at 1800ms",
+        ],
+    ];
+    for flags in runs {
+        let o = Command::new(env!("CARGO_BIN_EXE_downpour"))
+            .args(["launch", "--servers", "3", "--workers", "2"])
+            .args(flags)
+            .args(["--", "counter", "--keys", "20000", "--rounds", "1500"])
+            .output()
+            .unwrap();
+        let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        assert!(o.status.success(), "{flags:?}: {out}\n{err}");
+        assert_eq!(out.matches("counter: OK").count() + err.matches("counter: OK").count(), 2, "{flags:?}: {out}\n{err}");
+        assert!(err.contains("coordinator restarted: took back the job"), "{flags:?}: {err}");
+    }
+}
+
 /// Without copies a lost worker cannot be replaced exactly: the job fails and says why.
 #[test]
 fn a_worker_killed_in_an_unreplicated_job_fails_it_with_the_reason() {

@@ -112,8 +112,7 @@ pub(crate) fn from_proto(p: proto::CoordinatorState, cfg: &CoordinatorConfig) ->
     st.progress = p.progress.into_iter().map(|w| (w.rank, w)).collect();
     st.records_progress = p.records_progress.into_iter().collect();
     st.lost_workers = p.lost_workers.into_iter().collect();
-    st.vacant =
-        p.vacant.iter().map(|r| (*r, (now, format!("worker {r} was lost (before the coordinator restarted)")))).collect();
+    st.vacant = p.vacant.iter().map(|r| (*r, (now, format!("worker {r} was lost (before the coordinator restarted)")))).collect();
     st.ckpt = Checkpoints {
         done: p.checkpoints_done,
         requested: p.checkpoints_done,
