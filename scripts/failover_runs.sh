@@ -5,6 +5,10 @@
 #   scripts/failover_runs.sh elastic  each run starts a fourth server (it joins) and drains
 #                                     one server (chosen by the seed, the new one included)
 #                                     at times chosen by the seed; prints the switch times
+#   scripts/failover_runs.sh roles    each run SIGKILLs a worker (restarted: it goes on from
+#                                     its last progress record), the coordinator (restarted
+#                                     from its state directory) and a server, in an order and
+#                                     at times chosen by the seed
 # Usage: after cargo build --release (DOWNPOUR=path overrides the binary)
 mode=${1:-kill}
 fails=0
@@ -15,6 +19,14 @@ for seed in $(seq 1 20); do
     drain=$(( join + 500 + (seed * 15485863) % 2000 ))
     faults=(--fault "start server at ${join}ms" --fault "drain server:$srv at ${drain}ms")
     what="join at ${join}ms, drain server $srv at ${drain}ms"
+  elif [ "$mode" = roles ]; then
+    w=$(( seed % 2 ))
+    srv=$(( (seed * 7919) % 3 ))
+    tw=$(( 300 + (seed * 104729) % 3000 ))
+    tc=$(( 300 + (seed * 15485863) % 3000 ))
+    ts=$(( 300 + (seed * 32452843) % 3000 ))
+    faults=(--fault "kill worker:$w at ${tw}ms" --fault "kill coordinator at ${tc}ms" --fault "kill server:$srv at ${ts}ms")
+    what="kill worker $w at ${tw}ms, the coordinator at ${tc}ms, server $srv at ${ts}ms"
   else
     srv=$(( (seed * 7919) % 3 ))
     ms=$(( 300 + (seed * 104729) % 3000 ))

@@ -209,6 +209,9 @@ pub enum FaultTarget {
     Worker(usize),
     /// The coordinator.
     Coordinator,
+    /// Every process of the job at once (a power cut): the launch ends, failed; the job can
+    /// go on from its newest checkpoint with `--resume`.
+    All,
 }
 
 /// What a fault does.
@@ -249,13 +252,13 @@ pub fn parse_time(t: &str) -> Result<Duration, String> {
 impl std::str::FromStr for Fault {
     type Err = String;
     /// `kill server:N at TIME`, `kill worker:N at TIME`, `kill coordinator at TIME`,
-    /// `start server at TIME` or `drain server:N at TIME`.
+    /// `kill all at TIME`, `start server at TIME` or `drain server:N at TIME`.
     fn from_str(s: &str) -> Result<Fault, String> {
         let words: Vec<&str> = s.split_whitespace().collect();
         let bad = || {
             format!(
                 "fault {s:?}: expected `kill server:N at TIME`, `kill worker:N at TIME`, `kill coordinator at TIME`, \
-                 `start server at TIME` or `drain server:N at TIME`"
+                 `kill all at TIME`, `start server at TIME` or `drain server:N at TIME`"
             )
         };
         let [action, target, at_word, time] = words[..] else { return Err(bad()) };
@@ -268,6 +271,7 @@ impl std::str::FromStr for Fault {
                 Some(("server", n)) => Ok(FaultTarget::Server(index(n)?)),
                 Some(("worker", n)) => Ok(FaultTarget::Worker(index(n)?)),
                 None if t == "coordinator" => Ok(FaultTarget::Coordinator),
+                None if t == "all" => Ok(FaultTarget::All),
                 _ => Err(bad()),
             }
         };
@@ -290,6 +294,7 @@ impl std::fmt::Display for FaultTarget {
             FaultTarget::Server(n) => write!(f, "server {n}"),
             FaultTarget::Worker(n) => write!(f, "worker {n}"),
             FaultTarget::Coordinator => write!(f, "coordinator"),
+            FaultTarget::All => write!(f, "every process"),
         }
     }
 }
@@ -492,8 +497,18 @@ pub fn launch_local(r: LocalRun<'_>) -> Result<()> {
                         killed.push(false);
                         eprintln!("[launch] fault at {at:.2}s: draining server {n}");
                     }
+                    FaultAction::Kill(FaultTarget::All) => {
+                        for (i, p) in procs.iter_mut().enumerate() {
+                            if running[i] {
+                                let _ = p.child.kill();
+                            }
+                        }
+                        eprintln!("[launch] fault at {at:.2}s: killed every process of the job with SIGKILL");
+                        bail!("the job was killed whole by the injected fault (kill all at {:?}); --resume DIR goes on from its newest checkpoint", f.at);
+                    }
                     FaultAction::Kill(t) => {
                         let i = match t {
+                            FaultTarget::All => None,
                             FaultTarget::Coordinator => Some(0),
                             FaultTarget::Server(n) => server_procs.get(n).copied(),
                             FaultTarget::Worker(n) => worker_procs.get(n).copied(),
@@ -576,6 +591,8 @@ mod tests {
         assert_eq!(f, Fault { action: FaultAction::Kill(FaultTarget::Worker(0)), at: Duration::from_millis(1500) });
         let f: Fault = " kill  coordinator at 800ms ".parse().unwrap();
         assert_eq!(f, Fault { action: FaultAction::Kill(FaultTarget::Coordinator), at: Duration::from_millis(800) });
+        let f: Fault = "kill all at 2s".parse().unwrap();
+        assert_eq!(f, Fault { action: FaultAction::Kill(FaultTarget::All), at: Duration::from_secs(2) });
         let f: Fault = "start server at 6s".parse().unwrap();
         assert_eq!(f, Fault { action: FaultAction::StartServer, at: Duration::from_secs(6) });
         let f: Fault = "drain server:2 at 4s".parse().unwrap();

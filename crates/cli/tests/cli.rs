@@ -433,7 +433,7 @@ fn a_job_killed_whole_resumes_from_its_newest_checkpoint_and_ends_exact() {
     let ck_arg = ck.display().to_string();
     let o = run(downpour()
         .args(["launch", "--servers", "2", "--workers", "2", "--checkpoint-dir", &ck_arg, "--checkpoint-every", "50"])
-        .args(["--fault", "kill coordinator at 2s", "--", "counter", "--keys", "20000", "--rounds", "1000000"]));
+        .args(["--fault", "kill all at 2s", "--", "counter", "--keys", "20000", "--rounds", "1000000"]));
     let (_, err) = text(&o);
     assert!(!o.status.success(), "the killed job fails: {err}");
     let complete: Vec<_> = std::fs::read_dir(&ck)

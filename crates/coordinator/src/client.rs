@@ -81,6 +81,19 @@ impl ControlClient {
         self.reconnect = Some((transport, within));
     }
 
+    /// Fail at once when the connection fails (undoes [`ControlClient::enable_reconnect`]).
+    pub fn disable_reconnect(&mut self) {
+        self.reconnect = None;
+    }
+
+    /// A random registration token (see [`ControlClient::register_as`]).
+    pub fn new_token() -> u64 {
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+        let local = 0u8;
+        let addr = &local as *const u8 as u64;
+        downpour_core::init::splitmix64(nanos ^ ((std::process::id() as u64) << 32) ^ addr).max(1)
+    }
+
     /// Sets the node id sent with every call (after registration).
     pub fn set_node_id(&mut self, id: u32) {
         self.node_id = id;
@@ -96,7 +109,11 @@ impl ControlClient {
     /// With [`ControlClient::enable_reconnect`], a call the coordinator answers the same when
     /// repeated survives the coordinator going away and coming back.
     pub fn call(&mut self, op: Op, body: Vec<u8>) -> Result<FrameHeader, ControlError> {
-        let Some((transport, within)) = self.reconnect.clone().filter(|_| retried(op)) else {
+        self.call_retrying(op, body, retried(op))
+    }
+
+    fn call_retrying(&mut self, op: Op, body: Vec<u8>, retry: bool) -> Result<FrameHeader, ControlError> {
+        let Some((transport, within)) = self.reconnect.clone().filter(|_| retry) else {
             return self.call_once(op, body);
         };
         let first = match self.call_once(op, body.clone()) {
@@ -160,9 +177,11 @@ impl ControlClient {
         self.register_as(&proto::RegisterRequest { role: role.into(), addr: addr.into(), ..Default::default() })
     }
 
-    /// Registers with the full request (a worker saying its job records progress).
+    /// Registers with the full request (a worker saying its job records progress). With a
+    /// `token` and [`ControlClient::enable_reconnect`], a registration whose connection failed
+    /// is sent again (a coordinator restarted with its state answers it the same).
     pub fn register_as(&mut self, req: &proto::RegisterRequest) -> Result<proto::RegisterReply, ControlError> {
-        let r = self.call(Op::Register, req.encode_to_vec())?;
+        let r = self.call_retrying(Op::Register, req.encode_to_vec(), req.token != 0)?;
         let reply: proto::RegisterReply = crate::decode_body(&r).map_err(ControlError::Malformed)?;
         self.node_id = reply.node_id;
         Ok(reply)

@@ -32,9 +32,6 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// How long a worker registering while every rank is taken waits for one to become vacant.
-const VACANCY_WAIT: Duration = Duration::from_secs(5);
-
 /// Coordinator settings.
 #[derive(Clone, Debug)]
 pub struct CoordinatorConfig {
@@ -137,6 +134,8 @@ struct State {
     records_progress: HashSet<u32>,
     /// Taken back from a state directory after a restart.
     restored: bool,
+    /// Registrations by the node's token: node id and the record a replacement got.
+    registrations: HashMap<u64, (u32, Option<proto::WorkerCheckpoint>)>,
     /// The job used the BPG scheduler or the piece board (whose state is not kept on disk).
     scheduled: bool,
     /// Why the state could not be written last time (logged once).
@@ -709,10 +708,19 @@ impl Coordinator {
         if let Some(r) = &st.failed {
             return Err((Status::Aborted, format!("job failed: {r}")));
         }
+        // The same registration again (its reply was lost to a coordinator restart).
+        if let Some((id, restart)) = st.registrations.get(&req.token).filter(|_| req.token != 0).cloned() {
+            let Some(&(role, rank)) = st.roles.get(&id) else {
+                return Err((Status::Internal, format!("registration of node {id} without a role")));
+            };
+            return self.registered(&mut st, id, role, rank, restart);
+        }
         // A lost worker's replacement may come before the loss is noticed (a restarted
         // process racing the dead one's closing connections): wait a little for it.
         if req.role == "worker" && st.workers.len() >= self.cfg.workers && self.cfg.replication >= 2 && !self.cfg.worker_rejoin.is_zero() {
-            let deadline = Instant::now() + VACANCY_WAIT;
+            // as long as a silent worker takes to be declared lost (a restarted coordinator
+            // hears of a worker that died just before only by its silence)
+            let deadline = Instant::now() + self.cfg.node_timeout + self.cfg.heartbeat * 2;
             while st.vacant.is_empty() && st.failed.is_none() && !st.shutdown && Instant::now() < deadline {
                 self.cv.wait_for(&mut st, Duration::from_millis(50));
             }
@@ -808,11 +816,25 @@ impl Coordinator {
             tracing::info!("all {} servers registered: routing epoch 1 published", self.cfg.servers);
             self.cv.notify_all();
         }
+        if req.token != 0 {
+            st.registrations.insert(req.token, (id, restart.clone()));
+        }
         self.persist(&mut st, true);
-        // Workers need the routing table: wait until every server is there.
+        self.registered(&mut st, id, role, rank, restart)
+    }
+
+    /// The answer to node `id`'s registration (workers wait for the routing table).
+    fn registered(
+        &self,
+        st: &mut parking_lot::MutexGuard<'_, State>,
+        id: u32,
+        role: &'static str,
+        rank: u32,
+        restart: Option<proto::WorkerCheckpoint>,
+    ) -> Result<proto::RegisterReply, (Status, String)> {
         if role == "worker" {
             while st.epoch == 0 && st.failed.is_none() {
-                self.cv.wait_for(&mut st, Duration::from_millis(100));
+                self.cv.wait_for(st, Duration::from_millis(100));
             }
             if let Some(r) = &st.failed {
                 return Err((Status::Aborted, format!("job failed: {r}")));

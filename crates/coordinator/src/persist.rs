@@ -64,6 +64,15 @@ pub(crate) fn to_proto(st: &State, cfg: &CoordinatorConfig) -> proto::Coordinato
         shutdown: st.shutdown,
         failed: st.failed.clone().unwrap_or_default(),
         scheduled: st.schedule.is_some() || st.pieces.is_some() || st.scheduled,
+        registrations: {
+            let mut r: Vec<proto::Registration> = st
+                .registrations
+                .iter()
+                .map(|(token, (node_id, restart))| proto::Registration { token: *token, node_id: *node_id, restart: restart.clone() })
+                .collect();
+            r.sort_by_key(|r| r.node_id);
+            r
+        },
     }
 }
 
@@ -122,6 +131,7 @@ pub(crate) fn from_proto(p: proto::CoordinatorState, cfg: &CoordinatorConfig) ->
     st.shutdown = p.shutdown;
     st.failed = (!p.failed.is_empty()).then_some(p.failed);
     st.scheduled = p.scheduled;
+    st.registrations = p.registrations.into_iter().map(|r| (r.token, (r.node_id, r.restart))).collect();
     st.restored = true;
     // every live node has the node timeout from now to call again
     let live_servers = st.servers.iter().map(|s| s.0).filter(|id| !st.removed.contains(id));

@@ -9,6 +9,7 @@ use downpour_coordinator::{Coordinator, CoordinatorConfig, JobOutcome};
 use downpour_core::proto;
 use downpour_transport::inproc::InProcTransport;
 use downpour_transport::Transport;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,7 +17,6 @@ struct Job {
     serving: Option<std::thread::JoinHandle<JobOutcome>>,
     t: Arc<InProcTransport>,
     addr: String,
-    _servers: Vec<ControlClient>,
 }
 
 impl Job {
@@ -31,14 +31,22 @@ impl Job {
             replication,
             worker_rejoin,
             heartbeat: Duration::from_millis(50),
+            node_timeout: Duration::from_secs(1),
             ..Default::default()
         });
         let serving = Some(std::thread::spawn(move || coord.serve(listener)));
-        let mut job = Job { serving, t, addr, _servers: Vec::new() };
+        let job = Job { serving, t, addr };
         for i in 0..2 {
             let mut c = job.client();
             c.register("server", &format!("inproc://s{i}")).unwrap();
-            job._servers.push(c);
+            // the servers heartbeat until the job ends (the node timeout is short here)
+            std::thread::spawn(move || {
+                while let Ok(r) = c.heartbeat(None) {
+                    if r.shutdown || r.job_failed {
+                        break;
+                    }
+                }
+            });
         }
         job
     }
@@ -47,19 +55,45 @@ impl Job {
         ControlClient::connect(self.t.as_ref(), &self.addr, Duration::from_secs(5)).unwrap()
     }
 
-    /// Registers a worker; returns its job connection, its heartbeat connection (drop it to
-    /// lose the worker) and the reply.
-    fn worker(&self, records_progress: bool) -> (ControlClient, ControlClient, proto::RegisterReply) {
+    /// Registers a worker; returns its job connection, its heartbeat (drop it to lose the
+    /// worker) and the reply.
+    fn worker(&self, records_progress: bool) -> (ControlClient, Heart, proto::RegisterReply) {
         let mut c = self.client();
         let r = c.register_as(&proto::RegisterRequest { role: "worker".into(), records_progress, ..Default::default() }).unwrap();
         let mut hb = self.client();
         hb.set_node_id(r.node_id);
         hb.heartbeat(None).unwrap();
-        (c, hb, r)
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        let thread = std::thread::spawn(move || {
+            while !stopped.load(Ordering::Relaxed) {
+                match hb.heartbeat(None) {
+                    Ok(r) if !r.shutdown && !r.job_failed => {}
+                    _ => break,
+                }
+            }
+        });
+        (c, Heart { stop, thread: Some(thread) }, r)
     }
 
     fn outcome(mut self) -> JobOutcome {
         self.serving.take().unwrap().join().unwrap()
+    }
+}
+
+/// A worker's heartbeat thread; dropping it closes the heartbeat connection (the worker is
+/// lost).
+struct Heart {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Heart {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
     }
 }
 

@@ -1727,7 +1727,17 @@ pub fn run_server_node(transport: &dyn Transport, cfg: NodeConfig) -> Result<(),
     let addr = advertised_addr(&server.addr(), cfg.advertise.as_deref())?;
     let mut control = ControlClient::connect(transport, &cfg.coordinator, cfg.connect_timeout)?;
     control.set_timeout(Some(cfg.connect_timeout))?;
-    let reg = control.register("server", &addr)?;
+    // A registration whose reply is lost to a coordinator restart is sent again (same token).
+    if let Some(t) = cfg.server.peer_transport.clone() {
+        control.enable_reconnect(t, cfg.connect_timeout);
+    }
+    let reg = control.register_as(&downpour_core::proto::RegisterRequest {
+        role: "server".into(),
+        addr: addr.clone(),
+        token: ControlClient::new_token(),
+        ..Default::default()
+    })?;
+    control.disable_reconnect();
     if reg.coordinator_restartable {
         if let Some(t) = cfg.server.peer_transport.clone() {
             control.enable_reconnect(t, cfg.coordinator_restart_wait);

@@ -139,12 +139,17 @@ pub fn join_job(transport: Arc<dyn Transport>, cfg: &SessionConfig) -> Result<Wo
     let shared = transport.clone();
     let transport = transport.as_ref();
     let mut control = ControlClient::connect(transport, &cfg.coordinator, cfg.connect_timeout)?;
-    control.set_timeout(Some(cfg.connect_timeout))?;
+    // (a replacement's registration may wait for the lost worker to be declared lost)
+    control.set_timeout(Some(cfg.connect_timeout + cfg.failover_timeout))?;
+    // A registration whose reply is lost to a coordinator restart is sent again (same token).
+    control.enable_reconnect(shared.clone(), cfg.connect_timeout);
     let reg = control.register_as(&proto::RegisterRequest {
         role: "worker".into(),
         records_progress: cfg.records_progress,
+        token: ControlClient::new_token(),
         ..Default::default()
     })?;
+    control.disable_reconnect();
     let replacing = reg.restart.is_some();
     // A record with no next request: the lost worker had not started, this one starts afresh.
     let restart = reg.restart.clone().filter(|r| r.next_request > 0);
@@ -180,7 +185,28 @@ pub fn join_job(transport: Arc<dyn Transport>, cfg: &SessionConfig) -> Result<Wo
     reconnect(&mut control);
     let routing = reg.routing.clone().unwrap_or_default();
     let credential = (!reg.credential.is_empty()).then(|| reg.credential.to_vec());
-    let mut kv = KvClient::connect_as(transport, &routing, reg.node_id, cfg.kv, credential.as_deref())?;
+    let mut routing = routing;
+    let mut kv = loop {
+        match KvClient::connect_as(transport, &routing, reg.node_id, cfg.kv, credential.as_deref()) {
+            Ok(kv) => break kv,
+            // a server of a replicated job died since this routing: wait for the next one
+            Err(ClientError::Transport { server, cause }) if routing.replication >= 2 => {
+                tracing::warn!(
+                    "server {server} of routing epoch {} cannot be reached ({cause}); waiting for the next epoch",
+                    routing.epoch
+                );
+                let next = control.routing(routing.epoch + 1, cfg.failover_timeout)?;
+                if next.epoch <= routing.epoch || !next.active {
+                    return Err(SessionError::Job(format!(
+                        "server {server} cannot be reached ({cause}) and no new routing epoch came within {:?}",
+                        cfg.failover_timeout
+                    )));
+                }
+                routing = next;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    };
     kv.set_worker_rank(reg.rank);
     if routing.replication >= 2 {
         // the fail-over asks the coordinator for routing changes on a connection of its own
