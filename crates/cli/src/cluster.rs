@@ -31,6 +31,7 @@ pub fn coordinator_config(s: &Settings, servers: usize, workers: usize) -> Coord
         heartbeat: s.heartbeat,
         node_timeout: s.node_timeout,
         worker_rejoin: s.worker_rejoin,
+        reassign_after: s.reassign_after,
         state_dir: None,
         register_timeout: s.connect_timeout.max(Duration::from_secs(30)),
         secret: s.auth.as_ref().map(|a| a.secret().to_string()),
@@ -84,6 +85,7 @@ pub fn session_config(s: &Settings, coordinator: &str) -> Result<SessionConfig> 
             None => None,
         },
         records_progress: false,
+        on_adopt: None,
     })
 }
 
@@ -94,7 +96,39 @@ pub fn run_worker(transport: Arc<dyn Transport>, s: &Settings, coordinator: &str
     }
     let mut cfg = session_config(s, coordinator)?;
     cfg.records_progress = job.records_progress();
-    let mut session = join_job(transport.clone(), &cfg).context("joining the job")?;
+    // shares of lost workers this process took over (joined before it returns)
+    let adopted: Arc<parking_lot::Mutex<Vec<std::thread::JoinHandle<Result<()>>>>> = Default::default();
+    if cfg.records_progress {
+        // Asked to take a lost worker's share over: run the job once more, in a thread, as a
+        // new worker of the job (it takes the vacant rank and goes on from its record).
+        let (t, s2, addr, job2, sink2) = (transport.clone(), s.clone(), coordinator.to_string(), job.clone(), sink.clone());
+        let threads = adopted.clone();
+        cfg.on_adopt = Some(downpour_worker::AdoptHook(Arc::new(move |rank| {
+            let (t, s2, addr, job2, sink2) = (t.clone(), s2.clone(), addr.clone(), job2.clone(), sink2.clone());
+            tracing::warn!("taking over the share of lost worker {rank}");
+            let spawned = std::thread::Builder::new().name(format!("adopted-{rank}")).spawn(move || {
+                run_worker(t, &s2, &addr, &job2, &sink2).with_context(|| format!("taking over the share of lost worker {rank}"))
+            });
+            match spawned {
+                Ok(h) => threads.lock().push(h),
+                Err(e) => tracing::error!("cannot start a thread to take over lost worker {rank}: {e}"),
+            }
+        })));
+    }
+    let result = run_own_share(transport, &cfg, job, sink);
+    // this process's work includes the shares it took over
+    let taken: Vec<_> = std::mem::take(&mut *adopted.lock());
+    for h in taken {
+        let r = h.join().map_err(|_| anyhow::anyhow!("a thread taking over a lost worker's share panicked")).and_then(|r| r);
+        if result.is_ok() {
+            r?;
+        }
+    }
+    result
+}
+
+fn run_own_share(transport: Arc<dyn Transport>, cfg: &SessionConfig, job: &JobCmd, sink: &Sink) -> Result<()> {
+    let mut session = join_job(transport.clone(), cfg).context("joining the job")?;
     if job.wants_reader(session.rank) {
         session.open_reader(transport.as_ref()).context("opening the evaluator's connections")?;
     }
@@ -223,6 +257,9 @@ pub enum FaultAction {
     StartServer,
     /// `admin drain` server N: its shards move away, then it exits (replicated jobs).
     Drain(usize),
+    /// SIGKILL worker N and start no replacement: a live worker takes its share over
+    /// (replicated jobs, after `--reassign-after-s`).
+    Lose(usize),
 }
 
 /// A fault `launch --fault` injects at a time from the job's start.
@@ -252,13 +289,14 @@ pub fn parse_time(t: &str) -> Result<Duration, String> {
 impl std::str::FromStr for Fault {
     type Err = String;
     /// `kill server:N at TIME`, `kill worker:N at TIME`, `kill coordinator at TIME`,
-    /// `kill all at TIME`, `start server at TIME` or `drain server:N at TIME`.
+    /// `kill all at TIME`, `lose worker:N at TIME`, `start server at TIME` or
+    /// `drain server:N at TIME`.
     fn from_str(s: &str) -> Result<Fault, String> {
         let words: Vec<&str> = s.split_whitespace().collect();
         let bad = || {
             format!(
                 "fault {s:?}: expected `kill server:N at TIME`, `kill worker:N at TIME`, `kill coordinator at TIME`, \
-                 `kill all at TIME`, `start server at TIME` or `drain server:N at TIME`"
+                 `kill all at TIME`, `lose worker:N at TIME`, `start server at TIME` or `drain server:N at TIME`"
             )
         };
         let [action, target, at_word, time] = words[..] else { return Err(bad()) };
@@ -278,6 +316,10 @@ impl std::str::FromStr for Fault {
         let action = match action {
             "kill" => FaultAction::Kill(target_of(target)?),
             "start" if target == "server" => FaultAction::StartServer,
+            "lose" => match target_of(target)? {
+                FaultTarget::Worker(n) => FaultAction::Lose(n),
+                _ => return Err(format!("fault {s:?}: only a worker can be lost (its share goes to the others)")),
+            },
             "drain" => match target_of(target)? {
                 FaultTarget::Server(n) => FaultAction::Drain(n),
                 _ => return Err(format!("fault {s:?}: only a server can be drained")),
@@ -305,6 +347,7 @@ impl std::fmt::Display for FaultAction {
             FaultAction::Kill(t) => write!(f, "kill {t}"),
             FaultAction::StartServer => write!(f, "start a server"),
             FaultAction::Drain(n) => write!(f, "drain server {n}"),
+            FaultAction::Lose(n) => write!(f, "lose worker {n}"),
         }
     }
 }
@@ -338,7 +381,7 @@ pub fn launch_local(r: LocalRun<'_>) -> Result<()> {
     for f in r.faults {
         let server = match f.action {
             FaultAction::Kill(FaultTarget::Server(n)) | FaultAction::Drain(n) => Some(n),
-            FaultAction::Kill(FaultTarget::Worker(n)) if n >= r.workers => {
+            FaultAction::Kill(FaultTarget::Worker(n)) | FaultAction::Lose(n) if n >= r.workers => {
                 bail!("--fault names worker {n}, but there are {} workers (0..{})", r.workers, r.workers)
             }
             _ => None,
@@ -348,6 +391,12 @@ pub fn launch_local(r: LocalRun<'_>) -> Result<()> {
         }
         if matches!(f.action, FaultAction::StartServer | FaultAction::Drain(_)) && r.settings.replication < 2 {
             bail!("--fault \"{}\" needs a replicated job (--replication 2 or more): only then can servers join or leave", f.action);
+        }
+        if matches!(f.action, FaultAction::Lose(_)) && (r.settings.replication < 2 || r.settings.reassign_after.is_zero()) {
+            bail!(
+                "--fault \"{}\" needs a replicated job (--replication 2 or more) and --reassign-after-s above 0: only then do the other workers take a lost worker's share over",
+                f.action
+            );
         }
     }
     let started = Instant::now();
@@ -497,6 +546,18 @@ pub fn launch_local(r: LocalRun<'_>) -> Result<()> {
                         killed.push(false);
                         eprintln!("[launch] fault at {at:.2}s: draining server {n}");
                     }
+                    FaultAction::Lose(n) => {
+                        let Some(i) = worker_procs.get(n).copied().filter(|&i| running[i]) else {
+                            eprintln!("[launch] fault at {at:.2}s: worker {n} is not running; nothing to kill");
+                            continue;
+                        };
+                        procs[i].child.kill().with_context(|| format!("cannot kill worker {n}"))?;
+                        killed[i] = true;
+                        eprintln!(
+                            "[launch] fault at {at:.2}s: killed worker {n} (pid {}) with SIGKILL; no replacement is started",
+                            procs[i].child.id()
+                        );
+                    }
                     FaultAction::Kill(FaultTarget::All) => {
                         for (i, p) in procs.iter_mut().enumerate() {
                             if running[i] {
@@ -591,6 +652,9 @@ mod tests {
         assert_eq!(f, Fault { action: FaultAction::Kill(FaultTarget::Worker(0)), at: Duration::from_millis(1500) });
         let f: Fault = " kill  coordinator at 800ms ".parse().unwrap();
         assert_eq!(f, Fault { action: FaultAction::Kill(FaultTarget::Coordinator), at: Duration::from_millis(800) });
+        let f: Fault = "lose worker:1 at 2s".parse().unwrap();
+        assert_eq!(f, Fault { action: FaultAction::Lose(1), at: Duration::from_secs(2) });
+        assert!("lose server:1 at 2s".parse::<Fault>().is_err());
         let f: Fault = "kill all at 2s".parse().unwrap();
         assert_eq!(f, Fault { action: FaultAction::Kill(FaultTarget::All), at: Duration::from_secs(2) });
         let f: Fault = "start server at 6s".parse().unwrap();

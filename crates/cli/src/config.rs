@@ -114,6 +114,10 @@ pub struct CommonArgs {
     /// and `train linear` jobs.
     #[arg(long, global = true, env = "DOWNPOUR_WORKER_REJOIN_S")]
     pub worker_rejoin_s: Option<f64>,
+    /// Replicated jobs: seconds after which a lost worker's rank with no replacement is
+    /// handed to a live worker, whose process takes the share over (default 5; 0: never).
+    #[arg(long, global = true, env = "DOWNPOUR_REASSIGN_AFTER_S")]
+    pub reassign_after_s: Option<f64>,
 }
 
 #[derive(Deserialize, Default, Debug)]
@@ -145,6 +149,7 @@ struct FileConfig {
     checkpoint_every: Option<String>,
     resume: Option<PathBuf>,
     worker_rejoin_s: Option<f64>,
+    reassign_after_s: Option<f64>,
 }
 
 /// Resolved settings.
@@ -179,6 +184,8 @@ pub struct Settings {
     pub resume: Option<PathBuf>,
     /// How long a lost worker's rank waits for a replacement (zero: fail at once).
     pub worker_rejoin: Duration,
+    /// When a live worker takes a vacant rank's share over (zero: never).
+    pub reassign_after: Duration,
 }
 
 /// Parses `--checkpoint-every`: `N` clocks, or a time (`30s`, `1.5s`, `800ms`).
@@ -348,8 +355,13 @@ impl CommonArgs {
             0.0 => Duration::ZERO,
             v => secs("worker rejoin time", v)?,
         };
+        let reassign_after = match self.reassign_after_s.or(file.reassign_after_s).unwrap_or(5.0) {
+            0.0 => Duration::ZERO,
+            v => secs("reassign time", v)?,
+        };
         Ok(Settings {
             worker_rejoin,
+            reassign_after,
             checkpoint,
             resume,
             replication,
@@ -392,6 +404,8 @@ impl CommonArgs {
             s.node_timeout.as_secs_f64().to_string(),
             "--worker-rejoin-s".into(),
             s.worker_rejoin.as_secs_f64().to_string(),
+            "--reassign-after-s".into(),
+            s.reassign_after.as_secs_f64().to_string(),
             "--log".into(),
             s.log.clone(),
             "--max-message-mib".into(),

@@ -347,6 +347,28 @@ fn a_coordinator_killed_mid_job_takes_the_job_back_and_the_counter_ends_exact() 
     }
 }
 
+/// A worker SIGKILLed with no replacement started: after --reassign-after-s the other
+/// worker's process takes its share over (it registers once more, gets the lost rank and
+/// goes on from its progress record) and the counter ends exact.
+#[test]
+fn a_lost_worker_s_share_is_taken_over_by_another_worker_and_the_counter_ends_exact() {
+    let o = Command::new(env!("CARGO_BIN_EXE_downpour"))
+        .args(["launch", "--servers", "3", "--workers", "2", "--replication", "2", "--reassign-after-s", "0.5"])
+        .args(["--fault", "lose worker:0 at 1s", "--", "counter", "--keys", "20000", "--rounds", "600"])
+        .output()
+        .unwrap();
+    let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success(), "{out}\n{err}");
+    assert_eq!(out.matches("counter: OK").count() + err.matches("counter: OK").count(), 2, "{out}\n{err}");
+    assert!(err.contains("no replacement is started") && err.contains("takes its share over"), "{err}");
+    let o = Command::new(env!("CARGO_BIN_EXE_downpour"))
+        .args(["launch", "--servers", "2", "--workers", "2", "--fault", "lose worker:0 at 1s", "--", "counter"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("needs a replicated job"), "refused up front without copies");
+}
+
 /// Without copies a lost worker cannot be replaced exactly: the job fails and says why.
 #[test]
 fn a_worker_killed_in_an_unreplicated_job_fails_it_with_the_reason() {

@@ -69,6 +69,10 @@ pub struct CoordinatorConfig {
     /// restarted with it ([`Coordinator::open`]) takes the job back, and nodes told so at
     /// registration reconnect instead of failing when the coordinator goes away.
     pub state_dir: Option<std::path::PathBuf>,
+    /// A vacant rank with no replacement after this long is handed to a live worker: its
+    /// process takes the lost worker's share over (heartbeat answer `adopt`). Zero: never
+    /// (only a replacement takes it).
+    pub reassign_after: Duration,
 }
 
 impl Default for CoordinatorConfig {
@@ -86,6 +90,7 @@ impl Default for CoordinatorConfig {
             checkpoint_every: None,
             worker_rejoin: Duration::from_secs(60),
             state_dir: None,
+            reassign_after: Duration::from_secs(5),
         }
     }
 }
@@ -130,6 +135,8 @@ struct State {
     vacant: std::collections::BTreeMap<u32, (Instant, String)>,
     /// Lost workers' node ids (told so if they still call).
     lost_workers: HashSet<u32>,
+    /// Vacant ranks handed to a live worker (node id) to take over, and the ones it was told.
+    adoptions: HashMap<u32, u32>,
     /// Worker ranks whose job records progress (replaceable before their first record).
     records_progress: HashSet<u32>,
     /// Taken back from a state directory after a restart.
@@ -399,6 +406,9 @@ impl Coordinator {
                 }
             }
             let now = Instant::now();
+            if !self.cfg.reassign_after.is_zero() {
+                self.offer_vacancies(&mut st, now);
+            }
             let expired = st.vacant.values().find(|(since, _)| now.duration_since(*since) > self.cfg.worker_rejoin);
             if let Some((_, why)) = expired {
                 let reason = format!("{why}, and no worker replaced it within {:?}", self.cfg.worker_rejoin);
@@ -506,6 +516,35 @@ impl Coordinator {
         self.sched_cv.notify_all();
     }
 
+    /// Hands every vacant rank that waited `reassign_after` for a replacement to a live
+    /// worker (the lowest rank not yet adopting one): its process takes the share over.
+    fn offer_vacancies(&self, st: &mut State, now: Instant) {
+        let due: Vec<u32> = st
+            .vacant
+            .iter()
+            .filter(|(rank, (since, _))| now.duration_since(*since) > self.cfg.reassign_after && !st.adoptions.contains_key(rank))
+            .map(|(rank, _)| *rank)
+            .collect();
+        for rank in due {
+            let adopting: HashSet<u32> = st.adoptions.values().copied().collect();
+            let live = st.workers.iter().copied().find(|id| {
+                !st.done.contains(id) && !st.lost_workers.contains(id) && st.heartbeating.contains(id) && !adopting.contains(id)
+            });
+            let Some(node) = live.or_else(|| {
+                st.workers.iter().copied().find(|id| !st.done.contains(id) && !st.lost_workers.contains(id) && st.heartbeating.contains(id))
+            }) else {
+                continue;
+            };
+            tracing::warn!(
+                "no replacement for worker {rank} within {:?}: {} takes its share over",
+                self.cfg.reassign_after,
+                st.describe(node)
+            );
+            st.adoptions.insert(rank, node);
+            self.cv.notify_all();
+        }
+    }
+
     /// Leaves lost worker `id`'s rank to a replacement, or says why it cannot be replaced.
     fn worker_vacancy(&self, st: &mut State, id: u32, rank: u32, reason: &str) -> Result<(), String> {
         if self.cfg.replication < 2 {
@@ -535,6 +574,8 @@ impl Coordinator {
         };
         tracing::warn!("{reason}: worker {rank} waits up to {:?} for a replacement, which {from}", self.cfg.worker_rejoin);
         st.lost_workers.insert(id);
+        // what it was to take over goes to another worker
+        st.adoptions.retain(|_, n| *n != id);
         st.last_seen.remove(&id);
         st.heartbeating.remove(&id);
         st.vacant.insert(rank, (Instant::now(), reason.to_string()));
@@ -768,6 +809,7 @@ impl Coordinator {
                         return Err((Status::ResourceExhausted, format!("the job already has its {} workers", self.cfg.workers)));
                     };
                     st.vacant.remove(&rank);
+                    st.adoptions.remove(&rank);
                     st.workers[rank as usize] = id;
                     let p = st.progress.get(&rank).cloned().unwrap_or_default();
                     if p.next_request == 0 {
@@ -1170,6 +1212,7 @@ impl Coordinator {
             routing: (st.ring.is_some() && st.epoch >= 1).then(|| st.routing(&self.cfg)),
             drained: st.drained.contains(&node),
             checkpoint: st.ckpt.requested,
+            adopt: st.adoptions.iter().find(|(r, n)| **n == node && st.vacant.contains_key(r)).map_or(0, |(r, _)| r + 1),
         }
     }
 

@@ -22,6 +22,11 @@ struct Job {
 impl Job {
     /// A job of two servers (registered) and two workers, `replication` copies.
     fn start(replication: usize, worker_rejoin: Duration) -> Job {
+        Self::start_with(replication, worker_rejoin, Duration::ZERO)
+    }
+
+    /// As [`Job::start`], handing a vacant rank to a live worker after `reassign_after`.
+    fn start_with(replication: usize, worker_rejoin: Duration, reassign_after: Duration) -> Job {
         let t = Arc::new(InProcTransport::new());
         let listener = t.listen("inproc://coordinator").unwrap();
         let addr = listener.local_addr();
@@ -30,6 +35,7 @@ impl Job {
             workers: 2,
             replication,
             worker_rejoin,
+            reassign_after,
             heartbeat: Duration::from_millis(50),
             node_timeout: Duration::from_secs(1),
             ..Default::default()
@@ -236,4 +242,31 @@ fn a_worker_beyond_the_job_s_count_is_refused_when_no_rank_is_vacant() {
     w0.done(true, "").unwrap();
     w1.done(true, "").unwrap();
     assert_eq!(job.outcome(), JobOutcome::Succeeded);
+}
+
+#[test]
+fn a_vacant_rank_with_no_replacement_is_handed_to_a_live_worker_s_process() {
+    let job = Job::start_with(2, Duration::from_secs(30), Duration::from_millis(200));
+    let (mut w0, hb0, _) = job.worker(true);
+    // worker 1 heartbeats by hand, to read the answers
+    let mut w1 = job.client();
+    let r1 = w1.register_as(&proto::RegisterRequest { role: "worker".into(), records_progress: true, ..Default::default() }).unwrap();
+    let mut hb1 = job.client();
+    hb1.set_node_id(r1.node_id);
+    w0.progress(&record(0, 3, 7)).unwrap();
+    drop(hb0); // worker 0 is lost
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = hb1.heartbeat(None).unwrap();
+        if r.adopt != 0 {
+            assert_eq!(r.adopt, 1, "worker 1's process is asked to take rank 0 over");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "worker 1 was never asked to take rank 0 over");
+    }
+    // its process registers once more and gets the rank and the record
+    let r =
+        job.client().register_as(&proto::RegisterRequest { role: "worker".into(), records_progress: true, ..Default::default() }).unwrap();
+    assert_eq!((r.rank, r.restart), (0, Some(record(0, 3, 7))));
+    assert_eq!(hb1.heartbeat(None).unwrap().adopt, 0, "nothing more to take over");
 }

@@ -21,4 +21,4 @@ mod client;
 mod session;
 
 pub use client::{After, ClientError, KvClient, KvConfig, Timestamp};
-pub use session::{join_job, CheckpointConfig, CheckpointEvery, SessionConfig, WorkerSession};
+pub use session::{join_job, AdoptHook, CheckpointConfig, CheckpointEvery, SessionConfig, WorkerSession};

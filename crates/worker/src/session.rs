@@ -30,6 +30,21 @@ pub struct SessionConfig {
     /// coordinator at registration, so that a worker lost even before its first record can
     /// be replaced (replicated jobs).
     pub records_progress: bool,
+    /// Called (from the heartbeat thread, once per rank) when the coordinator asks this
+    /// worker's process to take a lost worker's share over: it should register one more
+    /// worker (the same job) in a thread of its own, which then takes the vacant rank.
+    pub on_adopt: Option<AdoptHook>,
+}
+
+/// What a worker's process does when asked to take a lost worker's share over (see
+/// [`SessionConfig::on_adopt`]); called with the lost worker's rank.
+#[derive(Clone)]
+pub struct AdoptHook(pub Arc<dyn Fn(u32) + Send + Sync>);
+
+impl std::fmt::Debug for AdoptHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AdoptHook")
+    }
 }
 
 /// Complete checkpoints kept in the checkpoint directory (older ones are removed once a
@@ -228,6 +243,8 @@ pub fn join_job(transport: Arc<dyn Transport>, cfg: &SessionConfig) -> Result<Wo
     let ckpt_requested = Arc::new(AtomicU64::new(0));
     let safe_progress: Arc<Mutex<Option<proto::WorkerCheckpoint>>> = Arc::new(Mutex::new(None));
     let (stop, err, asked, safe) = (hb_stop.clone(), hb_error.clone(), ckpt_requested.clone(), safe_progress.clone());
+    let on_adopt = cfg.on_adopt.clone();
+    let mut adopted = std::collections::HashSet::new();
     let hb_thread = std::thread::Builder::new()
         .name("worker-heartbeat".into())
         .spawn(move || {
@@ -239,7 +256,14 @@ pub fn join_job(transport: Arc<dyn Transport>, cfg: &SessionConfig) -> Result<Wo
                         return;
                     }
                     Ok(r) if r.shutdown => return,
-                    Ok(r) => asked.store(r.checkpoint, Ordering::Relaxed),
+                    Ok(r) => {
+                        asked.store(r.checkpoint, Ordering::Relaxed);
+                        if let (Some(rank), Some(f)) = (r.adopt.checked_sub(1), &on_adopt) {
+                            if adopted.insert(rank) {
+                                (f.0)(rank);
+                            }
+                        }
+                    }
                     Err(e) => {
                         if !stop.load(Ordering::Relaxed) {
                             *err.lock() = Some(format!("lost the coordinator: {e}"));
