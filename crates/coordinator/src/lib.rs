@@ -759,11 +759,22 @@ impl Coordinator {
         // A lost worker's replacement may come before the loss is noticed (a restarted
         // process racing the dead one's closing connections): wait a little for it.
         if req.role == "worker" && st.workers.len() >= self.cfg.workers && self.cfg.replication >= 2 && !self.cfg.worker_rejoin.is_zero() {
-            // as long as a silent worker takes to be declared lost (a restarted coordinator
-            // hears of a worker that died just before only by its silence)
-            let deadline = Instant::now() + self.cfg.node_timeout + self.cfg.heartbeat * 2;
+            // A moment here; then the worker is told to try again (it does for as long as a
+            // silent worker takes to be declared lost: a restarted coordinator hears of a
+            // worker that died just before only by its silence).
+            let deadline = Instant::now() + Duration::from_millis(500);
             while st.vacant.is_empty() && st.failed.is_none() && !st.shutdown && Instant::now() < deadline {
                 self.cv.wait_for(&mut st, Duration::from_millis(50));
+            }
+            let lost_soon = st.workers.iter().any(|id| !st.done.contains(id) && !st.heartbeating.contains(id));
+            if st.vacant.is_empty() && st.failed.is_none() && !st.shutdown && lost_soon {
+                return Err((
+                    Status::Unavailable,
+                    format!(
+                        "the job has its {} workers, and one of them is silent: try again while it may be declared lost",
+                        self.cfg.workers
+                    ),
+                ));
             }
         }
         let id = st.next_id;

@@ -168,6 +168,9 @@ pub enum Status {
     /// The caller is a cluster member but not allowed this call (e.g. a push from a
     /// connection that did not identify as a registered worker).
     PermissionDenied = 10,
+    /// Not possible yet; the same call may succeed shortly (e.g. a worker registering while
+    /// every rank is taken and a lost worker's rank may free up).
+    Unavailable = 11,
 }
 
 impl Status {
@@ -184,6 +187,7 @@ impl Status {
             8 => Status::KeyCacheMiss,
             9 => Status::Unauthenticated,
             10 => Status::PermissionDenied,
+            11 => Status::Unavailable,
             _ => Status::Internal,
         }
     }

@@ -154,16 +154,29 @@ pub fn join_job(transport: Arc<dyn Transport>, cfg: &SessionConfig) -> Result<Wo
     let shared = transport.clone();
     let transport = transport.as_ref();
     let mut control = ControlClient::connect(transport, &cfg.coordinator, cfg.connect_timeout)?;
-    // (a replacement's registration may wait for the lost worker to be declared lost)
-    control.set_timeout(Some(cfg.connect_timeout + cfg.failover_timeout))?;
+    control.set_timeout(Some(cfg.connect_timeout))?;
     // A registration whose reply is lost to a coordinator restart is sent again (same token).
     control.enable_reconnect(shared.clone(), cfg.connect_timeout);
-    let reg = control.register_as(&proto::RegisterRequest {
+    let req = proto::RegisterRequest {
         role: "worker".into(),
         records_progress: cfg.records_progress,
         token: ControlClient::new_token(),
         ..Default::default()
-    })?;
+    };
+    // Every rank taken while one worker is silent: it may be declared lost and its rank
+    // freed for this one (a replacement racing the loss); asked to, try again meanwhile.
+    let deadline = std::time::Instant::now() + cfg.connect_timeout + cfg.failover_timeout;
+    let reg = loop {
+        match control.register_as(&req) {
+            Err(ControlError::Refused { status: downpour_core::msg::Status::Unavailable, message, .. })
+                if std::time::Instant::now() < deadline =>
+            {
+                tracing::debug!("registration: {message}");
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            r => break r?,
+        }
+    };
     control.disable_reconnect();
     let replacing = reg.restart.is_some();
     // A record with no next request: the lost worker had not started, this one starts afresh.
