@@ -408,12 +408,16 @@ pub fn launch_local(r: LocalRun<'_>) -> Result<()> {
     let common = r.common.to_child_args(r.settings);
     let mut procs: Vec<Proc> = Vec::new();
     let mut nodes = 0usize;
-    let mut spawn = |label: &str, args: Vec<String>, capture: Option<Sink>| -> Result<Proc> {
+    // `again`: a process started again in place of a killed one keeps its certificate number
+    let mut spawn = |label: &str, args: Vec<String>, capture: Option<Sink>, again: Option<usize>| -> Result<Proc> {
+        let cert = again.unwrap_or(nodes);
         let tls: Vec<String> = match r.tls_dir {
-            Some(dir) => crate::config::tls_file_args(&crate::certs::node_files(dir, nodes)?),
+            Some(dir) => crate::config::tls_file_args(&crate::certs::node_files(dir, cert)?),
             None => Vec::new(),
         };
-        nodes += 1;
+        if again.is_none() {
+            nodes += 1;
+        }
         let mut child = Command::new(&exe)
             .args(&common)
             .args(&tls)
@@ -450,7 +454,7 @@ pub fn launch_local(r: LocalRun<'_>) -> Result<()> {
         ]
     };
     let result = (|| -> Result<()> {
-        procs.push(spawn("coordinator", coordinator_args("127.0.0.1:0"), None)?);
+        procs.push(spawn("coordinator", coordinator_args("127.0.0.1:0"), None, None)?);
         let deadline = Instant::now() + r.settings.connect_timeout;
         let addr = loop {
             if let Ok(a) = std::fs::read_to_string(&addr_file) {
@@ -475,7 +479,7 @@ pub fn launch_local(r: LocalRun<'_>) -> Result<()> {
         let mut server_procs: Vec<usize> = Vec::new();
         for i in 0..r.servers {
             server_procs.push(procs.len());
-            procs.push(spawn(&format!("server {i}"), server_args(i), None)?);
+            procs.push(spawn(&format!("server {i}"), server_args(i), None, None)?);
             let reg = dir.join(format!("server-{i}.registered"));
             let deadline = Instant::now() + r.settings.connect_timeout;
             while !std::fs::read_to_string(&reg).is_ok_and(|a| a.ends_with('\n')) {
@@ -496,7 +500,7 @@ pub fn launch_local(r: LocalRun<'_>) -> Result<()> {
         };
         for i in 0..r.workers {
             worker_procs.push(procs.len());
-            procs.push(spawn(&format!("worker {i}"), worker_args(), r.capture.clone())?);
+            procs.push(spawn(&format!("worker {i}"), worker_args(), r.capture.clone(), None)?);
         }
         // A killed worker of a replicated job is started again at once, as a cluster manager
         // would: the new process takes the lost worker's rank and goes on from its progress.
@@ -520,7 +524,7 @@ pub fn launch_local(r: LocalRun<'_>) -> Result<()> {
                     FaultAction::StartServer => {
                         let n = server_procs.len();
                         server_procs.push(procs.len());
-                        procs.push(spawn(&format!("server {n}"), server_args(n), None)?);
+                        procs.push(spawn(&format!("server {n}"), server_args(n), None, None)?);
                         running.push(true);
                         killed.push(false);
                         eprintln!(
@@ -540,6 +544,7 @@ pub fn launch_local(r: LocalRun<'_>) -> Result<()> {
                         procs.push(spawn(
                             &format!("admin drain {n}"),
                             vec!["admin".into(), "drain".into(), "--coordinator".into(), addr.clone(), rank.to_string()],
+                            None,
                             None,
                         )?);
                         running.push(true);
@@ -585,7 +590,7 @@ pub fn launch_local(r: LocalRun<'_>) -> Result<()> {
                         if t == FaultTarget::Coordinator {
                             // as a supervisor would: the same address and state directory
                             let _ = procs[i].child.wait();
-                            procs[0] = spawn("coordinator", coordinator_args(&addr), None)?;
+                            procs[0] = spawn("coordinator", coordinator_args(&addr), None, Some(0))?;
                             killed[0] = false;
                             eprintln!(
                                 "[launch] started the coordinator again (pid {}) on {addr}: it takes the job back from its state",
@@ -597,7 +602,8 @@ pub fn launch_local(r: LocalRun<'_>) -> Result<()> {
                             let _ = procs[i].child.wait();
                             running[i] = false;
                             worker_procs[n] = procs.len();
-                            procs.push(spawn(&format!("worker {n}"), worker_args(), r.capture.clone())?);
+                            // certificates: the coordinator, the servers, then the workers
+                            procs.push(spawn(&format!("worker {n}"), worker_args(), r.capture.clone(), Some(1 + r.servers + n))?);
                             running.push(true);
                             killed.push(false);
                             eprintln!(

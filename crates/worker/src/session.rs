@@ -532,6 +532,10 @@ impl WorkerSession {
     /// Reports the job result to the coordinator and stops the heartbeat.
     pub fn finish(&mut self, ok: bool, message: &str) -> Result<(), SessionError> {
         self.finished = true;
+        if self.hb_error.lock().is_some() {
+            // the coordinator is gone for good (or failed the job): no waiting for it
+            self.control.disable_reconnect();
+        }
         let r = self.control.done(ok, message);
         self.hb_stop.store(true, Ordering::Relaxed);
         r?;
@@ -542,6 +546,9 @@ impl WorkerSession {
 impl Drop for WorkerSession {
     fn drop(&mut self) {
         if !self.finished {
+            if self.hb_error.lock().is_some() {
+                self.control.disable_reconnect();
+            }
             let _ = self.control.done(false, "the worker ended without finishing");
         }
         self.hb_stop.store(true, Ordering::Relaxed);
