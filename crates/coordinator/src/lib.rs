@@ -1209,10 +1209,13 @@ impl Coordinator {
         }
         st.last_seen.insert(node, Instant::now());
         st.heartbeating.insert(node);
-        // Long-poll: answer at once on shutdown or failure, or to a server that has yet to
-        // move to a routing epoch being prepared; else after one interval.
+        // Servers' heartbeats are long-polled: answered at once on shutdown or failure, or to
+        // a server that has yet to move to a routing epoch being prepared; else after one
+        // interval. Workers' are answered at once (they wait between heartbeats): this thread
+        // then waits on the connection, and sees at once when a worker's process dies.
         let must_move = st.pending.as_ref().is_some_and(|p| p.waiting.contains(&node));
-        if !st.shutdown && st.failed.is_none() && !must_move {
+        let worker = matches!(st.roles.get(&node), Some(("worker", _)));
+        if !st.shutdown && st.failed.is_none() && !must_move && !worker {
             self.cv.wait_for(&mut st, self.cfg.heartbeat);
         }
         st.last_seen.insert(node, Instant::now());

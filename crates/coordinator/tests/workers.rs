@@ -74,7 +74,7 @@ impl Job {
         let thread = std::thread::spawn(move || {
             while !stopped.load(Ordering::Relaxed) {
                 match hb.heartbeat(None) {
-                    Ok(r) if !r.shutdown && !r.job_failed => {}
+                    Ok(r) if !r.shutdown && !r.job_failed => std::thread::sleep(Duration::from_millis(20)),
                     _ => break,
                 }
             }
@@ -263,6 +263,7 @@ fn a_vacant_rank_with_no_replacement_is_handed_to_a_live_worker_s_process() {
             break;
         }
         assert!(std::time::Instant::now() < deadline, "worker 1 was never asked to take rank 0 over");
+        std::thread::sleep(Duration::from_millis(20));
     }
     // its process registers once more and gets the rank and the record
     let r =

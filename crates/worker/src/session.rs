@@ -276,6 +276,11 @@ pub fn join_job(transport: Arc<dyn Transport>, cfg: &SessionConfig) -> Result<Wo
                                 (f.0)(rank);
                             }
                         }
+                        // the coordinator answers workers at once: one heartbeat per interval
+                        let next = std::time::Instant::now() + interval;
+                        while !stop.load(Ordering::Relaxed) && std::time::Instant::now() < next {
+                            std::thread::sleep(Duration::from_millis(20).min(interval));
+                        }
                     }
                     Err(e) => {
                         if !stop.load(Ordering::Relaxed) {
