@@ -72,10 +72,13 @@ enum Cmd {
         tls_dir: Option<std::path::PathBuf>,
         /// Inject a fault (repeatable), TIME like `2s`, `1.5s` or `800ms` from the start:
         /// `kill server:N at TIME`, `kill worker:N at TIME`, `kill coordinator at TIME` (the
-        /// process gets SIGKILL), `start server at TIME` (one more server joins the job) or
-        /// `drain server:N at TIME` (`admin drain`). With --replication 2 or more a job
-        /// survives a server's death, join or drain; anything else killed fails the job
-        /// with a message naming what died.
+        /// process gets SIGKILL; a killed coordinator, and a killed worker of a replicated
+        /// job, are started again at once and take the job back), `lose worker:N at TIME`
+        /// (killed, not started again: another worker takes its share over), `kill all at
+        /// TIME` (every process: the launch fails, for --resume), `start server at TIME` (one
+        /// more server joins the job) or `drain server:N at TIME` (`admin drain`). With
+        /// --replication 2 or more a job survives a server's death, join or drain and a
+        /// worker's death; an unreplicated job fails with a message naming what died.
         #[arg(long = "fault", value_name = "FAULT")]
         faults: Vec<cluster::Fault>,
         /// The job and its flags.
