@@ -1318,7 +1318,10 @@ fn replicated_push(
         ctx.fwd.epoch = h.epoch;
     }
     // Forward: each run of adjacent shards with one successor is one frame, sent straight
-    // from the request's buffers (duplicates too: the successor may not have them).
+    // from the request's buffers (duplicates too: the successor may not have them). On the
+    // request's last chunk, the last frame to each successor carries `last` itself (no
+    // empty closing frame: one frame and one wake-up less per successor and request).
+    let mut frames: Vec<(u32, usize, usize)> = Vec::new();
     let mut i = 0;
     while i < segments.len() {
         let next = map.successor(segments[i].0, me);
@@ -1326,11 +1329,15 @@ fn replicated_push(
         while j < segments.len() && map.successor(segments[j].0, me) == next && segments[j].1.start == segments[j - 1].1.end {
             j += 1;
         }
-        let (a, b) = (segments[i].1.start, segments[j - 1].1.end);
+        if let Some(next) = next {
+            frames.push((next, segments[i].1.start, segments[j - 1].1.end));
+        }
         i = j;
-        let Some(next) = next else { continue };
+    }
+    let mut closed: Vec<u32> = Vec::new();
+    for (f, &(next, a, b)) in frames.iter().enumerate() {
         let mut fh = forward_header(h, me);
-        fh.last = false;
+        fh.last = h.last && !frames[f + 1..].iter().any(|x| x.0 == next);
         let vals = value_bytes(&ctx.vals[a * vl..b * vl]);
         let keys: &[u8] = if ranged {
             fh.op = Op::PushRange as u32;
@@ -1344,23 +1351,31 @@ fn replicated_push(
         if let Err(e) = sent {
             return Ok(Err((Status::StaleEpoch, format!("forwarding to replica node {next} failed: {e}"))));
         }
-        if !ctx.fwd.touched.contains(&next) {
+        if fh.last {
+            closed.push(next);
+        } else if !ctx.fwd.touched.contains(&next) {
             ctx.fwd.touched.push(next);
         }
     }
     if h.last {
-        for next in std::mem::take(&mut ctx.fwd.touched) {
+        let touched = std::mem::take(&mut ctx.fwd.touched);
+        // successors that got frames of this request's earlier chunks only: an empty closing frame
+        let open: Vec<u32> = touched.into_iter().filter(|n| !closed.contains(n)).collect();
+        for next in open {
             let mut fh = forward_header(h, me);
             fh.last = true;
-            let acked = forward_conn(st, &mut ctx.fwd, next, me).and_then(|c| {
-                c.send(&mut fh, &[], &[]).map_err(|e| e.to_string())?;
-                match c.recv_header() {
-                    Ok(Some(a)) if a.status == 0 && a.request_id == h.request_id => Ok(None),
-                    Ok(Some(a)) if a.status != 0 => Ok(Some((Status::from_u32(a.status), a.error))),
-                    Ok(Some(a)) => Err(format!("acknowledgement of request {} while waiting for {}", a.request_id, h.request_id)),
-                    Ok(None) => Err("the connection was closed".into()),
-                    Err(e) => Err(e.to_string()),
-                }
+            if let Err(e) = forward_conn(st, &mut ctx.fwd, next, me).and_then(|c| c.send(&mut fh, &[], &[]).map_err(|e| e.to_string())) {
+                return Ok(Err((Status::StaleEpoch, format!("forwarding to replica node {next} failed: {e}"))));
+            }
+            closed.push(next);
+        }
+        for next in closed {
+            let acked = forward_conn(st, &mut ctx.fwd, next, me).and_then(|c| match c.recv_header() {
+                Ok(Some(a)) if a.status == 0 && a.request_id == h.request_id => Ok(None),
+                Ok(Some(a)) if a.status != 0 => Ok(Some((Status::from_u32(a.status), a.error))),
+                Ok(Some(a)) => Err(format!("acknowledgement of request {} while waiting for {}", a.request_id, h.request_id)),
+                Ok(None) => Err("the connection was closed".into()),
+                Err(e) => Err(e.to_string()),
             });
             match acked {
                 Ok(None) => {}
