@@ -211,9 +211,8 @@ pub fn join_job(transport: Arc<dyn Transport>, cfg: &SessionConfig) -> Result<Wo
         }
     };
     reconnect(&mut control);
-    let routing = reg.routing.clone().unwrap_or_default();
+    let mut routing = reg.routing.clone().unwrap_or_default();
     let credential = (!reg.credential.is_empty()).then(|| reg.credential.to_vec());
-    let mut routing = routing;
     let mut kv = loop {
         match KvClient::connect_as(transport, &routing, reg.node_id, cfg.kv, credential.as_deref()) {
             Ok(kv) => break kv,
