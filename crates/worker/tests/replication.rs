@@ -1,7 +1,8 @@
 //! Chain replication against real servers over the in-process transport, with the routing
 //! changes driven by hand (no coordinator): every acknowledged push is on K servers, a
 //! repeated request id is applied once, and a server left behind in an old epoch can no
-//! longer acknowledge a write.
+//! longer acknowledge a write; a replacement worker continuing the lost one's request ids
+//! applies exactly what was not applied.
 
 use downpour_core::consistency::Consistency;
 use downpour_core::init::Init;
@@ -179,4 +180,54 @@ fn a_server_left_in_an_old_epoch_cannot_acknowledge_a_write() {
         Err(ClientError::Server { status: Status::StaleEpoch, message, .. }) => assert!(message.contains("epoch 2"), "{message}"),
         other => panic!("an old-epoch push was accepted: {other:?}"),
     }
+}
+
+/// A replacement worker goes on from the lost worker's progress record with the same request
+/// ids (`KvClient::resume_requests`): rounds the lost worker had applied past the record, and a
+/// round it had applied on one server only, are dropped by the watermarks; the rest is applied.
+#[test]
+fn a_replacement_resuming_the_request_ids_applies_exactly_what_the_lost_worker_had_not() {
+    let t = Arc::new(InProcTransport::new());
+    let (_servers, members) = cluster(&t);
+    let r = routing(1, &members);
+    let keys: Vec<u64> = (0..2000u64).map(|i| i * (u64::MAX / 2000)).collect();
+    let ones = vec![1f32; keys.len()];
+    let mut lost = client(&t, &r);
+    lost.create_table(counter_table()).unwrap();
+    for _ in 0..3 {
+        lost.push(1, &keys, &ones).unwrap();
+    }
+    lost.wait_all().unwrap();
+    // the progress record after round 3: every request before it acknowledged
+    let (record, clock) = (lost.next_request_id(), lost.current_clock());
+    assert_eq!(lost.first_unfinished(), record);
+    for _ in 3..6 {
+        lost.push(1, &keys, &ones).unwrap();
+    }
+    lost.wait_all().unwrap();
+    drop(lost);
+    // round 7 (request record + 3) reached server 1 only, for the keys it heads, then the
+    // worker died
+    let on_1: Vec<u64> = keys.iter().copied().filter(|&k| head_of(&[1, 2, 3], k)[0] == 1).collect();
+    assert!(!on_1.is_empty() && on_1.len() < keys.len());
+    let mut c = t.connect(&members[0].1, Duration::from_secs(5)).unwrap();
+    let mut h = msg::request(Op::Push, 100, record + 3, 1, 1);
+    c.send(&mut h, key_bytes(&on_1), value_bytes(&vec![1f32; on_1.len()])).unwrap();
+    let a = c.recv_header().unwrap().unwrap();
+    assert_eq!(a.status, 0, "{}", a.error);
+
+    // the replacement: same rank, ids and clock from the record; it replays rounds 4..=10
+    let mut kv = client(&t, &r);
+    kv.create_table(counter_table()).unwrap();
+    kv.resume_requests(record, clock).unwrap();
+    for _ in 3..10 {
+        kv.push(1, &keys, &ones).unwrap();
+    }
+    kv.wait_all().unwrap();
+    let mut out = vec![0f32; keys.len()];
+    kv.pull_into(1, &keys, &mut out).unwrap();
+    let wrong = out.iter().filter(|&&v| v != 10.0).count();
+    assert_eq!(wrong, 0, "ten rounds exactly on every key; e.g. {:?}", out.iter().find(|&&v| v != 10.0));
+    // ids never go back
+    assert!(matches!(kv.resume_requests(record, clock), Err(ClientError::Resume(_))));
 }
