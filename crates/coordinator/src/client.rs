@@ -88,10 +88,9 @@ impl ControlClient {
 
     /// A random registration token (see [`ControlClient::register_as`]).
     pub fn new_token() -> u64 {
-        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
-        let local = 0u8;
-        let addr = &local as *const u8 as u64;
-        downpour_core::init::splitmix64(nanos ^ ((std::process::id() as u64) << 32) ^ addr).max(1)
+        use std::hash::{BuildHasher, Hasher};
+        // std's randomly keyed hasher: distinct keys per call, per thread and per process
+        std::collections::hash_map::RandomState::new().build_hasher().finish().max(1)
     }
 
     /// Sets the node id sent with every call (after registration).

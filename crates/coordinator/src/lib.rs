@@ -526,13 +526,14 @@ impl Coordinator {
             .map(|(rank, _)| *rank)
             .collect();
         for rank in due {
+            // the lowest live rank, one not taking another share over if there is one
             let adopting: HashSet<u32> = st.adoptions.values().copied().collect();
-            let live = st.workers.iter().copied().find(|id| {
-                !st.done.contains(id) && !st.lost_workers.contains(id) && st.heartbeating.contains(id) && !adopting.contains(id)
-            });
-            let Some(node) = live.or_else(|| {
-                st.workers.iter().copied().find(|id| !st.done.contains(id) && !st.lost_workers.contains(id) && st.heartbeating.contains(id))
-            }) else {
+            let live = st
+                .workers
+                .iter()
+                .copied()
+                .filter(|id| !st.done.contains(id) && !st.lost_workers.contains(id) && st.heartbeating.contains(id));
+            let Some(node) = live.min_by_key(|id| adopting.contains(id)) else {
                 continue;
             };
             tracing::warn!(
