@@ -211,6 +211,11 @@ impl Connection for FaultyConnection {
         self.inner.set_recv_timeout(timeout)
     }
 
+    fn readable(&mut self) -> Result<bool> {
+        // a cut link fails the next read at once
+        Ok(self.check_cut().is_err() || self.inner.readable()?)
+    }
+
     fn peer(&self) -> &str {
         self.inner.peer()
     }

@@ -96,13 +96,17 @@ pub struct InProcConnection {
     rx: Receiver<Frame>,
     peer: String,
     current: Option<(Vec<u8>, Vec<u8>)>,
+    /// A frame taken off the channel by [`Connection::readable`], returned next.
+    peeked: Option<Frame>,
+    /// [`Connection::readable`] saw the other end gone.
+    closed: bool,
     timeout: Option<Duration>,
     stats: TrafficStats,
 }
 
 impl InProcConnection {
     fn new(tx: Tx, rx: Receiver<Frame>, peer: String) -> Self {
-        InProcConnection { tx, rx, peer, current: None, timeout: None, stats: Default::default() }
+        InProcConnection { tx, rx, peer, current: None, peeked: None, closed: false, timeout: None, stats: Default::default() }
     }
 }
 
@@ -125,6 +129,8 @@ impl Connection for InProcConnection {
 
     fn recv_header(&mut self) -> Result<Option<FrameHeader>> {
         let f = match self.timeout {
+            _ if self.peeked.is_some() => self.peeked.take(),
+            _ if self.closed => None,
             None => self.rx.recv().ok(),
             Some(t) => match self.rx.recv_timeout(t) {
                 Ok(f) => Some(f),
@@ -147,6 +153,18 @@ impl Connection for InProcConnection {
     fn set_recv_timeout(&mut self, timeout: Option<Duration>) -> Result<()> {
         self.timeout = timeout;
         Ok(())
+    }
+
+    fn readable(&mut self) -> Result<bool> {
+        if self.peeked.is_some() || self.closed {
+            return Ok(true);
+        }
+        match self.rx.try_recv() {
+            Ok(f) => self.peeked = Some(f),
+            Err(mpsc::TryRecvError::Empty) => return Ok(false),
+            Err(mpsc::TryRecvError::Disconnected) => self.closed = true,
+        }
+        Ok(true)
     }
 
     fn peer(&self) -> &str {

@@ -125,6 +125,14 @@ pub trait Connection: Send {
     fn recv_payload(&mut self, keys: &mut [u8], values: &mut [u8]) -> Result<()>;
     /// Bounds how long a receive may wait (`None`: forever).
     fn set_recv_timeout(&mut self, timeout: Option<Duration>) -> Result<()>;
+    /// Whether [`Connection::recv_header`] would start without waiting: part of a frame,
+    /// the peer's close or an error is there to read. Never blocks and consumes nothing.
+    /// Call only between frames (not after a header whose payload is unread). Lets a
+    /// client read replies that already came instead of letting them queue; a transport
+    /// that cannot tell answers `false` (the default), which only delays such reads.
+    fn readable(&mut self) -> Result<bool> {
+        Ok(false)
+    }
     /// The peer's address, for messages.
     fn peer(&self) -> &str;
     /// Traffic so far.
@@ -281,4 +289,52 @@ pub fn key_bytes_mut(keys: &mut [u64]) -> &mut [u8] {
 /// Mutable byte view of f32 values, for receiving into.
 pub fn value_bytes_mut(values: &mut [f32]) -> &mut [u8] {
     bytemuck::cast_slice_mut(values)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use downpour_core::msg::{self, Op};
+    use std::time::Instant;
+
+    /// Waits (bounded) for `c` to become readable.
+    fn becomes_readable(c: &mut dyn Connection) -> bool {
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(5) {
+            if c.readable().unwrap() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        false
+    }
+
+    fn readable_tells_a_waiting_frame_and_a_close_without_consuming(t: &dyn Transport, addr: &str) {
+        let mut l = t.listen(addr).unwrap();
+        let mut c = t.connect(&l.local_addr(), Duration::from_secs(5)).unwrap();
+        let mut s = l.accept(Duration::from_secs(5)).unwrap().unwrap();
+        assert!(!s.readable().unwrap(), "{}: nothing sent yet", t.name());
+        let mut h = msg::request(Op::Push, 7, 42, 0, 1);
+        c.send(&mut h, &[], &[1, 0, 0, 0]).unwrap();
+        assert!(becomes_readable(s.as_mut()), "{}: a frame was sent", t.name());
+        assert!(s.readable().unwrap(), "{}: asking again consumes nothing", t.name());
+        let got = s.recv_header().unwrap().unwrap();
+        assert_eq!((got.request_id, got.values_len), (42, 4));
+        let mut v = [0u8; 4];
+        s.recv_payload(&mut [], &mut v).unwrap();
+        assert!(!s.readable().unwrap(), "{}: the frame was read", t.name());
+        drop(c);
+        assert!(becomes_readable(s.as_mut()), "{}: the peer closed", t.name());
+        assert!(s.recv_header().unwrap().is_none());
+    }
+
+    #[test]
+    fn tcp_readable_tells_a_waiting_frame_and_a_close_without_consuming() {
+        readable_tells_a_waiting_frame_and_a_close_without_consuming(&tcp::TcpTransport::new(NetConfig::default()), "127.0.0.1:0");
+    }
+
+    #[test]
+    fn inproc_readable_tells_a_waiting_frame_and_a_close_without_consuming() {
+        readable_tells_a_waiting_frame_and_a_close_without_consuming(&inproc::InProcTransport::new(), "inproc://readable");
+    }
 }

@@ -298,6 +298,23 @@ impl Connection for TcpConnection {
         self.reader.get_ref().set_read_timeout(timeout).map_err(|e| TransportError::Io { peer: self.peer.clone(), source: e })
     }
 
+    fn readable(&mut self) -> Result<bool> {
+        if !self.reader.buffer().is_empty() {
+            return Ok(true);
+        }
+        // One non-blocking peek (no change to the socket's blocking mode): a byte, the
+        // peer's close (0) or an error other than "would block" all mean a read starts now.
+        let mut b = [0u8; 1];
+        let fd = std::os::fd::AsRawFd::as_raw_fd(self.reader.get_ref());
+        // SAFETY: `fd` is this connection's open socket and `b` a valid 1-byte buffer.
+        let n = unsafe { libc::recv(fd, b.as_mut_ptr().cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+        if n >= 0 {
+            return Ok(true);
+        }
+        let e = io::Error::last_os_error();
+        Ok(!matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted))
+    }
+
     fn peer(&self) -> &str {
         &self.peer
     }

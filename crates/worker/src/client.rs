@@ -1386,6 +1386,14 @@ impl KvClient {
             return Ok(false);
         }
         let epoch = self.epoch;
+        // Replies that already came are read now: a server that moved to a new epoch is
+        // heard of before more requests go to it (each refused and sent again), and the
+        // journal keeps only what is really in flight.
+        for s in 0..self.servers.len() {
+            while !self.broken && !self.servers[s].inflight.is_empty() && self.servers[s].conn.readable().unwrap_or(true) {
+                self.recv_one(s, None)?;
+            }
+        }
         if self.broken {
             self.recover(None)?;
         }

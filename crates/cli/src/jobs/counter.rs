@@ -71,10 +71,14 @@ pub fn run(a: &CounterArgs, s: &mut WorkerSession, num_servers: usize, sink: &Si
     let mut last = None;
     let t0 = std::time::Instant::now();
     let step = (a.rounds / 10).max(1);
+    // the longest round shows how long a fault or a membership change held this worker up
+    let mut slowest = (std::time::Duration::ZERO, 0);
     for r in done + 1..=a.rounds {
+        let started = std::time::Instant::now();
         last = Some(s.kv.push(TABLE, &keys, &ones)?);
         s.kv.clock()?;
         s.checkpoint_point(|| r.to_string())?;
+        slowest = slowest.max((started.elapsed(), r));
         if s.rank == 0 && r % step == 0 && r < a.rounds {
             let rate = (r - done) as f64 / t0.elapsed().as_secs_f64().max(1e-9);
             tracing::info!("counter: round {r}/{} ({:.0} rounds/s, ETA {:.1}s)", a.rounds, rate, (a.rounds - r) as f64 / rate);
@@ -97,8 +101,13 @@ pub fn run(a: &CounterArgs, s: &mut WorkerSession, num_servers: usize, sink: &Si
         );
     }
     sink(&format!(
-        "counter: OK keys={} expected={expected} workers={} servers={num_servers} rounds={} worker={}",
-        a.keys, s.num_workers, a.rounds, s.rank
+        "counter: OK keys={} expected={expected} workers={} servers={num_servers} rounds={} worker={} slowest_round_ms={:.1} (round {})",
+        a.keys,
+        s.num_workers,
+        a.rounds,
+        s.rank,
+        slowest.0.as_secs_f64() * 1e3,
+        slowest.1
     ));
     s.barrier("counter-done")?;
     Ok(())
