@@ -9,6 +9,8 @@
 #                                     its last progress record), the coordinator (restarted
 #                                     from its state directory) and a server, in an order and
 #                                     at times chosen by the seed
+# Each line also gives the slowest counter round of either worker (what the job felt; an
+# undisturbed run's slowest round is 30-100 ms here).
 # Usage: after cargo build --release (DOWNPOUR=path overrides the binary)
 mode=${1:-kill}
 fails=0
@@ -37,7 +39,9 @@ for seed in $(seq 1 20); do
   rc=$?
   oks=$(echo "$out" | grep -c "counter: OK")
   took=$(echo "$out" | grep -o "\(recovery\|reconfiguration\) took [0-9.]* ms" | sed 's/.* took //' | tr '\n' ' ')
-  echo "seed=$seed $what: rc=$rc oks=$oks served after: $took"
+  # the longest round either worker took: how long the faults held the job up
+  slowest=$(echo "$out" | grep -o "slowest_round_ms=[0-9.]*" | cut -d= -f2 | sort -g | tail -1)
+  echo "seed=$seed $what: rc=$rc oks=$oks served after: $took slowest round: ${slowest} ms"
   if [ $rc -ne 0 ] || [ $oks -ne 2 ]; then fails=$((fails+1)); echo "$out" | grep -v "counter: round" | tail -8; fi
 done
 echo "failures: $fails"

@@ -1571,6 +1571,10 @@ pub fn move_to_epoch(st: &ServerState, routing: proto::Routing) -> Result<u64, E
     }
     let slots: Vec<Arc<TableSlot>> = st.tables.read().values().cloned().collect();
     let mut sent = 0u64;
+    // One connection per receiving server for the whole move; every table creation and
+    // copy goes out at once and the acknowledgements are read at the end (one round trip
+    // per receiver instead of a connection and three round trips per shard).
+    let mut peers: HashMap<u32, CopyPeer> = HashMap::new();
     for slot in slots {
         let Some(tr) = &slot.repl else { continue };
         let (domain, row_len, id) = {
@@ -1594,13 +1598,34 @@ pub fn move_to_epoch(st: &ServerState, routing: proto::Routing) -> Result<u64, E
         }
         for (to, range, keys, rows, marks) in outgoing {
             for node in to {
-                send_copy(st, node, me, routing.epoch, id, &slot.spec, range, &keys, &rows, row_len, &marks)
+                let peer = match peers.entry(node) {
+                    std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                    std::collections::hash_map::Entry::Vacant(e) => e.insert(CopyPeer {
+                        conn: peer_connect(st, node, me).map_err(|e| EpochError::Copy(format!("copying to node {node}: {e}")))?,
+                        tables: Vec::new(),
+                        acks: 0,
+                    }),
+                };
+                send_copy(st, peer, me, routing.epoch, id, &slot.spec, range, &keys, &rows, row_len, &marks)
                     .map_err(|e| EpochError::Copy(format!("copying {range} of table {id} to node {node}: {e}")))?;
                 sent += keys.len() as u64;
             }
         }
     }
+    for (node, mut peer) in peers {
+        for _ in 0..peer.acks {
+            peer_ack(peer.conn.as_mut()).map_err(|e| EpochError::Copy(format!("copying to node {node}: {e}")))?;
+        }
+    }
     Ok(sent)
+}
+
+/// A server receiving replica copies during an epoch move: its connection, the tables
+/// created there so far, and the acknowledgements still to read.
+struct CopyPeer {
+    conn: Box<dyn Connection>,
+    tables: Vec<u32>,
+    acks: usize,
 }
 
 /// Marks the current epoch as served by every server: its placement is where the data is.
@@ -1627,10 +1652,13 @@ pub enum EpochError {
     Copy(String),
 }
 
+/// Sends one shard's replica copy to `peer` (after the table's creation, the first time
+/// this table goes there) without waiting: the acknowledgements owed are counted in
+/// `peer.acks`.
 #[allow(clippy::too_many_arguments)]
 fn send_copy(
     st: &ServerState,
-    node: u32,
+    peer: &mut CopyPeer,
     me: u32,
     epoch: u64,
     table: u32,
@@ -1641,17 +1669,20 @@ fn send_copy(
     row_len: usize,
     marks: &[u8],
 ) -> Result<(), String> {
-    let mut c = peer_connect(st, node, me)?;
-    // the receiver may not have the table yet (its creation was under way at the failure)
-    let mut h = msg::request(Op::CreateTable, me, 1, epoch, table);
-    h.meta = spec.encode_to_vec().into();
-    c.send(&mut h, &[], &[]).map_err(|e| e.to_string())?;
-    peer_ack(c.as_mut()).map_err(|e| format!("creating the table there: {e}"))?;
+    let c = &mut peer.conn;
+    if !peer.tables.contains(&table) {
+        // the receiver may not have the table yet (its creation was under way at the failure)
+        let mut h = msg::request(Op::CreateTable, me, peer.acks as u64 + 1, epoch, table);
+        h.meta = spec.encode_to_vec().into();
+        c.send(&mut h, &[], &[]).map_err(|e| e.to_string())?;
+        peer.tables.push(table);
+        peer.acks += 1;
+    }
     let per = (st.cfg.chunk_bytes / (8 + 4 * row_len)).max(1);
     let mut i = 0;
     loop {
         let j = (i + per).min(keys.len());
-        let mut h = msg::request(Op::ShardCopy, me, 1, epoch, table);
+        let mut h = msg::request(Op::ShardCopy, me, peer.acks as u64 + 1, epoch, table);
         h.range_begin = range.begin;
         h.range_end = range.end;
         h.last = j >= keys.len();
@@ -1664,7 +1695,8 @@ fn send_copy(
         }
         i = j;
     }
-    peer_ack(c.as_mut())
+    peer.acks += 1;
+    Ok(())
 }
 
 /// Settings of a server node in a cluster.
