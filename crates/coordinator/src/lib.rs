@@ -448,7 +448,10 @@ impl Coordinator {
                     break;
                 }
             }
-            let (mut reply, body) = match self.dispatch(&h, &mut hb_node) {
+            // a server's long-polled heartbeat watches its connection: a node that dies
+            // meanwhile is noticed at once, not when the answer is due
+            let mut closed = || conn.readable().unwrap_or(true);
+            let (mut reply, body) = match self.dispatch(&h, &mut hb_node, &mut closed) {
                 Ok(body) => (msg::reply_to(&h, 0), body),
                 Err((status, m)) => (msg::error_reply(&h, 0, status, m), Vec::new()),
             };
@@ -684,7 +687,9 @@ impl Coordinator {
         st.routing(&self.cfg)
     }
 
-    fn dispatch(&self, h: &FrameHeader, hb_node: &mut Option<u32>) -> Result<Vec<u8>, (Status, String)> {
+    /// Runs one control call. `closed` tells whether the caller's connection went away (or
+    /// sent something more), for calls that wait.
+    fn dispatch(&self, h: &FrameHeader, hb_node: &mut Option<u32>, closed: &mut dyn FnMut() -> bool) -> Result<Vec<u8>, (Status, String)> {
         let bad = |e: prost::DecodeError| (Status::InvalidArgument, format!("bad control message: {e}"));
         match Op::from_u32(h.op) {
             Some(Op::Register) => {
@@ -701,7 +706,7 @@ impl Coordinator {
                 if let Some(p) = req.progress {
                     self.progress(h.sender, p)?;
                 }
-                Ok(self.heartbeat(h.sender).encode_to_vec())
+                Ok(self.heartbeat(h.sender, closed).encode_to_vec())
             }
             Some(Op::Progress) => {
                 let req = proto::WorkerCheckpoint::decode(h.meta.as_ref()).map_err(bad)?;
@@ -1198,7 +1203,7 @@ impl Coordinator {
         Ok(())
     }
 
-    fn heartbeat(&self, node: u32) -> proto::HeartbeatReply {
+    fn heartbeat(&self, node: u32, closed: &mut dyn FnMut() -> bool) -> proto::HeartbeatReply {
         let mut st = self.state.lock();
         if st.lost_workers.contains(&node) {
             // declared lost (a timeout) yet still running: it must stop, its rank is taken
@@ -1213,11 +1218,24 @@ impl Coordinator {
         // Servers' heartbeats are long-polled: answered at once on shutdown or failure, or to
         // a server that has yet to move to a routing epoch being prepared; else after one
         // interval. Workers' are answered at once (they wait between heartbeats): this thread
-        // then waits on the connection, and sees at once when a worker's process dies.
+        // then waits on the connection, and sees at once when a worker's process dies. While
+        // a server's answer waits, its connection is looked at every HEARTBEAT_WATCH: a
+        // server that died is answered (into the void) and lost within that time, not up to
+        // one interval later.
         let must_move = st.pending.as_ref().is_some_and(|p| p.waiting.contains(&node));
         let worker = matches!(st.roles.get(&node), Some(("worker", _)));
         if !st.shutdown && st.failed.is_none() && !must_move && !worker {
-            self.cv.wait_for(&mut st, self.cfg.heartbeat);
+            let due = Instant::now() + self.cfg.heartbeat;
+            loop {
+                let now = Instant::now();
+                if now >= due || closed() {
+                    break;
+                }
+                // woken by any change of the job's state: answer now, as before the watch
+                if !self.cv.wait_for(&mut st, (due - now).min(HEARTBEAT_WATCH)).timed_out() {
+                    break;
+                }
+            }
         }
         st.last_seen.insert(node, Instant::now());
         proto::HeartbeatReply {
@@ -1251,6 +1269,10 @@ impl Coordinator {
 }
 
 /// The refusal of a scheduler call after a coordinator restart: that state is not on disk.
+/// How often a server's long-polled heartbeat looks at its connection while the answer
+/// waits (a died server is noticed within this; each look is one non-blocking peek).
+const HEARTBEAT_WATCH: Duration = Duration::from_millis(25);
+
 fn restarted_scheduler(what: &str) -> (Status, String) {
     (
         Status::Aborted,

@@ -145,3 +145,63 @@ fn an_unreplicated_job_refuses_a_joining_server_and_a_drain() {
     let e = job.client().drain(0).unwrap_err().to_string();
     assert!(e.contains("needs a replicated job"), "{e}");
 }
+
+#[test]
+fn a_server_dying_while_its_heartbeat_is_long_polled_is_removed_before_the_answer_is_due() {
+    use downpour_core::msg::{self, Op};
+    use prost::Message;
+    let t = Arc::new(InProcTransport::new());
+    let listener = t.listen("inproc://coordinator-watch").unwrap();
+    let addr = listener.local_addr();
+    // a long heartbeat interval and node timeout: only the closed connection can tell
+    let heartbeat = Duration::from_secs(10);
+    let coord = Coordinator::new(CoordinatorConfig {
+        servers: 3,
+        workers: 1,
+        replication: 2,
+        heartbeat,
+        node_timeout: Duration::from_secs(120),
+        ..Default::default()
+    });
+    let serving = {
+        let c = coord.clone();
+        std::thread::spawn(move || c.serve(listener))
+    };
+    let connect = || ControlClient::connect(t.as_ref(), &addr, Duration::from_secs(5)).unwrap();
+    let mut servers: Vec<(ControlClient, u32)> = (0..3)
+        .map(|i| {
+            let mut c = connect();
+            let r = c.register("server", &format!("inproc://watched{i}")).unwrap();
+            (c, r.node_id)
+        })
+        .collect();
+    let dying = servers[2].1;
+    // the dying server's heartbeat, on a connection of its own, then the process "dies"
+    let mut conn = t.connect(&addr, Duration::from_secs(5)).unwrap();
+    let mut h = msg::request(Op::Heartbeat, dying, 1, 0, 0);
+    h.meta = proto::HeartbeatRequest::default().encode_to_vec().into();
+    conn.send(&mut h, &[], &[]).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let died = std::time::Instant::now();
+    drop(conn);
+    let mut c = connect();
+    let r = loop {
+        let r = c.routing(0, Duration::ZERO).unwrap();
+        if r.epoch >= 2 {
+            break r;
+        }
+        assert!(died.elapsed() < heartbeat / 2, "not noticed within {:?}: only when the answer is due", died.elapsed());
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    assert!(!members(&r).contains(&dying), "removed in the new epoch: {r:?}");
+    // the survivors move; the job ends
+    for (s, _) in servers.iter_mut().take(2) {
+        let _ = s.epoch_ready(r.epoch, 0, "");
+    }
+    let mut w = connect();
+    if w.register("worker", "").is_ok() {
+        let _ = w.done(true, "");
+    }
+    drop(servers);
+    let _ = serving.join();
+}

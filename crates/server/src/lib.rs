@@ -216,6 +216,12 @@ pub struct ServerState {
     used_bytes: AtomicU64,
     /// Replicated jobs: the routing (set at registration, changed by epochs).
     repl: RwLock<Option<Repl>>,
+    /// Replicated jobs: per worker rank, the newest node that sent this server a push or a
+    /// clock under it (0: none yet). A replacement worker has a newer (higher) node id than
+    /// the worker it replaces, so its first request fences the old one here: a worker
+    /// declared lost while still running can no longer apply anything under the rank.
+    /// Set with the placement.
+    holders: std::sync::OnceLock<Box<[AtomicU32]>>,
 }
 
 impl ServerState {
@@ -228,6 +234,7 @@ impl ServerState {
         self.num_servers.store(num_servers.max(1), Ordering::Relaxed);
         self.num_workers.store(num_workers.max(1), Ordering::Relaxed);
         self.epoch.store(epoch, Ordering::Relaxed);
+        let _ = self.holders.set((0..num_workers.max(1)).map(|_| AtomicU32::new(0)).collect());
     }
 
     /// Makes this server part of a replicated job (`routing.replication >= 2`): tables are
@@ -354,6 +361,7 @@ impl Server {
             stop: AtomicBool::new(false),
             used_bytes: AtomicU64::new(0),
             repl: RwLock::new(None),
+            holders: std::sync::OnceLock::new(),
         });
         Ok(Server { state, listener })
     }
@@ -753,6 +761,11 @@ fn handle_frame(st: &ServerState, h: &FrameHeader, ctx: &mut ConnCtx, conn: &mut
             let workers = st.num_workers.load(Ordering::Relaxed);
             if h.worker >= workers {
                 return Ok(Err((Status::InvalidArgument, format!("clock from worker {} of a job of {workers} workers", h.worker))));
+            }
+            if st.repl.read().is_some() {
+                if let Err(e) = fence_worker(st, h) {
+                    return Ok(Err(e));
+                }
             }
             // Under the tables' read lock (no copy of the table list per clock); a gate's
             // mutex is never held while taking that lock, so the order is fixed.
@@ -1199,6 +1212,32 @@ fn pull_range(
     }
 }
 
+/// Replicated jobs: admits a worker's push or clock under its rank only from the newest
+/// node that used the rank here (see [`ServerState::holders`]); an older one was replaced
+/// and is refused for good. Forwarded pushes are checked at their head.
+fn fence_worker(st: &ServerState, h: &FrameHeader) -> ReqResult {
+    let Some(slot) = st.holders.get().and_then(|hs| hs.get(h.worker as usize)) else { return Ok(()) };
+    let mut cur = slot.load(Ordering::Acquire);
+    loop {
+        if h.sender == cur {
+            return Ok(());
+        }
+        if h.sender < cur {
+            return Err((
+                Status::PermissionDenied,
+                format!(
+                    "worker rank {} was taken over by node {cur}: this worker (node {}) was declared lost and may no longer push",
+                    h.worker, h.sender
+                ),
+            ));
+        }
+        match slot.compare_exchange(cur, h.sender, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return Ok(()),
+            Err(now) => cur = now,
+        }
+    }
+}
+
 /// How long a chain member waits for its successor's acknowledgement of a request.
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -1227,6 +1266,11 @@ fn replicated_push(
     }
     if h.forwarded && !is_peer(st, h.sender) {
         return Ok(Err((Status::PermissionDenied, format!("a forwarded push from node {}, which is not a server of this job", h.sender))));
+    }
+    if !h.forwarded {
+        if let Err(e) = fence_worker(st, h) {
+            return Ok(Err(e));
+        }
     }
     let (vl, domain) = {
         let t = slot.table.read();

@@ -2,7 +2,8 @@
 //! changes driven by hand (no coordinator): every acknowledged push is on K servers, a
 //! repeated request id is applied once, and a server left behind in an old epoch can no
 //! longer acknowledge a write; a replacement worker continuing the lost one's request ids
-//! applies exactly what was not applied.
+//! applies exactly what was not applied, and the worker it replaced, if still running, can
+//! no longer push under the rank.
 
 use downpour_core::consistency::Consistency;
 use downpour_core::init::Init;
@@ -73,8 +74,13 @@ fn cluster(t: &Arc<InProcTransport>) -> (Vec<ServerHandle>, Vec<(u32, String)>) 
 }
 
 fn client(t: &Arc<InProcTransport>, r: &proto::Routing) -> KvClient {
+    client_as(t, r, 100)
+}
+
+/// A client of worker rank 0 as node `node`.
+fn client_as(t: &Arc<InProcTransport>, r: &proto::Routing, node: u32) -> KvClient {
     let cfg = KvConfig { chunk_bytes: 4096, request_timeout: Duration::from_secs(10), reply_window: 2, max_outstanding: 64 };
-    let mut kv = KvClient::connect(t.as_ref(), r, 100, cfg).unwrap();
+    let mut kv = KvClient::connect(t.as_ref(), r, node, cfg).unwrap();
     kv.set_worker_rank(0);
     kv
 }
@@ -230,4 +236,42 @@ fn a_replacement_resuming_the_request_ids_applies_exactly_what_the_lost_worker_h
     assert_eq!(wrong, 0, "ten rounds exactly on every key; e.g. {:?}", out.iter().find(|&&v| v != 10.0));
     // ids never go back
     assert!(matches!(kv.resume_requests(record, clock), Err(ClientError::Resume(_))));
+}
+
+#[test]
+fn a_worker_replaced_while_still_running_is_fenced_and_its_late_pushes_change_nothing() {
+    let t = Arc::new(InProcTransport::new());
+    let (_servers, members) = cluster(&t);
+    let r = routing(1, &members);
+    let keys: Vec<u64> = (0..2000u64).map(|i| i * (u64::MAX / 2000)).collect();
+    let ones = vec![1f32; keys.len()];
+    // node 100 holds rank 0, pushes two rounds, then hangs (declared lost, not dead)
+    let mut old = client_as(&t, &r, 100);
+    old.create_table(counter_table()).unwrap();
+    for _ in 0..2 {
+        old.push(1, &keys, &ones).unwrap();
+    }
+    old.wait_all().unwrap();
+    let (record, clock) = (old.next_request_id(), old.current_clock());
+    // its replacement, node 101 (the coordinator's ids only grow), goes on from the record
+    let mut new = client_as(&t, &r, 101);
+    new.use_table(counter_table());
+    new.resume_requests(record, clock).unwrap();
+    new.push(1, &keys, &ones).unwrap();
+    new.wait_all().unwrap();
+    // the old worker wakes up and pushes its third round (the same request id) and a fourth
+    let late = old.push(1, &keys, &ones).and_then(|ts| old.wait(ts));
+    let e = late.expect_err("a replaced worker's push must be refused").to_string();
+    assert!(e.contains("taken over by node 101"), "{e}");
+    let later = old.push(1, &keys, &ones).and_then(|ts| old.wait(ts));
+    assert!(later.is_err(), "still fenced");
+    let mut out = vec![0f32; keys.len()];
+    new.pull_into(1, &keys, &mut out).unwrap();
+    let wrong = out.iter().filter(|&&v| v != 3.0).count();
+    assert_eq!(wrong, 0, "three rounds exactly on every key; e.g. {:?}", out.iter().find(|&&v| v != 3.0));
+    // the replacement itself keeps pushing
+    new.push(1, &keys, &ones).unwrap();
+    new.wait_all().unwrap();
+    new.pull_into(1, &keys, &mut out).unwrap();
+    assert!(out.iter().all(|&v| v == 4.0));
 }
