@@ -1225,6 +1225,13 @@ impl Coordinator {
         let must_move = st.pending.as_ref().is_some_and(|p| p.waiting.contains(&node));
         let worker = matches!(st.roles.get(&node), Some(("worker", _)));
         if !st.shutdown && st.failed.is_none() && !must_move && !worker {
+            // What the answer tells a server: a change to it answers at once, whether it
+            // woke this thread or came between two looks (when its wake-up found no waiter).
+            let told = |st: &State| {
+                let must_move = st.pending.as_ref().is_some_and(|p| p.waiting.contains(&node));
+                (st.epoch, st.active, st.shutdown, st.failed.is_some(), must_move, st.drained.contains(&node), st.ckpt.requested)
+            };
+            let before = told(&st);
             let due = Instant::now() + self.cfg.heartbeat;
             loop {
                 let now = Instant::now();
@@ -1232,7 +1239,7 @@ impl Coordinator {
                     break;
                 }
                 // woken by any change of the job's state: answer now, as before the watch
-                if !self.cv.wait_for(&mut st, (due - now).min(HEARTBEAT_WATCH)).timed_out() {
+                if !self.cv.wait_for(&mut st, (due - now).min(HEARTBEAT_WATCH)).timed_out() || told(&st) != before {
                     break;
                 }
             }

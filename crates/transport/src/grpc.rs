@@ -108,6 +108,7 @@ impl Transport for GrpcTransport {
             inbound: Inbound::Client(inbound),
             peer: addr.to_string(),
             current: None,
+            peeked: None,
             timeout: None,
             stats: Default::default(),
             _slot: None,
@@ -199,6 +200,7 @@ impl DataPlane for Service {
             inbound: Inbound::Server(request.into_inner()),
             peer,
             current: None,
+            peeked: None,
             timeout: None,
             stats: Default::default(),
             _slot: Some(slot),
@@ -242,6 +244,8 @@ struct GrpcConnection {
     inbound: Inbound,
     peer: String,
     current: Option<(Bytes, Bytes)>,
+    /// What [`Connection::readable`] took off the stream, returned by the next receive.
+    peeked: Option<std::result::Result<Option<Frame>, Status>>,
     timeout: Option<Duration>,
     stats: TrafficStats,
     /// (Accepted connections) the slot counted against the connection limit.
@@ -270,6 +274,7 @@ impl Connection for GrpcConnection {
             Inbound::Client(s) | Inbound::Server(s) => s,
         };
         let next = match self.timeout {
+            _ if self.peeked.is_some() => self.peeked.take().unwrap_or(Ok(None)),
             None => self.handle.block_on(stream.message()),
             Some(t) => match self.handle.block_on(async { tokio::time::timeout(t, stream.message()).await }) {
                 Ok(r) => r,
@@ -312,6 +317,27 @@ impl Connection for GrpcConnection {
     fn set_recv_timeout(&mut self, timeout: Option<Duration>) -> Result<()> {
         self.timeout = timeout;
         Ok(())
+    }
+
+    fn readable(&mut self) -> Result<bool> {
+        if self.peeked.is_some() {
+            return Ok(true);
+        }
+        let stream = match &mut self.inbound {
+            Inbound::Client(s) | Inbound::Server(s) => s,
+        };
+        // One poll of the stream, inside the runtime, with a waker that does nothing: a
+        // message already decoded (or the stream's end) is kept for the next receive; a
+        // later blocking receive polls again with its own waker.
+        let _rt = self.handle.enter();
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match Pin::new(stream).poll_next(&mut cx) {
+            std::task::Poll::Ready(next) => {
+                self.peeked = Some(next.transpose());
+                Ok(true)
+            }
+            std::task::Poll::Pending => Ok(false),
+        }
     }
 
     fn peer(&self) -> &str {

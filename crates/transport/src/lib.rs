@@ -334,6 +334,12 @@ mod tests {
     }
 
     #[test]
+    fn grpc_readable_tells_a_waiting_frame_and_a_close_without_consuming() {
+        let t = network_transport(TransportKind::Grpc, NetConfig::default()).unwrap();
+        readable_tells_a_waiting_frame_and_a_close_without_consuming(t.as_ref(), "127.0.0.1:0");
+    }
+
+    #[test]
     fn inproc_readable_tells_a_waiting_frame_and_a_close_without_consuming() {
         readable_tells_a_waiting_frame_and_a_close_without_consuming(&inproc::InProcTransport::new(), "inproc://readable");
     }
