@@ -1253,6 +1253,7 @@ impl Coordinator {
             drained: st.drained.contains(&node),
             checkpoint: st.ckpt.requested,
             adopt: st.adoptions.iter().find(|(r, n)| **n == node && st.vacant.contains_key(r)).map_or(0, |(r, _)| r + 1),
+            worker_nodes: if worker || self.cfg.replication < 2 { Vec::new() } else { st.workers.clone() },
         }
     }
 

@@ -17,6 +17,8 @@ struct Job {
     serving: Option<std::thread::JoinHandle<JobOutcome>>,
     t: Arc<InProcTransport>,
     addr: String,
+    /// The rank holders the coordinator last told server 0 (`HeartbeatReply.worker_nodes`).
+    told_server: Arc<std::sync::Mutex<Vec<u32>>>,
 }
 
 impl Job {
@@ -41,13 +43,17 @@ impl Job {
             ..Default::default()
         });
         let serving = Some(std::thread::spawn(move || coord.serve(listener)));
-        let job = Job { serving, t, addr };
+        let job = Job { serving, t, addr, told_server: Default::default() };
         for i in 0..2 {
             let mut c = job.client();
             c.register("server", &format!("inproc://s{i}")).unwrap();
+            let told = job.told_server.clone();
             // the servers heartbeat until the job ends (the node timeout is short here)
             std::thread::spawn(move || {
                 while let Ok(r) = c.heartbeat(None) {
+                    if i == 0 {
+                        *told.lock().unwrap() = r.worker_nodes.clone();
+                    }
                     if r.shutdown || r.job_failed {
                         break;
                     }
@@ -123,6 +129,9 @@ fn a_lost_worker_with_progress_is_replaced_by_the_next_worker_which_gets_its_rec
     let (mut w1, _hb1, r1) = job.worker(true);
     assert_eq!((r0.rank, r1.rank), (0, 1));
     assert!(r0.restart.is_none() && r1.restart.is_none(), "first registrations replace nobody");
+    let told = job.told_server.clone();
+    let holders = move || told.lock().unwrap().clone();
+    eventually("the servers told who holds each rank", || holders() == vec![r0.node_id, r1.node_id]);
     // both pass "start"; worker 0 records progress, reaches "end" and is lost there
     let t = std::thread::spawn(move || {
         w1.barrier("start", 1).unwrap();
@@ -143,6 +152,8 @@ fn a_lost_worker_with_progress_is_replaced_by_the_next_worker_which_gets_its_rec
     assert_eq!(r.rank, 0);
     assert_ne!(r.node_id, r0.node_id);
     assert_eq!(r.restart, Some(record(0, 9, 19)));
+    // the servers hear of the new holder (and fence the lost worker's pushes)
+    eventually("the servers told the replacement holds rank 0", || holders() == vec![r.node_id, r1.node_id]);
     // "start" was passed by rank 0 already: at once
     w.barrier("start", 1).unwrap();
     // rank 0 arrived at "end" before it was lost; arriving again must not pass without rank 1

@@ -216,11 +216,13 @@ pub struct ServerState {
     used_bytes: AtomicU64,
     /// Replicated jobs: the routing (set at registration, changed by epochs).
     repl: RwLock<Option<Repl>>,
-    /// Replicated jobs: per worker rank, the newest node that sent this server a push or a
-    /// clock under it (0: none yet). A replacement worker has a newer (higher) node id than
-    /// the worker it replaces, so its first request fences the old one here: a worker
-    /// declared lost while still running can no longer apply anything under the rank.
-    /// Set with the placement.
+    /// Replicated jobs: per worker rank, the newest node known to hold it: the newest that
+    /// sent this server a push or a clock under it, or that the coordinator named
+    /// ([`ServerState::note_worker_nodes`]); 0: none yet. A replacement worker has a newer
+    /// (higher) node id than the worker it replaces, so once the coordinator's answer or the
+    /// replacement's first request came, the old one is fenced here: a worker declared lost
+    /// while still running can no longer apply anything under the rank. Set with the
+    /// placement.
     holders: std::sync::OnceLock<Box<[AtomicU32]>>,
 }
 
@@ -250,6 +252,17 @@ impl ServerState {
             routing.served.clone()
         };
         *self.repl.write() = Some(Repl { routing, active_members });
+    }
+
+    /// Replicated jobs: learns which node holds each worker rank now (`nodes[rank]`, 0 for
+    /// none yet), as the coordinator's heartbeat answer says; pushes and clocks under a rank
+    /// from an older node are refused from then on. Never goes back to an older node.
+    pub fn note_worker_nodes(&self, nodes: &[u32]) {
+        if let Some(hs) = self.holders.get() {
+            for (slot, &node) in hs.iter().zip(nodes) {
+                slot.fetch_max(node, Ordering::AcqRel);
+            }
+        }
     }
 
     /// The routing epoch this server serves.
@@ -1874,6 +1887,7 @@ pub fn run_server_node(transport: &dyn Transport, cfg: NodeConfig) -> Result<(),
             Ok(r) if r.job_failed => break Err(NodeError::JobFailed(r.reason)),
             Ok(r) if r.shutdown => break Ok(()),
             Ok(r) => {
+                server_state.note_worker_nodes(&r.worker_nodes);
                 let Some(routing) = r.routing else { continue };
                 if r.drained && !routing.servers.iter().any(|s| s.node_id == reg.node_id) {
                     // `admin drain`: the other servers hold every shard of this one (and

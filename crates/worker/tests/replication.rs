@@ -275,3 +275,29 @@ fn a_worker_replaced_while_still_running_is_fenced_and_its_late_pushes_change_no
     new.pull_into(1, &keys, &mut out).unwrap();
     assert!(out.iter().all(|&v| v == 4.0));
 }
+
+#[test]
+fn a_replaced_worker_is_fenced_where_the_coordinator_named_its_replacement_before_it_pushed_there() {
+    let t = Arc::new(InProcTransport::new());
+    let (servers, members) = cluster(&t);
+    let r = routing(1, &members);
+    let keys: Vec<u64> = (0..2000u64).map(|i| i * (u64::MAX / 2000)).collect();
+    let ones = vec![1f32; keys.len()];
+    let mut old = client_as(&t, &r, 100);
+    old.create_table(counter_table()).unwrap();
+    let ts = old.push(1, &keys, &ones).unwrap();
+    old.wait(ts).unwrap();
+    // the coordinator's heartbeat answers tell every server that node 101 holds rank 0 now
+    for s in &servers {
+        s.state.note_worker_nodes(&[101]);
+        s.state.note_worker_nodes(&[100]); // never back to an older node
+    }
+    let late = old.push(1, &keys, &ones).and_then(|ts| old.wait(ts));
+    let e = late.expect_err("a replaced worker's push must be refused").to_string();
+    assert!(e.contains("taken over by node 101"), "{e}");
+    let mut reader = client_as(&t, &r, 101);
+    reader.use_table(counter_table());
+    let mut out = vec![0f32; keys.len()];
+    reader.pull_into(1, &keys, &mut out).unwrap();
+    assert!(out.iter().all(|&v| v == 1.0), "only the round before the replacement");
+}
