@@ -1232,6 +1232,7 @@ impl Coordinator {
                 (st.epoch, st.active, st.shutdown, st.failed.is_some(), must_move, st.drained.contains(&node), st.ckpt.requested)
             };
             let before = told(&st);
+            let holders = st.workers.clone();
             let due = Instant::now() + self.cfg.heartbeat;
             loop {
                 let now = Instant::now();
@@ -1239,7 +1240,8 @@ impl Coordinator {
                     break;
                 }
                 // woken by any change of the job's state: answer now, as before the watch
-                if !self.cv.wait_for(&mut st, (due - now).min(HEARTBEAT_WATCH)).timed_out() || told(&st) != before {
+                if !self.cv.wait_for(&mut st, (due - now).min(HEARTBEAT_WATCH)).timed_out() || told(&st) != before || st.workers != holders
+                {
                     break;
                 }
             }
@@ -1276,11 +1278,11 @@ impl Coordinator {
     }
 }
 
-/// The refusal of a scheduler call after a coordinator restart: that state is not on disk.
 /// How often a server's long-polled heartbeat looks at its connection while the answer
 /// waits (a died server is noticed within this; each look is one non-blocking peek).
 const HEARTBEAT_WATCH: Duration = Duration::from_millis(25);
 
+/// The refusal of a scheduler call after a coordinator restart: that state is not on disk.
 fn restarted_scheduler(what: &str) -> (Status, String) {
     (
         Status::Aborted,
