@@ -221,8 +221,8 @@ pub struct ServerState {
     /// ([`ServerState::note_worker_nodes`]); 0: none yet. A replacement worker has a newer
     /// (higher) node id than the worker it replaces, so once the coordinator's answer or the
     /// replacement's first request came, the old one is fenced here: a worker declared lost
-    /// while still running can no longer apply anything under the rank. Set with the
-    /// placement.
+    /// while still running can no longer apply anything under the rank. Set by
+    /// [`ServerState::set_replicated`]; unset (no fencing) in unreplicated jobs.
     holders: std::sync::OnceLock<Box<[AtomicU32]>>,
 }
 
@@ -236,7 +236,6 @@ impl ServerState {
         self.num_servers.store(num_servers.max(1), Ordering::Relaxed);
         self.num_workers.store(num_workers.max(1), Ordering::Relaxed);
         self.epoch.store(epoch, Ordering::Relaxed);
-        let _ = self.holders.set((0..num_workers.max(1)).map(|_| AtomicU32::new(0)).collect());
     }
 
     /// Makes this server part of a replicated job (`routing.replication >= 2`): tables are
@@ -252,6 +251,9 @@ impl ServerState {
             routing.served.clone()
         };
         *self.repl.write() = Some(Repl { routing, active_members });
+        // only replicated jobs replace workers, so only they fence replaced ones
+        let workers = self.num_workers.load(Ordering::Relaxed).max(1);
+        let _ = self.holders.set((0..workers).map(|_| AtomicU32::new(0)).collect());
     }
 
     /// Replicated jobs: learns which node holds each worker rank now (`nodes[rank]`, 0 for
@@ -775,10 +777,8 @@ fn handle_frame(st: &ServerState, h: &FrameHeader, ctx: &mut ConnCtx, conn: &mut
             if h.worker >= workers {
                 return Ok(Err((Status::InvalidArgument, format!("clock from worker {} of a job of {workers} workers", h.worker))));
             }
-            if st.repl.read().is_some() {
-                if let Err(e) = fence_worker(st, h) {
-                    return Ok(Err(e));
-                }
+            if let Err(e) = fence_worker(st, h) {
+                return Ok(Err(e));
             }
             // Under the tables' read lock (no copy of the table list per clock); a gate's
             // mutex is never held while taking that lock, so the order is fixed.
@@ -1227,7 +1227,8 @@ fn pull_range(
 
 /// Replicated jobs: admits a worker's push or clock under its rank only from the newest
 /// node that used the rank here (see [`ServerState::holders`]); an older one was replaced
-/// and is refused for good. Forwarded pushes are checked at their head.
+/// and is refused for good. Forwarded pushes are checked at their head. Admits everything
+/// in unreplicated jobs (no holders).
 fn fence_worker(st: &ServerState, h: &FrameHeader) -> ReqResult {
     let Some(slot) = st.holders.get().and_then(|hs| hs.get(h.worker as usize)) else { return Ok(()) };
     let mut cur = slot.load(Ordering::Acquire);

@@ -85,6 +85,18 @@ fn client_as(t: &Arc<InProcTransport>, r: &proto::Routing, node: u32) -> KvClien
     kv
 }
 
+/// `n` keys spread over the whole key space (so every shard gets some).
+fn spread_keys(n: u64) -> Vec<u64> {
+    (0..n).map(|i| i * (u64::MAX / n)).collect()
+}
+
+/// `kv`'s next push is refused because rank 0 went to `node`.
+fn assert_push_refused_as_taken_over_by(kv: &mut KvClient, keys: &[u64], values: &[f32], node: u32) {
+    let late = kv.push(1, keys, values).and_then(|ts| kv.wait(ts));
+    let e = late.expect_err("a replaced worker's push must be refused").to_string();
+    assert!(e.contains(&format!("taken over by node {node}")), "{e}");
+}
+
 fn head_of(members: &[u32], key: u64) -> Vec<u32> {
     let map = ShardMap::new(&Ring::with_members(VNODES, members.iter().copied(), 1), KeyRange::FULL, SHARDS as usize, 2);
     map.chain(map.shard_of(key).unwrap()).to_vec()
@@ -196,7 +208,7 @@ fn a_replacement_resuming_the_request_ids_applies_exactly_what_the_lost_worker_h
     let t = Arc::new(InProcTransport::new());
     let (_servers, members) = cluster(&t);
     let r = routing(1, &members);
-    let keys: Vec<u64> = (0..2000u64).map(|i| i * (u64::MAX / 2000)).collect();
+    let keys = spread_keys(2000);
     let ones = vec![1f32; keys.len()];
     let mut lost = client(&t, &r);
     lost.create_table(counter_table()).unwrap();
@@ -243,7 +255,7 @@ fn a_worker_replaced_while_still_running_is_fenced_and_its_late_pushes_change_no
     let t = Arc::new(InProcTransport::new());
     let (_servers, members) = cluster(&t);
     let r = routing(1, &members);
-    let keys: Vec<u64> = (0..2000u64).map(|i| i * (u64::MAX / 2000)).collect();
+    let keys = spread_keys(2000);
     let ones = vec![1f32; keys.len()];
     // node 100 holds rank 0, pushes two rounds, then hangs (declared lost, not dead)
     let mut old = client_as(&t, &r, 100);
@@ -260,9 +272,7 @@ fn a_worker_replaced_while_still_running_is_fenced_and_its_late_pushes_change_no
     new.push(1, &keys, &ones).unwrap();
     new.wait_all().unwrap();
     // the old worker wakes up and pushes its third round (the same request id) and a fourth
-    let late = old.push(1, &keys, &ones).and_then(|ts| old.wait(ts));
-    let e = late.expect_err("a replaced worker's push must be refused").to_string();
-    assert!(e.contains("taken over by node 101"), "{e}");
+    assert_push_refused_as_taken_over_by(&mut old, &keys, &ones, 101);
     let later = old.push(1, &keys, &ones).and_then(|ts| old.wait(ts));
     assert!(later.is_err(), "still fenced");
     let mut out = vec![0f32; keys.len()];
@@ -281,7 +291,7 @@ fn a_replaced_worker_is_fenced_where_the_coordinator_named_its_replacement_befor
     let t = Arc::new(InProcTransport::new());
     let (servers, members) = cluster(&t);
     let r = routing(1, &members);
-    let keys: Vec<u64> = (0..2000u64).map(|i| i * (u64::MAX / 2000)).collect();
+    let keys = spread_keys(2000);
     let ones = vec![1f32; keys.len()];
     let mut old = client_as(&t, &r, 100);
     old.create_table(counter_table()).unwrap();
@@ -292,9 +302,7 @@ fn a_replaced_worker_is_fenced_where_the_coordinator_named_its_replacement_befor
         s.state.note_worker_nodes(&[101]);
         s.state.note_worker_nodes(&[100]); // never back to an older node
     }
-    let late = old.push(1, &keys, &ones).and_then(|ts| old.wait(ts));
-    let e = late.expect_err("a replaced worker's push must be refused").to_string();
-    assert!(e.contains("taken over by node 101"), "{e}");
+    assert_push_refused_as_taken_over_by(&mut old, &keys, &ones, 101);
     let mut reader = client_as(&t, &r, 101);
     reader.use_table(counter_table());
     let mut out = vec![0f32; keys.len()];
