@@ -173,6 +173,17 @@ impl Rounds {
         })
     }
 
+    /// A buffer that takes over a table part whose rounds `[0, applied)` are already in
+    /// it (a new head of a replicated shard): every worker counts as having completed
+    /// `applied` rounds until it clocks again, so round `applied` waits for every worker's
+    /// next clock. Same errors as [`Rounds::new`].
+    pub fn starting_at(workers: usize, backup: usize, aggregate: Aggregate, value_len: usize, applied: u64) -> Result<Rounds> {
+        let mut r = Rounds::new(workers, backup, aggregate, value_len)?;
+        r.applied = applied;
+        r.clocks.iter_mut().for_each(|c| *c = applied);
+        Ok(r)
+    }
+
     /// Rounds applied so far: `[0, applied())`.
     pub fn applied(&self) -> u64 {
         self.applied

@@ -179,6 +179,25 @@ impl Watermarks {
         Ok(from)
     }
 
+    /// The mark of `(shard, worker)`: `(request id, last key)` of the last update applied.
+    pub fn get(&self, shard: usize, worker: usize) -> Result<(u64, u64)> {
+        Ok(self.marks[self.slot(shard, worker)?])
+    }
+
+    /// Raises the mark of `(shard, worker)` to `mark` (never lowers it).
+    pub fn raise(&mut self, shard: usize, worker: usize, mark: (u64, u64)) -> Result<()> {
+        let i = self.slot(shard, worker)?;
+        self.marks[i] = self.marks[i].max(mark);
+        Ok(())
+    }
+
+    /// Forgets the mark of `(shard, worker)`: its next update is admitted whole.
+    pub fn reset(&mut self, shard: usize, worker: usize) -> Result<()> {
+        let i = self.slot(shard, worker)?;
+        self.marks[i] = (0, 0);
+        Ok(())
+    }
+
     /// The marks of shards `[a, b)`, little-endian `(request, key)` pairs, worker-major
     /// within each shard: a [`crate::msg::Op::ShardCopy`]'s `meta`.
     pub fn encode(&self, a: usize, b: usize) -> Vec<u8> {
