@@ -158,6 +158,11 @@ impl ChainRounds {
         }
     }
 
+    /// Shards of the table.
+    pub fn shards(&self) -> usize {
+        self.shards.len()
+    }
+
     /// Whether this server heads `shard`.
     pub fn is_head(&self, shard: usize) -> bool {
         matches!(self.shards.get(shard), Some(Shard::Head(_)))
@@ -271,9 +276,7 @@ impl ChainRounds {
             .iter()
             .enumerate()
             .filter_map(|(i, s)| match s {
-                Shard::Head(Some(h)) if h.replicated < h.rounds.applied() || !h.unreplicated.is_empty() => {
-                    Some((i, h.rounds.applied()))
-                }
+                Shard::Head(Some(h)) if h.replicated < h.rounds.applied() || !h.unreplicated.is_empty() => Some((i, h.rounds.applied())),
                 _ => None,
             })
             .collect()

@@ -13,6 +13,7 @@
 #![warn(missing_docs)]
 
 use downpour_coordinator::client::{ControlClient, ControlError};
+use downpour_core::chain_rounds::{self, Buffered, ChainRounds};
 use downpour_core::checkpoint;
 use downpour_core::consistency::PullGate;
 use downpour_core::filter::{FilterRegistry, FilterTraffic, Message as FilterMessage, Pipeline};
@@ -115,6 +116,19 @@ struct TableSlot {
     /// Replicated jobs: the table's shards and chains under the current epoch, and the
     /// exactly-once watermarks (locked after the table's lock, never before).
     repl: Option<TableRepl>,
+    /// Replicated `bsp` tables: the synchronous rounds per shard (replication after
+    /// aggregation). Instead of `gate`.
+    chain: Option<ChainSlot>,
+}
+
+/// The rounds of a replicated `bsp` table and the condition variable clocks and pulls wait
+/// on. Lock order: this mutex, then the table's lock, then the watermarks; it is held while
+/// a released round is forwarded to the successors (so rounds reach them in order, and an
+/// epoch move copies no round half-forwarded), which a successor's handling of forwarded
+/// frames never waits for.
+struct ChainSlot {
+    rounds: Mutex<ChainRounds>,
+    changed: Condvar,
 }
 
 struct TableRepl {
@@ -288,9 +302,10 @@ impl ServerState {
         for id in ids {
             let t = tables[id].table.read();
             keys_total += t.len();
-            let rounds = match tables[id].gate.as_ref().map(|g| g.gate.lock()) {
-                Some(g) => g.rounds().map(|r| format!(", {} rounds applied, {} late pushes dropped", r.applied(), r.dropped())),
-                None => None,
+            let rounds = match (tables[id].gate.as_ref().map(|g| g.gate.lock()), &tables[id].chain) {
+                (Some(g), _) => g.rounds().map(|r| format!(", {} rounds applied, {} late pushes dropped", r.applied(), r.dropped())),
+                (None, Some(c)) => chain_applied(&c.rounds.lock()).map(|a| format!(", {a} rounds applied on the shards it heads")),
+                (None, None) => None,
             };
             out.push(format!(
                 "table {id} {:?}: {} keys, {:.1} MiB of rows{}",
@@ -328,9 +343,15 @@ impl ServerState {
 
     /// For a `bsp` table `id`: synchronous rounds applied on this server, and pushes dropped
     /// because their round was applied before they came.
+    /// For a replicated `bsp` table: the fewest rounds applied among the shards this
+    /// server heads, and 0 (no late pushes without backup workers).
     pub fn rounds(&self, id: u32) -> Option<(u64, u64)> {
         let tables = self.tables.read();
-        let g = tables.get(&id)?.gate.as_ref()?.gate.lock();
+        let slot = tables.get(&id)?;
+        if let Some(c) = &slot.chain {
+            return chain_applied(&c.rounds.lock()).map(|a| (a, 0));
+        }
+        let g = slot.gate.as_ref()?.gate.lock();
         g.rounds().map(|r| (r.applied(), r.dropped()))
     }
 }
@@ -661,7 +682,11 @@ fn handle_frame(st: &ServerState, h: &FrameHeader, ctx: &mut ConnCtx, conn: &mut
                 return Ok(Err(e));
             }
             if let Some(r) = &slot.repl {
-                let res = replicated_push(st, &slot, r, h, op, ctx, conn, me);
+                let res = match &slot.chain {
+                    // a worker's push to a replicated bsp table: buffered at the head
+                    Some(c) if !h.forwarded => chain_push(st, &slot, r, c, h, op, ctx, conn, me),
+                    _ => replicated_push(st, &slot, r, h, op, ctx, conn, me),
+                };
                 if !matches!(res, Ok(Ok(()))) {
                     ctx.fwd.reset();
                 }
@@ -713,14 +738,18 @@ fn handle_frame(st: &ServerState, h: &FrameHeader, ctx: &mut ConnCtx, conn: &mut
                 return Ok(Err((Status::Unsupported, "push-pull on a bsp table: push, clock, then pull".into())));
             }
             // Runs once the clocks it depends on are reached; reports what it saw.
-            let (staleness, round, held) = match (&slot.gate, ctx.keys.first(), ctx.keys.last()) {
-                (Some(g), Some(&first), Some(&last)) => {
-                    match wait_for_clocks(st, g, KeyRange::new(first, last.saturating_add(1)), h.after_clock, h.clock) {
-                        Ok(x) => x,
-                        Err(e) => return Ok(Err(e)),
-                    }
+            let seen = match (&slot.chain, &slot.repl, &slot.gate, ctx.keys.first(), ctx.keys.last()) {
+                (Some(c), Some(r), _, Some(&first), Some(&last)) => {
+                    wait_for_rounds(st, c, r, KeyRange::new(first, last.saturating_add(1)), h)
                 }
-                _ => (None, None, Duration::ZERO),
+                (_, _, Some(g), Some(&first), Some(&last)) => {
+                    wait_for_clocks(st, g, KeyRange::new(first, last.saturating_add(1)), h.after_clock, h.clock)
+                }
+                _ => Ok((None, None, Duration::ZERO)),
+            };
+            let (staleness, round, held) = match seen {
+                Ok(x) => x,
+                Err(e) => return Ok(Err(e)),
             };
             let res = {
                 let mut t = slot.table.write();
@@ -807,6 +836,16 @@ fn handle_frame(st: &ServerState, h: &FrameHeader, ctx: &mut ConnCtx, conn: &mut
                     }
                     drop(gate);
                     g.advanced.notify_all();
+                }
+            }
+            // replicated bsp tables: outside the tables' lock (a clock waits there for its
+            // rounds to be replicated)
+            let chains: Vec<Arc<TableSlot>> = st.tables.read().values().filter(|s| s.chain.is_some()).cloned().collect();
+            for slot in chains {
+                if let (Some(c), Some(r)) = (&slot.chain, &slot.repl) {
+                    if let Err(e) = chain_clock(st, &slot, r, c, h, ctx, me) {
+                        return Ok(Err(e));
+                    }
                 }
             }
             let mut r = msg::reply_to(h, me);
@@ -1090,22 +1129,29 @@ fn create_table(st: &ServerState, h: &FrameHeader) -> ReqResult {
     let rank = st.rank.load(Ordering::Relaxed) as usize;
     let workers = st.num_workers.load(Ordering::Relaxed) as usize;
     let repl = st.repl.read().clone();
-    let (owned, table_repl) = match &repl {
-        None => (Partition::even(def.domain(), n).range(rank.min(n - 1)), None),
+    let bsp = def.consistency == downpour_core::consistency::Consistency::Bsp;
+    let (owned, table_repl, chain) = match &repl {
+        None => (Partition::even(def.domain(), n).range(rank.min(n - 1)), None, None),
         Some(r) => {
-            if def.consistency == downpour_core::consistency::Consistency::Bsp {
-                return Err((
-                    Status::Unsupported,
-                    format!("table {}: bsp tables are not replicated yet (use async or ssp with --replication)", def.id),
-                ));
-            }
             if !def.filters.is_empty() {
                 return Err((Status::Unsupported, format!("table {}: filters on replicated tables are not supported yet", def.id)));
             }
             // every shard this server is in the chain of, now or after a fail-over
             let map = r.map(def.domain(), &r.members());
-            let marks = Watermarks::new(map.len(), workers);
-            (def.domain(), Some(TableRepl { map: RwLock::new(Arc::new(map)), marks: Mutex::new(marks) }))
+            let me = st.node_id.load(Ordering::Relaxed);
+            // bsp: per shard, one more watermark slot: the rounds applied
+            let marks = Watermarks::new(map.len(), workers + usize::from(bsp));
+            let chain = if bsp {
+                let epoch = st.epoch.load(Ordering::Relaxed);
+                let rounds = ChainRounds::new(map.len(), workers, def.backup_workers as usize, def.aggregate, def.value_len, epoch, |s| {
+                    map.position(s, me) == Some(0)
+                })
+                .map_err(|e| (Status::Unsupported, format!("table {}: {e}", def.id)))?;
+                Some(ChainSlot { rounds: Mutex::new(rounds), changed: Condvar::new() })
+            } else {
+                None
+            };
+            (def.domain(), Some(TableRepl { map: RwLock::new(Arc::new(map)), marks: Mutex::new(marks) }), chain)
         }
     };
     if def.is_dense() {
@@ -1137,7 +1183,7 @@ fn create_table(st: &ServerState, h: &FrameHeader) -> ReqResult {
         })?;
     }
     let owned = table.owned();
-    let gate = if owned.is_empty() {
+    let gate = if owned.is_empty() || chain.is_some() {
         None
     } else {
         let gate = PullGate::for_model(model, owned, workers, backup, aggregate, vl).map_err(core_err)?;
@@ -1151,7 +1197,10 @@ fn create_table(st: &ServerState, h: &FrameHeader) -> ReqResult {
         FilterStats::new(&request, &reply)
     };
     account(st, 0, table.bytes());
-    tables.insert(canonical.id, Arc::new(TableSlot { spec: canonical, table: RwLock::new(table), gate, filter_stats, repl: table_repl }));
+    tables.insert(
+        canonical.id,
+        Arc::new(TableSlot { spec: canonical, table: RwLock::new(table), gate, filter_stats, repl: table_repl, chain }),
+    );
     Ok(())
 }
 
@@ -1171,6 +1220,11 @@ fn pull_range(
     let range = want.intersect(&owned);
     // under the table's consistency model, as a keyed pull: held until the clocks it
     // depends on are reached (a bsp table's round applied)
+    if let (Some(c), Some(r), false) = (&slot.chain, &slot.repl, range.is_empty()) {
+        if let Err(e) = wait_for_rounds(st, c, r, range, h) {
+            return Ok(Err(e));
+        }
+    }
     if let (Some(g), false) = (&slot.gate, range.is_empty()) {
         if let Err(e) = wait_for_clocks(st, g, range, h.after_clock, h.clock) {
             return Ok(Err(e));
@@ -1275,11 +1329,16 @@ fn replicated_push(
     me: u32,
 ) -> Result<ReqResult, TransportError> {
     let workers = st.num_workers.load(Ordering::Relaxed);
-    if h.worker >= workers {
+    // a replicated bsp table's round, forwarded by the head under the round watermark slot
+    let round_slot = slot.chain.is_some() && h.forwarded && h.worker == workers;
+    if h.worker >= workers && !round_slot {
         return Ok(Err((Status::InvalidArgument, format!("push from worker {} of a job of {workers} workers", h.worker))));
     }
     if h.forwarded && !is_peer(st, h.sender) {
         return Ok(Err((Status::PermissionDenied, format!("a forwarded push from node {}, which is not a server of this job", h.sender))));
+    }
+    if round_slot && !h.meta.is_empty() {
+        return round_marks(st, r, h, ctx, conn, me);
     }
     if !h.forwarded {
         if let Err(e) = fence_worker(st, h) {
@@ -1456,6 +1515,408 @@ fn forward_header(h: &FrameHeader, me: u32) -> FrameHeader {
     f.chunk = h.chunk;
     f.forwarded = true;
     f
+}
+
+/// The fewest rounds applied among the shards of a replicated `bsp` table this server heads.
+fn chain_applied(c: &ChainRounds) -> Option<u64> {
+    (0..c.shards()).filter_map(|s| c.applied(s)).min()
+}
+
+fn stale_rounds(table: u32, asked: u64, epoch: u64) -> (Status, String) {
+    (Status::StaleEpoch, format!("request for routing epoch {asked}, but table {table}'s rounds on this server are at epoch {epoch}"))
+}
+
+/// A worker's push to a replicated `bsp` table: buffered under its round at the head of each
+/// shard it touches and acknowledged then. The worker keeps it until every server has
+/// acknowledged its clock that completes the round, which a server does only once the
+/// round's aggregate is replicated ([`chain_clock`]), and sends it again after a routing
+/// change: a round lost with a head's buffer is pushed again to the new head.
+#[allow(clippy::too_many_arguments)]
+fn chain_push(
+    st: &ServerState,
+    slot: &TableSlot,
+    r: &TableRepl,
+    c: &ChainSlot,
+    h: &FrameHeader,
+    op: Op,
+    ctx: &mut ConnCtx,
+    conn: &mut dyn Connection,
+    me: u32,
+) -> Result<ReqResult, TransportError> {
+    if let Err(e) = chain_buffer(st, slot, r, c, h, op, ctx) {
+        ctx.dropped = 0;
+        return Ok(Err(e));
+    }
+    if h.last {
+        let mut rep = msg::reply_to(h, me);
+        rep.dropped = std::mem::take(&mut ctx.dropped);
+        conn.send(&mut rep, &[], &[])?;
+    }
+    Ok(Ok(()))
+}
+
+fn chain_buffer(st: &ServerState, slot: &TableSlot, r: &TableRepl, c: &ChainSlot, h: &FrameHeader, op: Op, ctx: &mut ConnCtx) -> ReqResult {
+    let workers = st.num_workers.load(Ordering::Relaxed);
+    if h.worker >= workers {
+        return Err((Status::InvalidArgument, format!("push from worker {} of a job of {workers} workers", h.worker)));
+    }
+    fence_worker(st, h)?;
+    let (vl, domain) = {
+        let t = slot.table.read();
+        (t.def().value_len, t.def().domain())
+    };
+    if op == Op::PushRange {
+        // dense chunks travel without keys; the round buffer keeps explicit keys
+        let n = (ctx.vals.len() / vl) as u64;
+        let end = h.range_begin.checked_add(n).ok_or_else(|| core_err(CoreError::Limit("range end overflows u64".into())))?;
+        ctx.keys.clear();
+        ctx.keys.extend(h.range_begin..end);
+    }
+    check_sorted_unique(&ctx.keys).map_err(core_err)?;
+    check_lengths(ctx.keys.len(), vl, ctx.vals.len()).map_err(core_err)?;
+    for k in [ctx.keys.first(), ctx.keys.last()].into_iter().flatten() {
+        if !domain.contains(*k) {
+            return Err(core_err(CoreError::KeyOutOfRange { table: h.table, key: *k, range: domain }));
+        }
+    }
+    // the round applies these keys later: refuse now what could not be stored then
+    check_quota(st, &slot.table.read(), &ctx.keys)?;
+    let map = r.map.read().clone();
+    let mut cr = c.rounds.lock();
+    if cr.epoch() != h.epoch {
+        return Err(stale_rounds(h.table, h.epoch, cr.epoch()));
+    }
+    let mut marks = r.marks.lock();
+    cr.ensure_started(&mut marks).map_err(core_err)?;
+    for (shard, range) in map.split_keys(&ctx.keys) {
+        if !cr.is_head(shard) {
+            return Err((
+                Status::StaleEpoch,
+                format!("this server is not the head of shard {shard} of table {} in routing epoch {}", h.table, cr.epoch()),
+            ));
+        }
+        let vals = &ctx.vals[range.start * vl..range.end * vl];
+        let got = cr.push(shard, h.worker as usize, h.request_id, h.clock, &ctx.keys[range], vals, &mut marks).map_err(core_err)?;
+        if got == Buffered::Dropped {
+            ctx.dropped += 1;
+        }
+    }
+    Ok(())
+}
+
+/// A worker's clock (or pause) on a replicated `bsp` table: the shards this server heads
+/// release the rounds now complete, which are applied here, then every round the
+/// successors have not acknowledged is forwarded with the round watermarks, and their
+/// acknowledgements awaited (all under the rounds' lock, so rounds reach a successor in
+/// order). A clock is then answered only once every shard this server heads has the
+/// worker's rounds applied and replicated; a pause is answered at once.
+fn chain_clock(st: &ServerState, slot: &TableSlot, r: &TableRepl, c: &ChainSlot, h: &FrameHeader, ctx: &mut ConnCtx, me: u32) -> ReqResult {
+    // (a clock names no table: it is for all of them)
+    let table = slot.spec.id;
+    let mut cr = c.rounds.lock();
+    if cr.epoch() != h.epoch {
+        return Err(stale_rounds(table, h.epoch, cr.epoch()));
+    }
+    let slot_w = cr.workers();
+    cr.ensure_started(&mut r.marks.lock()).map_err(core_err)?;
+    let released = cr.clock(h.worker as usize, h.clock, h.pause).map_err(core_err)?;
+    {
+        let mut t = (!released.is_empty()).then(|| slot.table.write());
+        if let Some(t) = t.as_mut() {
+            let before = t.bytes();
+            for (shard, k) in &released {
+                for u in cr.round(*shard, *k).map(|r| r.updates.as_slice()).unwrap_or_default() {
+                    if let Err(e) = t.push(&u.keys, &u.values) {
+                        // checked when buffered; a failure here is a bug, not bad input
+                        tracing::error!("table {}: round {k} of shard {shard} could not be applied: {e}", table);
+                    }
+                }
+            }
+            account(st, before, t.bytes());
+        }
+        // this server's own round watermarks (replica copies taken from it carry them)
+        let mut marks = r.marks.lock();
+        for shard in 0..cr.shards() {
+            if let Some(a) = cr.applied(shard) {
+                marks.raise(shard, slot_w, chain_rounds::round_done_mark(a)).map_err(core_err)?;
+            }
+        }
+    }
+    let sent = forward_rounds(st, r, &mut cr, table, ctx, me);
+    drop(cr);
+    c.changed.notify_all();
+    if let Err((_, why)) = &sent {
+        // the worker sends its clock again (after a routing change, if one is coming)
+        tracing::warn!("table {}: rounds not replicated yet: {why}", table);
+    }
+    sent?;
+    if h.pause {
+        return Ok(());
+    }
+    let mut cr = c.rounds.lock();
+    while !cr.done(h.clock) {
+        if cr.epoch() != h.epoch {
+            return Err(stale_rounds(table, h.epoch, cr.epoch()));
+        }
+        if st.stop.load(Ordering::Relaxed) {
+            return Err((Status::Aborted, "the server is stopping".into()));
+        }
+        c.changed.wait_for(&mut cr, GATE_POLL);
+    }
+    Ok(())
+}
+
+/// Request id of the frame that carries round watermarks down a chain (its acknowledgement
+/// is matched against it; the watermarks themselves are in its `meta`).
+const ROUND_MARKS_REQUEST: u64 = u64::MAX;
+
+/// `(shard, rounds applied)` pairs as a frame's `meta`: 4 + 8 bytes each, little-endian.
+fn encode_round_marks(list: &[(usize, u64)]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(list.len() * 12);
+    for &(s, a) in list {
+        out.extend_from_slice(&(s as u32).to_le_bytes());
+        out.extend_from_slice(&a.to_le_bytes());
+    }
+    out
+}
+
+fn decode_round_marks(b: &[u8]) -> Result<Vec<(usize, u64)>, String> {
+    if !b.len().is_multiple_of(12) {
+        return Err(format!("round watermarks of {} bytes, not a multiple of 12", b.len()));
+    }
+    Ok(b.chunks_exact(12)
+        .map(|c| {
+            let mut s = [0u8; 4];
+            let mut a = [0u8; 8];
+            s.copy_from_slice(&c[..4]);
+            a.copy_from_slice(&c[4..]);
+            (u32::from_le_bytes(s) as usize, u64::from_le_bytes(a))
+        })
+        .collect())
+}
+
+/// Sends the successors of the shards this server heads every round they have not
+/// acknowledged (each update under its round-slot request id, in chunks) and then, per
+/// successor, one frame with the round watermarks; its acknowledgement covers the updates
+/// before it. Shards without a successor (fewer servers than copies) count as replicated.
+fn forward_rounds(st: &ServerState, r: &TableRepl, cr: &mut ChainRounds, table: u32, ctx: &mut ConnCtx, me: u32) -> ReqResult {
+    let marks = cr.marks_to_send();
+    if marks.is_empty() {
+        return Ok(());
+    }
+    let res = forward_rounds_to(st, r, cr, marks, table, ctx, me);
+    if res.is_err() {
+        // no successor is left with frames of an unfinished request
+        ctx.fwd.reset();
+    }
+    res
+}
+
+fn forward_rounds_to(
+    st: &ServerState,
+    r: &TableRepl,
+    cr: &mut ChainRounds,
+    marks: Vec<(usize, u64)>,
+    table: u32,
+    ctx: &mut ConnCtx,
+    me: u32,
+) -> ReqResult {
+    let map = r.map.read().clone();
+    let epoch = cr.epoch();
+    let slot_w = cr.workers() as u32;
+    if ctx.fwd.epoch != epoch {
+        ctx.fwd.conns.clear();
+        ctx.fwd.epoch = epoch;
+    }
+    let fail =
+        |next: u32, e: String| (Status::StaleEpoch, format!("forwarding rounds of table {table} to replica node {next} failed: {e}"));
+    for (shard, round) in cr.unreplicated() {
+        let Some(next) = map.successor(shard, me) else { continue };
+        let conn = forward_conn(st, &mut ctx.fwd, next, me).map_err(|e| fail(next, e))?;
+        for (i, u) in round.updates.iter().enumerate() {
+            let id = chain_rounds::round_request(round.round, i).map_err(core_err)?;
+            let vl = if u.keys.is_empty() { 1 } else { u.values.len() / u.keys.len() };
+            let per = (st.cfg.chunk_bytes / (8 + 4 * vl)).max(1);
+            for (ks, vs) in u.keys.chunks(per).zip(u.values.chunks(per * vl)) {
+                let mut fh = msg::request(Op::Push, me, id, epoch, table);
+                fh.worker = slot_w;
+                fh.clock = round.round;
+                fh.forwarded = true;
+                // acknowledged together by the watermarks frame after them
+                fh.last = false;
+                conn.send(&mut fh, key_bytes(ks), value_bytes(vs)).map_err(|e| fail(next, e.to_string()))?;
+            }
+        }
+    }
+    let mut by_next: Vec<(u32, Vec<(usize, u64)>)> = Vec::new();
+    let mut tails = Vec::new();
+    for (shard, applied) in marks {
+        match map.successor(shard, me) {
+            None => tails.push((shard, applied)),
+            Some(n) => match by_next.iter_mut().find(|x| x.0 == n) {
+                Some(x) => x.1.push((shard, applied)),
+                None => by_next.push((n, vec![(shard, applied)])),
+            },
+        }
+    }
+    for (next, list) in &by_next {
+        let mut fh = msg::request(Op::Push, me, ROUND_MARKS_REQUEST, epoch, table);
+        fh.worker = slot_w;
+        fh.forwarded = true;
+        fh.last = true;
+        fh.meta = encode_round_marks(list).into();
+        let conn = forward_conn(st, &mut ctx.fwd, *next, me).map_err(|e| fail(*next, e))?;
+        conn.send(&mut fh, &[], &[]).map_err(|e| fail(*next, e.to_string()))?;
+    }
+    for (next, list) in by_next {
+        let conn = forward_conn(st, &mut ctx.fwd, next, me).map_err(|e| fail(next, e))?;
+        match conn.recv_header() {
+            Ok(Some(a)) if a.status == 0 && a.request_id == ROUND_MARKS_REQUEST => {}
+            Ok(Some(a)) if a.status != 0 => return Err((Status::from_u32(a.status), format!("replica node {next}: {}", a.error))),
+            Ok(Some(a)) => {
+                return Err(fail(next, format!("acknowledgement of request {} while waiting for round watermarks", a.request_id)))
+            }
+            Ok(None) => return Err(fail(next, "the connection was closed".into())),
+            Err(e) => return Err(fail(next, e.to_string())),
+        }
+        for (shard, applied) in list {
+            cr.acknowledged(shard, applied);
+        }
+    }
+    for (shard, applied) in tails {
+        cr.acknowledged(shard, applied);
+    }
+    Ok(())
+}
+
+/// A successor's side of [`forward_rounds`]: the round watermarks that follow a round's
+/// updates. Raised here, passed on to this server's own successors (with the end of any
+/// update frames passed on before), acknowledged once they acknowledged.
+fn round_marks(
+    st: &ServerState,
+    r: &TableRepl,
+    h: &FrameHeader,
+    ctx: &mut ConnCtx,
+    conn: &mut dyn Connection,
+    me: u32,
+) -> Result<ReqResult, TransportError> {
+    let slot_w = st.num_workers.load(Ordering::Relaxed) as usize;
+    let list = match decode_round_marks(&h.meta) {
+        Ok(l) => l,
+        Err(e) => return Ok(Err((Status::InvalidArgument, e))),
+    };
+    let map = r.map.read().clone();
+    {
+        let epoch = st.epoch.load(Ordering::Relaxed);
+        if h.epoch != epoch {
+            return Ok(Err((
+                Status::StaleEpoch,
+                format!("round watermarks for routing epoch {} but this server is at epoch {epoch}", h.epoch),
+            )));
+        }
+        let mut marks = r.marks.lock();
+        for &(shard, applied) in &list {
+            if shard >= map.len() || !map.position(shard, me).is_some_and(|p| p > 0) {
+                return Ok(Err((
+                    Status::StaleEpoch,
+                    format!("this server is not a replica of shard {shard} of table {} in routing epoch {epoch}", h.table),
+                )));
+            }
+            if let Err(e) = marks.raise(shard, slot_w, chain_rounds::round_done_mark(applied)) {
+                return Ok(Err(core_err(e)));
+            }
+        }
+    }
+    if ctx.fwd.epoch != h.epoch {
+        ctx.fwd.conns.clear();
+        ctx.fwd.epoch = h.epoch;
+    }
+    let mut by_next: Vec<(u32, Vec<(usize, u64)>)> = Vec::new();
+    for &(shard, applied) in &list {
+        if let Some(n) = map.successor(shard, me) {
+            match by_next.iter_mut().find(|x| x.0 == n) {
+                Some(x) => x.1.push((shard, applied)),
+                None => by_next.push((n, vec![(shard, applied)])),
+            }
+        }
+    }
+    let mut closed: Vec<u32> = Vec::new();
+    for (next, l) in &by_next {
+        let mut fh = forward_header(h, me);
+        fh.request_id = ROUND_MARKS_REQUEST;
+        fh.last = true;
+        fh.meta = encode_round_marks(l).into();
+        if let Err(e) = forward_conn(st, &mut ctx.fwd, *next, me).and_then(|c| c.send(&mut fh, &[], &[]).map_err(|e| e.to_string())) {
+            ctx.fwd.reset();
+            return Ok(Err((Status::StaleEpoch, format!("forwarding round watermarks to replica node {next} failed: {e}"))));
+        }
+        closed.push(*next);
+    }
+    // successors that got update frames but no watermarks: an empty closing frame
+    for next in std::mem::take(&mut ctx.fwd.touched) {
+        if closed.contains(&next) {
+            continue;
+        }
+        let mut fh = forward_header(h, me);
+        fh.request_id = ROUND_MARKS_REQUEST;
+        fh.last = true;
+        if let Err(e) = forward_conn(st, &mut ctx.fwd, next, me).and_then(|c| c.send(&mut fh, &[], &[]).map_err(|e| e.to_string())) {
+            ctx.fwd.reset();
+            return Ok(Err((Status::StaleEpoch, format!("forwarding to replica node {next} failed: {e}"))));
+        }
+        closed.push(next);
+    }
+    for next in closed {
+        let acked = forward_conn(st, &mut ctx.fwd, next, me).and_then(|c| match c.recv_header() {
+            Ok(Some(a)) if a.status == 0 && a.request_id == ROUND_MARKS_REQUEST => Ok(None),
+            Ok(Some(a)) if a.status != 0 => Ok(Some((Status::from_u32(a.status), a.error))),
+            Ok(Some(a)) => Err(format!("acknowledgement of request {} while waiting for round watermarks", a.request_id)),
+            Ok(None) => Err("the connection was closed".into()),
+            Err(e) => Err(e.to_string()),
+        });
+        match acked {
+            Ok(None) => {}
+            Ok(Some((status, why))) => {
+                ctx.fwd.reset();
+                return Ok(Err((status, format!("replica node {next}: {why}"))));
+            }
+            Err(e) => {
+                ctx.fwd.reset();
+                return Ok(Err((Status::StaleEpoch, format!("replica node {next} did not acknowledge: {e}"))));
+            }
+        }
+    }
+    let mut rep = msg::reply_to(h, me);
+    conn.send(&mut rep, &[], &[])?;
+    Ok(Ok(()))
+}
+
+/// Blocks until a pull of `range` on a replicated `bsp` table may run: every shard of it
+/// this server heads has applied the rounds the pull depends on. Returns its staleness,
+/// the rounds applied and how long it was held; a routing change refuses it (the worker
+/// sends it again under the new routing).
+fn wait_for_rounds(st: &ServerState, c: &ChainSlot, r: &TableRepl, range: KeyRange, h: &FrameHeader) -> Result<Seen, (Status, String)> {
+    let start = std::time::Instant::now();
+    let map = r.map.read().clone();
+    let (Some(a), Some(b)) = (map.shard_of(range.begin), range.end.checked_sub(1).and_then(|e| map.shard_of(e))) else {
+        return Ok((None, None, Duration::ZERO));
+    };
+    let mut cr = c.rounds.lock();
+    loop {
+        if cr.epoch() != h.epoch {
+            return Err(stale_rounds(h.table, h.epoch, cr.epoch()));
+        }
+        cr.ensure_started(&mut r.marks.lock()).map_err(core_err)?;
+        if let Some(least) = cr.ready(a..=b, h.after_clock) {
+            let round = (least != u64::MAX).then_some(least);
+            let staleness = h.clock.saturating_sub(least.min(h.clock));
+            return Ok((Some(staleness), round, if h.after_clock.is_some() { start.elapsed() } else { Duration::ZERO }));
+        }
+        if st.stop.load(Ordering::Relaxed) {
+            return Err((Status::Aborted, "the server is stopping".into()));
+        }
+        c.changed.wait_for(&mut cr, GATE_POLL);
+    }
 }
 
 /// Connects to another server of the job (identifying with this node's credential when
@@ -1644,6 +2105,9 @@ pub fn move_to_epoch(st: &ServerState, routing: proto::Routing) -> Result<u64, E
         let plan = shards::copies(&old, &new, &new_members).map_err(|e| EpochError::Failed(format!("table {id}: {e}")))?;
         let mut outgoing = Vec::new();
         {
+            // a replicated bsp table: no round is half applied or half forwarded while its
+            // copies are taken, and the headships change with the placement
+            let mut rounds = slot.chain.as_ref().map(|c| c.rounds.lock());
             let t = slot.table.write();
             *tr.map.write() = Arc::new(new.clone());
             let marks = tr.marks.lock();
@@ -1653,6 +2117,13 @@ pub fn move_to_epoch(st: &ServerState, routing: proto::Routing) -> Result<u64, E
                 t.export_rows(range, &mut keys, &mut rows);
                 outgoing.push((c.to.clone(), range, keys, rows, marks.encode(c.shard, c.shard + 1)));
             }
+            if let Some(cr) = rounds.as_mut() {
+                cr.set_heads(routing.epoch, |s| new.position(s, me) == Some(0));
+            }
+        }
+        if let Some(c) = &slot.chain {
+            // clocks and pulls waiting under the old epoch are refused now
+            c.changed.notify_all();
         }
         for (to, range, keys, rows, marks) in outgoing {
             for node in to {

@@ -1,3 +1,4 @@
+use downpour_core::consistency::Consistency;
 use downpour_core::filter::{FilterRegistry, FilterTraffic, Message as FilterMessage, Pipeline};
 use downpour_core::keys::{check_lengths, check_sorted_unique};
 use downpour_core::msg::{self, Op, Status};
@@ -128,6 +129,12 @@ struct Failover {
     journal: BTreeMap<u64, Redo>,
     /// Bytes the journal holds; past [`JOURNAL_BYTES`] the client waits for old requests.
     journal_bytes: usize,
+    /// Acknowledged pushes to replicated `bsp` tables, by timestamp: a head acknowledges a
+    /// push when it buffers it, and the buffer dies with the head, so each is kept (and
+    /// sent again after a routing change, like the journal) until every server has
+    /// acknowledged this worker's clock that completes its round, which a server does only
+    /// once the round's aggregate is replicated.
+    retained: BTreeMap<u64, Redo>,
     /// How long to keep trying to reach a working routing table.
     give_up_after: Duration,
     /// Routing changes this client went through, and the time spent in them.
@@ -143,11 +150,38 @@ enum Redo {
 }
 
 impl Redo {
+    /// The clock (round) the request was issued at.
+    fn clock(&self) -> u64 {
+        match self {
+            Redo::Keyed { clock, .. } | Redo::Ranged { clock, .. } | Redo::Clock { clock, .. } => *clock,
+        }
+    }
+
     fn bytes(&self) -> usize {
         match self {
             Redo::Keyed { keys, values, .. } => keys.len() * 8 + values.len() * 4,
             Redo::Ranged { values, .. } => values.len() * 4,
             Redo::Clock { .. } => 0,
+        }
+    }
+}
+
+impl Failover {
+    /// A journaled request finished (`ok`: without error): a push to a `bsp` table (`bsp`
+    /// says which are) is retained until its round is replicated; a clock that completes
+    /// rounds releases the pushes retained for them.
+    fn settle(&mut self, ts: u64, redo: Redo, ok: bool, bsp: impl Fn(u32) -> bool) {
+        match &redo {
+            Redo::Keyed { op, table, .. } | Redo::Ranged { op, table, .. }
+                if ok && matches!(op, Op::Push | Op::PushRange) && bsp(*table) =>
+            {
+                self.retained.insert(ts, redo);
+            }
+            Redo::Clock { clock, pause: false } if ok => {
+                let c = *clock;
+                self.retained.retain(|_, r| r.clock() >= c);
+            }
+            _ => {}
         }
     }
 }
@@ -428,6 +462,7 @@ impl KvClient {
             credential,
             journal: BTreeMap::new(),
             journal_bytes: 0,
+            retained: BTreeMap::new(),
             give_up_after,
             recoveries: 0,
             recovery_time: Duration::ZERO,
@@ -800,7 +835,7 @@ impl KvClient {
     /// A push to a `bsp` table must say which worker it comes from.
     fn check_rank_for(&self, table: u32) -> Result<(), ClientError> {
         match self.tables.get(&table) {
-            Some(t) if t.def.consistency == downpour_core::consistency::Consistency::Bsp => self.rank_for_bounded().map(|_| ()),
+            Some(t) if t.def.consistency == Consistency::Bsp => self.rank_for_bounded().map(|_| ()),
             _ => Ok(()),
         }
     }
@@ -1366,6 +1401,8 @@ impl KvClient {
                     if let Some(f) = self.failover.as_mut() {
                         if let Some(r) = f.journal.remove(&ts) {
                             f.journal_bytes -= r.bytes();
+                            let tables = &self.tables;
+                            f.settle(ts, r, o.error.is_none(), |t| tables.get(&t).is_some_and(|t| t.def.consistency == Consistency::Bsp));
                         }
                     }
                 }
@@ -1494,7 +1531,10 @@ impl KvClient {
                 }
             }
             // requests that cannot go again fail; the journaled ones are sent again in order
-            let journaled: Vec<u64> = self.failover.as_ref().map(|f| f.journal.keys().copied().collect()).unwrap_or_default();
+            // (pushes retained for rounds not yet replicated go again too)
+            let mut journaled: Vec<u64> =
+                self.failover.as_ref().map(|f| f.journal.keys().chain(f.retained.keys()).copied().collect()).unwrap_or_default();
+            journaled.sort_unstable();
             for (ts, o) in self.ops.iter_mut() {
                 if o.parts_left > 0 && !o.deferred && journaled.binary_search(ts).is_err() {
                     o.parts_left = 0;
@@ -1521,7 +1561,15 @@ impl KvClient {
             if self.broken {
                 return Ok(());
             }
-            let Some(redo) = self.failover.as_mut().and_then(|f| f.journal.remove(&ts)) else { continue };
+            let Some(redo) = self.failover.as_mut().and_then(|f| {
+                f.journal.remove(&ts).or_else(|| {
+                    let r = f.retained.remove(&ts)?;
+                    f.journal_bytes += r.bytes();
+                    Some(r)
+                })
+            }) else {
+                continue;
+            };
             let mine = lent.as_deref_mut().filter(|l| l.ts == ts);
             self.reuse_ts = Some(ts);
             let r = match &redo {
@@ -1546,6 +1594,9 @@ impl KvClient {
                 }
             } else if let Some(f) = self.failover.as_mut() {
                 f.journal_bytes -= redo.bytes();
+                let ok = r.is_ok() && self.ops.get(&ts).is_none_or(|o| o.error.is_none());
+                let tables = &self.tables;
+                f.settle(ts, redo, ok, |t| tables.get(&t).is_some_and(|t| t.def.consistency == Consistency::Bsp));
             }
             r?;
         }

@@ -21,6 +21,11 @@ pub struct CounterArgs {
     /// Values per key (each element is incremented).
     #[arg(long, default_value_t = 1)]
     pub value_len: usize,
+    /// Synchronous rounds: a `bsp` table whose rounds sum the workers' increments and apply
+    /// them once (synchronous aggregation; with `--replication` the servers replicate each
+    /// round's sum once instead of every push).
+    #[arg(long)]
+    pub sync: bool,
 }
 
 /// Table id the counter job uses.
@@ -46,8 +51,8 @@ pub fn run(a: &CounterArgs, s: &mut WorkerSession, num_servers: usize, sink: &Si
         storage: Storage::Sparse,
         init: Init::Zeros,
         rule: proto::Rule { name: "add".into(), ..Default::default() },
-        consistency: downpour_core::consistency::Consistency::Async,
-        aggregate: Default::default(),
+        consistency: if a.sync { downpour_core::consistency::Consistency::Bsp } else { downpour_core::consistency::Consistency::Async },
+        aggregate: if a.sync { downpour_core::rounds::Aggregate::Sum } else { Default::default() },
         backup_workers: 0,
         filters: Default::default(),
     };
