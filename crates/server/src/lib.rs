@@ -1816,7 +1816,7 @@ fn round_marks(
         }
         let mut marks = r.marks.lock();
         for &(shard, applied) in &list {
-            if shard >= map.len() || !map.position(shard, me).is_some_and(|p| p > 0) {
+            if shard >= map.len() || map.position(shard, me).is_none_or(|p| p == 0) {
                 return Ok(Err((
                     Status::StaleEpoch,
                     format!("this server is not a replica of shard {shard} of table {} in routing epoch {epoch}", h.table),
