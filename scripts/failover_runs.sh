@@ -11,7 +11,8 @@
 #                                     at times chosen by the seed
 # Each line also gives the slowest counter round of either worker (what the job felt; an
 # undisturbed run's slowest round is 30-100 ms here).
-# Usage: after cargo build --release (DOWNPOUR=path overrides the binary)
+# Usage: after cargo build --release (DOWNPOUR=path overrides the binary; COUNTER_ARGS adds
+# counter flags, e.g. COUNTER_ARGS=--sync for synchronous rounds whose sums are replicated)
 mode=${1:-kill}
 fails=0
 for seed in $(seq 1 20); do
@@ -35,7 +36,7 @@ for seed in $(seq 1 20); do
     faults=(--fault "kill server:$srv at ${ms}ms")
     what="kill server $srv at ${ms}ms"
   fi
-  out=$(timeout 120 ${DOWNPOUR:-target/release/downpour} launch --servers 3 --workers 2 --replication 2 "${faults[@]}" -- counter --keys 100000 --rounds 300 2>&1)
+  out=$(timeout 120 ${DOWNPOUR:-target/release/downpour} launch --servers 3 --workers 2 --replication 2 "${faults[@]}" -- counter --keys 100000 --rounds 300 ${COUNTER_ARGS} 2>&1)
   rc=$?
   oks=$(echo "$out" | grep -c "counter: OK")
   took=$(echo "$out" | grep -o "\(recovery\|reconfiguration\) took [0-9.]* ms" | sed 's/.* took //' | tr '\n' ' ')

@@ -143,7 +143,9 @@ pub fn run(a: &BenchArgs, common: &CommonArgs, s: &Settings, interrupted: Arc<At
         "push" => 0,
         "pull" => 1,
         "push_then_pull" => 2,
-        _ => 3,
+        "push_pull" => 3,
+        "sync_step" => 4,
+        _ => 5,
     };
     for x in samples.lock().drain(..) {
         groups.entry((case_rank(&x.case), x.bytes, op_rank(&x.op))).or_default().push(x);

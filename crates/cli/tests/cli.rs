@@ -400,6 +400,30 @@ fn a_server_joining_and_another_draining_mid_job_lose_and_double_no_update() {
     assert!(err.matches("served: reconfiguration took").count() >= 2, "both changes were served: {err}");
 }
 
+/// Synchronous rounds on two copies (`counter --sync`: a bsp table whose heads sum the
+/// workers' increments and replicate each round's sum once): a server SIGKILLed mid-job
+/// (its buffered rounds die with it and are pushed again by the workers), and a server
+/// joining while another drains, leave every key exact.
+#[test]
+fn synchronous_rounds_on_two_copies_lose_and_double_no_update_through_a_kill_a_join_and_a_drain() {
+    let cases: [&[&str]; 2] =
+        [&["--fault", "kill server:1 at 700ms"], &["--fault", "start server at 500ms", "--fault", "drain server:0 at 1200ms"]];
+    for faults in cases {
+        let o = Command::new(env!("CARGO_BIN_EXE_downpour"))
+            .args(["launch", "--servers", "3", "--workers", "2", "--replication", "2"])
+            .args(faults)
+            .args(["--", "counter", "--keys", "20000", "--rounds", "300", "--sync"])
+            .output()
+            .unwrap();
+        let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        assert!(o.status.success(), "{faults:?}: {out}\n{err}");
+        assert_eq!(out.matches("counter: OK").count() + err.matches("counter: OK").count(), 2, "{faults:?}: {out}\n{err}");
+        assert!(err.contains("rounds applied on the shards it heads"), "the table was a replicated bsp table: {err}");
+        let changes = err.matches("served: recovery took").count() + err.matches("served: reconfiguration took").count();
+        assert_eq!(changes, faults.len() / 2, "every change was served mid-job: {err}");
+    }
+}
+
 #[test]
 fn joining_or_draining_an_unreplicated_job_is_refused_before_anything_starts() {
     for fault in ["start server at 1s", "drain server:0 at 1s"] {

@@ -1622,20 +1622,27 @@ fn chain_clock(st: &ServerState, slot: &TableSlot, r: &TableRepl, c: &ChainSlot,
     let released = cr.clock(h.worker as usize, h.clock, h.pause).map_err(core_err)?;
     {
         let mut t = (!released.is_empty()).then(|| slot.table.write());
+        let mut marks = r.marks.lock();
         if let Some(t) = t.as_mut() {
             let before = t.bytes();
+            let vl = t.def().value_len;
             for (shard, k) in &released {
-                for u in cr.round(*shard, *k).map(|r| r.updates.as_slice()).unwrap_or_default() {
-                    if let Err(e) = t.push(&u.keys, &u.values) {
+                for (i, u) in cr.round(*shard, *k).map(|r| r.updates.as_slice()).unwrap_or_default().iter().enumerate() {
+                    // Through the round watermark, as at a successor: a new head that holds
+                    // part of a round its predecessor forwarded (the updates came, the
+                    // watermarks frame did not) rebuilds the same round from the workers'
+                    // pushes and applies only the part it lacks.
+                    let id = chain_rounds::round_request(*k, i).map_err(core_err)?;
+                    let from = marks.admit(*shard, slot_w, id, &u.keys).map_err(core_err)?;
+                    if let Err(e) = t.push(&u.keys[from..], &u.values[from * vl..]) {
                         // checked when buffered; a failure here is a bug, not bad input
-                        tracing::error!("table {}: round {k} of shard {shard} could not be applied: {e}", table);
+                        tracing::error!("table {table}: round {k} of shard {shard} could not be applied: {e}");
                     }
                 }
             }
             account(st, before, t.bytes());
         }
         // this server's own round watermarks (replica copies taken from it carry them)
-        let mut marks = r.marks.lock();
         for shard in 0..cr.shards() {
             if let Some(a) = cr.applied(shard) {
                 marks.raise(shard, slot_w, chain_rounds::round_done_mark(a)).map_err(core_err)?;
