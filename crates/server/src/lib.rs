@@ -1338,7 +1338,7 @@ fn replicated_push(
         return Ok(Err((Status::PermissionDenied, format!("a forwarded push from node {}, which is not a server of this job", h.sender))));
     }
     if round_slot && !h.meta.is_empty() {
-        return round_marks(st, r, h, ctx, conn, me);
+        return round_marks(st, slot, r, h, ctx, conn, me);
     }
     if !h.forwarded {
         if let Err(e) = fence_worker(st, h) {
@@ -1801,6 +1801,7 @@ fn forward_rounds_to(
 /// update frames passed on before), acknowledged once they acknowledged.
 fn round_marks(
     st: &ServerState,
+    slot: &TableSlot,
     r: &TableRepl,
     h: &FrameHeader,
     ctx: &mut ConnCtx,
@@ -1814,6 +1815,9 @@ fn round_marks(
     };
     let map = r.map.read().clone();
     {
+        // checked under the table's lock, as updates are: an epoch move's copies (taken
+        // under it) have either these watermarks or none of this frame
+        let _t = slot.table.read();
         let epoch = st.epoch.load(Ordering::Relaxed);
         if h.epoch != epoch {
             return Ok(Err((
