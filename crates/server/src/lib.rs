@@ -1033,13 +1033,14 @@ fn decode_filtered(st: &ServerState, h: &FrameHeader, slot: &TableSlot, ctx: &mu
     }
 }
 
-/// Checks a push to a `bsp` table as the table would, then buffers it under its round.
-fn buffer_push(st: &ServerState, slot: &TableSlot, g: &GateSlot, h: &FrameHeader, op: Op, ctx: &mut ConnCtx) -> ReqResult {
+/// Checks a push to a `bsp` table as the table would: its worker, keys sorted, unique and
+/// inside `range`, the values' length; gives a range push explicit keys (the round buffer
+/// keeps them).
+fn check_round_push(st: &ServerState, h: &FrameHeader, op: Op, ctx: &mut ConnCtx, vl: usize, range: KeyRange) -> ReqResult {
     let workers = st.num_workers.load(Ordering::Relaxed);
     if h.worker >= workers {
         return Err((Status::InvalidArgument, format!("push from worker {} of a job of {workers} workers", h.worker)));
     }
-    let vl = slot.table.read().def().value_len;
     if op == Op::PushRange {
         // Dense chunks travel without keys; the round buffer keeps explicit keys.
         let n = (ctx.vals.len() / vl) as u64;
@@ -1050,10 +1051,17 @@ fn buffer_push(st: &ServerState, slot: &TableSlot, g: &GateSlot, h: &FrameHeader
     check_sorted_unique(&ctx.keys).map_err(core_err)?;
     check_lengths(ctx.keys.len(), vl, ctx.vals.len()).map_err(core_err)?;
     for k in [ctx.keys.first(), ctx.keys.last()].into_iter().flatten() {
-        if !g.owned.contains(*k) {
-            return Err(core_err(CoreError::KeyOutOfRange { table: h.table, key: *k, range: g.owned }));
+        if !range.contains(*k) {
+            return Err(core_err(CoreError::KeyOutOfRange { table: h.table, key: *k, range }));
         }
     }
+    Ok(())
+}
+
+/// Checks a push to a `bsp` table as the table would, then buffers it under its round.
+fn buffer_push(st: &ServerState, slot: &TableSlot, g: &GateSlot, h: &FrameHeader, op: Op, ctx: &mut ConnCtx) -> ReqResult {
+    let vl = slot.table.read().def().value_len;
+    check_round_push(st, h, op, ctx, vl, g.owned)?;
     // the round applies these keys later: refuse now what could not be stored then
     check_quota(st, &slot.table.read(), &ctx.keys)?;
     match g.gate.lock().push(h.worker as usize, h.clock, &ctx.keys, &ctx.vals).map_err(core_err)? {
@@ -1556,29 +1564,12 @@ fn chain_push(
 }
 
 fn chain_buffer(st: &ServerState, slot: &TableSlot, r: &TableRepl, c: &ChainSlot, h: &FrameHeader, op: Op, ctx: &mut ConnCtx) -> ReqResult {
-    let workers = st.num_workers.load(Ordering::Relaxed);
-    if h.worker >= workers {
-        return Err((Status::InvalidArgument, format!("push from worker {} of a job of {workers} workers", h.worker)));
-    }
     fence_worker(st, h)?;
     let (vl, domain) = {
         let t = slot.table.read();
         (t.def().value_len, t.def().domain())
     };
-    if op == Op::PushRange {
-        // dense chunks travel without keys; the round buffer keeps explicit keys
-        let n = (ctx.vals.len() / vl) as u64;
-        let end = h.range_begin.checked_add(n).ok_or_else(|| core_err(CoreError::Limit("range end overflows u64".into())))?;
-        ctx.keys.clear();
-        ctx.keys.extend(h.range_begin..end);
-    }
-    check_sorted_unique(&ctx.keys).map_err(core_err)?;
-    check_lengths(ctx.keys.len(), vl, ctx.vals.len()).map_err(core_err)?;
-    for k in [ctx.keys.first(), ctx.keys.last()].into_iter().flatten() {
-        if !domain.contains(*k) {
-            return Err(core_err(CoreError::KeyOutOfRange { table: h.table, key: *k, range: domain }));
-        }
-    }
+    check_round_push(st, h, op, ctx, vl, domain)?;
     // the round applies these keys later: refuse now what could not be stored then
     check_quota(st, &slot.table.read(), &ctx.keys)?;
     let map = r.map.read().clone();
