@@ -407,12 +407,12 @@ fn a_server_joining_and_another_draining_mid_job_lose_and_double_no_update() {
 #[test]
 fn synchronous_rounds_on_two_copies_lose_and_double_no_update_through_a_kill_a_join_and_a_drain() {
     let cases: [&[&str]; 2] =
-        [&["--fault", "kill server:1 at 700ms"], &["--fault", "start server at 500ms", "--fault", "drain server:0 at 1200ms"]];
+        [&["--fault", "kill server:1 at 400ms"], &["--fault", "start server at 300ms", "--fault", "drain server:0 at 700ms"]];
     for faults in cases {
         let o = Command::new(env!("CARGO_BIN_EXE_downpour"))
             .args(["launch", "--servers", "3", "--workers", "2", "--replication", "2"])
             .args(faults)
-            .args(["--", "counter", "--keys", "20000", "--rounds", "300", "--sync"])
+            .args(["--", "counter", "--keys", "20000", "--rounds", "2000", "--sync"])
             .output()
             .unwrap();
         let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
@@ -488,7 +488,9 @@ fn a_job_killed_whole_resumes_from_its_newest_checkpoint_and_ends_exact() {
         .filter(|e| e.path().join("manifest.pb").is_file())
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
-    assert!((1..=3).contains(&complete.len()), "at most 3 complete checkpoints are kept: {complete:?}");
+    // three are kept; a kill landing between a new one's completion and the oldest one's
+    // removal leaves a fourth
+    assert!((1..=4).contains(&complete.len()), "at most 3 complete checkpoints are kept (4 mid-pruning): {complete:?}");
 
     let show = run(downpour().args(["checkpoint", "show", &ck_arg]));
     let (out, err) = text(&show);
