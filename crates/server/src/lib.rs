@@ -300,13 +300,14 @@ impl ServerState {
         let mut keys_total = 0usize;
         let mut out = Vec::new();
         for id in ids {
-            let t = tables[id].table.read();
-            keys_total += t.len();
+            // the rounds first: a replicated bsp clock takes the rounds' lock, then the table's
             let rounds = match (tables[id].gate.as_ref().map(|g| g.gate.lock()), &tables[id].chain) {
                 (Some(g), _) => g.rounds().map(|r| format!(", {} rounds applied, {} late pushes dropped", r.applied(), r.dropped())),
                 (None, Some(c)) => chain_applied(&c.rounds.lock()).map(|a| format!(", {a} rounds applied on the shards it heads")),
                 (None, None) => None,
             };
+            let t = tables[id].table.read();
+            keys_total += t.len();
             out.push(format!(
                 "table {id} {:?}: {} keys, {:.1} MiB of rows{}",
                 t.def().name,
@@ -2083,6 +2084,13 @@ pub fn move_to_epoch(st: &ServerState, routing: proto::Routing) -> Result<u64, E
         let mut g = st.repl.write();
         let r = g.as_mut().ok_or_else(|| EpochError::Failed("this server is not part of a replicated job".into()))?;
         r.routing = routing.clone();
+        // Where the data is: the members of the last epoch the coordinator served. This
+        // server may not have heard that an epoch was served (a heartbeat answered with the
+        // next change already), and a plan from an older placement would send copies to
+        // members that hold newer data, overwriting it.
+        if !routing.served.is_empty() {
+            r.active_members = routing.served.clone();
+        }
         (r.active_members.clone(), r.clone())
     };
     let new_members = repl.members();

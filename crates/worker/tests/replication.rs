@@ -10,7 +10,7 @@ use downpour_core::init::Init;
 use downpour_core::msg::{self, Op, Status};
 use downpour_core::proto;
 use downpour_core::ring::Ring;
-use downpour_core::shards::ShardMap;
+use downpour_core::shards::{copies, ShardMap};
 use downpour_core::table::{Storage, TableDef};
 use downpour_core::KeyRange;
 use downpour_server::{move_to_epoch, Server, ServerConfig, ServerHandle};
@@ -308,4 +308,80 @@ fn a_replaced_worker_is_fenced_where_the_coordinator_named_its_replacement_befor
     let mut out = vec![0f32; keys.len()];
     reader.pull_into(1, &keys, &mut out).unwrap();
     assert!(out.iter().all(|&v| v == 1.0), "only the round before the replacement");
+}
+
+/// A server may move from routing epoch 2 straight to epoch 3 without having heard that
+/// epoch 2 was served (its heartbeat answer brought the next change already). It must plan
+/// its replica copies from where the data is, epoch 2's placement (the routing's `served`),
+/// not from epoch 1's: a plan from epoch 1 sends copies of shards over servers that hold
+/// newer data, and the updates since are lost.
+#[test]
+fn a_server_that_missed_an_epoch_being_served_still_copies_from_where_the_data_is() {
+    // a joiner's node id for which some shard leaves a server's chain in epoch 2 (the join)
+    // and comes back to it in epoch 3 (node 1 drained): planned from epoch 1, that server
+    // would send its copy from before epoch 2 over the current one
+    let map = |m: &[u32]| ShardMap::new(&Ring::with_members(VNODES, m.iter().copied(), 1), KeyRange::FULL, SHARDS as usize, 2);
+    let joiner_id = (4..200u32)
+        .find(|&j| {
+            let (m1, m2, m3) = (map(&[1, 2, 3]), map(&[1, 2, 3, j]), map(&[2, 3, j]));
+            copies(&m1, &m3, &[2, 3, j]).unwrap().iter().any(|c| !m2.chain(c.shard).contains(&c.from))
+        })
+        .expect("a ring where a shard comes back to a server");
+    let t = Arc::new(InProcTransport::new());
+    let (mut servers, mut members) = cluster(&t);
+    let keys = spread_keys(4000);
+    let ones = vec![1f32; keys.len()];
+    let mut kv1 = client(&t, &routing(1, &members));
+    kv1.create_table(counter_table()).unwrap();
+    let ts = kv1.push(1, &keys, &ones).unwrap();
+    kv1.wait(ts).unwrap();
+
+    // epoch 2: node 4 joins (it holds nothing until the copies of epoch 2 arrive)
+    let peer: Arc<dyn Transport> = t.clone();
+    let joiner = Server::bind(t.as_ref(), "inproc://0", ServerConfig { peer_transport: Some(peer), ..Default::default() }).unwrap();
+    members.push((joiner_id, joiner.addr()));
+    let mut r2 = routing(2, &members);
+    r2.served = vec![1, 2, 3];
+    joiner.state().set_placement(joiner_id, 3, 4, 1, 2);
+    joiner.state().set_replicated(proto::Routing { active: false, ..r2.clone() });
+    servers.push(joiner.spawn().unwrap());
+    for s in &servers[..3] {
+        move_to_epoch(&s.state, r2.clone()).unwrap();
+    }
+    // served, but no server hears of it (no `epoch_served`); three rounds under epoch 2
+    let mut kv2 = client(&t, &r2);
+    kv2.use_table(counter_table());
+    // (the same worker: its request ids go on)
+    kv2.resume_requests(kv1.next_request_id(), kv1.current_clock()).unwrap();
+    for _ in 0..3 {
+        kv2.push(1, &keys, &ones).unwrap();
+    }
+    kv2.wait_all().unwrap();
+
+    // epoch 3: node 1 is drained
+    let rest: Vec<(u32, String)> = members.iter().filter(|m| m.0 != 1).cloned().collect();
+    let mut r3 = routing(3, &rest);
+    r3.served = vec![1, 2, 3, joiner_id];
+    for s in &servers[1..] {
+        move_to_epoch(&s.state, r3.clone()).unwrap();
+    }
+    let mut kv3 = client(&t, &r3);
+    kv3.use_table(counter_table());
+    let mut out = vec![0f32; keys.len()];
+    kv3.pull_into(1, &keys, &mut out).unwrap();
+    let wrong = out.iter().filter(|&&v| v != 4.0).count();
+    assert_eq!(wrong, 0, "four rounds on every head; e.g. {:?}", out.iter().find(|&&v| v != 4.0));
+
+    // and on every replica: epoch 4 without the joiner leaves two servers holding everything
+    let last: Vec<(u32, String)> = rest.iter().filter(|m| m.0 != joiner_id).cloned().collect();
+    let mut r4 = routing(4, &last);
+    r4.served = vec![2, 3, joiner_id];
+    for s in &servers[1..3] {
+        move_to_epoch(&s.state, r4.clone()).unwrap();
+    }
+    let mut kv4 = client(&t, &r4);
+    kv4.use_table(counter_table());
+    kv4.pull_into(1, &keys, &mut out).unwrap();
+    let wrong = out.iter().filter(|&&v| v != 4.0).count();
+    assert_eq!(wrong, 0, "four rounds on every copy; e.g. {:?}", out.iter().find(|&&v| v != 4.0));
 }

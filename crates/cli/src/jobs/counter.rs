@@ -97,12 +97,14 @@ pub fn run(a: &CounterArgs, s: &mut WorkerSession, num_servers: usize, sink: &Si
     let mut got = vec![0f32; ones.len()];
     s.kv.pull_into(TABLE, &keys, &mut got)?;
     if let Some(i) = got.iter().position(|v| *v != expected as f32) {
+        let wrong = got.iter().filter(|v| **v != expected as f32).count();
         bail!(
-            "counter: MISMATCH key={} element={} expected={expected} got={} (worker {})",
+            "counter: MISMATCH key={} element={} expected={expected} got={} (worker {}; {wrong} of {} values wrong)",
             keys[i / a.value_len],
             i % a.value_len,
             got[i],
-            s.rank
+            s.rank,
+            got.len()
         );
     }
     sink(&format!(
