@@ -97,8 +97,13 @@ fn assert_push_refused_as_taken_over_by(kv: &mut KvClient, keys: &[u64], values:
     assert!(e.contains(&format!("taken over by node {node}")), "{e}");
 }
 
+/// The placement of a job of these servers (as the servers compute it).
+fn shard_map(members: &[u32]) -> ShardMap {
+    ShardMap::new(&Ring::with_members(VNODES, members.iter().copied(), 1), KeyRange::FULL, SHARDS as usize, 2)
+}
+
 fn head_of(members: &[u32], key: u64) -> Vec<u32> {
-    let map = ShardMap::new(&Ring::with_members(VNODES, members.iter().copied(), 1), KeyRange::FULL, SHARDS as usize, 2);
+    let map = shard_map(members);
     map.chain(map.shard_of(key).unwrap()).to_vec()
 }
 
@@ -320,10 +325,9 @@ fn a_server_that_missed_an_epoch_being_served_still_copies_from_where_the_data_i
     // a joiner's node id for which some shard leaves a server's chain in epoch 2 (the join)
     // and comes back to it in epoch 3 (node 1 drained): planned from epoch 1, that server
     // would send its copy from before epoch 2 over the current one
-    let map = |m: &[u32]| ShardMap::new(&Ring::with_members(VNODES, m.iter().copied(), 1), KeyRange::FULL, SHARDS as usize, 2);
     let joiner_id = (4..200u32)
         .find(|&j| {
-            let (m1, m2, m3) = (map(&[1, 2, 3]), map(&[1, 2, 3, j]), map(&[2, 3, j]));
+            let (m1, m2, m3) = (shard_map(&[1, 2, 3]), shard_map(&[1, 2, 3, j]), shard_map(&[2, 3, j]));
             copies(&m1, &m3, &[2, 3, j]).unwrap().iter().any(|c| !m2.chain(c.shard).contains(&c.from))
         })
         .expect("a ring where a shard comes back to a server");
@@ -336,7 +340,7 @@ fn a_server_that_missed_an_epoch_being_served_still_copies_from_where_the_data_i
     let ts = kv1.push(1, &keys, &ones).unwrap();
     kv1.wait(ts).unwrap();
 
-    // epoch 2: node 4 joins (it holds nothing until the copies of epoch 2 arrive)
+    // epoch 2: the joiner comes in (it holds nothing until the copies of epoch 2 arrive)
     let peer: Arc<dyn Transport> = t.clone();
     let joiner = Server::bind(t.as_ref(), "inproc://0", ServerConfig { peer_transport: Some(peer), ..Default::default() }).unwrap();
     members.push((joiner_id, joiner.addr()));
