@@ -24,6 +24,7 @@ pub mod faulty;
 pub mod grpc;
 pub mod inproc;
 pub mod security;
+mod splice;
 pub mod tcp;
 
 pub use security::{AuthToken, TlsConfig};
@@ -137,6 +138,84 @@ pub trait Connection: Send {
     fn peer(&self) -> &str;
     /// Traffic so far.
     fn stats(&self) -> TrafficStats;
+    /// [`Connection::recv_payload`] that also passes parts of the values payload on to
+    /// other connections as it arrives: for each of `relays`, a frame with the relay's
+    /// header and the bytes `relay.values` of the values payload is sent to
+    /// `targets[relay.target]` (a chain member forwarding a push to its successor).
+    ///
+    /// Preconditions: `relays` are in increasing order of `values.start`, do not overlap
+    /// and lie inside the values payload; no target is this connection. A relay that
+    /// breaks them, or whose target fails, gets `failed` set and its target must be dropped
+    /// (a frame may have been cut short there); the payload is still received whole, so
+    /// this connection stays usable. An error is returned only for this connection.
+    ///
+    /// The default receives, then sends each frame from `values`. Framed TCP sends the
+    /// relayed bytes to TCP targets straight from the kernel's receive buffers
+    /// (`splice`/`tee`), with no copy through this process.
+    fn recv_payload_relay(
+        &mut self,
+        keys: &mut [u8],
+        values: &mut [u8],
+        targets: &mut [&mut dyn Connection],
+        relays: &mut [Relay],
+    ) -> Result<()> {
+        self.recv_payload(keys, values)?;
+        relay_after_receive(values, targets, relays);
+        Ok(())
+    }
+    /// This connection as framed TCP, when it is one (the zero-copy relay needs its socket).
+    fn as_tcp(&mut self) -> Option<&mut tcp::TcpConnection> {
+        None
+    }
+}
+
+/// One frame to pass on while a payload is received: see [`Connection::recv_payload_relay`].
+#[derive(Debug)]
+pub struct Relay {
+    /// Index of the receiving connection in the call's `targets`.
+    pub target: usize,
+    /// The frame's header; the transport sets `keys_len` to 0 and `values_len` to the
+    /// length of `values`.
+    pub header: FrameHeader,
+    /// The bytes of the received values payload the frame carries.
+    pub values: std::ops::Range<usize>,
+    /// Set when the frame could not be sent whole (the target is then unusable).
+    pub failed: Option<TransportError>,
+}
+
+impl Relay {
+    /// A relay of `values` to `targets[target]` under `header`.
+    pub fn new(target: usize, header: FrameHeader, values: std::ops::Range<usize>) -> Relay {
+        Relay { target, header, values, failed: None }
+    }
+}
+
+/// Checks the preconditions of `relays` over a values payload of `len` bytes and `targets`
+/// connections, failing the relays that break them. Returns whether all hold.
+pub(crate) fn check_relays(len: usize, targets: usize, relays: &mut [Relay]) -> bool {
+    let mut end = 0;
+    let mut ok = true;
+    for r in relays.iter_mut() {
+        if r.values.start < end || r.values.start > r.values.end || r.values.end > len || r.target >= targets {
+            let why = format!("relay of bytes {:?} to target {} of {targets}, over a payload of {len} bytes", r.values, r.target);
+            r.failed =
+                Some(TransportError::Io { peer: "relay".into(), source: std::io::Error::new(std::io::ErrorKind::InvalidInput, why) });
+            ok = false;
+        } else {
+            end = r.values.end;
+        }
+    }
+    ok
+}
+
+/// Sends every relay's frame from the received `values` (the default relay).
+fn relay_after_receive(values: &[u8], targets: &mut [&mut dyn Connection], relays: &mut [Relay]) {
+    check_relays(values.len(), targets.len(), relays);
+    for r in relays.iter_mut().filter(|r| r.failed.is_none()) {
+        if let Err(e) = targets[r.target].send(&mut r.header, &[], &values[r.values.clone()]) {
+            r.failed = Some(e);
+        }
+    }
 }
 
 /// Accepts connections.
@@ -326,6 +405,119 @@ mod tests {
         drop(c);
         assert!(becomes_readable(s.as_mut()), "{}: the peer closed", t.name());
         assert!(s.recv_header().unwrap().is_none());
+    }
+
+    /// A connected pair: (client side, accepted side).
+    fn pair(t: &dyn Transport, addr: &str) -> (Box<dyn Connection>, Box<dyn Connection>) {
+        let mut l = t.listen(addr).unwrap();
+        let c = t.connect(&l.local_addr(), Duration::from_secs(5)).unwrap();
+        let s = l.accept(Duration::from_secs(5)).unwrap().unwrap();
+        (c, s)
+    }
+
+    fn recv_frame(c: &mut dyn Connection) -> (FrameHeader, Vec<u8>) {
+        let h = c.recv_header().unwrap().unwrap();
+        let mut v = vec![0u8; h.values_len as usize];
+        c.recv_payload(&mut [], &mut v).unwrap();
+        (h, v)
+    }
+
+    /// Sends a large frame and a small one; the receiver relays two parts of the large one
+    /// to one target and a third to another; a third target was closed by its peer.
+    fn relay_passes_parts_on_and_keeps_the_stream_in_step(t: &dyn Transport, addrs: [&str; 4]) {
+        let n = (5 << 20) + 12;
+        let payload: Vec<u8> = (0..n).map(|i| (i * 7 + i / 251) as u8).collect();
+        let (mut client, mut src) = pair(t, addrs[0]);
+        let (mut to1, at1) = pair(t, addrs[1]);
+        let (mut to2, at2) = pair(t, addrs[2]);
+        let (mut to3, at3) = pair(t, addrs[3]);
+        drop(at3);
+        let sender = std::thread::spawn(move || {
+            let mut h = msg::request(Op::PushRange, 1, 9, 0, 3);
+            client.send(&mut h, &[], &payload).unwrap();
+            let mut h = msg::request(Op::Push, 1, 10, 0, 3);
+            client.send(&mut h, &[], &[1, 2, 3, 4]).unwrap();
+            (client, payload)
+        });
+        let h = src.recv_header().unwrap().unwrap();
+        assert_eq!(h.values_len as usize, n);
+        let (a, b, c) = (100..(3 << 20), ((3 << 20) + 4)..((4 << 20) + 8), ((4 << 20) + 8)..n);
+        let mut relays = vec![
+            Relay::new(0, msg::request(Op::PushRange, 2, 9, 0, 3), a.clone()),
+            Relay::new(2, msg::request(Op::PushRange, 2, 9, 0, 3), 200..300),
+            Relay::new(0, msg::request(Op::PushRange, 2, 9, 0, 3), b.clone()),
+            Relay::new(1, msg::request(Op::PushRange, 2, 9, 0, 3), c.clone()),
+            Relay::new(1, msg::request(Op::PushRange, 2, 9, 0, 3), 5..6),
+        ];
+        // the targets' peers read as the frames come (their buffers would fill otherwise)
+        let reader1 = std::thread::spawn(move || {
+            let mut at1 = at1;
+            (recv_frame(at1.as_mut()), recv_frame(at1.as_mut()))
+        });
+        let reader2 = std::thread::spawn(move || {
+            let mut at2 = at2;
+            recv_frame(at2.as_mut())
+        });
+        let mut got = vec![0u8; n];
+        {
+            let mut targets: Vec<&mut dyn Connection> = vec![to1.as_mut(), to2.as_mut(), to3.as_mut()];
+            src.recv_payload_relay(&mut [], &mut got, &mut targets, &mut relays).unwrap();
+        }
+        let (client, payload) = sender.join().unwrap();
+        assert!(got == payload, "{}: the receiver got the payload whole", t.name());
+        assert!(relays[0].failed.is_none() && relays[2].failed.is_none() && relays[3].failed.is_none(), "{}: {relays:?}", t.name());
+        assert!(relays[4].failed.is_some(), "{}: a relay out of order is refused", t.name());
+        let ((h1, v1), (_, v2)) = reader1.join().unwrap();
+        assert_eq!((h1.request_id, h1.sender), (9, 2));
+        assert!(v1 == payload[a], "{}: first part", t.name());
+        assert!(v2 == payload[b], "{}: second part", t.name());
+        let (_, v3) = reader2.join().unwrap();
+        assert!(v3 == payload[c], "{}: third part, to the other target", t.name());
+        let (h, v) = recv_frame(src.as_mut());
+        assert_eq!((h.request_id, v), (10, vec![1, 2, 3, 4]), "{}: the next frame reads in step", t.name());
+        drop(client);
+    }
+
+    #[test]
+    fn tcp_relay_passes_parts_on_and_keeps_the_stream_in_step() {
+        let t = tcp::TcpTransport::new(NetConfig::default());
+        relay_passes_parts_on_and_keeps_the_stream_in_step(&t, ["127.0.0.1:0"; 4]);
+    }
+
+    #[test]
+    fn inproc_relay_passes_parts_on_and_keeps_the_stream_in_step() {
+        let t = inproc::InProcTransport::new();
+        relay_passes_parts_on_and_keeps_the_stream_in_step(&t, ["inproc://r0", "inproc://r1", "inproc://r2", "inproc://r3"]);
+    }
+
+    #[test]
+    fn tcp_relay_to_a_closed_peer_fails_that_relay_and_still_receives_the_payload() {
+        let t = tcp::TcpTransport::new(NetConfig::default());
+        let (mut client, mut src) = pair(&t, "127.0.0.1:0");
+        let (mut to, at) = pair(&t, "127.0.0.1:0");
+        drop(at);
+        let n = 8 << 20;
+        let payload: Vec<u8> = (0..n).map(|i| (i % 253) as u8).collect();
+        let sender = std::thread::spawn(move || {
+            for id in [1, 2] {
+                let mut h = msg::request(Op::PushRange, 1, id, 0, 3);
+                client.send(&mut h, &[], &payload).unwrap();
+            }
+            (client, payload)
+        });
+        let mut got = vec![0u8; n];
+        let mut failed = false;
+        for id in [1, 2] {
+            let h = src.recv_header().unwrap().unwrap();
+            assert_eq!(h.request_id, id);
+            let mut relays = vec![Relay::new(0, msg::request(Op::PushRange, 2, id, 0, 3), 0..n)];
+            let mut targets: Vec<&mut dyn Connection> = vec![to.as_mut()];
+            src.recv_payload_relay(&mut [], &mut got, &mut targets, &mut relays).unwrap();
+            failed |= relays[0].failed.is_some();
+        }
+        let (_client, payload) = sender.join().unwrap();
+        assert!(got == payload);
+        assert!(failed, "16 MiB sent to a closed peer: the send fails");
     }
 
     #[test]
