@@ -112,7 +112,7 @@ pub fn run(a: &BenchArgs, common: &CommonArgs, s: &Settings, interrupted: Arc<At
             args.extend(["--iters".into(), i.to_string()]);
         }
         args.extend(["--latency-iters".into(), a.cases.latency_iters.to_string(), "--sparse-keys".into(), a.cases.sparse_keys.to_string()]);
-        args.extend(["--sparse-filters".into(), a.cases.sparse_filters.clone()]);
+        args.extend(["--sparse-filters".into(), a.cases.sparse_filters.clone(), "--ops".into(), a.cases.ops.join(",")]);
         if let Some(m) = a.cases.dnn_model {
             args.extend(["--dnn-model".into(), format!("{m:?}").to_lowercase()]);
         }

@@ -22,6 +22,10 @@ pub struct BenchCases {
     /// Iterations of the 4 KiB latency measurement (0 skips it).
     #[arg(long, default_value_t = 2000)]
     pub latency_iters: usize,
+    /// Dense operations to time, comma-separated: push, pull, push_then_pull, push_pull
+    /// (skipped on replicated jobs) and sync_step.
+    #[arg(long, value_delimiter = ',', default_value = "push,pull,push_then_pull,push_pull,sync_step", value_parser = ["push", "pull", "push_then_pull", "push_pull", "sync_step"])]
+    pub ops: Vec<String>,
     /// Keys of the sparse case (0 skips it).
     #[arg(long, default_value_t = 1_000_000)]
     pub sparse_keys: usize,
@@ -111,9 +115,11 @@ pub fn run_worker(a: &BenchJobArgs, s: &mut WorkerSession, sink: &Sink) -> Resul
         s.kv.wait(ts)?;
         s.kv.pull_range_into(id, 0, &mut out)?;
         // a fused push-pull is not replicated (a replicated job pushes, then pulls)
-        let ops: &[&str] =
-            if s.kv.replication() >= 2 { &["push", "pull", "push_then_pull"] } else { &["push", "pull", "push_then_pull", "push_pull"] };
-        for &op in ops {
+        let all: &[&str] = &["push", "pull", "push_then_pull", "push_pull"];
+        let replicated = s.kv.replication() >= 2;
+        let ops: Vec<&str> =
+            all.iter().copied().filter(|&op| a.cases.ops.iter().any(|o| o == op) && !(op == "push_pull" && replicated)).collect();
+        for op in ops {
             s.barrier(&format!("bench-{size}-{op}"))?;
             let t0 = Instant::now();
             for _ in 0..iters {
@@ -152,46 +158,48 @@ pub fn run_worker(a: &BenchJobArgs, s: &mut WorkerSession, sink: &Sink) -> Resul
                 tracing::info!("dense {size} B {op}: {:.2} GB/s (this worker)", (size * dirs * iters as u64) as f64 / secs / 1e9);
             }
         }
-        // A synchronous SGD step: push the gradient, clock, pull the model after the round.
-        // A bsp table sums the workers' pushes and applies the sum once per round; with
-        // --replication it replicates that sum once (replication after aggregation).
-        let sid = 400 + i as u32;
-        let mut def = dense_table(sid, n);
-        def.consistency = downpour_core::consistency::Consistency::Bsp;
-        def.aggregate = downpour_core::rounds::Aggregate::Sum;
-        s.kv.create_table(def)?;
-        let sync_iters = iters.div_ceil(4).max(3);
-        let step = |s: &mut WorkerSession, out: &mut [f32]| -> Result<()> {
-            let ts = s.kv.push_range(sid, 0, &vals)?;
-            s.kv.clock()?;
-            s.kv.wait(ts)?;
-            s.kv.pull_range_into(sid, 0, out)?;
-            Ok(())
-        };
-        step(s, &mut out)?;
-        s.barrier(&format!("bench-{size}-sync"))?;
-        let t0 = Instant::now();
-        for _ in 0..sync_iters {
+        if a.cases.ops.iter().any(|o| o == "sync_step") {
+            // A synchronous SGD step: push the gradient, clock, pull the model after the round.
+            // A bsp table sums the workers' pushes and applies the sum once per round; with
+            // --replication it replicates that sum once (replication after aggregation).
+            let sid = 400 + i as u32;
+            let mut def = dense_table(sid, n);
+            def.consistency = downpour_core::consistency::Consistency::Bsp;
+            def.aggregate = downpour_core::rounds::Aggregate::Sum;
+            s.kv.create_table(def)?;
+            let sync_iters = iters.div_ceil(4).max(3);
+            let step = |s: &mut WorkerSession, out: &mut [f32]| -> Result<()> {
+                let ts = s.kv.push_range(sid, 0, &vals)?;
+                s.kv.clock()?;
+                s.kv.wait(ts)?;
+                s.kv.pull_range_into(sid, 0, out)?;
+                Ok(())
+            };
             step(s, &mut out)?;
-        }
-        let secs = t0.elapsed().as_secs_f64();
-        emit(
-            sink,
-            &Sample {
-                case: "dense".into(),
-                op: "sync_step".into(),
-                bytes: size,
-                iters: sync_iters,
-                payload: size * 2 * sync_iters as u64,
-                keys: n * sync_iters as u64,
-                secs,
-                p50_us: None,
-                p99_us: None,
-                wire: 0,
-            },
-        );
-        if s.rank == 0 {
-            tracing::info!("dense {size} B sync step: {:.2} GB/s (this worker)", (size * 2 * sync_iters as u64) as f64 / secs / 1e9);
+            s.barrier(&format!("bench-{size}-sync"))?;
+            let t0 = Instant::now();
+            for _ in 0..sync_iters {
+                step(s, &mut out)?;
+            }
+            let secs = t0.elapsed().as_secs_f64();
+            emit(
+                sink,
+                &Sample {
+                    case: "dense".into(),
+                    op: "sync_step".into(),
+                    bytes: size,
+                    iters: sync_iters,
+                    payload: size * 2 * sync_iters as u64,
+                    keys: n * sync_iters as u64,
+                    secs,
+                    p50_us: None,
+                    p99_us: None,
+                    wire: 0,
+                },
+            );
+            if s.rank == 0 {
+                tracing::info!("dense {size} B sync step: {:.2} GB/s (this worker)", (size * 2 * sync_iters as u64) as f64 / secs / 1e9);
+            }
         }
         // release the memory of large cases before the next
         drop(out);
