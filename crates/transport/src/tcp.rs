@@ -1,11 +1,11 @@
 //! Framed TCP: the frame layout of [`downpour_core::codec`] over blocking sockets.
 
 use crate::security::{check_token, AuthToken, RefusalLog, HANDSHAKE_TIMEOUT};
-use crate::{check_relays, ConnSlot, ConnSlots, Connection, Listener, NetConfig, Relay, Result, TrafficStats, Transport, TransportError};
+use crate::{ConnSlot, ConnSlots, Connection, Listener, NetConfig, Result, TrafficStats, Transport, TransportError};
 use downpour_core::codec::{self, FrameLimits};
 use downpour_core::msg::{self, Op, Status};
 use downpour_core::proto::FrameHeader;
-use std::io::{self, BufRead, BufReader, IoSlice, Read, Write};
+use std::io::{self, BufReader, IoSlice, Read, Write};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
@@ -138,8 +138,6 @@ pub struct TcpConnection {
     timeout: Option<Duration>,
     stats: TrafficStats,
     accepted: Option<Accepted>,
-    /// The pipes of the zero-copy relay, made on its first use.
-    pipes: Option<crate::splice::Pipes>,
 }
 
 impl TcpConnection {
@@ -162,7 +160,6 @@ impl TcpConnection {
             timeout: None,
             stats: Default::default(),
             accepted,
-            pipes: None,
         })
     }
 
@@ -325,44 +322,6 @@ impl Connection for TcpConnection {
     fn stats(&self) -> TrafficStats {
         self.stats
     }
-
-    fn recv_payload_relay(
-        &mut self,
-        keys: &mut [u8],
-        values: &mut [u8],
-        targets: &mut [&mut dyn Connection],
-        relays: &mut [Relay],
-    ) -> Result<()> {
-        self.check_payload(keys.len(), values.len())?;
-        self.reader.read_exact(keys).map_err(|e| self.io_err(e))?;
-        check_relays(values.len(), targets.len(), relays);
-        let mut pos = 0;
-        for r in relays.iter_mut().filter(|r| r.failed.is_none()) {
-            self.reader.read_exact(&mut values[pos..r.values.start]).map_err(|e| self.io_err(e))?;
-            let part = &mut values[r.values.clone()];
-            let target = &mut *targets[r.target];
-            match target.as_tcp() {
-                Some(t) => {
-                    if let Err(e) = t.start_frame(&mut r.header, part.len()) {
-                        r.failed = Some(e);
-                    }
-                    self.relay_bytes(part, t, &mut r.failed)?;
-                }
-                None => {
-                    self.reader.read_exact(part).map_err(|e| self.io_err(e))?;
-                    if let Err(e) = target.send(&mut r.header, &[], part) {
-                        r.failed = Some(e);
-                    }
-                }
-            }
-            pos = r.values.end;
-        }
-        self.reader.read_exact(&mut values[pos..]).map_err(|e| self.io_err(e))
-    }
-
-    fn as_tcp(&mut self) -> Option<&mut TcpConnection> {
-        Some(self)
-    }
 }
 
 impl TcpConnection {
@@ -396,127 +355,19 @@ impl TcpConnection {
     }
 
     fn read_payload(&mut self, keys: &mut [u8], values: &mut [u8]) -> Result<()> {
-        self.check_payload(keys.len(), values.len())?;
-        self.reader.read_exact(keys).map_err(|e| self.io_err(e))?;
-        self.reader.read_exact(values).map_err(|e| self.io_err(e))?;
-        Ok(())
-    }
-
-    /// Takes the unread payload the last header announced, checking the caller's buffers
-    /// have its sizes.
-    fn check_payload(&mut self, keys: usize, values: usize) -> Result<()> {
         let (k, v) = self.pending.take().unwrap_or((0, 0));
-        if keys as u64 != k || values as u64 != v {
+        if keys.len() as u64 != k || values.len() as u64 != v {
             return Err(TransportError::Protocol {
                 peer: self.peer.clone(),
                 source: downpour_core::CoreError::Malformed(format!(
-                    "payload buffers of {keys}+{values} bytes for a frame of {k}+{v} bytes"
+                    "payload buffers of {}+{} bytes for a frame of {k}+{v} bytes",
+                    keys.len(),
+                    values.len()
                 )),
             });
         }
-        Ok(())
-    }
-
-    fn send_err(&self, e: io::Error) -> TransportError {
-        let peer = self.peer.clone();
-        match e.kind() {
-            io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset => TransportError::Closed { peer },
-            _ => TransportError::Io { peer, source: e },
-        }
-    }
-
-    /// Sends the header of a frame whose `len` bytes of values the caller sends next with
-    /// [`TcpConnection::write_raw`] or a splice (held back to go out with them when `len > 0`).
-    fn start_frame(&mut self, header: &mut FrameHeader, len: usize) -> Result<()> {
-        header.keys_len = 0;
-        header.values_len = len as u64;
-        self.hbuf.clear();
-        codec::encode_header(header, &mut self.hbuf);
-        let fd = std::os::fd::AsRawFd::as_raw_fd(&self.writer);
-        let flags = libc::MSG_NOSIGNAL | if len > 0 { libc::MSG_MORE } else { 0 };
-        let mut off = 0;
-        while off < self.hbuf.len() {
-            let rest = &self.hbuf[off..];
-            // SAFETY: `fd` is this connection's open socket; `rest` is a valid slice.
-            let n = unsafe { libc::send(fd, rest.as_ptr().cast(), rest.len(), flags) };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(self.send_err(e));
-            }
-            if n == 0 {
-                return Err(TransportError::Closed { peer: self.peer.clone() });
-            }
-            off += n as usize;
-        }
-        self.stats.bytes_sent += (self.hbuf.len() + len) as u64;
-        self.stats.frames_sent += 1;
-        Ok(())
-    }
-
-    /// Sends raw bytes of a frame begun with [`TcpConnection::start_frame`].
-    fn write_raw(&mut self, bytes: &[u8]) -> Result<()> {
-        self.writer.write_all(bytes).map_err(|e| self.send_err(e))
-    }
-
-    /// Receives `dst.len()` payload bytes into `dst` and sends them to `t` (a frame begun
-    /// there) while `failed` is unset: bytes already buffered by copying, the rest straight
-    /// from this socket's receive queue into `t`'s send queue (Linux `splice` and `tee`,
-    /// no copy through this process). A failure of `t` sets `failed`; the bytes are still
-    /// all received. Errors are this connection's.
-    fn relay_bytes(&mut self, dst: &mut [u8], t: &mut TcpConnection, failed: &mut Option<TransportError>) -> Result<()> {
-        let buffered = self.reader.buffer();
-        let n = buffered.len().min(dst.len());
-        dst[..n].copy_from_slice(&buffered[..n]);
-        self.reader.consume(n);
-        if n > 0 && failed.is_none() {
-            if let Err(e) = t.write_raw(&dst[..n]) {
-                *failed = Some(e);
-            }
-        }
-        let mut pos = n;
-        while pos < dst.len() && failed.is_none() {
-            if self.pipes.is_none() {
-                self.pipes = crate::splice::Pipes::new();
-            }
-            let Some(pipes) = &self.pipes else { break };
-            let from = std::os::fd::AsRawFd::as_raw_fd(self.reader.get_ref());
-            let to = std::os::fd::AsRawFd::as_raw_fd(&t.writer);
-            match pipes.relay(from, to, &mut dst[pos..]) {
-                Ok(step) => {
-                    if let Some(e) = step.target_error {
-                        *failed = Some(t.send_err(e));
-                        // the second pipe may hold bytes that did not go out
-                        self.pipes = None;
-                    } else if step.teed < step.read {
-                        let (a, b) = (pos + step.teed, pos + step.read);
-                        if let Err(e) = t.write_raw(&dst[a..b]) {
-                            *failed = Some(e);
-                        }
-                    }
-                    pos += step.read;
-                }
-                Err(e) => {
-                    self.pipes = None;
-                    return Err(if e.kind() == io::ErrorKind::UnexpectedEof {
-                        TransportError::Closed { peer: self.peer.clone() }
-                    } else {
-                        self.io_err(e)
-                    });
-                }
-            }
-        }
-        // without pipes, or after the target failed: the rest the plain way
-        if pos < dst.len() {
-            self.reader.read_exact(&mut dst[pos..]).map_err(|e| self.io_err(e))?;
-            if failed.is_none() {
-                if let Err(e) = t.write_raw(&dst[pos..]) {
-                    *failed = Some(e);
-                }
-            }
-        }
+        self.reader.read_exact(keys).map_err(|e| self.io_err(e))?;
+        self.reader.read_exact(values).map_err(|e| self.io_err(e))?;
         Ok(())
     }
 }
