@@ -53,7 +53,7 @@ WORK=$(mktemp -d)
 shape() {
     local ns=$1 dev=$2 run=()
     [ -n "$ns" ] && run=(ip netns exec "$ns")
-    "${run[@]}" tc qdisc add dev "$dev" root tbf rate "$RATE" burst 2mb latency 50ms
+    "${run[@]}" tc qdisc add dev "$dev" root tbf rate "$RATE" burst ${BURST:-2mb} latency ${QLAT:-50ms}
 }
 
 ip link add dpbr0 type bridge
@@ -75,7 +75,7 @@ declare -A RESULT
 for K in $KS; do
     out="$WORK/k$K"
     mkdir -p "$out"
-    in_ns dpc "$BIN" coordinator --listen "${IP[dpc]}:7070" --servers 3 --workers 2 --replication "$K" --log warn >"$out/coord.log" 2>&1 &
+    in_ns dpc "$BIN" coordinator --listen "${IP[dpc]}:7070" --servers 3 --workers 2 --replication "$K" ${COORD_ARGS:-} --log warn >"$out/coord.log" 2>&1 &
     sleep 0.3
     for i in 0 1 2; do
         in_ns "dps$i" "$BIN" server --coordinator "${IP[dpc]}:7070" --listen "${IP[dps$i]}:0" --log warn >"$out/server$i.log" 2>&1 &
