@@ -14,7 +14,9 @@
 # Prints one line per K and operation: aggregate GB/s of the workers (payload bytes over
 # the slowest worker's time), then the K=2/K=1 ratio. Everything it creates is named dp*
 # and removed on exit. Environment: DOWNPOUR_BIN (default target/release/downpour),
-# KS (default "1 2"). (No link delay: this machine's kernel has no netem.)
+# KS (default "1 2"), COORD_ARGS (extra coordinator flags, e.g. "--vnodes 64"), BURST and
+# QLAT (the shaper's burst and queue, default 2mb and 50ms); DOWNPOUR_* settings reach
+# every node. (No link delay: this machine's kernel has no netem.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RATE=${1:-1gbit}
