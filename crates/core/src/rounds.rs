@@ -301,30 +301,61 @@ impl Rounds {
 }
 
 /// Sums pushes per key, in the order given (so rank order within a key), and divides by
-/// `scale` when given.
+/// `scale` when given. Each push's keys are sorted and unique, so this merges sorted runs a
+/// block at a time: where one push alone holds the smallest keys, a block of them is copied;
+/// where several pushes hold the same keys (the workers' pushes of one dense range), the
+/// common block is copied from the first and the others added to it in order. Per key the
+/// additions happen in push order, as a stable sort by key would put them.
 fn merge(pushes: impl Iterator<Item = (Vec<u64>, Vec<f32>, f32)>, vl: usize, scale: Option<f32>) -> Update {
-    let mut rows: Vec<(u64, usize, usize)> = Vec::new(); // (key, push index, row in push)
     let mut pushes: Vec<(Vec<u64>, Vec<f32>, f32)> = pushes.collect();
     for (_, v, a) in pushes.iter_mut().filter(|p| p.2 != 1.0) {
         v.iter_mut().for_each(|x| *x *= *a);
     }
-    for (p, (keys, _, _)) in pushes.iter().enumerate() {
-        rows.extend(keys.iter().enumerate().map(|(i, &k)| (k, p, i)));
-    }
-    // Stable: equal keys keep push (rank, then arrival) order, so the sums are deterministic.
-    rows.sort_by_key(|r| r.0);
-    let mut keys: Vec<u64> = Vec::with_capacity(rows.len());
-    let mut values: Vec<f32> = Vec::with_capacity(rows.len() * vl);
-    for (k, p, i) in rows {
-        let src = &pushes[p].1[i * vl..(i + 1) * vl];
-        if keys.last() == Some(&k) {
-            let n = values.len();
-            for (d, s) in values[n - vl..].iter_mut().zip(src) {
+    let total: usize = pushes.iter().map(|p| p.0.len()).sum();
+    let mut keys: Vec<u64> = Vec::with_capacity(total);
+    let mut values: Vec<f32> = Vec::with_capacity(total * vl);
+    let mut at = vec![0usize; pushes.len()];
+    // the pushes holding the smallest key, in push order
+    let mut group: Vec<usize> = Vec::with_capacity(pushes.len());
+    loop {
+        group.clear();
+        let mut min = u64::MAX;
+        // the smallest head key of the pushes outside the group
+        let mut next = u64::MAX;
+        for (p, (k, _, _)) in pushes.iter().enumerate() {
+            let Some(&h) = k.get(at[p]) else { continue };
+            if h < min {
+                next = next.min(min);
+                min = h;
+                group.clear();
+                group.push(p);
+            } else if h == min {
+                group.push(p);
+            } else {
+                next = next.min(h);
+            }
+        }
+        let Some(&first) = group.first() else { break };
+        // the block: keys below `next`, the same in every push of the group
+        let head = &pushes[first].0[at[first]..];
+        let mut len = head.partition_point(|&k| k < next);
+        for &q in &group[1..] {
+            let other = &pushes[q].0[at[q]..];
+            len = len.min(other.len());
+            len = head[..len].iter().zip(&other[..len]).position(|(a, b)| a != b).unwrap_or(len);
+        }
+        let len = len.max(1);
+        let (a, b) = (at[first], at[first] + len);
+        keys.extend_from_slice(&pushes[first].0[a..b]);
+        let base = values.len();
+        values.extend_from_slice(&pushes[first].1[a * vl..b * vl]);
+        at[first] = b;
+        for &q in &group[1..] {
+            let (a, b) = (at[q], at[q] + len);
+            for (d, s) in values[base..].iter_mut().zip(&pushes[q].1[a * vl..b * vl]) {
                 *d += *s;
             }
-        } else {
-            keys.push(k);
-            values.extend_from_slice(src);
+            at[q] = b;
         }
     }
     if let Some(s) = scale {
@@ -389,6 +420,74 @@ mod tests {
         assert_eq!(r.push(2, 0, &[1], &[100.0]).unwrap(), Accepted::Dropped);
         assert_eq!(r.dropped(), 1);
         assert!(Rounds::new(2, 2, Aggregate::Sum, 1).is_err());
+    }
+
+    /// The merge as it was first written: every row sorted by key (stably), then summed.
+    fn merge_by_sorting(pushes: &[(Vec<u64>, Vec<f32>, f32)], vl: usize, scale: Option<f32>) -> Update {
+        let mut pushes = pushes.to_vec();
+        for (_, v, a) in pushes.iter_mut().filter(|p| p.2 != 1.0) {
+            v.iter_mut().for_each(|x| *x *= *a);
+        }
+        let mut rows: Vec<(u64, usize, usize)> = Vec::new();
+        for (p, (keys, _, _)) in pushes.iter().enumerate() {
+            rows.extend(keys.iter().enumerate().map(|(i, &k)| (k, p, i)));
+        }
+        rows.sort_by_key(|r| r.0);
+        let mut keys: Vec<u64> = Vec::new();
+        let mut values: Vec<f32> = Vec::new();
+        for (k, p, i) in rows {
+            let src = &pushes[p].1[i * vl..(i + 1) * vl];
+            if keys.last() == Some(&k) {
+                let n = values.len();
+                for (d, s) in values[n - vl..].iter_mut().zip(src) {
+                    *d += *s;
+                }
+            } else {
+                keys.push(k);
+                values.extend_from_slice(src);
+            }
+        }
+        if let Some(s) = scale {
+            values.iter_mut().for_each(|v| *v /= s);
+        }
+        Update { keys, values }
+    }
+
+    /// Pushes of sorted, unique keys: random subsets of a small key space (many shared
+    /// keys), or ranges, some of them identical (the workers' pushes of one dense range).
+    fn pushes_strategy() -> impl proptest::strategy::Strategy<Value = (usize, Vec<(Vec<u64>, Vec<f32>, f32)>)> {
+        use proptest::prelude::*;
+        (1usize..4).prop_flat_map(|vl| {
+            let push = prop_oneof![
+                proptest::collection::btree_set(0u64..60, 0..40).prop_map(|s| s.into_iter().collect::<Vec<u64>>()),
+                (0u64..50, 0u64..30).prop_map(|(a, n)| (a..a + n).collect::<Vec<u64>>()),
+                Just((10u64..40).collect::<Vec<u64>>()),
+            ];
+            let weighted = (push, prop_oneof![Just(1.0f32), -2.0f32..2.0], any::<u64>()).prop_map(move |(keys, w, seed)| {
+                let mut x = seed | 1;
+                let vals = (0..keys.len() * vl)
+                    .map(|_| {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        (x % 20_000) as f32 / 7.0 - 1_000.0
+                    })
+                    .collect();
+                (keys, vals, w)
+            });
+            (Just(vl), proptest::collection::vec(weighted, 0..7))
+        })
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn merging_sorted_runs_gives_the_same_bits_as_sorting_every_row((vl, pushes) in pushes_strategy(), scale in proptest::option::of(1.0f32..5.0)) {
+            let want = merge_by_sorting(&pushes, vl, scale);
+            let got = merge(pushes.into_iter(), vl, scale);
+            proptest::prop_assert_eq!(&got.keys, &want.keys);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+            proptest::prop_assert_eq!(bits(&got.values), bits(&want.values));
+        }
     }
 
     #[test]
