@@ -453,9 +453,12 @@ mod tests {
         Update { keys, values }
     }
 
+    /// Weighted pushes: (keys, values, weight).
+    type Pushes = Vec<(Vec<u64>, Vec<f32>, f32)>;
+
     /// Pushes of sorted, unique keys: random subsets of a small key space (many shared
     /// keys), or ranges, some of them identical (the workers' pushes of one dense range).
-    fn pushes_strategy() -> impl proptest::strategy::Strategy<Value = (usize, Vec<(Vec<u64>, Vec<f32>, f32)>)> {
+    fn pushes_strategy() -> impl proptest::strategy::Strategy<Value = (usize, Pushes)> {
         use proptest::prelude::*;
         (1usize..4).prop_flat_map(|vl| {
             let push = prop_oneof![

@@ -306,6 +306,14 @@ impl Table {
     /// Preconditions, checked: keys sorted, unique and inside [`Table::owned`].
     pub fn push(&mut self, keys: &[u64], values: &[f32]) -> Result<()> {
         self.check_keys(keys, values.len())?;
+        if let (Store::Dense(_), Some(&a), Some(&b)) = (&self.store, keys.first(), keys.last()) {
+            if b - a + 1 == keys.len() as u64 {
+                // sorted, unique and one contiguous run (a synchronous round's sum of dense
+                // pushes): the range path, with no per-key indexing
+                self.push_range(a, values)?;
+                return Ok(());
+            }
+        }
         self.batch(keys, Some(values), None, true);
         Ok(())
     }
@@ -650,6 +658,32 @@ mod tests {
         t.pull_range(KeyRange::new(108, 1000), &mut k, &mut v).unwrap();
         assert_eq!(k, vec![108, 109]);
         assert_eq!(v, vec![0.0, 0.0, 5.0, 5.0]);
+    }
+
+    #[test]
+    fn a_keyed_push_of_one_run_on_a_dense_table_matches_pushing_its_keys_in_two_sparse_halves() {
+        for (rule, vl) in [("add", 1), ("adagrad", 1), ("ftrl", 1), ("sgd", 2), ("bpg", 3)] {
+            let reg = RuleRegistry::new();
+            let mut whole = Table::new(def(Some(KeyRange::new(100, 140)), vl, rule), KeyRange::FULL, &reg).unwrap();
+            let mut single = Table::new(def(Some(KeyRange::new(100, 140)), vl, rule), KeyRange::FULL, &reg).unwrap();
+            let keys: Vec<u64> = (105..131).collect();
+            for step in 0..3 {
+                let vals: Vec<f32> = (0..keys.len() * vl).map(|i| ((i * 7 + step * 13) % 11) as f32 / 3.0 - 1.5).collect();
+                whole.push(&keys, &vals).unwrap();
+                // every other key: not one run, so the per-key path
+                for parity in [0, 1] {
+                    let idx: Vec<usize> = (0..keys.len()).filter(|i| i % 2 == parity).collect();
+                    let ks: Vec<u64> = idx.iter().map(|&i| keys[i]).collect();
+                    let vs: Vec<f32> = idx.iter().flat_map(|&i| vals[i * vl..(i + 1) * vl].to_vec()).collect();
+                    single.push(&ks, &vs).unwrap();
+                }
+            }
+            let (mut ka, mut ra, mut kb, mut rb) = (vec![], vec![], vec![], vec![]);
+            whole.export_rows(KeyRange::new(100, 140), &mut ka, &mut ra);
+            single.export_rows(KeyRange::new(100, 140), &mut kb, &mut rb);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+            assert_eq!((ka, bits(&ra)), (kb, bits(&rb)), "{rule}");
+        }
     }
 
     proptest! {

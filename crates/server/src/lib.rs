@@ -1048,8 +1048,9 @@ fn check_round_push(st: &ServerState, h: &FrameHeader, op: Op, ctx: &mut ConnCtx
         let end = h.range_begin.checked_add(n).ok_or_else(|| core_err(CoreError::Limit("range end overflows u64".into())))?;
         ctx.keys.clear();
         ctx.keys.extend(h.range_begin..end);
+    } else {
+        check_sorted_unique(&ctx.keys).map_err(core_err)?;
     }
-    check_sorted_unique(&ctx.keys).map_err(core_err)?;
     check_lengths(ctx.keys.len(), vl, ctx.vals.len()).map_err(core_err)?;
     for k in [ctx.keys.first(), ctx.keys.last()].into_iter().flatten() {
         if !range.contains(*k) {
