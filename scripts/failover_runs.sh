@@ -12,7 +12,8 @@
 # Each line also gives the slowest counter round of either worker (what the job felt; an
 # undisturbed run's slowest round is 30-100 ms here).
 # Usage: after cargo build --release (DOWNPOUR=path overrides the binary; COUNTER_ARGS adds
-# counter flags, e.g. COUNTER_ARGS=--sync for synchronous rounds whose sums are replicated)
+# counter flags, e.g. COUNTER_ARGS=--sync for synchronous rounds whose sums are replicated;
+# ROUNDS sets the counter's rounds, default 300: raise it when faults land after the job ended)
 mode=${1:-kill}
 fails=0
 for seed in $(seq 1 20); do
@@ -36,12 +37,13 @@ for seed in $(seq 1 20); do
     faults=(--fault "kill server:$srv at ${ms}ms")
     what="kill server $srv at ${ms}ms"
   fi
-  out=$(timeout 120 ${DOWNPOUR:-target/release/downpour} launch --servers 3 --workers 2 --replication 2 "${faults[@]}" -- counter --keys 100000 --rounds 300 ${COUNTER_ARGS} 2>&1)
+  out=$(timeout 120 ${DOWNPOUR:-target/release/downpour} launch --servers 3 --workers 2 --replication 2 "${faults[@]}" -- counter --keys 100000 --rounds ${ROUNDS:-300} ${COUNTER_ARGS} 2>&1)
   rc=$?
   oks=$(echo "$out" | grep -c "counter: OK")
   took=$(echo "$out" | grep -o "\(recovery\|reconfiguration\) took [0-9.]* ms" | sed 's/.* took //' | tr '\n' ' ')
   # the longest round either worker took: how long the faults held the job up
   slowest=$(echo "$out" | grep -o "slowest_round_ms=[0-9.]*" | cut -d= -f2 | sort -g | tail -1)
+  [ -n "$took" ] || took="(nothing: the job ended before the fault) "
   echo "seed=$seed $what: rc=$rc oks=$oks served after: $took slowest round: ${slowest} ms"
   if [ $rc -ne 0 ] || [ $oks -ne 2 ]; then fails=$((fails+1)); echo "$out" | grep -v "counter: round" | tail -8; fi
 done
