@@ -231,6 +231,127 @@ impl Watermarks {
         }
         Ok(())
     }
+    /// Raises the marks of `shard` to those in `bytes` (one shard of
+    /// [`Watermarks::encode`]) where they are higher: a replica taking a head's rows and
+    /// marks, which never moves a mark back.
+    pub fn raise_encoded(&mut self, shard: usize, bytes: &[u8]) -> Result<()> {
+        let lo = shard * self.workers;
+        let hi = lo + self.workers;
+        if hi > self.marks.len() || bytes.len() != self.workers * 16 {
+            return Err(CoreError::Replication(format!("watermarks of shard {shard}: {} bytes for {} marks", bytes.len(), self.workers)));
+        }
+        for (m, c) in self.marks[lo..hi].iter_mut().zip(bytes.chunks_exact(16)) {
+            let mut r = [0u8; 8];
+            let mut k = [0u8; 8];
+            r.copy_from_slice(&c[..8]);
+            k.copy_from_slice(&c[8..]);
+            *m = (*m).max((u64::from_le_bytes(r), u64::from_le_bytes(k)));
+        }
+        Ok(())
+    }
+}
+
+/// Per shard, the key runs a head changed since they were last taken: what its replicator
+/// sends down the chains next, as the runs' current rows (replication after aggregation for
+/// asynchronous tables: pushes of several workers to the same keys between two batches
+/// travel once). Plain data; the server marks runs under the table's lock as it applies a
+/// push and takes them under the same lock as it reads the rows and watermarks it sends.
+#[derive(Clone, Debug, Default)]
+pub struct DirtyRuns {
+    runs: Vec<Vec<KeyRange>>,
+    /// Run counts after the last merge of each shard (merges are amortised).
+    merged: Vec<usize>,
+    /// Shards with runs, in the order they were first marked.
+    touched: Vec<usize>,
+}
+
+impl DirtyRuns {
+    /// No runs, for a table of `shards` shards.
+    pub fn new(shards: usize) -> DirtyRuns {
+        DirtyRuns { runs: vec![Vec::new(); shards], merged: vec![0; shards], touched: Vec::new() }
+    }
+
+    /// Whether no run is marked.
+    pub fn is_empty(&self) -> bool {
+        self.touched.is_empty()
+    }
+
+    /// Marks `range` of `shard` (ignored when empty). Fails for a shard out of range.
+    pub fn add_range(&mut self, shard: usize, range: KeyRange) -> Result<()> {
+        if range.is_empty() {
+            return Ok(());
+        }
+        let runs = self.runs.get_mut(shard).ok_or_else(|| CoreError::Replication(format!("no shard {shard} to mark")))?;
+        if runs.is_empty() {
+            self.touched.push(shard);
+        }
+        match runs.last_mut() {
+            // the common case: a push's chunks, in key order
+            Some(last) if last.end == range.begin => last.end = range.end,
+            _ => runs.push(range),
+        }
+        if runs.len() > 2 * self.merged[shard] + 64 {
+            merge_runs(runs);
+            self.merged[shard] = runs.len();
+        }
+        Ok(())
+    }
+
+    /// Marks the keys of `keys` (sorted) of `shard`, consecutive keys as one run.
+    pub fn add_keys(&mut self, shard: usize, keys: &[u64]) -> Result<()> {
+        let mut i = 0;
+        while i < keys.len() {
+            let mut j = i + 1;
+            while j < keys.len() && keys[j] == keys[j - 1].wrapping_add(1) {
+                j += 1;
+            }
+            self.add_range(shard, KeyRange::new(keys[i], keys[j - 1].saturating_add(1)))?;
+            i = j;
+        }
+        Ok(())
+    }
+
+    /// Takes every marked run: `(shard, runs)` by shard, each shard's runs sorted, disjoint
+    /// and not adjacent (the union of what was marked).
+    pub fn take(&mut self) -> Vec<(usize, Vec<KeyRange>)> {
+        let mut shards = std::mem::take(&mut self.touched);
+        shards.sort_unstable();
+        shards
+            .into_iter()
+            .map(|s| {
+                let mut runs = std::mem::take(&mut self.runs[s]);
+                merge_runs(&mut runs);
+                self.merged[s] = 0;
+                (s, runs)
+            })
+            .collect()
+    }
+
+    /// Marks again what [`DirtyRuns::take`] took (its batch did not reach the successors).
+    pub fn put_back(&mut self, batch: Vec<(usize, Vec<KeyRange>)>) -> Result<()> {
+        for (shard, runs) in batch {
+            for r in runs {
+                self.add_range(shard, r)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Sorts `runs` and joins overlapping and adjacent ones.
+fn merge_runs(runs: &mut Vec<KeyRange>) {
+    runs.sort_unstable_by_key(|r| r.begin);
+    let mut out = 0;
+    for i in 0..runs.len() {
+        let r = runs[i];
+        if out > 0 && r.begin <= runs[out - 1].end {
+            runs[out - 1].end = runs[out - 1].end.max(r.end);
+        } else {
+            runs[out] = r;
+            out += 1;
+        }
+    }
+    runs.truncate(out);
 }
 
 /// One shard to copy when the routing changes: `from` (a surviving holder, the first of
@@ -368,7 +489,72 @@ mod tests {
         assert!(v.decode_into(0, 3, &bytes).is_err());
     }
 
+    #[test]
+    fn raised_marks_never_move_back_and_wrong_lengths_are_refused() {
+        let mut head = Watermarks::new(2, 2);
+        head.admit_range(1, 0, 3, KeyRange::new(10, 20)).unwrap();
+        head.admit_range(1, 1, 1, KeyRange::new(10, 12)).unwrap();
+        let mut replica = Watermarks::new(2, 2);
+        replica.admit_range(1, 1, 2, KeyRange::new(10, 11)).unwrap();
+        replica.raise_encoded(1, &head.encode(1, 2)).unwrap();
+        assert_eq!(replica.get(1, 0).unwrap(), (3, 19));
+        assert_eq!(replica.get(1, 1).unwrap(), (2, 10), "a higher mark stays");
+        assert_eq!(replica.get(0, 0).unwrap(), (0, 0), "other shards untouched");
+        assert!(replica.raise_encoded(1, &head.encode(0, 2)).is_err());
+        assert!(replica.raise_encoded(2, &head.encode(1, 2)).is_err());
+    }
+
+    #[test]
+    fn dirty_runs_join_a_pushs_chunks_and_come_back_after_a_failed_batch() {
+        let mut d = DirtyRuns::new(4);
+        assert!(d.is_empty());
+        d.add_range(2, KeyRange::new(100, 200)).unwrap();
+        d.add_range(2, KeyRange::new(200, 300)).unwrap();
+        d.add_keys(0, &[5, 6, 7, 9]).unwrap();
+        d.add_range(0, KeyRange::new(3, 3)).unwrap();
+        assert!(d.add_range(4, KeyRange::new(0, 1)).is_err());
+        let batch = d.take();
+        assert!(d.is_empty());
+        assert_eq!(batch, vec![(0, vec![KeyRange::new(5, 8), KeyRange::new(9, 10)]), (2, vec![KeyRange::new(100, 300)])]);
+        d.add_range(2, KeyRange::new(250, 400)).unwrap();
+        d.put_back(batch.clone()).unwrap();
+        assert_eq!(d.take(), vec![(0, batch[0].1.clone()), (2, vec![KeyRange::new(100, 400)])]);
+    }
+
     proptest! {
+        /// Whatever was marked, in any order and however often, a take returns exactly its
+        /// union per shard, as sorted, disjoint, non-adjacent runs.
+        #[test]
+        fn dirty_runs_take_the_union_of_what_was_marked(
+            marks in proptest::collection::vec((0usize..3, 0u64..300, 1u64..40, any::<bool>()), 0..400),
+        ) {
+            let mut d = DirtyRuns::new(3);
+            let mut want = vec![std::collections::BTreeSet::new(); 3];
+            for (shard, begin, len, as_keys) in marks {
+                if as_keys {
+                    let keys: Vec<u64> = (begin..begin + len).step_by(2).collect();
+                    d.add_keys(shard, &keys).unwrap();
+                    want[shard].extend(keys);
+                } else {
+                    d.add_range(shard, KeyRange::new(begin, begin + len)).unwrap();
+                    want[shard].extend(begin..begin + len);
+                }
+            }
+            let batch = d.take();
+            prop_assert!(d.is_empty());
+            let mut got = vec![std::collections::BTreeSet::new(); 3];
+            for (shard, runs) in &batch {
+                prop_assert!(!runs.is_empty());
+                for w in runs.windows(2) {
+                    prop_assert!(w[0].end < w[1].begin, "runs {:?} overlap or touch", w);
+                }
+                for r in runs {
+                    got[*shard].extend(r.begin..r.end);
+                }
+            }
+            prop_assert_eq!(got, want);
+        }
+
         /// Any chunking of a request, delivered with prefixes repeated (a retry after a
         /// partial application), applies every key exactly once.
         #[test]
