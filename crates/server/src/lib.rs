@@ -24,7 +24,7 @@ use downpour_core::proto::{self, FrameHeader};
 use downpour_core::ring::Ring;
 use downpour_core::rounds::Accepted;
 use downpour_core::rule::RuleRegistry;
-use downpour_core::shards::{self, DirtyRuns, ShardMap, Watermarks};
+use downpour_core::shards::{self, ShardMap, Watermarks};
 use downpour_core::table::{Table, TableDef};
 use downpour_core::vecops;
 use downpour_core::{CoreError, KeyRange};
@@ -33,7 +33,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use prost::Message;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -119,47 +119,6 @@ struct TableSlot {
     /// Replicated `bsp` tables: the synchronous rounds per shard (replication after
     /// aggregation). Instead of `gate`.
     chain: Option<ChainSlot>,
-    /// Replicated asynchronous dense tables: what the heads' replicator sends down the
-    /// chains (the changed runs' rows), and the pushes waiting for it.
-    replicator: Option<Arc<Replicator>>,
-}
-
-/// A replicated asynchronous dense table's replication after aggregation at this server (the
-/// head of some shards). Pushes are applied at once and their key runs marked (under the
-/// table's lock); a replicator thread takes every marked run and, under the same lock, the
-/// runs' current rows and their shards' watermarks, sends them to each shard's successor
-/// ([`Op::ReplicaState`]) and waits for the acknowledgements: one batch. A push is
-/// acknowledged to its worker once a batch taken after it was acknowledged, under the
-/// routing epoch it was applied in. Pushes of several workers to the same keys that come
-/// while a batch is on its way travel once in the next, so a replica receives less than
-/// the head when workers push the same keys (dense models).
-struct Replicator {
-    /// Rows of the pushes this server applied as head, rows it sent its successors, and
-    /// the batches that carried them (the memory report shows them).
-    pushed_rows: AtomicU64,
-    sent_rows: AtomicU64,
-    batches: AtomicU64,
-    state: Mutex<ReplState>,
-    /// The replicator thread waits on it for work.
-    work: Condvar,
-    /// Pushes wait on it for their batch.
-    done: Condvar,
-}
-
-#[derive(Default)]
-struct ReplState {
-    dirty: DirtyRuns,
-    /// Number of the batch the next take starts (from 1).
-    open: u64,
-    /// A push whose runs were marked before the take of batch `wanted` waits for it (a
-    /// batch is run even with nothing marked, for a retried push that applied nothing).
-    wanted: u64,
-    /// Last batch acknowledged by every successor, and the routing epoch it was taken in.
-    acked: u64,
-    acked_epoch: u64,
-    /// Last batch that failed, and why (its runs were marked again).
-    failed: u64,
-    why: String,
 }
 
 /// The rounds of a replicated `bsp` table and the condition variable clocks and pulls wait
@@ -174,13 +133,7 @@ struct ChainSlot {
 
 struct TableRepl {
     map: RwLock<Arc<ShardMap>>,
-    /// The routing epoch of `map` (changed with it, under the table's write lock).
-    map_epoch: AtomicU64,
     marks: Mutex<Watermarks>,
-    /// Per shard, the newest [`Op::ReplicaState`] batch applied here: (epoch, batch); an
-    /// older one coming late (over a connection given up on) is ignored. Locked after the
-    /// table's lock.
-    applied: Mutex<Vec<(u64, u64)>>,
 }
 
 /// A replicated job's routing as this server knows it.
@@ -285,8 +238,6 @@ pub struct ServerState {
     /// while still running can no longer apply anything under the rank. Set by
     /// [`ServerState::set_replicated`]; unset (no fencing) in unreplicated jobs.
     holders: std::sync::OnceLock<Box<[AtomicU32]>>,
-    /// This state itself, for the threads it starts (replicators).
-    this: Weak<ServerState>,
 }
 
 impl ServerState {
@@ -355,13 +306,6 @@ impl ServerState {
                 (None, Some(c)) => chain_applied(&c.rounds.lock()).map(|a| format!(", {a} rounds applied on the shards it heads")),
                 (None, None) => None,
             };
-            let rounds = rounds.or_else(|| {
-                tables[id].replicator.as_ref().map(|r| {
-                    let (pushed, sent, batches) =
-                        (r.pushed_rows.load(Ordering::Relaxed), r.sent_rows.load(Ordering::Relaxed), r.batches.load(Ordering::Relaxed));
-                    format!("; as head: {pushed} rows pushed, {sent} sent to replicas in {batches} batches")
-                })
-            });
             let t = tables[id].table.read();
             keys_total += t.len();
             out.push(format!(
@@ -443,7 +387,7 @@ impl Server {
     /// Listens on `addr` with `transport`. Fails with a clear message when the address is in use.
     pub fn bind(transport: &dyn Transport, addr: &str, cfg: ServerConfig) -> Result<Server, TransportError> {
         let listener = transport.listen(addr)?;
-        let state = Arc::new_cyclic(|this| ServerState {
+        let state = Arc::new(ServerState {
             cfg,
             node_id: AtomicU32::new(0),
             rank: AtomicU32::new(0),
@@ -455,7 +399,6 @@ impl Server {
             used_bytes: AtomicU64::new(0),
             repl: RwLock::new(None),
             holders: std::sync::OnceLock::new(),
-            this: this.clone(),
         });
         Ok(Server { state, listener })
     }
@@ -954,17 +897,6 @@ fn handle_frame(st: &ServerState, h: &FrameHeader, ctx: &mut ConnCtx, conn: &mut
             }
             Ok(Ok(()))
         }
-        Op::ReplicaState => {
-            let slot = match lookup(st, ctx, h.table) {
-                Ok(s) => s,
-                Err(e) => return Ok(Err(e)),
-            };
-            let res = replica_state(st, &slot, h, ctx, conn, me);
-            if !matches!(res, Ok(Ok(()))) {
-                ctx.fwd.reset();
-            }
-            res
-        }
         Op::ShardCopy => {
             let slot = match lookup(st, ctx, h.table) {
                 Ok(s) => s,
@@ -1229,13 +1161,7 @@ fn create_table(st: &ServerState, h: &FrameHeader) -> ReqResult {
             } else {
                 None
             };
-            let tr = TableRepl {
-                map_epoch: AtomicU64::new(st.epoch.load(Ordering::Relaxed)),
-                applied: Mutex::new(vec![(0, 0); map.len()]),
-                map: RwLock::new(Arc::new(map)),
-                marks: Mutex::new(marks),
-            };
-            (def.domain(), Some(tr), chain)
+            (def.domain(), Some(TableRepl { map: RwLock::new(Arc::new(map)), marks: Mutex::new(marks) }), chain)
         }
     };
     if def.is_dense() {
@@ -1280,43 +1206,13 @@ fn create_table(st: &ServerState, h: &FrameHeader) -> ReqResult {
         let (_, request, reply) = spec_filters.pipelines(&st.cfg.filters).map_err(core_err)?;
         FilterStats::new(&request, &reply)
     };
-    let bytes = table.bytes();
-    // replication after aggregation for asynchronous dense tables (bsp tables have rounds)
-    let replicator = match &table_repl {
-        Some(tr) if chain.is_none() && table.def().is_dense() => {
-            let dirty = DirtyRuns::new(tr.map.read().len());
-            Some(Arc::new(Replicator {
-                pushed_rows: AtomicU64::new(0),
-                sent_rows: AtomicU64::new(0),
-                batches: AtomicU64::new(0),
-                state: Mutex::new(ReplState { dirty, open: 1, ..Default::default() }),
-                work: Condvar::new(),
-                done: Condvar::new(),
-            }))
-        }
-        _ => None,
-    };
-    let slot = Arc::new(TableSlot {
-        spec: canonical,
-        table: RwLock::new(table),
-        gate,
-        filter_stats,
-        repl: table_repl,
-        chain,
-        replicator: replicator.clone(),
-    });
-    if let Some(rep) = replicator {
-        let (this, table_slot) = (st.this.clone(), slot.clone());
-        std::thread::Builder::new()
-            .name(format!("replicator-{}", slot.spec.id))
-            .spawn(move || replicate(this, table_slot, rep))
-            .map_err(|e| (Status::Internal, format!("cannot start the replicator thread of table {}: {e}", slot.spec.id)))?;
-    }
-    account(st, 0, bytes);
-    tables.insert(slot.spec.id, slot);
+    account(st, 0, table.bytes());
+    tables.insert(
+        canonical.id,
+        Arc::new(TableSlot { spec: canonical, table: RwLock::new(table), gate, filter_stats, repl: table_repl, chain }),
+    );
     Ok(())
 }
-
 
 fn pull_range(
     st: &ServerState,
@@ -1458,11 +1354,6 @@ fn replicated_push(
         if let Err(e) = fence_worker(st, h) {
             return Ok(Err(e));
         }
-    } else if slot.replicator.is_some() {
-        return Ok(Err((
-            Status::Unsupported,
-            format!("table {} is replicated by state (Op::ReplicaState), not by forwarded pushes", h.table),
-        )));
     }
     let (vl, domain) = {
         let t = slot.table.read();
@@ -1500,8 +1391,6 @@ fn replicated_push(
     } else {
         map.split_keys(&ctx.keys).collect()
     };
-    // replicated by state: the batch that takes this chunk's runs
-    let mut batch = 0;
     {
         let mut t = slot.table.write();
         let epoch = st.epoch.load(Ordering::Relaxed);
@@ -1550,37 +1439,6 @@ fn replicated_push(
         }
         drop(marks);
         account(st, before, t.bytes());
-        if let Some(rep) = &slot.replicator {
-            // the runs go down the chains with the replicator's next batch (duplicates too:
-            // a batch that failed after the first try was not necessarily taken again)
-            let mut g = rep.state.lock();
-            let idle = g.dirty.is_empty();
-            batch = g.open;
-            for (shard, range) in &segments {
-                let marked = if ranged {
-                    g.dirty.add_range(*shard, KeyRange::new(span.begin + range.start as u64, span.begin + range.end as u64))
-                } else {
-                    g.dirty.add_keys(*shard, &ctx.keys[range.clone()])
-                };
-                if let Err(e) = marked {
-                    return Ok(Err(core_err(e)));
-                }
-            }
-            if idle {
-                rep.work.notify_one();
-            }
-            rep.pushed_rows.fetch_add(segments.iter().map(|(_, r)| r.len() as u64).sum(), Ordering::Relaxed);
-        }
-    }
-    if let Some(rep) = &slot.replicator {
-        if h.last {
-            if let Err(e) = await_replicas(rep, batch, h.epoch) {
-                return Ok(Err(e));
-            }
-            let mut reply = msg::reply_to(h, me);
-            conn.send(&mut reply, &[], &[])?;
-        }
-        return Ok(Ok(()));
     }
     if ctx.fwd.epoch != h.epoch {
         ctx.fwd.conns.clear();
@@ -1654,285 +1512,6 @@ fn replicated_push(
         }
         let mut rep = msg::reply_to(h, me);
         conn.send(&mut rep, &[], &[])?;
-    }
-    Ok(Ok(()))
-}
-
-/// Waits until a push applied under routing epoch `epoch` is on every replica: until batch
-/// `target` (the one that took its last runs, or a later one) is acknowledged by the
-/// successors, under that same epoch (a batch of a later epoch may have dropped shards this
-/// server no longer heads, so the worker is told to retry under the new routing; its retry
-/// applies nothing twice).
-fn await_replicas(rep: &Replicator, target: u64, epoch: u64) -> ReqResult {
-    let mut g = rep.state.lock();
-    if g.wanted < target {
-        g.wanted = target;
-        rep.work.notify_one();
-    }
-    loop {
-        if g.acked >= target {
-            return if g.acked_epoch == epoch {
-                Ok(())
-            } else {
-                Err((Status::StaleEpoch, format!("the routing changed to epoch {} while the push was replicated", g.acked_epoch)))
-            };
-        }
-        if g.failed >= target {
-            return Err((Status::StaleEpoch, format!("replicating the push failed: {}", g.why)));
-        }
-        if rep.done.wait_for(&mut g, FORWARD_TIMEOUT).timed_out() && g.acked < target && g.failed < target {
-            return Err((Status::Unavailable, format!("the replicas did not acknowledge within {FORWARD_TIMEOUT:?}")));
-        }
-    }
-}
-
-/// One batch's frames to one successor: (shard, runs in `runs`, rows in `rows`, marks).
-struct StateFrame {
-    next: u32,
-    shard: usize,
-    runs: std::ops::Range<usize>,
-    rows: std::ops::Range<usize>,
-    marks: Vec<u8>,
-}
-
-/// The replicator thread of one table ([`Replicator`]): runs batches while there are
-/// marked runs or a push waits; ends when the server stops or is gone.
-fn replicate(this: Weak<ServerState>, slot: Arc<TableSlot>, rep: Arc<Replicator>) {
-    let (Some(tr), mut conns) = (slot.repl.as_ref(), HashMap::<u32, Box<dyn Connection>>::new()) else { return };
-    let (mut runs, mut rows): (Vec<u64>, Vec<f32>) = (Vec::new(), Vec::new());
-    let mut conns_epoch = 0;
-    loop {
-        {
-            let mut g = rep.state.lock();
-            while g.wanted < g.open {
-                if rep.work.wait_for(&mut g, Duration::from_millis(100)).timed_out() {
-                    match this.upgrade() {
-                        Some(st) if !st.stop.load(Ordering::Relaxed) => {}
-                        _ => return,
-                    }
-                }
-            }
-        }
-        let Some(st) = this.upgrade() else { return };
-        if st.stop.load(Ordering::Relaxed) {
-            return;
-        }
-        let me = st.node_id.load(Ordering::Relaxed);
-        // Take the marked runs, their rows and their shards' marks under the table's lock:
-        // a push marks its runs under the write lock, so the marks sent cover exactly the
-        // updates in the rows sent.
-        let (seq, epoch, batch, frames) = {
-            let t = slot.table.read();
-            let map = tr.map.read().clone();
-            let epoch = tr.map_epoch.load(Ordering::Relaxed);
-            let (seq, batch) = {
-                let mut g = rep.state.lock();
-                let batch = g.dirty.take();
-                g.open += 1;
-                (g.open - 1, batch)
-            };
-            let marks = tr.marks.lock();
-            let (mut frames, mut bad) = (Vec::new(), None);
-            runs.clear();
-            rows.clear();
-            for (shard, shard_runs) in &batch {
-                // shards this server no longer heads: their pushes are told to retry
-                let Some(next) = map.successor(*shard, me).filter(|_| map.position(*shard, me) == Some(0)) else { continue };
-                let (r0, w0) = (runs.len(), rows.len());
-                if let Err(e) = t.export_runs(shard_runs, &mut rows) {
-                    bad = Some(e.to_string());
-                    break;
-                }
-                runs.extend(shard_runs.iter().flat_map(|r| [r.begin, r.end]));
-                frames.push(StateFrame { next, shard: *shard, runs: r0..runs.len(), rows: w0..rows.len(), marks: marks.encode(*shard, shard + 1) });
-            }
-            match bad {
-                Some(e) => (seq, epoch, batch, Err(e)),
-                None => (seq, epoch, batch, Ok(frames)),
-            }
-        };
-        if conns_epoch != epoch {
-            conns.clear();
-            conns_epoch = epoch;
-        }
-        let sent = frames.and_then(|f| send_state(&st, &mut conns, &f, &runs, &rows, slot.spec.id, epoch, seq, me));
-        let failed = sent.is_err();
-        {
-            let mut g = rep.state.lock();
-            match sent {
-                Ok(()) => {
-                    g.acked = seq;
-                    g.acked_epoch = epoch;
-                    if !runs.is_empty() {
-                        let keys: u64 = runs.chunks_exact(2).map(|p| p[1] - p[0]).sum();
-                        rep.sent_rows.fetch_add(keys, Ordering::Relaxed);
-                        rep.batches.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-                Err(why) => {
-                    conns.clear();
-                    if let Err(e) = g.dirty.put_back(batch) {
-                        tracing::error!("table {}: {e}", slot.spec.id);
-                    }
-                    g.failed = seq;
-                    g.why = why;
-                }
-            }
-        }
-        rep.done.notify_all();
-        if failed {
-            // a successor that failed is replaced in a new epoch: try again a little later
-            let mut g = rep.state.lock();
-            rep.work.wait_for(&mut g, Duration::from_millis(20));
-        }
-    }
-}
-
-/// Sends one batch's frames ([`Op::ReplicaState`], request id = the batch) to the
-/// successors, the last one to each marked `last`, and reads one acknowledgement from each.
-#[allow(clippy::too_many_arguments)]
-fn send_state(
-    st: &ServerState,
-    conns: &mut HashMap<u32, Box<dyn Connection>>,
-    frames: &[StateFrame],
-    runs: &[u64],
-    rows: &[f32],
-    table: u32,
-    epoch: u64,
-    seq: u64,
-    me: u32,
-) -> Result<(), String> {
-    let mut nexts: Vec<u32> = Vec::new();
-    for (i, f) in frames.iter().enumerate() {
-        let mut h = msg::request(Op::ReplicaState, me, seq, epoch, table);
-        h.forwarded = true;
-        h.last = !frames[i + 1..].iter().any(|x| x.next == f.next);
-        let mut meta = Vec::with_capacity(4 + f.marks.len());
-        meta.extend_from_slice(&(f.shard as u32).to_le_bytes());
-        meta.extend_from_slice(&f.marks);
-        h.meta = meta.into();
-        let conn = match conns.entry(f.next) {
-            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(e) => e.insert(peer_connect(st, f.next, me)?),
-        };
-        conn.send(&mut h, key_bytes(&runs[f.runs.clone()]), value_bytes(&rows[f.rows.clone()]))
-            .map_err(|e| format!("sending to replica node {}: {e}", f.next))?;
-        if !nexts.contains(&f.next) {
-            nexts.push(f.next);
-        }
-    }
-    for next in nexts {
-        let Some(conn) = conns.get_mut(&next) else { continue };
-        match conn.recv_header() {
-            Ok(Some(a)) if a.status == 0 && a.request_id == seq => {}
-            Ok(Some(a)) if a.status != 0 => return Err(format!("replica node {next}: {}", a.error)),
-            Ok(Some(a)) => return Err(format!("replica node {next} acknowledged batch {} while batch {seq} was awaited", a.request_id)),
-            Ok(None) => return Err(format!("replica node {next} closed the connection")),
-            Err(e) => return Err(format!("replica node {next} did not acknowledge: {e}")),
-        }
-    }
-    Ok(())
-}
-
-/// A successor's side of [`Op::ReplicaState`]: sets the rows of the frame's runs, raises its
-/// shard's marks (both under the table's lock, unless a newer batch of the shard was applied
-/// here already), passes the frame to this server's own successor of the shard and, on the
-/// batch's last frame, acknowledges once its successors did.
-fn replica_state(
-    st: &ServerState,
-    slot: &TableSlot,
-    h: &FrameHeader,
-    ctx: &mut ConnCtx,
-    conn: &mut dyn Connection,
-    me: u32,
-) -> Result<ReqResult, TransportError> {
-    let (Some(tr), Some(_)) = (&slot.repl, &slot.replicator) else {
-        return Ok(Err((Status::InvalidArgument, format!("table {} is not an asynchronous replicated dense table", h.table))));
-    };
-    if !is_peer(st, h.sender) {
-        return Ok(Err((Status::PermissionDenied, format!("replica state from node {}, which is not a server of this job", h.sender))));
-    }
-    if ctx.fwd.epoch != h.epoch {
-        ctx.fwd.conns.clear();
-        ctx.fwd.epoch = h.epoch;
-    }
-    if !h.meta.is_empty() {
-        let Some((shard, marks)) = h.meta.split_first_chunk::<4>().map(|(s, m)| (u32::from_le_bytes(*s) as usize, m)) else {
-            return Ok(Err((Status::InvalidArgument, "replica state without its shard".into())));
-        };
-        if !ctx.keys.len().is_multiple_of(2) {
-            return Ok(Err((Status::InvalidArgument, "replica state runs are (begin, end) pairs".into())));
-        }
-        let runs: Vec<KeyRange> = ctx.keys.chunks_exact(2).map(|p| KeyRange::new(p[0], p[1])).collect();
-        let next = {
-            let mut t = slot.table.write();
-            let epoch = tr.map_epoch.load(Ordering::Relaxed);
-            if h.epoch != epoch {
-                return Ok(Err((Status::StaleEpoch, format!("replica state of routing epoch {} but this server is at epoch {epoch}", h.epoch))));
-            }
-            let map = tr.map.read().clone();
-            if shard >= map.len() || !map.position(shard, me).is_some_and(|p| p > 0) {
-                return Ok(Err((
-                    Status::StaleEpoch,
-                    format!("this server is not a replica of shard {shard} of table {} in routing epoch {epoch}", h.table),
-                )));
-            }
-            let range = map.range(shard);
-            if runs.iter().any(|r| r.begin < range.begin || r.end > range.end) {
-                return Ok(Err((Status::InvalidArgument, format!("replica state runs outside shard {shard} ({range})"))));
-            }
-            let mut applied = tr.applied.lock();
-            if applied[shard] >= (h.epoch, h.request_id) {
-                None // a newer batch of this shard came first: this one changes nothing
-            } else {
-                if let Err(e) = t.import_runs(&runs, &ctx.vals) {
-                    return Ok(Err(core_err(e)));
-                }
-                if let Err(e) = tr.marks.lock().raise_encoded(shard, marks) {
-                    return Ok(Err(core_err(e)));
-                }
-                applied[shard] = (h.epoch, h.request_id);
-                map.successor(shard, me)
-            }
-        };
-        if let Some(next) = next {
-            let mut fh = msg::request(Op::ReplicaState, me, h.request_id, h.epoch, h.table);
-            fh.forwarded = true;
-            fh.last = false;
-            fh.meta = h.meta.clone();
-            let sent = forward_conn(st, &mut ctx.fwd, next, me)
-                .and_then(|c| c.send(&mut fh, key_bytes(&ctx.keys), value_bytes(&ctx.vals)).map_err(|e| e.to_string()));
-            if let Err(e) = sent {
-                return Ok(Err((Status::StaleEpoch, format!("passing replica state to node {next} failed: {e}"))));
-            }
-            if !ctx.fwd.touched.contains(&next) {
-                ctx.fwd.touched.push(next);
-            }
-        }
-    }
-    if h.last {
-        // the batch's end: close it at each successor it went on to, then wait for them
-        for next in std::mem::take(&mut ctx.fwd.touched) {
-            let mut fh = msg::request(Op::ReplicaState, me, h.request_id, h.epoch, h.table);
-            fh.forwarded = true;
-            let acked = forward_conn(st, &mut ctx.fwd, next, me).and_then(|c| {
-                c.send(&mut fh, &[], &[]).map_err(|e| e.to_string())?;
-                match c.recv_header() {
-                    Ok(Some(a)) if a.status == 0 && a.request_id == h.request_id => Ok(None),
-                    Ok(Some(a)) if a.status != 0 => Ok(Some((Status::from_u32(a.status), a.error))),
-                    Ok(Some(a)) => Err(format!("acknowledgement of batch {} while waiting for {}", a.request_id, h.request_id)),
-                    Ok(None) => Err("the connection was closed".into()),
-                    Err(e) => Err(e.to_string()),
-                }
-            });
-            match acked {
-                Ok(None) => {}
-                Ok(Some((status, why))) => return Ok(Err((status, format!("replica node {next}: {why}")))),
-                Err(e) => return Ok(Err((Status::StaleEpoch, format!("replica node {next} did not acknowledge: {e}")))),
-            }
-        }
-        let mut reply = msg::reply_to(h, me);
-        conn.send(&mut reply, &[], &[])?;
     }
     Ok(Ok(()))
 }
@@ -2542,7 +2121,6 @@ pub fn move_to_epoch(st: &ServerState, routing: proto::Routing) -> Result<u64, E
             let mut rounds = slot.chain.as_ref().map(|c| c.rounds.lock());
             let t = slot.table.write();
             *tr.map.write() = Arc::new(new.clone());
-            tr.map_epoch.store(routing.epoch, Ordering::Relaxed);
             let marks = tr.marks.lock();
             for c in plan.iter().filter(|c| c.from == me) {
                 let (mut keys, mut rows) = (Vec::new(), Vec::new());
