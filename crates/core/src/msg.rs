@@ -96,16 +96,6 @@ pub enum Op {
     /// Worker to coordinator: where it stands with every request acknowledged (answered at
     /// once). Body: `WorkerCheckpoint`. Later records ride on heartbeats.
     Progress = 37,
-    /// Server to server, down a chain (replicated asynchronous dense tables): the current
-    /// rows of some key runs of one shard and that shard's watermarks, taken together at
-    /// the head under the table's lock; the receiver sets the rows (values and rule state),
-    /// raises the watermarks and passes the frame on. Several workers' pushes to the same
-    /// keys travel once (replication after aggregation). `request_id` is the head's batch
-    /// number (frames older than what a shard already holds are ignored); keys: the runs as
-    /// `(begin, end)` pairs; values: per run, its values then its rule state; meta: the
-    /// shard (u32 LE) then its marks ([`crate::shards::Watermarks::encode`]). Empty meta:
-    /// the batch's closing frame. Acknowledged on the last frame.
-    ReplicaState = 38,
 }
 
 impl Op {
@@ -141,7 +131,6 @@ impl Op {
             35 => CheckpointWritten,
             36 => Checkpoint,
             37 => Progress,
-            38 => ReplicaState,
             _ => return None,
         })
     }

@@ -541,55 +541,6 @@ impl Table {
         Ok(())
     }
 
-    /// Appends the rows of `runs` (sorted, disjoint, inside [`Table::owned`]) of a dense
-    /// table to `out`: per run, its values, then its rule state ([`Table::row_len`] floats
-    /// per key in all): what a head sends its successors ([`crate::msg::Op::ReplicaState`]).
-    /// Fails for sparse tables or a run outside the owned range.
-    pub fn export_runs(&self, runs: &[KeyRange], out: &mut Vec<f32>) -> Result<()> {
-        let d = self.dense_runs(runs)?;
-        let (vl, sl) = (self.vl, self.sl);
-        for r in runs {
-            let (a, b) = ((r.begin - d.range.begin) as usize, (r.end - d.range.begin) as usize);
-            out.extend_from_slice(&d.w[a * vl..b * vl]);
-            out.extend_from_slice(&d.s[a * sl..b * sl]);
-        }
-        Ok(())
-    }
-
-    /// Sets the rows of `runs` of a dense table to `rows` from [`Table::export_runs`]: a
-    /// replica taking its head's state. Nothing is changed when a run or the length is wrong.
-    pub fn import_runs(&mut self, runs: &[KeyRange], rows: &[f32]) -> Result<()> {
-        self.dense_runs(runs)?;
-        let (vl, sl) = (self.vl, self.sl);
-        let keys: u64 = runs.iter().map(|r| r.len()).sum();
-        check_lengths(keys as usize, vl + sl, rows.len())?;
-        let Store::Dense(d) = &mut self.store else { return Ok(()) };
-        let mut off = 0;
-        for r in runs {
-            let (a, b) = ((r.begin - d.range.begin) as usize, (r.end - d.range.begin) as usize);
-            let (nw, ns) = ((b - a) * vl, (b - a) * sl);
-            d.w[a * vl..b * vl].copy_from_slice(&rows[off..off + nw]);
-            d.s[a * sl..b * sl].copy_from_slice(&rows[off + nw..off + nw + ns]);
-            off += nw + ns;
-        }
-        Ok(())
-    }
-
-    /// The dense store, after checking that `runs` are sorted, disjoint, non-empty and owned.
-    fn dense_runs(&self, runs: &[KeyRange]) -> Result<&DenseStore> {
-        let Store::Dense(d) = &self.store else {
-            return Err(CoreError::InvalidTable(format!("table {} is sparse: its rows are not sent as runs", self.def.id)));
-        };
-        let mut prev = d.range.begin;
-        for r in runs {
-            if r.is_empty() || r.begin < prev || r.end > d.range.end {
-                return Err(CoreError::KeyOutOfRange { table: self.def.id, key: r.begin.max(r.end.saturating_sub(1)), range: d.range });
-            }
-            prev = r.end;
-        }
-        Ok(d)
-    }
-
     /// Appends every existing key of `range` and its values to `keys`/`values`, in key order.
     pub fn pull_range(&mut self, range: KeyRange, keys: &mut Vec<u64>, values: &mut Vec<f32>) -> Result<()> {
         let range = range.intersect(&self.owned);
@@ -652,42 +603,6 @@ mod tests {
             assert_eq!(wa, wb);
             assert!(b.import_rows(&k, &rows[1..]).is_err());
         }
-    }
-
-    #[test]
-    fn runs_taken_from_a_head_make_a_replica_continue_exactly_like_it() {
-        let reg = RuleRegistry::new();
-        let dense = Some(KeyRange::new(0, 100));
-        let mut head = Table::new(def(dense, 2, "adagrad"), KeyRange::FULL, &reg).unwrap();
-        let mut replica = Table::new(def(dense, 2, "adagrad"), KeyRange::FULL, &reg).unwrap();
-        let g: Vec<f32> = (0..200).map(|i| (i as f32 - 90.0) / 11.0).collect();
-        head.push_range(0, &g).unwrap();
-        head.push(&[3, 4, 50], &g[..6]).unwrap();
-        let runs = [KeyRange::new(0, 10), KeyRange::new(40, 100)];
-        let mut rows = Vec::new();
-        head.export_runs(&runs, &mut rows).unwrap();
-        assert_eq!(rows.len(), 70 * head.row_len());
-        replica.import_runs(&runs, &rows).unwrap();
-        replica
-            .import_runs(&[KeyRange::new(10, 40)], &{
-                let mut mid = Vec::new();
-                head.export_runs(&[KeyRange::new(10, 40)], &mut mid).unwrap();
-                mid
-            })
-            .unwrap();
-        head.push_range(0, &g).unwrap();
-        replica.push_range(0, &g).unwrap();
-        assert_eq!(head.dense_values(KeyRange::new(0, 100)).unwrap(), replica.dense_values(KeyRange::new(0, 100)).unwrap());
-        // refused, and nothing changed: wrong length, unsorted or overlapping runs, outside the range
-        let before = replica.dense_values(KeyRange::new(0, 100)).unwrap().to_vec();
-        assert!(replica.import_runs(&runs, &rows[1..]).is_err());
-        assert!(replica.import_runs(&[KeyRange::new(40, 100), KeyRange::new(0, 10)], &rows).is_err());
-        assert!(replica.import_runs(&[KeyRange::new(0, 10), KeyRange::new(5, 65)], &rows).is_err());
-        assert!(replica.import_runs(&[KeyRange::new(95, 105)], &rows[..10 * head.row_len()]).is_err());
-        assert!(replica.import_runs(&[KeyRange::new(7, 7)], &[]).is_err());
-        assert_eq!(replica.dense_values(KeyRange::new(0, 100)).unwrap(), &before[..]);
-        let sparse = Table::new(def(None, 2, "add"), KeyRange::FULL, &reg).unwrap();
-        assert!(sparse.export_runs(&runs, &mut Vec::new()).is_err());
     }
 
     #[test]
