@@ -221,7 +221,7 @@ fn run(cli: Cli, s: Settings) -> Result<()> {
     match cli.cmd {
         Cmd::Demo => {
             eprintln!("demo 1/2: the no-lost-update check (counter job) on an embedded cluster of 2 servers and 3 workers");
-            let job = JobCmd::Counter(CounterArgs { keys: 10_000, rounds: 20, value_len: 1, sync: false });
+            let job = JobCmd::Counter(CounterArgs { keys: 10_000, rounds: 20, value_len: 1, sync: false, dense: false });
             cluster::run_embedded(&s, 2, 3, &job, stdout_sink())?;
             let dir = demo_data_dir()?;
             eprintln!(

@@ -427,6 +427,27 @@ fn synchronous_rounds_on_two_copies_lose_and_double_no_update_through_a_kill_a_j
     }
 }
 
+/// Dense tables pushed whole-range (as dense models are: each push one contiguous run per
+/// head, forwarded down the chains by range), through a server SIGKILLed mid-job and through
+/// a join followed by a drain: every key ends exact.
+#[test]
+fn dense_range_pushes_on_two_copies_lose_and_double_no_update_through_a_kill_a_join_and_a_drain() {
+    let cases: [&[&str]; 2] =
+        [&["--fault", "kill server:1 at 400ms"], &["--fault", "start server at 300ms", "--fault", "drain server:0 at 700ms"]];
+    for faults in cases {
+        let o = Command::new(env!("CARGO_BIN_EXE_downpour"))
+            .args(["launch", "--servers", "3", "--workers", "2", "--replication", "2"])
+            .args(faults)
+            .args(["--", "counter", "--keys", "20000", "--rounds", "6000", "--dense"])
+            .output()
+            .unwrap();
+        let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        assert!(o.status.success(), "{faults:?}: {out}\n{err}");
+        assert_eq!(out.matches("counter: OK").count() + err.matches("counter: OK").count(), 2, "{faults:?}: {out}\n{err}");
+        assert_eq!(err.matches(" served: ").count(), faults.len() / 2, "every routing change came mid-job: {err}");
+    }
+}
+
 #[test]
 fn joining_or_draining_an_unreplicated_job_is_refused_before_anything_starts() {
     for fault in ["start server at 1s", "drain server:0 at 1s"] {

@@ -26,6 +26,11 @@ pub struct CounterArgs {
     /// round's sum once instead of every push).
     #[arg(long)]
     pub sync: bool,
+    /// A dense table of the keys `[0, keys)`, incremented by whole-range pushes (as a dense
+    /// model's gradients are; with `--replication` and without `--sync`, replicated by
+    /// sending the changed rows once per batch instead of every push).
+    #[arg(long)]
+    pub dense: bool,
 }
 
 /// Table id the counter job uses.
@@ -48,7 +53,7 @@ pub fn run(a: &CounterArgs, s: &mut WorkerSession, num_servers: usize, sink: &Si
         id: TABLE,
         name: "counter".into(),
         value_len: a.value_len,
-        storage: Storage::Sparse,
+        storage: if a.dense { Storage::Dense(downpour_core::KeyRange::new(0, a.keys)) } else { Storage::Sparse },
         init: Init::Zeros,
         rule: proto::Rule { name: "add".into(), ..Default::default() },
         consistency: if a.sync { downpour_core::consistency::Consistency::Bsp } else { downpour_core::consistency::Consistency::Async },
@@ -57,7 +62,7 @@ pub fn run(a: &CounterArgs, s: &mut WorkerSession, num_servers: usize, sink: &Si
         filters: Default::default(),
     };
     s.kv.create_table(def).context("creating the counter table")?;
-    let keys = counter_keys(a.keys);
+    let keys = if a.dense { (0..a.keys).collect() } else { counter_keys(a.keys) };
     let ones = vec![1f32; keys.len() * a.value_len];
     // A resumed job goes on after the rounds its checkpoint holds (one clock per round).
     let done = match s.resumed() {
@@ -80,7 +85,7 @@ pub fn run(a: &CounterArgs, s: &mut WorkerSession, num_servers: usize, sink: &Si
     let mut slowest = (std::time::Duration::ZERO, 0);
     for r in done + 1..=a.rounds {
         let started = std::time::Instant::now();
-        last = Some(s.kv.push(TABLE, &keys, &ones)?);
+        last = Some(if a.dense { s.kv.push_range(TABLE, 0, &ones)? } else { s.kv.push(TABLE, &keys, &ones)? });
         s.kv.clock()?;
         s.checkpoint_point(|| r.to_string())?;
         slowest = slowest.max((started.elapsed(), r));
@@ -95,7 +100,11 @@ pub fn run(a: &CounterArgs, s: &mut WorkerSession, num_servers: usize, sink: &Si
     s.retire_from_checkpoints(|| a.rounds.to_string())?;
     s.barrier("counter-pushed")?;
     let mut got = vec![0f32; ones.len()];
-    s.kv.pull_into(TABLE, &keys, &mut got)?;
+    if a.dense {
+        s.kv.pull_range_into(TABLE, 0, &mut got)?;
+    } else {
+        s.kv.pull_into(TABLE, &keys, &mut got)?;
+    }
     if let Some(i) = got.iter().position(|v| *v != expected as f32) {
         let wrong = got.iter().filter(|v| **v != expected as f32).count();
         bail!(
