@@ -460,6 +460,11 @@ struct ConnCtx {
     identified: Option<u32>,
     /// Replicated tables: this connection's forwarding state.
     fwd: Forwarding,
+    /// A forwarded round update on this connection failed since the last round watermarks frame:
+    /// some update of the rounds being forwarded was not applied here (later frames of the
+    /// same request id were skipped), so the next round watermarks frame must not say the
+    /// rounds are applied.
+    forward_failed: bool,
 }
 
 /// A connection's chain forwarding: one connection per successor (so a worker's updates
@@ -509,6 +514,7 @@ pub fn serve_connection(st: &ServerState, mut conn: Box<dyn Connection>) {
         pipes: HashMap::new(),
         identified: None,
         fwd: Forwarding::default(),
+        forward_failed: false,
     };
     let mut skip: Option<u64> = None;
     // Wake up now and then to notice a stop request.
@@ -568,6 +574,11 @@ pub fn serve_connection(st: &ServerState, mut conn: Box<dyn Connection>) {
             continue;
         }
         let result = handle_frame(st, &h, &mut ctx, conn.as_mut());
+        // a forwarded round update (the round watermark's worker slot) that was not applied
+        let round_update = h.forwarded && h.request_id != ROUND_MARKS_REQUEST && h.worker == st.num_workers.load(Ordering::Relaxed);
+        if round_update && matches!(result, Ok(Err(_))) {
+            ctx.forward_failed = true;
+        }
         let sent = match result {
             Ok(Ok(())) => Ok(()),
             Ok(Err((status, message))) => {
@@ -1802,6 +1813,17 @@ fn round_marks(
     me: u32,
 ) -> Result<ReqResult, TransportError> {
     let slot_w = st.num_workers.load(Ordering::Relaxed) as usize;
+    if std::mem::take(&mut ctx.forward_failed) {
+        // Some update frame before this one failed here (a successor of ours was dead, say),
+        // and the frames after it with the same request id were skipped: the rounds are not
+        // all applied here, and raising their watermarks would make a new head started
+        // from them drop the workers' replays of updates this server never applied.
+        ctx.fwd.reset();
+        return Ok(Err((
+            Status::StaleEpoch,
+            format!("round watermarks of table {} refused: an update frame of these rounds was not applied here", h.table),
+        )));
+    }
     let list = match decode_round_marks(&h.meta) {
         Ok(l) => l,
         Err(e) => return Ok(Err((Status::InvalidArgument, e))),

@@ -389,3 +389,59 @@ fn a_server_that_missed_an_epoch_being_served_still_copies_from_where_the_data_i
     let wrong = out.iter().filter(|&&v| v != 4.0).count();
     assert_eq!(wrong, 0, "four rounds on every copy; e.g. {:?}", out.iter().find(|&&v| v != 4.0));
 }
+
+/// A chain member that failed one forwarded update frame of a round (here: a frame for a
+/// shard it heads, refused; in the field: its own successor was dead) skips the frames after
+/// it with the same request id, which carry other shards' updates of the round. The round
+/// watermarks frame that follows must then be refused: raising them would make a new head
+/// started from this server drop the workers' replays of updates it never applied (a round
+/// lost on whole shards with K = 3 and two servers killed 10 ms apart). The next stream,
+/// whole, is taken.
+#[test]
+fn a_chain_member_that_missed_part_of_a_round_refuses_that_rounds_watermarks() {
+    let t = Arc::new(InProcTransport::new());
+    let (_servers, members) = cluster(&t);
+    let mut kv = client(&t, &routing(1, &members));
+    let mut def = counter_table();
+    def.consistency = Consistency::Bsp;
+    def.aggregate = downpour_core::rounds::Aggregate::Sum;
+    kv.create_table(def).unwrap();
+    // node 2: heads shard `a`, is the tail (second of two) of shard `b`
+    let map = shard_map(&[1, 2, 3]);
+    let a = (0..map.len()).find(|&i| map.chain(i)[0] == 2).unwrap();
+    let b = (0..map.len()).find(|&i| map.chain(i)[1] == 2).unwrap();
+    let sender = map.chain(b)[0];
+    let mut c = t.connect(&members[1].1, Duration::from_secs(5)).unwrap();
+    // slot of the round watermark: the job has one worker
+    let update = |shard: usize| {
+        let mut h = msg::request(Op::Push, sender, downpour_core::chain_rounds::round_request(0, 0).unwrap(), 1, 1);
+        h.worker = 1;
+        h.forwarded = true;
+        h.last = false;
+        (h, [map.range(shard).begin])
+    };
+    let marks = |shard: usize| {
+        let mut h = msg::request(Op::Push, sender, u64::MAX, 1, 1);
+        h.worker = 1;
+        h.forwarded = true;
+        h.meta = [(shard as u32).to_le_bytes().as_slice(), 1u64.to_le_bytes().as_slice()].concat().into();
+        h
+    };
+    for shard in [a, b] {
+        let (mut h, k) = update(shard);
+        c.send(&mut h, key_bytes(&k), value_bytes(&[1.0])).unwrap();
+    }
+    c.send(&mut marks(b), &[], &[]).unwrap();
+    let first = c.recv_header().unwrap().unwrap();
+    assert_eq!(Status::from_u32(first.status), Status::StaleEpoch, "the update for a headed shard is refused: {}", first.error);
+    let wm = c.recv_header().unwrap().unwrap();
+    assert_eq!(Status::from_u32(wm.status), Status::StaleEpoch, "the watermarks after a skipped update were taken");
+    assert!(wm.error.contains("was not applied here"), "{}", wm.error);
+    // the whole stream again: applied, and its watermarks taken
+    let (mut h, k) = update(b);
+    c.send(&mut h, key_bytes(&k), value_bytes(&[1.0])).unwrap();
+    c.send(&mut marks(b), &[], &[]).unwrap();
+    let ok = c.recv_header().unwrap().unwrap();
+    assert_eq!(ok.status, 0, "{}", ok.error);
+    assert_eq!(ok.request_id, u64::MAX);
+}

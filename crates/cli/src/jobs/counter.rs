@@ -108,12 +108,13 @@ pub fn run(a: &CounterArgs, s: &mut WorkerSession, num_servers: usize, sink: &Si
     if let Some(i) = got.iter().position(|v| *v != expected as f32) {
         let wrong = got.iter().filter(|v| **v != expected as f32).count();
         bail!(
-            "counter: MISMATCH key={} element={} expected={expected} got={} (worker {}; {wrong} of {} values wrong)",
+            "counter: MISMATCH key={} element={} expected={expected} got={} (worker {}; {wrong} of {} values wrong, in {})",
             keys[i / a.value_len],
             i % a.value_len,
             got[i],
             s.rank,
-            got.len()
+            got.len(),
+            wrong_runs(&keys, &got, a.value_len, expected as f32)
         );
     }
     sink(&format!(
@@ -127,4 +128,29 @@ pub fn run(a: &CounterArgs, s: &mut WorkerSession, num_servers: usize, sink: &Si
     ));
     s.barrier("counter-done")?;
     Ok(())
+}
+
+/// Where the wrong values are: runs of consecutive keys (of `keys`) with a wrong element,
+/// as `keys[first]..=keys[last] (n keys, got v)`, the first eight.
+fn wrong_runs(keys: &[u64], got: &[f32], value_len: usize, expected: f32) -> String {
+    let bad = |k: usize| got[k * value_len..(k + 1) * value_len].iter().find(|v| **v != expected).copied();
+    let mut runs: Vec<String> = Vec::new();
+    let mut total = 0;
+    let mut k = 0;
+    while k < keys.len() {
+        let Some(v) = bad(k) else {
+            k += 1;
+            continue;
+        };
+        let first = k;
+        while k < keys.len() && bad(k).is_some() {
+            k += 1;
+        }
+        total += 1;
+        if runs.len() < 8 {
+            runs.push(format!("{}..={} ({} keys, got {v})", keys[first], keys[k - 1], k - first));
+        }
+    }
+    let more = if total > runs.len() { format!(" and {} more", total - runs.len()) } else { String::new() };
+    format!("{total} runs of keys: {}{more}", runs.join(", "))
 }
