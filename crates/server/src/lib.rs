@@ -2387,6 +2387,9 @@ pub fn run_server_node(transport: &dyn Transport, cfg: NodeConfig) -> Result<(),
     let hb = Duration::from_millis(reg.heartbeat_ms.max(10));
     control.set_timeout(Some(hb * 4 + cfg.connect_timeout))?;
     let mut reported = server_state.epoch();
+    // (epoch, wait) of the last failed move: a copy's receiver that died too is removed in a
+    // newer epoch within milliseconds, so retries start quick and back off to 100 ms
+    let mut retry = (0u64, Duration::ZERO);
     let result = loop {
         match control.heartbeat(None) {
             Ok(r) if r.job_failed => break Err(NodeError::JobFailed(r.reason)),
@@ -2409,8 +2412,11 @@ pub fn run_server_node(transport: &dyn Transport, cfg: NodeConfig) -> Result<(),
                         Err(e @ EpochError::Removed(_)) => break Err(NodeError::JobFailed(e.to_string())),
                         Err(EpochError::Failed(e)) => (0, e),
                         Err(EpochError::Copy(e)) => {
-                            tracing::warn!("server {}: routing epoch {epoch}: {e}; trying again", reg.rank);
-                            std::thread::sleep(Duration::from_millis(100));
+                            let wait =
+                                if retry.0 == epoch { (retry.1 * 2).min(Duration::from_millis(100)) } else { Duration::from_millis(5) };
+                            retry = (epoch, wait);
+                            tracing::warn!("server {}: routing epoch {epoch}: {e}; trying again in {} ms", reg.rank, wait.as_millis());
+                            std::thread::sleep(wait);
                             continue;
                         }
                     };
