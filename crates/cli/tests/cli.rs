@@ -283,7 +283,7 @@ fn a_server_killed_mid_job_with_two_copies_loses_and_doubles_no_update() {
         let fault = format!("kill server:{server} at {at}");
         let o = Command::new(env!("CARGO_BIN_EXE_downpour"))
             .args(["launch", "--servers", "3", "--workers", "2", "--replication", "2", "--fault", &fault, "--"])
-            .args(["counter", "--keys", "20000", "--rounds", "400"])
+            .args(["counter", "--keys", "20000", "--rounds", "2000"])
             .output()
             .unwrap();
         let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
@@ -305,7 +305,7 @@ fn a_worker_killed_mid_job_is_replaced_and_the_counter_loses_and_doubles_no_upda
         for f in faults {
             c.args(["--fault", f]);
         }
-        let o = c.args(["--", "counter", "--keys", "20000", "--rounds", "600"]).output().unwrap();
+        let o = c.args(["--", "counter", "--keys", "20000", "--rounds", "1500"]).output().unwrap();
         let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
         assert!(o.status.success(), "{faults:?}: {out}\n{err}");
         assert_eq!(out.matches("counter: OK").count() + err.matches("counter: OK").count(), 2, "{faults:?}: {out}\n{err}");
@@ -354,7 +354,7 @@ fn a_coordinator_killed_mid_job_takes_the_job_back_and_the_counter_ends_exact() 
 fn a_lost_worker_s_share_is_taken_over_by_another_worker_and_the_counter_ends_exact() {
     let o = Command::new(env!("CARGO_BIN_EXE_downpour"))
         .args(["launch", "--servers", "3", "--workers", "2", "--replication", "2", "--reassign-after-s", "0.5"])
-        .args(["--fault", "lose worker:0 at 1s", "--", "counter", "--keys", "20000", "--rounds", "600"])
+        .args(["--fault", "lose worker:0 at 1s", "--", "counter", "--keys", "20000", "--rounds", "1500"])
         .output()
         .unwrap();
     let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));

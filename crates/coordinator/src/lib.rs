@@ -773,6 +773,26 @@ impl Coordinator {
                 self.cv.wait_for(&mut st, Duration::from_millis(50));
             }
             let lost_soon = st.workers.iter().any(|id| !st.done.contains(id) && !st.heartbeating.contains(id));
+            // A worker with no heartbeat connection that was not declared lost has not
+            // reached this coordinator since it started (a restart; a worker's closed
+            // connection declares it lost at once). Live workers reconnect within a few
+            // heartbeat intervals, so with a replacement waiting for a rank, one still silent
+            // after RESTART_GRACE is declared lost now rather than at the node timeout (a
+            // worker killed while the coordinator restarted held the job up 10 s).
+            let grace = (self.cfg.heartbeat * 4).max(RESTART_GRACE);
+            let silent = st.workers.iter().copied().find(|id| {
+                !st.done.contains(id) && !st.heartbeating.contains(id) && !st.lost_workers.contains(id) && !st.removed.contains(id)
+            });
+            if let Some(id) = silent.filter(|_| st.vacant.is_empty() && self.started.elapsed() > grace && self.cfg.node_timeout > grace) {
+                let reason = format!(
+                    "{} has not reached the coordinator in the {:.1} s since it started, and a replacement is waiting for its rank: declared lost",
+                    st.describe(id),
+                    self.started.elapsed().as_secs_f64()
+                );
+                drop(st);
+                self.lost(id, reason);
+                return Err((Status::Unavailable, "a silent worker was declared lost: try again for its rank".into()));
+            }
             if st.vacant.is_empty() && st.failed.is_none() && !st.shutdown && lost_soon {
                 return Err((
                     Status::Unavailable,
@@ -1277,6 +1297,11 @@ impl Coordinator {
         self.cv.notify_all();
     }
 }
+
+/// How long a started (or restarted) coordinator waits for a worker it has not heard from
+/// before a replacement waiting for that worker's rank may have it (at least four
+/// heartbeat intervals; live workers reconnect within about one).
+const RESTART_GRACE: Duration = Duration::from_secs(2);
 
 /// How often a server's long-polled heartbeat looks at its connection while the answer
 /// waits (a died server is noticed within this; each look is one non-blocking peek).

@@ -110,3 +110,43 @@ fn a_state_directory_of_another_job_is_refused() {
     let e = Coordinator::open(config(dir.path())).err().expect("a corrupt state is refused");
     assert!(e.contains("not a coordinator state"), "{e}");
 }
+
+/// A worker that died while the coordinator was down never reconnects: the restarted
+/// coordinator has no connection of it to watch. With its replacement waiting for the rank,
+/// it is declared lost once it stayed silent for the restart grace (2 s), not at the node
+/// timeout (10 s), while a worker that reconnected keeps its rank.
+#[test]
+fn a_worker_silent_since_a_restart_gives_its_rank_to_a_waiting_replacement_after_the_grace() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = Arc::new(InProcTransport::new());
+    let (addr, _first) = serve(&t, Coordinator::open(config(dir.path())).unwrap(), "first-grace");
+    let mut servers = Vec::new();
+    for i in 0..2 {
+        let mut c = client(&t, &addr, 0);
+        c.register("server", &format!("inproc://g{i}")).unwrap();
+        servers.push(c);
+    }
+    let worker = || proto::RegisterRequest { role: "worker".into(), records_progress: true, ..Default::default() };
+    let r0 = client(&t, &addr, 0).register_as(&worker()).unwrap();
+    let r1 = client(&t, &addr, 0).register_as(&worker()).unwrap();
+    let started = std::time::Instant::now();
+    let (addr2, _second) = serve(&t, Coordinator::open(config(dir.path())).unwrap(), "second-grace");
+    // rank 0 reconnects (its heartbeat connection stays open); rank 1 died meanwhile
+    let mut hb0 = client(&t, &addr2, r0.node_id);
+    hb0.heartbeat(None).unwrap();
+    let mut replacement = client(&t, &addr2, 0);
+    let r = loop {
+        match replacement.register_as(&worker()) {
+            Ok(r) => break r,
+            Err(e) => {
+                assert!(started.elapsed() < Duration::from_secs(8), "still refused after the grace: {e}");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    };
+    let waited = started.elapsed();
+    assert_eq!(r.rank, r1.rank, "the silent worker's rank, not the reconnected one's");
+    assert!(waited >= Duration::from_secs(2), "declared lost before the grace: {waited:?}");
+    hb0.heartbeat(None).unwrap();
+    drop(servers);
+}
