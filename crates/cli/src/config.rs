@@ -12,6 +12,12 @@ use serde::Deserialize;
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// Ring points per server of a replicated job unless `--vnodes` says otherwise. With 4, the
+/// servers of a 3-server job held 47, 45 and 36 of 128 shard copies and K = 2 pushes reached
+/// 0.60-0.68x of K = 1 on an emulated network; with 16, 40, 46 and 42, and 0.69-0.72x
+/// (docs/benchmarks.md). Cassandra's default went from 256 to 16 tokens for the same trade-off.
+pub const DEFAULT_VNODES: u32 = 16;
+
 /// Flags shared by every command.
 #[derive(Args, Debug, Clone, Default)]
 pub struct CommonArgs {
@@ -84,11 +90,13 @@ pub struct CommonArgs {
     /// Copies of every key (chain replication, 1..=8). With 2 or more, tables are cut into
     /// shards placed on a consistent-hashing ring, and a failed server is replaced by its
     /// chain's survivors while the job goes on; with 1 (the default) a server failure fails
-    /// the job. Replicated tables must be async or ssp, without filters.
+    /// the job. Replicated tables cannot have filters; replicated `bsp` tables cannot have
+    /// backup workers or gradient coding.
     #[arg(long, global = true, env = "DOWNPOUR_REPLICATION")]
     pub replication: Option<usize>,
-    /// Ring points per server (replication ≥ 2; more spreads load more evenly, each adds a
-    /// key range per server to every request).
+    /// Ring points per server (replication ≥ 2; default 16): more spread the shards more
+    /// evenly (a replicated push is bounded by the busiest server's link), but cut a dense
+    /// request into more key ranges, each one acknowledgement down the chain.
     #[arg(long, global = true, env = "DOWNPOUR_VNODES")]
     pub vnodes: Option<u32>,
     /// Fixed shards per table (replication ≥ 2): the unit of placement and of copying.
@@ -329,7 +337,7 @@ impl CommonArgs {
         );
         let replication = self.replication.or(file.replication).unwrap_or(1);
         anyhow::ensure!((1..=8).contains(&replication), "--replication must be 1..=8, got {replication}");
-        let vnodes = self.vnodes.or(file.vnodes).unwrap_or(4);
+        let vnodes = self.vnodes.or(file.vnodes).unwrap_or(DEFAULT_VNODES);
         anyhow::ensure!((1..=1024).contains(&vnodes), "--vnodes must be 1..=1024, got {vnodes}");
         let shards = self.shards.or(file.shards).unwrap_or(64);
         anyhow::ensure!((1..=65_536).contains(&shards), "--shards must be 1..=65536, got {shards}");

@@ -85,7 +85,7 @@ impl Default for CoordinatorConfig {
             register_timeout: Duration::from_secs(60),
             secret: None,
             replication: 1,
-            vnodes: 4,
+            vnodes: 16,
             shards: 64,
             checkpoint_every: None,
             worker_rejoin: Duration::from_secs(60),
