@@ -20,6 +20,10 @@
 # SERVERS and K set the servers and copies, default 3 and 2)
 mode=${1:-kill}
 if [ "$mode" = double ]; then servers=${SERVERS:-4}; k=${K:-3}; else servers=${SERVERS:-3}; k=${K:-2}; fi
+if [ "$mode" = double ] && { [ "$servers" -lt 2 ] || [ "$k" -lt 3 ]; }; then
+  echo "failover_runs.sh double: needs SERVERS >= 2 and K >= 3 (two servers lost at once), got SERVERS=$servers K=$k" >&2
+  exit 2
+fi
 fails=0
 for seed in $(seq 1 20); do
   if [ "$mode" = elastic ]; then

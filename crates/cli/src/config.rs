@@ -14,8 +14,9 @@ use std::time::Duration;
 
 /// Ring points per server of a replicated job unless `--vnodes` says otherwise. With 4, the
 /// servers of a 3-server job held 47, 45 and 36 of 128 shard copies and K = 2 pushes reached
-/// 0.60-0.68x of K = 1 on an emulated network; with 16, 40, 46 and 42, and 0.69-0.72x
-/// (docs/benchmarks.md). Cassandra's default went from 256 to 16 tokens for the same trade-off.
+/// 0.60-0.68x of K = 1 on an emulated network; with 16, 40, 46 and 42, and 0.66-0.72x; the
+/// price is more key ranges per dense request (docs/benchmarks.md, "16 ring points per
+/// server by default"). Cassandra 4.0 lowered its default from 256 tokens to 16 likewise.
 pub const DEFAULT_VNODES: u32 = 16;
 
 /// Flags shared by every command.

@@ -400,6 +400,28 @@ fn a_server_joining_and_another_draining_mid_job_lose_and_double_no_update() {
     assert!(err.matches("served: reconfiguration took").count() >= 2, "both changes were served: {err}");
 }
 
+/// Runs the counter with `counter_args` on 3 servers, 2 workers and two copies under each
+/// fault set of `cases` (`--fault` pairs); every run must end exact on both workers with
+/// every routing change served mid-job. Returns each run's stderr.
+fn exact_through_faults(cases: &[&[&str]], counter_args: &[&str]) -> Vec<String> {
+    let mut logs = Vec::new();
+    for faults in cases {
+        let o = Command::new(env!("CARGO_BIN_EXE_downpour"))
+            .args(["launch", "--servers", "3", "--workers", "2", "--replication", "2"])
+            .args(*faults)
+            .args(["--", "counter", "--keys", "20000"])
+            .args(counter_args)
+            .output()
+            .unwrap();
+        let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        assert!(o.status.success(), "{faults:?}: {out}\n{err}");
+        assert_eq!(out.matches("counter: OK").count() + err.matches("counter: OK").count(), 2, "{faults:?}: {out}\n{err}");
+        assert_eq!(err.matches(" served: ").count(), faults.len() / 2, "every routing change came mid-job: {err}");
+        logs.push(err.into_owned());
+    }
+    logs
+}
+
 /// Synchronous rounds on two copies (`counter --sync`: a bsp table whose heads sum the
 /// workers' increments and replicate each round's sum once): a server SIGKILLed mid-job
 /// (its buffered rounds die with it and are pushed again by the workers), and a server
@@ -412,18 +434,8 @@ fn synchronous_rounds_on_two_copies_lose_and_double_no_update_through_a_kill_a_j
         &["--fault", "kill server:0 at 900ms"],
         &["--fault", "start server at 300ms", "--fault", "drain server:0 at 700ms"],
     ];
-    for faults in cases {
-        let o = Command::new(env!("CARGO_BIN_EXE_downpour"))
-            .args(["launch", "--servers", "3", "--workers", "2", "--replication", "2"])
-            .args(faults)
-            .args(["--", "counter", "--keys", "20000", "--rounds", "1000", "--sync"])
-            .output()
-            .unwrap();
-        let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
-        assert!(o.status.success(), "{faults:?}: {out}\n{err}");
-        assert_eq!(out.matches("counter: OK").count() + err.matches("counter: OK").count(), 2, "{faults:?}: {out}\n{err}");
+    for err in exact_through_faults(&cases, &["--rounds", "1000", "--sync"]) {
         assert!(err.contains("rounds applied on the shards it heads"), "the table was a replicated bsp table: {err}");
-        assert_eq!(err.matches(" served: ").count(), faults.len() / 2, "every routing change came mid-job: {err}");
     }
 }
 
@@ -434,18 +446,7 @@ fn synchronous_rounds_on_two_copies_lose_and_double_no_update_through_a_kill_a_j
 fn dense_range_pushes_on_two_copies_lose_and_double_no_update_through_a_kill_a_join_and_a_drain() {
     let cases: [&[&str]; 2] =
         [&["--fault", "kill server:1 at 400ms"], &["--fault", "start server at 300ms", "--fault", "drain server:0 at 700ms"]];
-    for faults in cases {
-        let o = Command::new(env!("CARGO_BIN_EXE_downpour"))
-            .args(["launch", "--servers", "3", "--workers", "2", "--replication", "2"])
-            .args(faults)
-            .args(["--", "counter", "--keys", "20000", "--rounds", "6000", "--dense"])
-            .output()
-            .unwrap();
-        let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
-        assert!(o.status.success(), "{faults:?}: {out}\n{err}");
-        assert_eq!(out.matches("counter: OK").count() + err.matches("counter: OK").count(), 2, "{faults:?}: {out}\n{err}");
-        assert_eq!(err.matches(" served: ").count(), faults.len() / 2, "every routing change came mid-job: {err}");
-    }
+    exact_through_faults(&cases, &["--rounds", "6000", "--dense"]);
 }
 
 #[test]

@@ -1300,7 +1300,8 @@ impl Coordinator {
 
 /// How long a started (or restarted) coordinator waits for a worker it has not heard from
 /// before a replacement waiting for that worker's rank may have it (at least four
-/// heartbeat intervals; live workers reconnect within about one).
+/// heartbeat intervals; a live worker reconnects at its next heartbeat, then retries every
+/// 100 ms).
 const RESTART_GRACE: Duration = Duration::from_secs(2);
 
 /// How often a server's long-polled heartbeat looks at its connection while the answer

@@ -27,8 +27,8 @@ pub struct CounterArgs {
     #[arg(long)]
     pub sync: bool,
     /// A dense table of the keys `[0, keys)`, incremented by whole-range pushes (as a dense
-    /// model's gradients are; with `--replication` and without `--sync`, replicated by
-    /// sending the changed rows once per batch instead of every push).
+    /// model's gradients are: each push is one key range per head, forwarded down the chains
+    /// by range with `--replication`).
     #[arg(long)]
     pub dense: bool,
 }
