@@ -1,12 +1,17 @@
 //! Command-line parsing and dispatch.
 
-use crate::bench::{self, BenchArgs};
-use crate::cluster::{self, LocalRun};
-use crate::config::{CommonArgs, Settings};
-use crate::jobs::{self, counter::CounterArgs, JobCmd, Sink};
+use crate::config::CommonArgs;
+use crate::terminal::Terminal;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
+use downpour_cluster::bench::{self, BenchConfig};
+use downpour_cluster::certs::CertsCmd;
+use downpour_cluster::experiment::ExperimentCmd;
+use downpour_cluster::{nodes, Fault, LocalRun, Settings};
 use downpour_coordinator::{Coordinator, JobOutcome};
+use downpour_jobs::counter::CounterConfig;
+use downpour_jobs::model::PredictConfig;
+use downpour_jobs::{Job, TrainModel};
 use downpour_server::{run_server_node, NodeConfig};
 use downpour_transport::{network_transport, Transport};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -29,11 +34,11 @@ enum Cmd {
     Demo,
     /// Experiments (`experiment consistency`: the linear job under several consistency models).
     #[command(subcommand)]
-    Experiment(crate::experiment::ExperimentCmd),
+    Experiment(ExperimentCmd),
     /// Run the counter job: embedded by default, or as one worker of a cluster with --coordinator.
     Counter {
         #[command(flatten)]
-        args: CounterArgs,
+        args: CounterConfig,
         /// Servers of the embedded cluster.
         #[arg(long, default_value_t = 2)]
         servers: usize,
@@ -47,15 +52,15 @@ enum Cmd {
     /// Train a model on an embedded cluster (`--servers`, `--workers` after the model name):
     /// `downpour train linear --train a.svm --test b.svm --out m.json`.
     #[command(subcommand)]
-    Train(jobs::TrainModel),
+    Train(TrainModel),
     /// Score examples with a model exported by `train linear --model-out` (one probability a line).
-    Predict(crate::model::PredictArgs),
+    Predict(PredictConfig),
     /// Data tools (`data synth-ctr`).
     #[command(subcommand)]
     Data(crate::datagen::DataCmd),
     /// TLS certificate tools (`certs generate`: a throw-away CA and node certificates).
     #[command(subcommand)]
-    Certs(crate::certs::CertsCmd),
+    Certs(CertsCmd),
     /// Start a coordinator, S servers and W workers as processes on this machine and run a
     /// job: `downpour launch --servers 2 --workers 3 -- counter --keys 1000`.
     Launch {
@@ -80,13 +85,19 @@ enum Cmd {
         /// --replication 2 or more a job survives a server's death, join or drain and a
         /// worker's death; an unreplicated job fails with a message naming what died.
         #[arg(long = "fault", value_name = "FAULT")]
-        faults: Vec<cluster::Fault>,
+        faults: Vec<Fault>,
         /// The job and its flags.
         #[arg(last = true, required = true, num_args = 1..)]
         job: Vec<String>,
     },
     /// Measure push/pull throughput, latency and sparse key rates.
-    Bench(BenchArgs),
+    Bench {
+        #[command(flatten)]
+        cfg: BenchConfig,
+        /// Print one JSON object per line instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Run the coordinator of a cluster.
     Coordinator {
         /// Address to listen on.
@@ -136,7 +147,7 @@ enum Cmd {
         #[arg(long)]
         coordinator: String,
         #[command(subcommand)]
-        job: JobCmd,
+        job: Job,
     },
 }
 
@@ -165,8 +176,21 @@ fn init_logging(filter: &str) {
         .try_init();
 }
 
-fn stdout_sink() -> Sink {
-    Arc::new(|l: &str| println!("{l}"))
+/// Parses a job command line (`counter --keys 10 …`) as given after `--` to `launch`.
+fn parse_job(args: &[String]) -> Result<Job, clap::Error> {
+    #[derive(clap::Parser)]
+    #[command(name = "downpour launch … --", no_binary_name = false)]
+    struct JobCli {
+        #[command(subcommand)]
+        job: Job,
+    }
+    let argv = std::iter::once("job".to_string()).chain(args.iter().cloned());
+    JobCli::try_parse_from(argv).map(|c| c.job)
+}
+
+/// This executable, which a local launch starts as every node.
+fn exe() -> Result<std::path::PathBuf> {
+    std::env::current_exe().context("cannot find the downpour executable")
 }
 
 fn interrupt_flag() -> Arc<AtomicBool> {
@@ -221,8 +245,8 @@ fn run(cli: Cli, s: Settings) -> Result<()> {
     match cli.cmd {
         Cmd::Demo => {
             eprintln!("demo 1/2: the no-lost-update check (counter job) on an embedded cluster of 2 servers and 3 workers");
-            let job = JobCmd::Counter(CounterArgs { keys: 10_000, rounds: 20, value_len: 1, sync: false, dense: false });
-            cluster::run_embedded(&s, 2, 3, &job, stdout_sink())?;
+            let job = Job::Counter(CounterConfig { keys: 10_000, rounds: 20, ..Default::default() });
+            downpour_cluster::run_embedded(&s, 2, 3, &job, Terminal::report())?;
             let dir = demo_data_dir()?;
             eprintln!(
                 "demo 2/2: spam filter: sparse logistic regression (FTRL) on 4,873 training / 1,173 test messages \
@@ -244,8 +268,8 @@ fn run(cli: Cli, s: Settings) -> Result<()> {
                 "10",
             ]
             .map(String::from);
-            let job = jobs::parse_job(&std::iter::once("train".to_string()).chain(args).collect::<Vec<_>>())?;
-            cluster::run_embedded(&s, 2, 2, &job, stdout_sink())?;
+            let job = parse_job(&std::iter::once("train".to_string()).chain(args).collect::<Vec<_>>())?;
+            downpour_cluster::run_embedded(&s, 2, 2, &job, Terminal::report())?;
             eprintln!(
                 "next: the same job as processes: `downpour launch --servers 2 --workers 2 -- train linear --format text-jsonl \
                  --train {0}/train.jsonl.gz --test {0}/test.jsonl.gz --epochs 10 --lr 4 --batch 10`; the best log loss: \
@@ -256,31 +280,35 @@ fn run(cli: Cli, s: Settings) -> Result<()> {
             Ok(())
         }
         Cmd::Counter { args, servers, workers, coordinator } => {
-            let job = JobCmd::Counter(args);
+            let job = Job::Counter(args);
             match coordinator {
-                Some(addr) => cluster::run_worker(transport(&s)?, &s, &addr, &job, &stdout_sink()),
-                None => cluster::run_embedded(&s, servers, workers, &job, stdout_sink()),
+                Some(addr) => downpour_cluster::run_worker(transport(&s)?, &s, &addr, &job, &Terminal::report()),
+                None => downpour_cluster::run_embedded(&s, servers, workers, &job, Terminal::report()),
             }
         }
         Cmd::Train(model) => {
             let (servers, workers) = match &model {
-                jobs::TrainModel::Linear(a) => (a.servers, a.workers),
-                jobs::TrainModel::L1lr(a) => (a.servers, a.workers),
-                jobs::TrainModel::Dnn(a) => {
-                    jobs::dnn::check_args(a)?;
+                TrainModel::Linear(a) => (a.servers, a.workers),
+                TrainModel::L1lr(a) => (a.servers, a.workers),
+                TrainModel::Dnn(a) => {
+                    downpour_jobs::dnn::check_args(a)?;
                     (a.servers, a.workers)
                 }
             };
-            cluster::run_embedded(&s, servers, workers, &JobCmd::Train(model), stdout_sink())
+            downpour_cluster::run_embedded(&s, servers, workers, &Job::Train(model), Terminal::report())
         }
         Cmd::Data(cmd) => crate::datagen::run(cmd),
-        Cmd::Certs(cmd) => crate::certs::run(&cmd),
+        Cmd::Certs(cmd) => downpour_cluster::certs::run(&cmd),
         Cmd::Checkpoint(cmd) => crate::ckpt::run(&cmd),
-        Cmd::Experiment(cmd) => crate::experiment::run(cmd),
-        Cmd::Predict(a) => crate::model::predict(&a),
+        Cmd::Experiment(ExperimentCmd::Consistency(a)) => {
+            let out = downpour_cluster::experiment::run_consistency(&a, &exe()?)?;
+            println!("experiment: results in {} (results.json, results.md, logloss.svg)", out.display());
+            Ok(())
+        }
+        Cmd::Predict(a) => downpour_jobs::model::predict(&a),
         Cmd::Launch { servers, workers, tls_dir, faults, job } => {
             // Check the job's flags before starting anything.
-            let parsed = jobs::parse_job(&job).map_err(|e| anyhow::anyhow!("bad job arguments after `--`:\n{e}"))?;
+            let parsed = parse_job(&job).map_err(|e| anyhow::anyhow!("bad job arguments after `--`:\n{e}"))?;
             if s.checkpoint.is_some() || s.resume.is_some() {
                 parsed.check_checkpoints()?;
             }
@@ -288,12 +316,12 @@ fn run(cli: Cli, s: Settings) -> Result<()> {
             if let Some(dir) = &tls_dir {
                 anyhow::ensure!(s.tls.is_none(), "--tls-dir replaces --tls-cert/--tls-key/--tls-ca: give one or the other");
                 for i in 0..1 + servers + workers {
-                    crate::certs::node_files(dir, i)?;
+                    downpour_cluster::certs::node_files(dir, i)?;
                 }
                 s.transport = downpour_transport::TransportKind::Grpc;
             }
-            cluster::launch_local(LocalRun {
-                common: &cli.common,
+            downpour_cluster::launch_local(LocalRun {
+                exe: &exe()?,
                 settings: &s,
                 tls_dir: tls_dir.as_deref(),
                 servers,
@@ -304,9 +332,13 @@ fn run(cli: Cli, s: Settings) -> Result<()> {
                 faults: &faults,
             })
         }
-        Cmd::Bench(b) => {
-            let flag = if b.embedded { Arc::new(AtomicBool::new(false)) } else { interrupt_flag() };
-            bench::run(&b, &cli.common, &s, flag)
+        Cmd::Bench { cfg, json } => {
+            let flag = if cfg.embedded { Arc::new(AtomicBool::new(false)) } else { interrupt_flag() };
+            let run = bench::run(&cfg, &s, &exe()?, Terminal::report(), flag)?;
+            for line in if json { run.json_lines() } else { run.table() } {
+                println!("{line}");
+            }
+            Ok(())
         }
         Cmd::Coordinator { listen, servers, workers, addr_file, state_dir } => {
             anyhow::ensure!(servers >= 1 && workers >= 1, "--servers and --workers must be at least 1");
@@ -317,7 +349,7 @@ fn run(cli: Cli, s: Settings) -> Result<()> {
             if let Some(p) = addr_file {
                 std::fs::write(&p, format!("{addr}\n")).with_context(|| format!("cannot write {}", p.display()))?;
             }
-            let mut cfg = cluster::coordinator_config(&s, servers, workers);
+            let mut cfg = nodes::coordinator_config(&s, servers, workers);
             cfg.state_dir = state_dir;
             let c = Coordinator::open(cfg).map_err(|e| anyhow::anyhow!("{e}"))?;
             match c.serve(listener) {
@@ -353,14 +385,46 @@ fn run(cli: Cli, s: Settings) -> Result<()> {
                 listen,
                 advertise,
                 connect_timeout: s.connect_timeout,
-                server: cluster::server_config(&s, peer, s.auth.as_ref().map(|a| a.secret().to_string()))?,
+                server: nodes::server_config(&s, peer, s.auth.as_ref().map(|a| a.secret().to_string()))?,
                 own_process: true,
                 on_registered,
-                coordinator_restart_wait: cluster::coordinator_restart_wait(&s),
+                coordinator_restart_wait: nodes::coordinator_restart_wait(&s),
             };
             run_server_node(t.as_ref(), cfg)?;
             Ok(())
         }
-        Cmd::Worker { coordinator, job } => cluster::run_worker(transport(&s)?, &s, &coordinator, &job, &stdout_sink()),
+        Cmd::Worker { coordinator, job } => downpour_cluster::run_worker(transport(&s)?, &s, &coordinator, &job, &Terminal::report()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use downpour_jobs::dnn::DnnConfig;
+    use downpour_jobs::l1lr::L1lrConfig;
+    use downpour_jobs::linear::LinearConfig;
+
+    fn job(argv: &[&str]) -> Job {
+        parse_job(&argv.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap()
+    }
+
+    /// A library user's `..Default::default()` must mean what the flags' defaults mean.
+    #[test]
+    fn the_job_configs_defaults_are_the_flags_defaults() {
+        let Job::Counter(c) = job(&["counter"]) else { panic!("not a counter job") };
+        assert_eq!(format!("{c:?}"), format!("{:?}", CounterConfig::default()));
+        let Job::Train(TrainModel::Linear(l)) = job(&["train", "linear", "--train", "a.svm"]) else { panic!("not linear") };
+        assert_eq!(format!("{l:?}"), format!("{:?}", LinearConfig { train: vec!["a.svm".into()], ..Default::default() }));
+        let Job::Train(TrainModel::L1lr(l)) = job(&["train", "l1lr", "--train", "a.svm"]) else { panic!("not l1lr") };
+        assert_eq!(format!("{l:?}"), format!("{:?}", L1lrConfig { train: vec!["a.svm".into()], ..Default::default() }));
+        let Job::Train(TrainModel::Dnn(d)) = job(&["train", "dnn", "--data", "d"]) else { panic!("not dnn") };
+        assert_eq!(format!("{d:?}"), format!("{:?}", DnnConfig { data: "d".into(), ..Default::default() }));
+    }
+
+    /// `Settings::default()` (what a program starts from) is what no flag, variable or file gives.
+    #[test]
+    fn the_default_settings_are_the_flags_defaults() {
+        let s = CommonArgs::default().resolve().unwrap();
+        assert_eq!(format!("{s:?}"), format!("{:?}", Settings::default()));
     }
 }

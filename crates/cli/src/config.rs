@@ -4,20 +4,13 @@
 
 use anyhow::{Context, Result};
 use clap::Args;
-use downpour_core::codec::FrameLimits;
+use downpour_cluster::settings::{parse_every, Settings};
 use downpour_server::Limits;
-use downpour_transport::{AuthToken, NetConfig, TlsConfig, TransportKind};
+use downpour_transport::{AuthToken, TlsConfig, TransportKind};
 use downpour_worker::{CheckpointConfig, CheckpointEvery};
 use serde::Deserialize;
 use std::path::PathBuf;
 use std::time::Duration;
-
-/// Ring points per server of a replicated job unless `--vnodes` says otherwise. With 4, the
-/// servers of a 3-server job held 47, 45 and 36 of 128 shard copies and K = 2 pushes reached
-/// 0.60-0.68x of K = 1 on an emulated network; with 16, 40, 46 and 42, and 0.66-0.72x; the
-/// price is more key ranges per dense request (docs/benchmarks.md, "16 ring points per
-/// server by default"). Cassandra 4.0 lowered its default from 256 tokens to 16 likewise.
-pub const DEFAULT_VNODES: u32 = 16;
 
 /// Flags shared by every command.
 #[derive(Args, Debug, Clone, Default)]
@@ -161,82 +154,6 @@ struct FileConfig {
     reassign_after_s: Option<f64>,
 }
 
-/// Resolved settings.
-#[derive(Clone, Debug)]
-pub struct Settings {
-    pub transport: TransportKind,
-    pub chunk_bytes: usize,
-    pub request_timeout: Duration,
-    pub connect_timeout: Duration,
-    pub heartbeat: Duration,
-    pub node_timeout: Duration,
-    pub log: String,
-    /// The cluster secret, if any.
-    pub auth: Option<AuthToken>,
-    /// Where it was read from (passed on to child processes; `None` when it came from the
-    /// environment, which children inherit).
-    pub auth_token_file: Option<PathBuf>,
-    /// TLS material and the files it came from (cert, key, CA).
-    pub tls: Option<(TlsConfig, [PathBuf; 3])>,
-    /// Transport limits.
-    pub max_message_bytes: u64,
-    pub max_connections: usize,
-    /// Server limits.
-    pub limits: Limits,
-    /// Chain replication: copies of every key, ring points per server, shards per table.
-    pub replication: usize,
-    pub vnodes: u32,
-    pub shards: u32,
-    /// Checkpoints to take.
-    pub checkpoint: Option<CheckpointConfig>,
-    /// The complete checkpoint to resume from (resolved from `--resume`).
-    pub resume: Option<PathBuf>,
-    /// How long a lost worker's rank waits for a replacement (zero: fail at once).
-    pub worker_rejoin: Duration,
-    /// When a live worker takes a vacant rank's share over (zero: never).
-    pub reassign_after: Duration,
-}
-
-/// Parses `--checkpoint-every`: `N` clocks, or a time (`30s`, `1.5s`, `800ms`).
-pub fn parse_every(v: &str) -> Result<CheckpointEvery> {
-    let v = v.trim();
-    if let Ok(n) = v.parse::<u64>() {
-        anyhow::ensure!(n >= 1, "--checkpoint-every must be at least 1 clock");
-        return Ok(CheckpointEvery::Clocks(n));
-    }
-    if !v.ends_with('s') {
-        anyhow::bail!("--checkpoint-every {v:?}: give a number of clocks (500) or a time (30s, 1.5s, 800ms)")
-    }
-    let t = crate::cluster::parse_time(v).map_err(|e| anyhow::anyhow!("--checkpoint-every: {e}"))?;
-    anyhow::ensure!(t >= Duration::from_millis(10), "--checkpoint-every {v:?}: the time must be at least 10ms");
-    Ok(CheckpointEvery::Time(t))
-}
-
-impl Settings {
-    /// The network transports' settings.
-    pub fn net_config(&self) -> NetConfig {
-        NetConfig {
-            limits: FrameLimits { max_payload_bytes: self.max_message_bytes },
-            auth: self.auth.clone(),
-            tls: self.tls.as_ref().map(|t| t.0.clone()),
-            max_connections: self.max_connections,
-            ..Default::default()
-        }
-    }
-}
-
-/// The flags naming a node's TLS files: `[cert, key, ca]`.
-pub fn tls_file_args([cert, key, ca]: &[PathBuf; 3]) -> Vec<String> {
-    vec![
-        "--tls-cert".into(),
-        cert.display().to_string(),
-        "--tls-key".into(),
-        key.display().to_string(),
-        "--tls-ca".into(),
-        ca.display().to_string(),
-    ]
-}
-
 /// Reads a small text file, refusing one longer than `max` bytes (a path such as /dev/zero
 /// must not hang or exhaust memory).
 pub fn read_bounded(path: &std::path::Path, max: u64, what: &str) -> Result<String> {
@@ -246,17 +163,6 @@ pub fn read_bounded(path: &std::path::Path, max: u64, what: &str) -> Result<Stri
     f.take(max + 1).read_to_end(&mut buf).with_context(|| format!("cannot read the {what} {}", path.display()))?;
     anyhow::ensure!(buf.len() as u64 <= max, "the {what} {} is longer than {max} bytes", path.display());
     String::from_utf8(buf).with_context(|| format!("the {what} {} is not UTF-8 text", path.display()))
-}
-
-/// 80 % of the machine's memory (Linux), or no quota where it cannot be read.
-fn default_memory_quota() -> u64 {
-    let total_kib = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
-        m.lines().find(|l| l.starts_with("MemTotal:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse::<u64>().ok())
-    });
-    match total_kib {
-        Some(k) => k * 1024 / 10 * 8,
-        None => u64::MAX,
-    }
 }
 
 fn secs(what: &str, v: f64) -> Result<Duration> {
@@ -283,14 +189,15 @@ impl CommonArgs {
     }
 
     fn resolve_with(&self, file: FileConfig) -> Result<Settings> {
+        let d = Settings::default();
         let transport = match (&self.transport, &file.transport) {
             (Some(t), _) => *t,
             (None, Some(t)) => t.parse().map_err(anyhow::Error::msg).context("config file: transport")?,
-            (None, None) => TransportKind::Tcp,
+            (None, None) => d.transport,
         };
-        let chunk_bytes = self.chunk_bytes.or(file.chunk_bytes).unwrap_or(2 << 20);
+        let chunk_bytes = self.chunk_bytes.or(file.chunk_bytes).unwrap_or(d.chunk_bytes);
         anyhow::ensure!((4096..=(256 << 20)).contains(&chunk_bytes), "chunk size must be between 4 KiB and 256 MiB, got {chunk_bytes}");
-        let heartbeat_ms = self.heartbeat_ms.or(file.heartbeat_ms).unwrap_or(500);
+        let heartbeat_ms = self.heartbeat_ms.or(file.heartbeat_ms).unwrap_or(d.heartbeat.as_millis() as u64);
         anyhow::ensure!((10..=60_000).contains(&heartbeat_ms), "heartbeat must be 10..=60000 ms, got {heartbeat_ms}");
         let auth_token_file = self.auth_token_file.clone().or(file.auth_token_file);
         let auth = match (&auth_token_file, &self.auth_token_env) {
@@ -314,33 +221,32 @@ impl CommonArgs {
             }
             _ => anyhow::bail!("TLS needs all of --tls-cert, --tls-key and --tls-ca"),
         };
-        let max_message_mib = self.max_message_mib.or(file.max_message_mib).unwrap_or(256);
+        let max_message_mib = self.max_message_mib.or(file.max_message_mib).unwrap_or(d.max_message_bytes >> 20);
         anyhow::ensure!((1..=4096).contains(&max_message_mib), "--max-message-mib must be 1..=4096, got {max_message_mib}");
         anyhow::ensure!(
             (max_message_mib << 20) as usize >= chunk_bytes,
             "--max-message-mib ({max_message_mib}) is smaller than the chunk size ({chunk_bytes} bytes)"
         );
-        let max_connections = self.max_connections.or(file.max_connections).unwrap_or(1024);
+        let max_connections = self.max_connections.or(file.max_connections).unwrap_or(d.max_connections);
         anyhow::ensure!(max_connections >= 1, "--max-connections must be at least 1");
-        let d = Limits::default();
         let limits = Limits {
-            max_keys_per_request: self.max_keys_per_request.or(file.max_keys_per_request).unwrap_or(d.max_keys_per_request),
-            max_value_len: self.max_value_len.or(file.max_value_len).unwrap_or(d.max_value_len),
-            max_tables: self.max_tables.or(file.max_tables).unwrap_or(d.max_tables),
+            max_keys_per_request: self.max_keys_per_request.or(file.max_keys_per_request).unwrap_or(d.limits.max_keys_per_request),
+            max_value_len: self.max_value_len.or(file.max_value_len).unwrap_or(d.limits.max_value_len),
+            max_tables: self.max_tables.or(file.max_tables).unwrap_or(d.limits.max_tables),
             memory_quota_bytes: match self.memory_quota_mib.or(file.memory_quota_mib) {
                 Some(m) => m.saturating_mul(1 << 20),
-                None => default_memory_quota(),
+                None => d.limits.memory_quota_bytes,
             },
         };
         anyhow::ensure!(
             limits.max_keys_per_request >= 1 && limits.max_value_len >= 1 && limits.max_tables >= 1,
             "limits must be at least 1"
         );
-        let replication = self.replication.or(file.replication).unwrap_or(1);
+        let replication = self.replication.or(file.replication).unwrap_or(d.replication);
         anyhow::ensure!((1..=8).contains(&replication), "--replication must be 1..=8, got {replication}");
-        let vnodes = self.vnodes.or(file.vnodes).unwrap_or(DEFAULT_VNODES);
+        let vnodes = self.vnodes.or(file.vnodes).unwrap_or(d.vnodes);
         anyhow::ensure!((1..=1024).contains(&vnodes), "--vnodes must be 1..=1024, got {vnodes}");
-        let shards = self.shards.or(file.shards).unwrap_or(64);
+        let shards = self.shards.or(file.shards).unwrap_or(d.shards);
         anyhow::ensure!((1..=65_536).contains(&shards), "--shards must be 1..=65536, got {shards}");
         let every = match self.checkpoint_every.clone().or(file.checkpoint_every) {
             Some(v) => Some(parse_every(&v)?),
@@ -360,11 +266,11 @@ impl CommonArgs {
             Some(p) => Some(downpour_core::checkpoint::resolve(&p).with_context(|| format!("--resume {}", p.display()))?),
             None => None,
         };
-        let worker_rejoin = match self.worker_rejoin_s.or(file.worker_rejoin_s).unwrap_or(60.0) {
+        let worker_rejoin = match self.worker_rejoin_s.or(file.worker_rejoin_s).unwrap_or(d.worker_rejoin.as_secs_f64()) {
             0.0 => Duration::ZERO,
             v => secs("worker rejoin time", v)?,
         };
-        let reassign_after = match self.reassign_after_s.or(file.reassign_after_s).unwrap_or(5.0) {
+        let reassign_after = match self.reassign_after_s.or(file.reassign_after_s).unwrap_or(d.reassign_after.as_secs_f64()) {
             0.0 => Duration::ZERO,
             v => secs("reassign time", v)?,
         };
@@ -384,79 +290,18 @@ impl CommonArgs {
             limits,
             transport,
             chunk_bytes,
-            request_timeout: secs("request timeout", self.request_timeout_s.or(file.request_timeout_s).unwrap_or(60.0))?,
-            connect_timeout: secs("connect timeout", self.connect_timeout_s.or(file.connect_timeout_s).unwrap_or(10.0))?,
+            request_timeout: secs(
+                "request timeout",
+                self.request_timeout_s.or(file.request_timeout_s).unwrap_or(d.request_timeout.as_secs_f64()),
+            )?,
+            connect_timeout: secs(
+                "connect timeout",
+                self.connect_timeout_s.or(file.connect_timeout_s).unwrap_or(d.connect_timeout.as_secs_f64()),
+            )?,
             heartbeat: Duration::from_millis(heartbeat_ms),
-            node_timeout: secs("node timeout", self.node_timeout_s.or(file.node_timeout_s).unwrap_or(10.0))?,
-            log: self.log.clone().or(file.log).unwrap_or_else(|| "info".into()),
+            node_timeout: secs("node timeout", self.node_timeout_s.or(file.node_timeout_s).unwrap_or(d.node_timeout.as_secs_f64()))?,
+            log: self.log.clone().or(file.log).unwrap_or(d.log),
         })
-    }
-
-    /// The flags to hand to child processes so they resolve the same settings.
-    pub fn to_child_args(&self, s: &Settings) -> Vec<String> {
-        let t = match s.transport {
-            TransportKind::Tcp => "tcp",
-            TransportKind::Grpc => "grpc",
-        };
-        vec![
-            "--transport".into(),
-            t.into(),
-            "--chunk-bytes".into(),
-            s.chunk_bytes.to_string(),
-            "--request-timeout-s".into(),
-            s.request_timeout.as_secs_f64().to_string(),
-            "--connect-timeout-s".into(),
-            s.connect_timeout.as_secs_f64().to_string(),
-            "--heartbeat-ms".into(),
-            s.heartbeat.as_millis().to_string(),
-            "--node-timeout-s".into(),
-            s.node_timeout.as_secs_f64().to_string(),
-            "--worker-rejoin-s".into(),
-            s.worker_rejoin.as_secs_f64().to_string(),
-            "--reassign-after-s".into(),
-            s.reassign_after.as_secs_f64().to_string(),
-            "--log".into(),
-            s.log.clone(),
-            "--max-message-mib".into(),
-            (s.max_message_bytes >> 20).to_string(),
-            "--max-connections".into(),
-            s.max_connections.to_string(),
-            "--max-keys-per-request".into(),
-            s.limits.max_keys_per_request.to_string(),
-            "--replication".into(),
-            s.replication.to_string(),
-            "--vnodes".into(),
-            s.vnodes.to_string(),
-            "--shards".into(),
-            s.shards.to_string(),
-            "--max-value-len".into(),
-            s.limits.max_value_len.to_string(),
-            "--max-tables".into(),
-            s.limits.max_tables.to_string(),
-            "--memory-quota-mib".into(),
-            (s.limits.memory_quota_bytes >> 20).to_string(),
-        ]
-        .into_iter()
-        .chain(s.checkpoint.iter().flat_map(|c| {
-            let every = match c.every {
-                CheckpointEvery::Clocks(n) => n.to_string(),
-                CheckpointEvery::Time(t) => format!("{}ms", t.as_millis().max(10)),
-            };
-            ["--checkpoint-dir".to_string(), c.dir.display().to_string(), "--checkpoint-every".to_string(), every]
-        }))
-        .chain(s.resume.iter().flat_map(|p| ["--resume".to_string(), p.display().to_string()]))
-        .chain(s.auth_token_file.iter().flat_map(|p| ["--auth-token-file".to_string(), p.display().to_string()]))
-        .chain(s.tls.iter().flat_map(|(c, files)| {
-            let mut v = tls_file_args(files);
-            if !c.require_client_cert {
-                v.push("--tls-no-client-auth".into());
-            }
-            if let Some(n) = &c.server_name {
-                v.extend(["--tls-server-name".to_string(), n.clone()]);
-            }
-            v
-        }))
-        .collect()
     }
 }
 

@@ -26,7 +26,7 @@ pub struct FeaturizeArgs {
     #[arg(long = "in")]
     pub input: PathBuf,
     #[command(flatten)]
-    pub format: crate::jobs::linear::FormatArgs,
+    pub format: downpour_jobs::linear::InputConfig,
     /// Output LIBSVM file.
     #[arg(long)]
     pub out: PathBuf,

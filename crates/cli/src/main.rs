@@ -7,17 +7,11 @@ use mimalloc::MiMalloc;
 #[global_allocator]
 static GLOBAL: MiMalloc = MiMalloc;
 
-mod bench;
-mod certs;
 mod ckpt;
 mod cli;
-mod cluster;
 mod config;
 mod datagen;
-mod experiment;
-mod jobs;
-mod model;
-mod progress;
+mod terminal;
 
 fn main() {
     std::process::exit(cli::main());

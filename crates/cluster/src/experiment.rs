@@ -4,61 +4,63 @@
 //! `results.json`, `results.md` and `logloss.svg` (test log loss against wall-clock time, one
 //! line per model).
 
-use crate::jobs::linear;
 use anyhow::{bail, ensure, Context, Result};
-use clap::{Args, Subcommand};
 use downpour_core::consistency::Consistency;
+use downpour_jobs::linear;
 use plotters::prelude::*;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Experiments.
-#[derive(Subcommand, Debug)]
+#[derive(Debug)]
+#[cfg_attr(feature = "cli", derive(clap::Subcommand))]
 pub enum ExperimentCmd {
     /// Train the linear model under each consistency model and compare them.
-    Consistency(ConsistencyArgs),
+    Consistency(ConsistencyConfig),
 }
 
 /// Flags of `experiment consistency`.
-#[derive(Args, Debug)]
-pub struct ConsistencyArgs {
+#[derive(Debug)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+pub struct ConsistencyConfig {
     /// Training files.
-    #[arg(long, required = true, num_args = 1..)]
+    #[cfg_attr(feature = "cli", arg(long, required = true, num_args = 1..))]
     pub train: Vec<PathBuf>,
     /// Test file.
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub test: PathBuf,
     /// Worker processes.
-    #[arg(long, default_value_t = 4)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 4))]
     pub workers: usize,
     /// Server processes.
-    #[arg(long, default_value_t = 2)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 2))]
     pub servers: usize,
     /// Models to compare, comma-separated.
-    #[arg(long, default_value = "bsp,ssp:1,ssp:4,ssp:16,async", value_delimiter = ',')]
+    #[cfg_attr(feature = "cli", arg(long, default_value = "bsp,ssp:1,ssp:4,ssp:16,async", value_delimiter = ','))]
     pub models: Vec<String>,
     /// Make worker ID a straggler (`ID:FACTOR`, see `train linear --straggler`).
-    #[arg(long, value_parser = check(linear::parse_straggler))]
+    #[cfg_attr(feature = "cli", arg(long, value_parser = check(linear::parse_straggler)))]
     pub straggler: Option<String>,
     /// Slow a random fraction of every worker's minibatches (`P:FACTOR`).
-    #[arg(long, value_parser = check(linear::parse_tail))]
+    #[cfg_attr(feature = "cli", arg(long, value_parser = check(linear::parse_tail)))]
     pub straggler_tail: Option<String>,
     /// The test log loss whose first crossing is `time_to_target_s`.
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub target_logloss: f64,
     /// Worker 0 asks for an evaluation every N of its minibatches, run on a separate thread (the resolution of the time to target).
-    #[arg(long, default_value_t = 20)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 20))]
     pub eval_every: usize,
     /// Output directory (created).
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub out: PathBuf,
     /// More `train linear` flags for every run, after `--` (e.g. `-- --epochs 3 --lr 0.2`).
-    #[arg(last = true)]
+    #[cfg_attr(feature = "cli", arg(last = true))]
     pub train_flags: Vec<String>,
 }
 
 /// A value parser that checks a flag with `train linear`'s own parser but keeps its text,
 /// which is passed on to every run.
+#[cfg(feature = "cli")]
 fn check<T>(parse: fn(&str) -> Result<T, String>) -> impl Fn(&str) -> Result<String, String> + Clone {
     move |s| parse(s).map(|_| s.to_string())
 }
@@ -70,9 +72,9 @@ struct Run {
     time_to_target: Option<f64>,
 }
 
-/// Runs the experiment.
-pub fn run(cmd: ExperimentCmd) -> Result<()> {
-    let ExperimentCmd::Consistency(a) = cmd;
+/// Runs the consistency experiment with `exe` (the `downpour` executable) launching each
+/// run's processes; returns the directory holding the results.
+pub fn run_consistency(a: &ConsistencyConfig, exe: &Path) -> Result<PathBuf> {
     ensure!(a.workers >= 1 && a.servers >= 1, "--workers and --servers must be at least 1");
     ensure!(a.target_logloss.is_finite() && a.target_logloss > 0.0, "--target-logloss must be a positive number");
     for m in &a.models {
@@ -82,16 +84,15 @@ pub fn run(cmd: ExperimentCmd) -> Result<()> {
         ensure!(f.is_file(), "{}: no such file", f.display());
     }
     std::fs::create_dir_all(&a.out).with_context(|| format!("cannot create {}", a.out.display()))?;
-    let exe = std::env::current_exe().context("cannot find the downpour executable")?;
     let mut runs = Vec::new();
     for (i, model) in a.models.iter().enumerate() {
         eprintln!("experiment: model {}/{}: {model}", i + 1, a.models.len());
         let metrics_path = a.out.join(format!("{}.json", model.replace(':', "-")));
         // Worker 0's progress lines (every 2 s) show through; the rest of the log stays quiet.
-        let mut c = Command::new(&exe);
+        let mut c = Command::new(exe);
         c.args([
             "--log",
-            "warn,downpour::jobs::linear=info,downpour::progress=info",
+            "warn,downpour_jobs::linear=info,downpour::terminal=info",
             "launch",
             "--servers",
             &a.servers.to_string(),
@@ -123,13 +124,12 @@ pub fn run(cmd: ExperimentCmd) -> Result<()> {
         let time_to_target = curve.iter().find(|p| p.1 <= a.target_logloss).map(|p| p.0);
         runs.push(Run { model: model.clone(), metrics, curve, time_to_target });
     }
-    write_results(&a, &runs)?;
+    write_results(a, &runs)?;
     plot(&a.out.join("logloss.svg"), &runs, a.target_logloss)?;
-    println!("experiment: results in {} (results.json, results.md, logloss.svg)", a.out.display());
-    Ok(())
+    Ok(a.out.clone())
 }
 
-fn write_results(a: &ConsistencyArgs, runs: &[Run]) -> Result<()> {
+fn write_results(a: &ConsistencyConfig, runs: &[Run]) -> Result<()> {
     let models: Vec<serde_json::Value> = runs
         .iter()
         .map(|r| {

@@ -2,12 +2,12 @@
 //! start (rcgen). Production clusters should use certificates from their own CA.
 
 use anyhow::{Context, Result};
-use clap::{Args, Subcommand};
 use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose};
 use std::path::{Path, PathBuf};
 
 /// Certificate tools.
-#[derive(Subcommand, Debug)]
+#[derive(Debug)]
+#[cfg_attr(feature = "cli", derive(clap::Subcommand))]
 pub enum CertsCmd {
     /// Write a new CA (`ca.pem`, `ca.key`) and `--nodes` node certificates signed by it
     /// (`node-I.pem`, `node-I.key`), each valid for localhost, 127.0.0.1, ::1 and `--hosts`.
@@ -15,16 +15,17 @@ pub enum CertsCmd {
 }
 
 /// Flags of `certs generate`.
-#[derive(Args, Debug)]
+#[derive(Debug)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
 pub struct GenerateArgs {
     /// Directory to write into (created; existing certificates are not overwritten).
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub out: PathBuf,
     /// Node certificates to make (a launch of S servers and W workers needs 1 + S + W).
-    #[arg(long, default_value_t = 8)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 8))]
     pub nodes: usize,
     /// More names or IP addresses every node certificate is valid for (comma-separated).
-    #[arg(long, value_delimiter = ',')]
+    #[cfg_attr(feature = "cli", arg(long, value_delimiter = ','))]
     pub hosts: Vec<String>,
 }
 

@@ -1,7 +1,9 @@
-//! Progress of long jobs on the terminal: an indicatif bar when standard error is a
-//! terminal, else a log line every few seconds (under `launch`, in CI, into a file), so the
-//! output never mixes a redrawn bar with log lines.
+//! What a job reports, on the terminal: result lines on standard output; progress of long
+//! phases as an indicatif bar when standard error is a terminal, else a log line every few
+//! seconds (under `launch`, in CI, into a file), so the output never mixes a redrawn bar
+//! with log lines.
 
+use downpour_jobs::{Phase, Report, Reporter};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
@@ -9,20 +11,37 @@ use std::time::{Duration, Instant};
 /// How often the fallback log line is written.
 const LOG_EVERY: Duration = Duration::from_secs(2);
 
-/// One phase's progress (an epoch, a file). Hidden entirely when created with `show = false`.
-pub struct Progress {
+/// Prints result lines on standard output and shows progress on standard error.
+pub struct Terminal;
+
+impl Terminal {
+    /// The reporter the command-line tool gives every job.
+    pub fn report() -> Report {
+        std::sync::Arc::new(Terminal)
+    }
+}
+
+impl Reporter for Terminal {
+    fn line(&self, text: &str) {
+        println!("{text}");
+    }
+    fn phase(&self, label: &str) -> Box<dyn Phase> {
+        Box::new(Progress::new(label))
+    }
+}
+
+/// One phase's progress (an epoch, a file).
+struct Progress {
     bar: Option<ProgressBar>,
-    show: bool,
     label: String,
     start: Instant,
     last_log: Instant,
 }
 
 impl Progress {
-    /// Starts reporting `label`; `show = false` reports nothing (`--quiet`, other ranks).
-    pub fn new(show: bool, label: impl Into<String>) -> Progress {
-        let label = label.into();
-        let bar = (show && std::io::stderr().is_terminal()).then(|| {
+    fn new(label: &str) -> Progress {
+        let label = label.to_string();
+        let bar = std::io::stderr().is_terminal().then(|| {
             let b = ProgressBar::with_draw_target(Some(1000), ProgressDrawTarget::stderr_with_hz(4));
             let style = ProgressStyle::with_template("{prefix} [{bar:30}] {percent:>3}% {msg} (ETA {eta})")
                 .unwrap_or_else(|_| ProgressStyle::default_bar())
@@ -32,15 +51,12 @@ impl Progress {
             b
         });
         let now = Instant::now();
-        Progress { bar, show, label, start: now, last_log: now }
+        Progress { bar, label, start: now, last_log: now }
     }
+}
 
-    /// Reports `fraction` done (`None`: unknown) with a short status message, built only
-    /// when it will be shown.
-    pub fn update(&mut self, fraction: Option<f64>, msg: impl FnOnce() -> String) {
-        if !self.show {
-            return;
-        }
+impl Phase for Progress {
+    fn update(&mut self, fraction: Option<f64>, msg: &mut dyn FnMut() -> String) {
         if let Some(b) = &self.bar {
             if let Some(f) = fraction {
                 b.set_position((f.clamp(0.0, 1.0) * 1000.0) as u64);
@@ -60,8 +76,7 @@ impl Progress {
         tracing::info!("{}:{pct} {}{eta}", self.label, msg());
     }
 
-    /// Removes the bar.
-    pub fn finish(self) {
+    fn finish(self: Box<Self>) {
         if let Some(b) = self.bar {
             b.finish_and_clear();
         }

@@ -13,11 +13,11 @@
 //! range partitioning spreads over the servers. Worker 0 writes the initial values, reports
 //! test accuracy after every epoch, and writes the metrics and the model.
 
-use super::linear::parse_straggler;
-use super::Sink;
-use crate::progress::Progress;
+#[cfg(feature = "cli")]
+use crate::linear::parse_straggler;
+use crate::report::Progress;
+use crate::report::Report;
 use anyhow::{bail, ensure, Context, Result};
-use clap::{Args, ValueEnum};
 use downpour_core::consistency::Consistency;
 use downpour_core::filter::FilterSpec;
 use downpour_core::gradcode::{CodeSpec, GradientCode};
@@ -36,7 +36,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// Training algorithms of `train dnn`.
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum Algorithm {
     /// Downpour SGD: asynchronous, AdaGrad per server shard.
     Downpour,
@@ -50,7 +51,8 @@ pub enum Algorithm {
 }
 
 /// Models of `train dnn`.
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum ModelKind {
     /// Multi-layer perceptron (`--hidden` widths, ReLU).
     Mlp,
@@ -59,86 +61,119 @@ pub enum ModelKind {
 }
 
 /// Flags of `train dnn`.
-#[derive(Args, Debug, Clone)]
-pub struct DnnArgs {
+#[derive(Debug, Clone)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+pub struct DnnConfig {
     /// Directory with the four MNIST-format IDX files (train-images-idx3-ubyte[.gz],
     /// train-labels-idx1-ubyte[.gz], t10k-images-idx3-ubyte[.gz], t10k-labels-idx1-ubyte[.gz]).
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub data: PathBuf,
     /// The network.
-    #[arg(long, value_enum, default_value_t = ModelKind::Mlp)]
+    #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t = ModelKind::Mlp))]
     pub model: ModelKind,
     /// Hidden layer widths of the MLP, comma-separated.
-    #[arg(long, default_value = "256,128", value_delimiter = ',')]
+    #[cfg_attr(feature = "cli", arg(long, default_value = "256,128", value_delimiter = ','))]
     pub hidden: Vec<usize>,
     /// The training algorithm.
-    #[arg(long, value_enum, default_value_t = Algorithm::Downpour)]
+    #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t = Algorithm::Downpour))]
     pub algorithm: Algorithm,
     /// Passes over the training set (each worker over its share); lbfgs: accepted L-BFGS
     /// iterations (each a full pass or more).
-    #[arg(long, default_value_t = 10)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 10))]
     pub epochs: usize,
     /// Examples per step and worker (per gradient piece for lbfgs: see --piece).
-    #[arg(long, default_value_t = 64)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 64))]
     pub batch: usize,
     /// Learning rate (default: downpour's AdaGrad 0.02 for the MLP and 0.01 for the CNN,
     /// sync's momentum SGD 0.05, model-avg's local momentum SGD 0.05; unused by lbfgs).
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub lr: Option<f32>,
     /// Seed of the initial parameters and the data order.
-    #[arg(long, default_value_t = 1)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 1))]
     pub seed: u64,
     /// downpour: pull the parameters every N steps.
-    #[arg(long, default_value_t = 1)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 1))]
     pub n_fetch: usize,
     /// downpour: push the accumulated gradient every N steps.
-    #[arg(long, default_value_t = 1)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 1))]
     pub n_push: usize,
     /// downpour: worker 0 trains alone for this many steps before the others start.
-    #[arg(long, default_value_t = 0)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 0))]
     pub warm_start_steps: usize,
     /// model-avg: local SGD steps between averagings.
-    #[arg(long, default_value_t = 8)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 8))]
     pub local_steps: usize,
     /// sync: a round is applied once all but this many workers sent their gradient (the
     /// rest are dropped for that round).
-    #[arg(long, default_value_t = 0)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 0))]
     pub backup_workers: u32,
     /// sync: gradient coding, `frac:S` (fractional repetition) or `cyclic:S`: every worker
     /// computes S+1 parts' gradients and the round's exact full gradient survives any S
     /// missing workers.
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub gradient_coding: Option<CodeSpec>,
     /// Make worker ID a straggler: its compute per step takes FACTOR times as long.
-    #[arg(long, value_parser = parse_straggler)]
+    #[cfg_attr(feature = "cli", arg(long, value_parser = parse_straggler))]
     pub straggler: Option<(usize, f64)>,
     /// lbfgs: history pairs kept on the servers.
-    #[arg(long, default_value_t = 8)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 8))]
     pub lbfgs_memory: usize,
     /// lbfgs: examples per gradient piece (pieces are handed out dynamically).
-    #[arg(long, default_value_t = 1000)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 1000))]
     pub piece: usize,
     /// Use only the first N training examples (0: all).
-    #[arg(long, default_value_t = 0)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 0))]
     pub train_limit: usize,
     /// Use only the first N test examples (0: all).
-    #[arg(long, default_value_t = 0)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 0))]
     pub test_limit: usize,
     /// Write metrics JSON here (worker 0).
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub out: Option<PathBuf>,
     /// Export the trained model here (safetensors, tensors named as the model declares).
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub model_out: Option<PathBuf>,
     /// No progress lines.
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub quiet: bool,
     /// Servers of the embedded cluster (when run directly, not under `launch`).
-    #[arg(long, default_value_t = 2)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 2))]
     pub servers: usize,
     /// Workers of the embedded cluster (when run directly, not under `launch`).
-    #[arg(long, default_value_t = 2)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 2))]
     pub workers: usize,
+}
+
+impl Default for DnnConfig {
+    /// The flags' defaults, with no data directory: set `data` (MNIST-format files).
+    fn default() -> Self {
+        DnnConfig {
+            data: PathBuf::new(),
+            model: ModelKind::Mlp,
+            hidden: vec![256, 128],
+            algorithm: Algorithm::Downpour,
+            epochs: 10,
+            batch: 64,
+            lr: None,
+            seed: 1,
+            n_fetch: 1,
+            n_push: 1,
+            warm_start_steps: 0,
+            local_steps: 8,
+            backup_workers: 0,
+            gradient_coding: None,
+            straggler: None,
+            lbfgs_memory: 8,
+            piece: 1000,
+            train_limit: 0,
+            test_limit: 0,
+            out: None,
+            model_out: None,
+            quiet: false,
+            servers: 2,
+            workers: 2,
+        }
+    }
 }
 
 /// The parameters, laid out by `downpour_nn::Layout`.
@@ -223,7 +258,7 @@ fn limit(mut set: LabeledImages, n: usize) -> LabeledImages {
 }
 
 /// Reads the data set and builds the model.
-fn load(a: &DnnArgs, rank: usize) -> Result<Ctx> {
+fn load(a: &DnnConfig, rank: usize) -> Result<Ctx> {
     let files = find_mnist(&a.data)?;
     let train = limit(read_labeled(&files.train_images, &files.train_labels)?, a.train_limit);
     let test = limit(read_labeled(&files.test_images, &files.test_labels)?, a.test_limit);
@@ -295,12 +330,12 @@ pub(crate) struct Evaluator {
 }
 
 impl Evaluator {
-    pub fn new(a_quiet: bool, rank: usize, total_epochs: usize) -> Evaluator {
+    pub fn new(report: &Report, a_quiet: bool, rank: usize, total_epochs: usize) -> Evaluator {
         Evaluator {
             t0: Instant::now(),
             spent: Duration::ZERO,
             epochs: Vec::new(),
-            progress: Some(Progress::new(!a_quiet && rank == 0, "epochs".to_string())),
+            progress: Some(Progress::new(report, !a_quiet && rank == 0, "epochs")),
             total_epochs,
         }
     }
@@ -333,7 +368,7 @@ impl Evaluator {
 }
 
 /// Runs `train dnn` on one worker.
-pub fn run(a: &DnnArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
+pub fn run(a: &DnnConfig, s: &mut WorkerSession, report: &Report) -> Result<()> {
     ensure!(a.batch > 0 && a.epochs > 0, "--batch and --epochs must be at least 1");
     ensure!(a.n_fetch > 0 && a.n_push > 0 && a.local_steps > 0, "--n-fetch, --n-push and --local-steps must be at least 1");
     let w = s.num_workers;
@@ -396,7 +431,7 @@ pub fn run(a: &DnnArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
     }
     s.barrier("dnn-init")?;
     let before = s.kv.traffic();
-    let mut ev = Evaluator::new(a.quiet, s.rank, a.epochs);
+    let mut ev = Evaluator::new(report, a.quiet, s.rank, a.epochs);
     let mut params = vec![0f32; p];
     let (examples, grads) = match a.algorithm {
         Algorithm::Downpour => downpour(a, s, &ctx, &mut params, &mut ev)?,
@@ -414,14 +449,14 @@ pub fn run(a: &DnnArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
     s.kv.wait(ts)?;
     s.barrier("dnn-trained")?;
     if s.rank == 0 {
-        finish(a, s, &ctx, &mut params, &ev, wall, sink)?;
+        finish(a, s, &ctx, &mut params, &ev, wall, report)?;
     }
     s.barrier("dnn-done")?;
     Ok(())
 }
 
 /// Worker 0's end of the job: final evaluation, metrics, model export.
-fn finish(a: &DnnArgs, s: &mut WorkerSession, ctx: &Ctx, params: &mut [f32], ev: &Evaluator, wall: f64, sink: &Sink) -> Result<()> {
+fn finish(a: &DnnConfig, s: &mut WorkerSession, ctx: &Ctx, params: &mut [f32], ev: &Evaluator, wall: f64, report: &Report) -> Result<()> {
     s.kv.pull_range_into(PARAMS, 0, params)?;
     let (acc, loss) = match ev.epochs.last() {
         // the last epoch's evaluation saw the final parameters unless workers were behind
@@ -457,10 +492,11 @@ fn finish(a: &DnnArgs, s: &mut WorkerSession, ctx: &Ctx, params: &mut [f32], ev:
     if let Some(path) = &a.model_out {
         save_model(path, &ctx.layout, params)?;
     }
+    report.metrics("dnn", &json);
     if let Some(out) = &a.out {
         std::fs::write(out, serde_json::to_string_pretty(&json)?).with_context(|| format!("cannot write {}", out.display()))?;
     }
-    sink(&format!(
+    report.line(&format!(
         "train dnn: test_accuracy={:.4} test_loss={loss:.4} wall_s={wall:.2} examples_per_s={:.0} bytes={}",
         acc,
         examples / wall.max(1e-9),
@@ -505,7 +541,7 @@ fn end_epoch(s: &mut WorkerSession, ctx: &Ctx, ev: &mut Evaluator, epoch: usize,
     Ok(())
 }
 
-fn downpour(a: &DnnArgs, s: &mut WorkerSession, ctx: &Ctx, params: &mut [f32], ev: &mut Evaluator) -> Result<(u64, u64)> {
+fn downpour(a: &DnnConfig, s: &mut WorkerSession, ctx: &Ctx, params: &mut [f32], ev: &mut Evaluator) -> Result<(u64, u64)> {
     let (w, rank) = (s.num_workers, s.rank);
     let p = params.len();
     let (mut grad, mut acc) = (vec![0f32; p], vec![0f32; p]);
@@ -565,7 +601,7 @@ fn downpour(a: &DnnArgs, s: &mut WorkerSession, ctx: &Ctx, params: &mut [f32], e
 }
 
 fn sync(
-    a: &DnnArgs,
+    a: &DnnConfig,
     s: &mut WorkerSession,
     ctx: &Ctx,
     code: Option<&GradientCode>,
@@ -611,7 +647,7 @@ fn sync(
     Ok((examples, grads))
 }
 
-fn model_avg(a: &DnnArgs, s: &mut WorkerSession, ctx: &Ctx, params: &mut [f32], ev: &mut Evaluator) -> Result<(u64, u64)> {
+fn model_avg(a: &DnnConfig, s: &mut WorkerSession, ctx: &Ctx, params: &mut [f32], ev: &mut Evaluator) -> Result<(u64, u64)> {
     let (w, rank) = (s.num_workers, s.rank);
     let p = params.len();
     let lr = a.lr.unwrap_or(0.05);
@@ -648,7 +684,7 @@ fn model_avg(a: &DnnArgs, s: &mut WorkerSession, ctx: &Ctx, params: &mut [f32], 
 }
 
 /// Refuses a data directory that is missing before any worker starts.
-pub fn check_args(a: &DnnArgs) -> Result<()> {
+pub fn check_args(a: &DnnConfig) -> Result<()> {
     if !a.data.is_dir() {
         bail!("{}: not a directory (--data wants the folder holding the four IDX files)", a.data.display());
     }

@@ -4,7 +4,6 @@
 //! does (same margin arithmetic; keys absent from the model weigh 0).
 
 use anyhow::{bail, Context, Result};
-use clap::Args;
 use downpour_apps::linear;
 use downpour_data::batch::Batch;
 use downpour_data::{Example, ExampleReader};
@@ -77,23 +76,24 @@ impl LinearModel {
 }
 
 /// Flags of `downpour predict`.
-#[derive(Args, Debug)]
-pub struct PredictArgs {
+#[derive(Debug)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+pub struct PredictConfig {
     /// Model file written by `train linear --model-out`.
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub model: PathBuf,
     /// Examples to score.
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub data: PathBuf,
-    #[command(flatten)]
-    pub input: crate::jobs::linear::FormatArgs,
+    #[cfg_attr(feature = "cli", command(flatten))]
+    pub input: crate::linear::InputConfig,
     /// Where to write one probability per line (`-` for standard output).
-    #[arg(long, default_value = "-")]
+    #[cfg_attr(feature = "cli", arg(long, default_value = "-"))]
     pub out: PathBuf,
 }
 
 /// Scores every example of `--data` with the model.
-pub fn predict(a: &PredictArgs) -> Result<()> {
+pub fn predict(a: &PredictConfig) -> Result<()> {
     let m = load(&a.model)?;
     let mut r = ExampleReader::open(&a.data, &a.input.data_format())?;
     let mut out: Box<dyn Write> = if a.out.as_os_str() == "-" {

@@ -17,11 +17,12 @@
 //! bytes) and the scheduler returns the objective, which worker 0 shows. Once the relative change falls below `--epsilon`, one
 //! final pass runs with the KKT filter off, then the job ends.
 
-use super::linear::FormatArgs;
-use super::Sink;
-use crate::progress::Progress;
+#[cfg(feature = "cli")]
+use crate::linear::parse_filters;
+use crate::linear::InputConfig;
+use crate::report::Progress;
+use crate::report::Report;
 use anyhow::{ensure, Context, Result};
-use clap::{Args, ValueEnum};
 use downpour_apps::l1lr::{block_gradient, logistic_loss, update_duals, BlockColumns};
 use downpour_apps::{linear, metrics};
 use downpour_core::consistency::Consistency;
@@ -41,7 +42,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 /// On or off.
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum Switch {
     /// On.
     On,
@@ -50,72 +52,95 @@ pub enum Switch {
 }
 
 /// Algorithms of `train l1lr`.
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum Algorithm {
     /// Delayed block proximal gradient (the paper's).
     Bpg,
 }
 
 /// Flags of `train l1lr`.
-#[derive(Args, Debug, Clone)]
-pub struct L1lrArgs {
+#[derive(Debug, Clone)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+pub struct L1lrConfig {
     /// Training files.
-    #[arg(long, required = true, num_args = 1..)]
+    #[cfg_attr(feature = "cli", arg(long, required = true, num_args = 1..))]
     pub train: Vec<PathBuf>,
     /// Test file, evaluated at the end (optional).
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub test: Option<PathBuf>,
-    #[command(flatten)]
-    pub input: FormatArgs,
+    #[cfg_attr(feature = "cli", command(flatten))]
+    pub input: InputConfig,
     /// The optimisation algorithm.
-    #[arg(long, value_enum, default_value_t = Algorithm::Bpg)]
+    #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t = Algorithm::Bpg))]
     pub algorithm: Algorithm,
     /// Feature blocks (one iteration updates one block). More blocks mean fewer of an
     /// example's features move at once, so each step may be larger.
-    #[arg(long, default_value_t = 128)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 128))]
     pub blocks: usize,
     /// Bounded delay: iteration t starts once iterations older than t − TAU have finished.
-    #[arg(long, default_value_t = 0)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 0))]
     pub tau: u64,
     /// λ, the L1 strength.
-    #[arg(long, default_value_t = 1.0)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 1.0))]
     pub lambda: f32,
     /// Stop when the objective's relative change per pass, averaged over the last 4 passes,
     /// falls below this.
-    #[arg(long, default_value_t = 1e-6)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 1e-6))]
     pub epsilon: f64,
     /// Stop after this many passes at the latest.
-    #[arg(long, default_value_t = 500)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 500))]
     pub max_passes: usize,
     /// The KKT filter: coordinates the optimality conditions pin at zero are neither computed
     /// nor sent (`off` computes and sends every coordinate every pass).
-    #[arg(long, value_enum, default_value_t = Switch::On)]
+    #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t = Switch::On))]
     pub kkt: Switch,
     /// Message filters on the model's pushes and pulls (as `train linear --filters`).
-    #[arg(long, default_value = "none", value_parser = parse_filters)]
+    #[cfg_attr(feature = "cli", arg(long, default_value = "none", value_parser = parse_filters))]
     pub filters: FilterSpec,
     /// Seed of the block order.
-    #[arg(long, default_value_t = 1)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 1))]
     pub seed: u64,
     /// Export the model here (safetensors, as `train linear`).
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub model_out: Option<PathBuf>,
     /// Write metrics JSON here (worker 0).
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub out: Option<PathBuf>,
     /// No progress lines.
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub quiet: bool,
     /// Servers of the embedded cluster (when run directly, not under `launch`).
-    #[arg(long, default_value_t = 2)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 2))]
     pub servers: usize,
     /// Workers of the embedded cluster (when run directly, not under `launch`).
-    #[arg(long, default_value_t = 2)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 2))]
     pub workers: usize,
 }
 
-fn parse_filters(s: &str) -> Result<FilterSpec, String> {
-    s.parse().map_err(|e: downpour_core::CoreError| e.to_string())
+impl Default for L1lrConfig {
+    /// The flags' defaults, with no training file: set `train` (at least one file).
+    fn default() -> Self {
+        L1lrConfig {
+            train: Vec::new(),
+            test: None,
+            input: InputConfig::default(),
+            algorithm: Algorithm::Bpg,
+            blocks: 128,
+            tau: 0,
+            lambda: 1.0,
+            epsilon: 1e-6,
+            max_passes: 500,
+            kkt: Switch::On,
+            filters: FilterSpec::default(),
+            seed: 1,
+            model_out: None,
+            out: None,
+            quiet: false,
+            servers: 2,
+            workers: 2,
+        }
+    }
 }
 
 /// Table of the model: rows `(w, δ − 1, inactive)` under the `bpg` rule.
@@ -133,7 +158,7 @@ struct Block {
     rows: Vec<[f32; 3]>,
 }
 
-fn load(a: &L1lrArgs, s: &WorkerSession) -> Result<(Vec<Block>, Vec<f32>)> {
+fn load(a: &L1lrConfig, s: &WorkerSession) -> Result<(Vec<Block>, Vec<f32>)> {
     let format = a.input.data_format();
     let mut r = ShareReader::for_worker(&a.train, &format, s.rank, s.num_workers)?.with_key_map(scramble);
     let mut examples = Vec::new();
@@ -190,7 +215,7 @@ fn apply_pull(s: &mut WorkerSession, p: Pending, blocks: &mut [Block], y: &[f32]
 }
 
 /// Runs `train l1lr` on one worker.
-pub fn run(a: &L1lrArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
+pub fn run(a: &L1lrConfig, s: &mut WorkerSession, report: &Report) -> Result<()> {
     let plan = BpgPlan {
         workers: s.num_workers,
         blocks: a.blocks,
@@ -251,7 +276,7 @@ pub fn run(a: &L1lrArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
     // bytes of the per-pass evaluations (worker 0 asks the servers for ‖w‖₁), kept apart
     // from the training traffic
     let mut report_bytes = (0u64, 0u64);
-    let mut progress = Progress::new(!a.quiet && s.rank == 0, "passes".to_string());
+    let mut progress = Progress::new(report, !a.quiet && s.rank == 0, "passes");
     'work: loop {
         let must_report = evaluation.is_some() || !losses.is_empty();
         if queue.is_empty() || must_report {
@@ -431,10 +456,11 @@ pub fn run(a: &L1lrArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
             let (k, v): (Vec<u64>, Vec<f32>) = pairs.iter().copied().unzip();
             crate::model::save(path, &k, &v, 1)?;
         }
+        report.metrics("l1lr", &json);
         if let Some(out) = &a.out {
             std::fs::write(out, serde_json::to_string_pretty(&json)?).with_context(|| format!("cannot write {}", out.display()))?;
         }
-        sink(&format!(
+        report.line(&format!(
             "train l1lr: objective={objective:.6} nnz={nnz} passes={} wall_s={wall:.2}{}",
             reports.len(),
             test.map(|m| format!(" test_auc={} test_logloss={:.5}", m.0.map(|x| format!("{x:.5}")).unwrap_or_else(|| "n/a".into()), m.1))

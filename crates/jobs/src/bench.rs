@@ -2,9 +2,8 @@
 //! size, 4 KiB push latency, and sparse push / pull of random keys. Each worker reports one
 //! `BENCH {json}` line per case; `downpour bench` aggregates them.
 
-use super::Sink;
+use crate::report::Report;
 use anyhow::{ensure, Result};
-use clap::Args;
 use downpour_core::init::Init;
 use downpour_core::proto;
 use downpour_core::table::{Storage, TableDef};
@@ -14,30 +13,31 @@ use serde::{Deserialize, Serialize};
 use std::time::Instant;
 
 /// What to measure besides the sizes (shared by `downpour bench` and its worker job).
-#[derive(Args, Debug, Clone)]
+#[derive(Debug, Clone)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
 pub struct BenchCases {
     /// Timed iterations per case (default: enough to move about 1 GiB, 5..=2000; 10 for sparse).
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub iters: Option<usize>,
     /// Iterations of the 4 KiB latency measurement (0 skips it).
-    #[arg(long, default_value_t = 2000)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 2000))]
     pub latency_iters: usize,
     /// Dense operations to time, comma-separated: push, pull, push_then_pull, push_pull
     /// (skipped on replicated jobs) and sync_step.
-    #[arg(long, value_delimiter = ',', default_value = "push,pull,push_then_pull,push_pull,sync_step", value_parser = ["push", "pull", "push_then_pull", "push_pull", "sync_step"])]
+    #[cfg_attr(feature = "cli", arg(long, value_delimiter = ',', default_value = "push,pull,push_then_pull,push_pull,sync_step", value_parser = ["push", "pull", "push_then_pull", "push_pull", "sync_step"]))]
     pub ops: Vec<String>,
     /// Keys of the sparse case (0 skips it).
-    #[arg(long, default_value_t = 1_000_000)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 1_000_000))]
     pub sparse_keys: usize,
     /// Filters on the sparse case's table (as `train linear --filters`): it pushes and pulls
     /// the same keys every iteration, so `keycache` shows what key caching saves.
-    #[arg(long, default_value = "none")]
+    #[cfg_attr(feature = "cli", arg(long, default_value = "none"))]
     pub sparse_filters: String,
     /// Also measure a `train dnn` parameter step for this model (`mlp` with the default
     /// 256,128 hidden widths, or `cnn`): the framework's push of the whole gradient to an
     /// AdaGrad table and pull of the whole model, beside the raw dense push-then-pull of the
     /// same size (added to the sizes).
-    #[arg(long, value_enum)]
+    #[cfg_attr(feature = "cli", arg(long, value_enum))]
     pub dnn_model: Option<super::dnn::ModelKind>,
 }
 
@@ -52,12 +52,13 @@ pub fn dnn_parameters(model: super::dnn::ModelKind) -> Result<usize> {
 }
 
 /// Flags of the worker side of the benchmark.
-#[derive(Args, Debug, Clone)]
-pub struct BenchJobArgs {
+#[derive(Debug, Clone)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+pub struct BenchJobConfig {
     /// Dense value sizes in bytes, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "4096,1048576,16777216,67108864")]
+    #[cfg_attr(feature = "cli", arg(long, value_delimiter = ',', default_value = "4096,1048576,16777216,67108864"))]
     pub sizes: Vec<u64>,
-    #[command(flatten)]
+    #[cfg_attr(feature = "cli", command(flatten))]
     pub cases: BenchCases,
 }
 
@@ -79,9 +80,9 @@ pub struct Sample {
     pub wire: u64,
 }
 
-fn emit(sink: &Sink, s: &Sample) {
+fn emit(report: &Report, s: &Sample) {
     if let Ok(j) = serde_json::to_string(s) {
-        sink(&format!("BENCH {j}"));
+        report.line(&format!("BENCH {j}"));
     }
 }
 
@@ -101,7 +102,7 @@ fn dense_table(id: u32, n: u64) -> TableDef {
 }
 
 /// Runs the benchmark cases on one worker.
-pub fn run_worker(a: &BenchJobArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
+pub fn run_worker(a: &BenchJobConfig, s: &mut WorkerSession, report: &Report) -> Result<()> {
     for (i, &size) in a.sizes.iter().enumerate() {
         ensure!(size >= 4 && size % 4 == 0, "size {size} is not a positive multiple of 4 bytes");
         let n = size / 4;
@@ -140,7 +141,7 @@ pub fn run_worker(a: &BenchJobArgs, s: &mut WorkerSession, sink: &Sink) -> Resul
             let secs = t0.elapsed().as_secs_f64();
             let dirs = if op.starts_with("push_") { 2 } else { 1 };
             emit(
-                sink,
+                report,
                 &Sample {
                     case: "dense".into(),
                     op: op.into(),
@@ -183,7 +184,7 @@ pub fn run_worker(a: &BenchJobArgs, s: &mut WorkerSession, sink: &Sink) -> Resul
             }
             let secs = t0.elapsed().as_secs_f64();
             emit(
-                sink,
+                report,
                 &Sample {
                     case: "dense".into(),
                     op: "sync_step".into(),
@@ -217,7 +218,7 @@ pub fn run_worker(a: &BenchJobArgs, s: &mut WorkerSession, sink: &Sink) -> Resul
             lat.sort_by(|x, y| x.total_cmp(y));
             let pct = |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)];
             emit(
-                sink,
+                report,
                 &Sample {
                     case: "latency".into(),
                     op: "push".into(),
@@ -257,7 +258,7 @@ pub fn run_worker(a: &BenchJobArgs, s: &mut WorkerSession, sink: &Sink) -> Resul
         }
         let secs = t0.elapsed().as_secs_f64();
         emit(
-            sink,
+            report,
             &Sample {
                 case: "dnn".into(),
                 op: "push_then_pull".into(),
@@ -310,7 +311,7 @@ pub fn run_worker(a: &BenchJobArgs, s: &mut WorkerSession, sink: &Sink) -> Resul
             let wire = (after.bytes_sent + after.bytes_received) - (before.bytes_sent + before.bytes_received);
             let k = keys.len() as u64 * iters as u64;
             emit(
-                sink,
+                report,
                 &Sample {
                     case: "sparse".into(),
                     op: op.into(),

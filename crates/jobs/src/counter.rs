@@ -1,36 +1,43 @@
 //! The `counter` job: the exact no-lost-update check every fault-tolerance test reuses.
 
-use super::Sink;
+use crate::report::Report;
 use anyhow::{bail, ensure, Context, Result};
-use clap::Args;
 use downpour_core::init::Init;
 use downpour_core::proto;
 use downpour_core::table::{Storage, TableDef};
 use downpour_worker::WorkerSession;
 
 /// Flags of the counter job.
-#[derive(Args, Debug, Clone)]
-pub struct CounterArgs {
+#[derive(Debug, Clone)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+pub struct CounterConfig {
     /// Number of keys every worker increments (spread over the whole key space, so every
     /// server holds some).
-    #[arg(long, default_value_t = 1000)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 1000))]
     pub keys: u64,
     /// Rounds of increments per worker.
-    #[arg(long, default_value_t = 10)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 10))]
     pub rounds: u64,
     /// Values per key (each element is incremented).
-    #[arg(long, default_value_t = 1)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 1))]
     pub value_len: usize,
     /// Synchronous rounds: a `bsp` table whose rounds sum the workers' increments and apply
     /// them once (synchronous aggregation; with `--replication` the servers replicate each
     /// round's sum once instead of every push).
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub sync: bool,
     /// A dense table of the keys `[0, keys)`, incremented by whole-range pushes (as a dense
     /// model's gradients are: each push is one key range per head, forwarded down the chains
     /// by range with `--replication`).
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub dense: bool,
+}
+
+impl Default for CounterConfig {
+    /// The flags' defaults: 1,000 keys, 10 rounds, one value per key, asynchronous, sparse.
+    fn default() -> Self {
+        CounterConfig { keys: 1000, rounds: 10, value_len: 1, sync: false, dense: false }
+    }
 }
 
 /// Table id the counter job uses.
@@ -43,7 +50,7 @@ pub fn counter_keys(n: u64) -> Vec<u64> {
 }
 
 /// Runs the counter job on one worker.
-pub fn run(a: &CounterArgs, s: &mut WorkerSession, num_servers: usize, sink: &Sink) -> Result<()> {
+pub fn run(a: &CounterConfig, s: &mut WorkerSession, num_servers: usize, report: &Report) -> Result<()> {
     ensure!((1..=50_000_000).contains(&a.keys), "--keys must be between 1 and 50,000,000, got {}", a.keys);
     ensure!(a.rounds >= 1, "--rounds must be at least 1");
     ensure!((1..=1024).contains(&a.value_len), "--value-len must be between 1 and 1024, got {}", a.value_len);
@@ -117,7 +124,7 @@ pub fn run(a: &CounterArgs, s: &mut WorkerSession, num_servers: usize, sink: &Si
             wrong_runs(&keys, &got, a.value_len, expected as f32)
         );
     }
-    sink(&format!(
+    report.line(&format!(
         "counter: OK keys={} expected={expected} workers={} servers={num_servers} rounds={} worker={} slowest_round_ms={:.1} (round {})",
         a.keys,
         s.num_workers,

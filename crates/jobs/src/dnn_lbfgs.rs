@@ -12,7 +12,7 @@
 //! gradients and pushes that sum once into the gradient table. `--epochs` counts accepted
 //! L-BFGS iterations; each is evaluated on the test set.
 
-use super::dnn::{table, Ctx, DnnArgs, Evaluator, PARAMS};
+use super::dnn::{table, Ctx, DnnConfig, Evaluator, PARAMS};
 use anyhow::{bail, Context, Result};
 use downpour_core::consistency::Consistency;
 use downpour_core::proto::{self, PieceRequest};
@@ -40,7 +40,7 @@ const WANT_CLOSED: u32 = 3;
 /// This worker's part of round `round`: fetch the parameters once, take pieces until none
 /// is left, push the winners' gradient sum into `g`, flush. Returns (examples, pieces)
 /// computed, discarded backups included.
-fn work(s: &mut WorkerSession, ctx: &Ctx, a: &DnnArgs, g: u32, round: u64, params: &mut [f32]) -> Result<(u64, u64)> {
+fn work(s: &mut WorkerSession, ctx: &Ctx, a: &DnnConfig, g: u32, round: u64, params: &mut [f32]) -> Result<(u64, u64)> {
     s.kv.pull_range_into(PARAMS, 0, params)?;
     let p = params.len();
     let (mut acc, mut grad) = (vec![0f32; p], vec![0f32; p]);
@@ -85,7 +85,7 @@ fn work(s: &mut WorkerSession, ctx: &Ctx, a: &DnnArgs, g: u32, round: u64, param
 }
 
 /// Runs lbfgs on one worker; worker 0 drives.
-pub(crate) fn run(a: &DnnArgs, s: &mut WorkerSession, ctx: &Ctx, params: &mut [f32], ev: &mut Evaluator) -> Result<(u64, u64)> {
+pub(crate) fn run(a: &DnnConfig, s: &mut WorkerSession, ctx: &Ctx, params: &mut [f32], ev: &mut Evaluator) -> Result<(u64, u64)> {
     anyhow::ensure!(a.piece > 0 && a.lbfgs_memory > 0, "--piece and --lbfgs-memory must be at least 1");
     let p = params.len();
     let tables = Tables::new(PARAMS, SCRATCH, a.lbfgs_memory);

@@ -6,10 +6,9 @@
 //! (default), AdaGrad or SGD. The pull of the next minibatch is issued before the current
 //! one is computed. After every epoch worker 0 evaluates on the test set.
 
-use super::Sink;
-use crate::progress::Progress;
+use crate::report::Progress;
+use crate::report::Report;
 use anyhow::{ensure, Context, Result};
-use clap::{Args, ValueEnum};
 use downpour_apps::{linear, metrics};
 use downpour_core::consistency::Consistency;
 use downpour_core::filter::FilterSpec;
@@ -29,7 +28,8 @@ use std::sync::mpsc::{sync_channel, Receiver};
 use std::time::{Duration, Instant};
 
 /// Server-side update rule of the linear model.
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum Optimizer {
     /// FTRL-Proximal with L1/L2 (lr = α, β = 1).
     Ftrl,
@@ -40,7 +40,8 @@ pub enum Optimizer {
 }
 
 /// Input formats of `train linear`.
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum InputFormat {
     /// LIBSVM/svmlight (`.gz` transparently).
     Libsvm,
@@ -49,26 +50,34 @@ pub enum InputFormat {
 }
 
 /// How example files are read (shared by `train linear` and `predict`).
-#[derive(Args, Debug, Clone)]
-pub struct FormatArgs {
+#[derive(Debug, Clone)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+pub struct InputConfig {
     /// Input format.
-    #[arg(long, value_enum, default_value_t = InputFormat::Libsvm)]
+    #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t = InputFormat::Libsvm))]
     pub format: InputFormat,
     /// JSON field with the text (text-jsonl).
-    #[arg(long, default_value = "text")]
+    #[cfg_attr(feature = "cli", arg(long, default_value = "text"))]
     pub text_field: String,
     /// JSON field with the label (text-jsonl).
-    #[arg(long, default_value = "label")]
+    #[cfg_attr(feature = "cli", arg(long, default_value = "label"))]
     pub label_field: String,
     /// Fold hashed text features into 2^N keys (text-jsonl).
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub hash_bits: Option<u32>,
     /// Add bigram features (text-jsonl).
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub bigrams: bool,
 }
 
-impl FormatArgs {
+impl Default for InputConfig {
+    /// LIBSVM; for text-jsonl the fields `text` and `label`, no folding, no bigrams.
+    fn default() -> Self {
+        InputConfig { format: InputFormat::Libsvm, text_field: "text".into(), label_field: "label".into(), hash_bits: None, bigrams: false }
+    }
+}
+
+impl InputConfig {
     /// The reader settings these flags describe.
     pub fn data_format(&self) -> Format {
         match self.format {
@@ -84,35 +93,36 @@ impl FormatArgs {
 }
 
 /// Flags of `train linear`.
-#[derive(Args, Debug, Clone)]
-pub struct LinearArgs {
+#[derive(Debug, Clone)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+pub struct LinearConfig {
     /// Training files (LIBSVM, optionally gzipped).
-    #[arg(long, required = true, num_args = 1..)]
+    #[cfg_attr(feature = "cli", arg(long, required = true, num_args = 1..))]
     pub train: Vec<PathBuf>,
     /// Test file, evaluated after every epoch.
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub test: Option<PathBuf>,
-    #[command(flatten)]
-    pub input: FormatArgs,
+    #[cfg_attr(feature = "cli", command(flatten))]
+    pub input: InputConfig,
     /// Passes over the training data (for millions of examples, 1 is usually enough).
-    #[arg(long, default_value_t = 5)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 5))]
     pub epochs: usize,
     /// Examples per minibatch.
-    #[arg(long, default_value_t = 100)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 100))]
     pub batch: usize,
     /// Consistency of the model's pulls: `async` (no waiting), `ssp:TAU` (a pull at clock c
     /// sees every worker's updates of clocks up to c − TAU − 1) or `bsp` (= `ssp:0`). One
     /// clock is one minibatch.
-    #[arg(long, default_value = "async", value_parser = parse_consistency)]
+    #[cfg_attr(feature = "cli", arg(long, default_value = "async", value_parser = parse_consistency))]
     pub consistency: Consistency,
     /// With `--consistency bsp`: how the servers combine a round's pushes. `none` applies
     /// each worker's gradient in rank order; `sum` adds them per key and applies the rule
     /// once (large-batch SGD); `avg` divides that sum by the round's contributors.
-    #[arg(long, default_value = "none", value_parser = parse_aggregate)]
+    #[cfg_attr(feature = "cli", arg(long, default_value = "none", value_parser = parse_aggregate))]
     pub aggregate: Aggregate,
     /// With `--consistency bsp`: apply each round once all but B workers completed it; the
     /// late pushes are dropped and counted (`dropped_pushes` in the metrics).
-    #[arg(long, default_value_t = 0, value_name = "B")]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 0, value_name = "B"))]
     pub backup_workers: u32,
     /// Message filters on the model's pushes and pulls, comma-separated: `sigmod:T`
     /// (send a weight's gradient only once its accumulated change exceeds T; the rest waits,
@@ -120,61 +130,93 @@ pub struct LinearArgs {
     /// error forward), `keycache[:SLOTS]` (a key list the server has seen goes as a 128-bit
     /// signature) and `lz4` or `zstd[:LEVEL]`. Traffic before and after each filter is in
     /// the metrics (`filters`).
-    #[arg(long, default_value = "none", value_parser = parse_filters)]
+    #[cfg_attr(feature = "cli", arg(long, default_value = "none", value_parser = parse_filters))]
     pub filters: FilterSpec,
     /// Update rule on the servers.
-    #[arg(long, value_enum, default_value_t = Optimizer::Ftrl)]
+    #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t = Optimizer::Ftrl))]
     pub optimizer: Optimizer,
     /// Learning rate (α for FTRL; 0.1 suits millions of examples and one epoch).
-    #[arg(long, default_value_t = 0.5)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 0.5))]
     pub lr: f32,
     /// L1 strength (FTRL).
-    #[arg(long, default_value_t = 0.0)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 0.0))]
     pub l1: f32,
     /// L2 strength (FTRL).
-    #[arg(long, default_value_t = 0.0)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 0.0))]
     pub l2: f32,
     /// Feature value scale: `auto` divides every value by the largest |value| among the first
     /// 10,000 training examples when that exceeds 1 (raw pixel or count features), `none`
     /// keeps values as they are, a number divides by that number. The exported model is in
     /// the unscaled units, so `predict` takes the original files.
-    #[arg(long, default_value = "auto", value_parser = parse_scale)]
+    #[cfg_attr(feature = "cli", arg(long, default_value = "auto", value_parser = parse_scale))]
     pub scale: Scale,
     /// Examples are shuffled within a window of this many per epoch (0 or 1: file order).
-    #[arg(long, default_value_t = 10_000)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 10_000))]
     pub shuffle_buffer: usize,
     /// Seed of the shuffle (and of `--straggler-tail`).
-    #[arg(long, default_value_t = 1)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 1))]
     pub seed: u64,
     /// Make worker ID a straggler: its own work per minibatch (reading, communicating,
     /// computing; not the time spent held by a staleness bound) takes FACTOR times as long.
     /// Format `ID:FACTOR`.
-    #[arg(long, value_parser = parse_straggler)]
+    #[cfg_attr(feature = "cli", arg(long, value_parser = parse_straggler))]
     pub straggler: Option<(usize, f64)>,
     /// Slow a random fraction P of every worker's iterations by FACTOR (seeded; public
     /// clouds see about 5 % of iterations at 2–3×). Format `P:FACTOR`.
-    #[arg(long, value_parser = parse_tail)]
+    #[cfg_attr(feature = "cli", arg(long, value_parser = parse_tail))]
     pub straggler_tail: Option<(f64, f64)>,
     /// Export the trained model here (safetensors: `keys` U64 [n], `values` F32 [n, 1]).
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub model_out: Option<PathBuf>,
     /// Write metrics JSON here (worker 0).
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub out: Option<PathBuf>,
     /// No progress lines.
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub quiet: bool,
     /// Worker 0 also evaluates the test set every N of its minibatches (0: only at epoch
     /// ends), recorded in the metrics' `evals` as (wall seconds, test log loss, test AUC):
     /// a finer curve of quality against time.
-    #[arg(long, default_value_t = 0)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 0))]
     pub eval_every: usize,
     /// Servers of the embedded cluster (when run directly, not under `launch`).
-    #[arg(long, default_value_t = 2)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 2))]
     pub servers: usize,
     /// Workers of the embedded cluster (when run directly, not under `launch`).
-    #[arg(long, default_value_t = 2)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 2))]
     pub workers: usize,
+}
+
+impl Default for LinearConfig {
+    /// The flags' defaults, with no training file: set `train` (at least one file).
+    fn default() -> Self {
+        LinearConfig {
+            train: Vec::new(),
+            test: None,
+            input: InputConfig::default(),
+            epochs: 5,
+            batch: 100,
+            consistency: Consistency::Async,
+            aggregate: Aggregate::None,
+            backup_workers: 0,
+            filters: FilterSpec::default(),
+            optimizer: Optimizer::Ftrl,
+            lr: 0.5,
+            l1: 0.0,
+            l2: 0.0,
+            scale: Scale::Auto,
+            shuffle_buffer: 10_000,
+            seed: 1,
+            straggler: None,
+            straggler_tail: None,
+            model_out: None,
+            out: None,
+            quiet: false,
+            eval_every: 0,
+            servers: 2,
+            workers: 2,
+        }
+    }
 }
 
 /// How feature values are scaled before training (`--scale`).
@@ -218,7 +260,7 @@ struct Slowdown {
 }
 
 impl Slowdown {
-    fn new(a: &LinearArgs, rank: usize) -> Slowdown {
+    fn new(a: &LinearConfig, rank: usize) -> Slowdown {
         let factor = a.straggler.filter(|s| s.0 == rank).map_or(1.0, |s| s.1);
         Slowdown { factor, tail: a.straggler_tail, rng: downpour_core::init::splitmix64(a.seed ^ 0x5157 ^ rank as u64) | 1 }
     }
@@ -238,19 +280,23 @@ impl Slowdown {
     }
 }
 
-fn parse_consistency(s: &str) -> Result<Consistency, String> {
+/// Parses a consistency model: `async`, `ssp:TAU` or `bsp`.
+pub fn parse_consistency(s: &str) -> Result<Consistency, String> {
     s.parse().map_err(|e: downpour_core::CoreError| e.to_string())
 }
 
-fn parse_filters(s: &str) -> Result<FilterSpec, String> {
+/// Parses a filter list such as `sigmod:0.01,f16,lz4` (`none`: no filters).
+pub fn parse_filters(s: &str) -> Result<FilterSpec, String> {
     s.parse().map_err(|e: downpour_core::CoreError| e.to_string())
 }
 
-fn parse_aggregate(s: &str) -> Result<Aggregate, String> {
+/// Parses how a bsp round is combined: `none`, `sum` or `avg`.
+pub fn parse_aggregate(s: &str) -> Result<Aggregate, String> {
     s.parse().map_err(|e: downpour_core::CoreError| e.to_string())
 }
 
-fn parse_scale(s: &str) -> Result<Scale, String> {
+/// Parses `--scale`: `auto`, `none` or a positive number.
+pub fn parse_scale(s: &str) -> Result<Scale, String> {
     match s {
         "auto" => Ok(Scale::Auto),
         "none" => Ok(Scale::Fixed(1.0)),
@@ -271,7 +317,7 @@ const STATS: u32 = 11;
 /// model spreads evenly over the servers' key ranges whatever range the ids come from.
 pub const TABLE: u32 = 10;
 
-fn table_def(a: &LinearArgs) -> TableDef {
+fn table_def(a: &LinearConfig) -> TableDef {
     let name = match a.optimizer {
         Optimizer::Ftrl => "ftrl",
         Optimizer::Adagrad => "adagrad",
@@ -390,7 +436,7 @@ fn evaluate(kv: &mut KvClient, test: &PathBuf, format: &Format, batch: usize, sc
 }
 
 /// Runs `train linear` on one worker.
-pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
+pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<()> {
     ensure!(a.batch >= 1, "--batch must be at least 1");
     ensure!(a.epochs >= 1, "--epochs must be at least 1");
     ensure!(a.lr.is_finite() && a.lr > 0.0, "--lr must be a positive number");
@@ -472,7 +518,7 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
             .with_key_map(scramble)
             .with_value_scale(1.0 / scale);
         let batches = spawn_reader(reader, a.batch)?;
-        let mut progress = Progress::new(!a.quiet && s.rank == 0, format!("epoch {epoch}/{}", a.epochs));
+        let mut progress = Progress::new(report, !a.quiet && s.rank == 0, format!("epoch {epoch}/{}", a.epochs));
         let (mut seen, mut loss_sum, mut loss_n) = (0usize, 0f64, 0usize);
         let mut slowdown = Slowdown::new(a, s.rank);
         let (mut mark, mut held_mark) = (Instant::now(), s.kv.held());
@@ -724,11 +770,12 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
                 tracing::info!("model with {} keys written to {}", keys.len(), path.display());
             }
         }
+        report.metrics("linear", &json);
         if let Some(out) = &a.out {
             std::fs::write(out, serde_json::to_string_pretty(&json)?).with_context(|| format!("cannot write {}", out.display()))?;
         }
         if let Some(m) = final_m {
-            sink(&format!(
+            report.line(&format!(
                 "train linear: test_auc={} test_logloss={:.5} test_accuracy={:.4} examples={} wall_s={wall:.2}",
                 m.auc.map(|x| format!("{x:.5}")).unwrap_or_else(|| "n/a".into()),
                 m.logloss,
@@ -736,7 +783,7 @@ pub fn run(a: &LinearArgs, s: &mut WorkerSession, sink: &Sink) -> Result<()> {
                 all_examples
             ));
         } else {
-            sink(&format!("train linear: done, examples={all_examples} wall_s={wall:.2}"));
+            report.line(&format!("train linear: done, examples={all_examples} wall_s={wall:.2}"));
         }
     }
     s.barrier("linear-done")?;

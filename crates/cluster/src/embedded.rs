@@ -1,0 +1,139 @@
+//! Running a job's workers: one worker (a thread of a worker process, or of an embedded
+//! cluster) joins the job, runs it and reports; [`run_embedded`] runs a whole cluster, a
+//! coordinator, S servers and W workers, as threads of this process over the in-process
+//! transport, with the same node code as a real cluster.
+
+use crate::nodes::{coordinator_config, coordinator_restart_wait, server_config, session_config};
+use crate::settings::Settings;
+use anyhow::{anyhow, bail, Context, Result};
+use downpour_coordinator::{Coordinator, JobOutcome};
+use downpour_jobs::{Job, Report};
+use downpour_server::{run_server_node, NodeConfig};
+use downpour_transport::inproc::InProcTransport;
+use downpour_transport::Transport;
+use downpour_worker::{join_job, SessionConfig};
+use std::sync::Arc;
+
+/// Runs one worker: join, run the job, report done. Used by worker processes and threads.
+pub fn run_worker(transport: Arc<dyn Transport>, s: &Settings, coordinator: &str, job: &Job, report: &Report) -> Result<()> {
+    if s.checkpoint.is_some() || s.resume.is_some() {
+        job.check_checkpoints()?;
+    }
+    let mut cfg = session_config(s, coordinator)?;
+    cfg.records_progress = job.records_progress();
+    // shares of lost workers this process took over (joined before it returns)
+    let adopted: Arc<parking_lot::Mutex<Vec<std::thread::JoinHandle<Result<()>>>>> = Default::default();
+    if cfg.records_progress {
+        // Asked to take a lost worker's share over: run the job once more, in a thread, as a
+        // new worker of the job (it takes the vacant rank and goes on from its record).
+        let (t, s2, addr, job2, report2) = (transport.clone(), s.clone(), coordinator.to_string(), job.clone(), report.clone());
+        let threads = adopted.clone();
+        cfg.on_adopt = Some(downpour_worker::AdoptHook(Arc::new(move |rank| {
+            let (t, s2, addr, job2, report2) = (t.clone(), s2.clone(), addr.clone(), job2.clone(), report2.clone());
+            tracing::warn!("taking over the share of lost worker {rank}");
+            let spawned = std::thread::Builder::new().name(format!("adopted-{rank}")).spawn(move || {
+                run_worker(t, &s2, &addr, &job2, &report2).with_context(|| format!("taking over the share of lost worker {rank}"))
+            });
+            match spawned {
+                Ok(h) => threads.lock().push(h),
+                Err(e) => tracing::error!("cannot start a thread to take over lost worker {rank}: {e}"),
+            }
+        })));
+    }
+    let result = run_own_share(transport, &cfg, job, report);
+    // this process's work includes the shares it took over
+    let taken: Vec<_> = std::mem::take(&mut *adopted.lock());
+    for h in taken {
+        let r = h.join().map_err(|_| anyhow::anyhow!("a thread taking over a lost worker's share panicked")).and_then(|r| r);
+        if result.is_ok() {
+            r?;
+        }
+    }
+    result
+}
+
+fn run_own_share(transport: Arc<dyn Transport>, cfg: &SessionConfig, job: &Job, report: &Report) -> Result<()> {
+    let mut session = join_job(transport.clone(), cfg).context("joining the job")?;
+    if job.wants_reader(session.rank) {
+        session.open_reader(transport.as_ref()).context("opening the evaluator's connections")?;
+    }
+    let servers = session.kv.num_servers();
+    match job.run(&mut session, servers, report) {
+        Ok(()) => {
+            session.finish(true, "")?;
+            Ok(())
+        }
+        Err(e) => {
+            let msg = format!("{e:#}");
+            let _ = session.finish(false, &msg);
+            Err(e)
+        }
+    }
+}
+
+/// Runs `job` on an embedded cluster of `servers` servers and `workers` worker threads.
+pub fn run_embedded(s: &Settings, servers: usize, workers: usize, job: &Job, report: Report) -> Result<()> {
+    anyhow::ensure!(servers >= 1 && workers >= 1, "an embedded cluster needs at least one server and one worker");
+    if s.checkpoint.is_some() || s.resume.is_some() {
+        job.check_checkpoints()?;
+    }
+    let transport = InProcTransport::new();
+    let listener = transport.listen("inproc://coordinator")?;
+    let coord_addr = listener.local_addr();
+    let coordinator = Coordinator::new(coordinator_config(s, servers, workers));
+    let c = coordinator.clone();
+    let coord_thread = std::thread::Builder::new().name("coordinator".into()).spawn(move || c.serve(listener))?;
+    let mut server_threads = Vec::new();
+    for i in 0..servers {
+        let (t, addr) = (transport.clone(), coord_addr.clone());
+        let cfg = NodeConfig {
+            coordinator: addr,
+            listen: "inproc://0".into(),
+            advertise: None,
+            connect_timeout: s.connect_timeout,
+            server: server_config(s, Arc::new(t.clone()), None)?,
+            own_process: false,
+            on_registered: None,
+            coordinator_restart_wait: coordinator_restart_wait(s),
+        };
+        server_threads.push(std::thread::Builder::new().name(format!("server-{i}")).spawn(move || run_server_node(&t, cfg))?);
+    }
+    let mut worker_threads = Vec::new();
+    for i in 0..workers {
+        let (t, addr, s2, job, report) = (transport.clone(), coord_addr.clone(), s.clone(), job.clone(), report.clone());
+        worker_threads.push(
+            std::thread::Builder::new().name(format!("worker-{i}")).spawn(move || run_worker(Arc::new(t), &s2, &addr, &job, &report))?,
+        );
+    }
+    let mut first_err: Option<anyhow::Error> = None;
+    for (i, w) in worker_threads.into_iter().enumerate() {
+        match w.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                first_err.get_or_insert(e.context(format!("worker {i}")));
+            }
+            Err(_) => {
+                first_err.get_or_insert(anyhow!("worker {i} panicked"));
+            }
+        }
+    }
+    let outcome = coord_thread.join().map_err(|_| anyhow!("the coordinator panicked"))?;
+    for (i, t) in server_threads.into_iter().enumerate() {
+        match t.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                first_err.get_or_insert(anyhow!("server {i}: {e}"));
+            }
+            Err(_) => {
+                first_err.get_or_insert(anyhow!("server {i} panicked"));
+            }
+        }
+    }
+    if let Some(e) = first_err {
+        return Err(e);
+    }
+    match outcome {
+        JobOutcome::Succeeded => Ok(()),
+        JobOutcome::Failed(r) => bail!("the job failed: {r}"),
+    }
+}
