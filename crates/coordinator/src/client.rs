@@ -266,8 +266,3 @@ impl ControlClient {
         self.call(Op::Done, proto::DoneRequest { ok, message: message.into() }.encode_to_vec()).map(|_| ())
     }
 }
-
-/// A reply body from a successful control call.
-pub fn decode_body<M: Message + Default>(h: &FrameHeader) -> Result<M, String> {
-    M::decode(h.meta.as_ref()).map_err(|e| format!("bad reply from the coordinator: {e}"))
-}

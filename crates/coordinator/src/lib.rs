@@ -31,8 +31,14 @@ mod service;
 mod state;
 mod vacancies;
 
-#[doc(inline)]
-pub use client::decode_body;
 pub use config::{CoordinatorConfig, JobOutcome};
 pub use epochs::Recovery;
 pub use service::Coordinator;
+
+use downpour_core::proto::FrameHeader;
+use prost::Message;
+
+/// A reply body from a successful control call.
+pub fn decode_body<M: Message + Default>(h: &FrameHeader) -> Result<M, String> {
+    M::decode(h.meta.as_ref()).map_err(|e| format!("bad reply from the coordinator: {e}"))
+}

@@ -6,6 +6,7 @@ use crate::service::Coordinator;
 use std::time::Instant;
 
 impl Coordinator {
+    /// The monitor thread's loop (started by `serve`): looks every half heartbeat interval.
     pub(crate) fn monitor(&self) {
         loop {
             std::thread::sleep(self.cfg.heartbeat / 2);
