@@ -4,7 +4,11 @@
 //! [`crate::Coordinator::open`]. What is *not* kept is rebuilt by the nodes calling again:
 //! barrier arrivals, checkpoint joins and heartbeats are re-sent by nodes reconnecting.
 
-use crate::{Barrier, Checkpoints, CoordinatorConfig, Pending, State};
+use crate::barriers::Barrier;
+use crate::checkpoints::Checkpoints;
+use crate::config::CoordinatorConfig;
+use crate::epochs::Pending;
+use crate::state::State;
 use downpour_core::proto;
 use downpour_core::ring::Ring;
 use prost::Message;

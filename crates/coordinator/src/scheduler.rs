@@ -1,0 +1,160 @@
+//! The task scheduler: the BPG scheduler's tasks and reports, and Sandblaster's piece
+//! board. Neither is kept on disk: a restarted coordinator refuses their calls.
+
+use crate::service::Coordinator;
+use downpour_core::msg::Status;
+use downpour_core::pieces::PieceBoard;
+use downpour_core::proto;
+use downpour_core::schedule::{wire, BpgScheduler};
+use std::time::Duration;
+
+impl Coordinator {
+    /// A worker's reports to the BPG task scheduler, and its next tasks (held until there is
+    /// one when `req.wait`).
+    pub(crate) fn schedule(&self, node: u32, req: proto::ScheduleRequest) -> Result<proto::ScheduleReply, (Status, String)> {
+        let invalid = |e: downpour_core::schedule::ScheduleError| (Status::InvalidArgument, e.to_string());
+        let mut st = self.state.lock();
+        let rank = match st.roles.get(&node) {
+            Some(("worker", rank)) => *rank as usize,
+            _ => return Err((Status::InvalidArgument, format!("{} is not a registered worker", st.describe(node)))),
+        };
+        let plan = req.plan.as_ref().map(wire::plan_from_proto);
+        match (&st.schedule, plan) {
+            (None, None) => return Err((Status::InvalidArgument, "the first schedule call must carry the plan".into())),
+            (None, Some(plan)) => {
+                if plan.workers != self.cfg.workers {
+                    return Err((
+                        Status::InvalidArgument,
+                        format!("the plan is for {} workers, the job has {}", plan.workers, self.cfg.workers),
+                    ));
+                }
+                tracing::info!(
+                    "BPG scheduler: {} blocks, tau {}, at most {} passes, epsilon {:e}, KKT filter {}",
+                    plan.blocks,
+                    plan.tau,
+                    plan.max_passes,
+                    plan.epsilon,
+                    if plan.kkt { "on" } else { "off" }
+                );
+                if st.scheduled {
+                    return Err(restarted_scheduler("BPG task scheduler"));
+                }
+                st.schedule = Some(BpgScheduler::new(plan).map_err(invalid)?);
+                st.scheduled = true;
+                self.persist(&mut st, true);
+            }
+            (Some(s), Some(plan)) if s.plan() != &plan => {
+                return Err((Status::InvalidArgument, format!("{} sent a plan that differs from the job's", st.describe(node))));
+            }
+            _ => {}
+        }
+        let mut reply = proto::ScheduleReply::default();
+        {
+            let sched = st.schedule.as_mut().ok_or((Status::Internal, "no scheduler".to_string()))?;
+            sched.finished(rank, req.finished).map_err(invalid)?;
+            for l in &req.losses {
+                sched.loss(rank, l.pass as usize, l.loss).map_err(invalid)?;
+            }
+            if let Some(e) = &req.evaluated {
+                if rank != 0 {
+                    return Err((Status::InvalidArgument, "only worker 0 evaluates passes".into()));
+                }
+                let r = sched.evaluated(e.pass as usize, e.l1, e.nnz).map_err(invalid)?;
+                tracing::debug!("pass {}: objective {:.6} (change {:.2e}), {} non-zero", r.pass + 1, r.objective, r.change, r.nnz);
+                reply.reports.push(wire::report_to_proto(&r));
+            }
+        }
+        self.sched_cv.notify_all();
+        loop {
+            if let Some(r) = &st.failed {
+                return Err((Status::Aborted, format!("job failed: {r}")));
+            }
+            let sched = st.schedule.as_mut().ok_or((Status::Internal, "no scheduler".to_string()))?;
+            let tasks = sched.poll(rank).map_err(invalid)?;
+            if !tasks.is_empty() || !req.wait {
+                reply.tasks = tasks.iter().map(wire::task_to_proto).collect();
+                return Ok(reply);
+            }
+            self.sched_cv.wait_for(&mut st, Duration::from_millis(200));
+        }
+    }
+
+    /// A worker's call to the piece board (Sandblaster L-BFGS): see `PieceRequest`.
+    pub(crate) fn pieces(&self, node: u32, req: proto::PieceRequest) -> Result<proto::PieceReply, (Status, String)> {
+        let invalid = |e: downpour_core::CoreError| (Status::InvalidArgument, e.to_string());
+        let mut st = self.state.lock();
+        let rank = match st.roles.get(&node) {
+            Some(("worker", rank)) => *rank as usize,
+            _ => return Err((Status::InvalidArgument, format!("{} is not a registered worker", st.describe(node)))),
+        };
+        let workers = self.cfg.workers;
+        if st.pieces.is_none() {
+            if st.scheduled {
+                return Err(restarted_scheduler("piece board"));
+            }
+            st.pieces = Some(PieceBoard::new(workers));
+            st.scheduled = true;
+            self.persist(&mut st, true);
+        }
+        let board = st.pieces.as_mut().ok_or((Status::Internal, "no piece board".to_string()))?;
+        let mut reply = proto::PieceReply::default();
+        if (req.open_pieces > 0 || req.finish) && rank != 0 {
+            return Err((Status::InvalidArgument, "only worker 0 opens rounds and ends the job".into()));
+        }
+        if req.open_pieces > 0 {
+            board.open(req.round, req.open_pieces).map_err(invalid)?;
+        }
+        if req.finish {
+            board.finish();
+        }
+        if req.has_completed {
+            reply.accepted = board.complete(rank, req.round, req.completed).map_err(invalid)?;
+        }
+        if req.flush {
+            board.flush(rank, req.round, req.loss, req.examples).map_err(invalid)?;
+        }
+        match req.want {
+            0 => {}
+            1 => {
+                if let Some(h) = board.next(rank, req.round).map_err(invalid)? {
+                    reply.has_piece = true;
+                    reply.piece = h.piece;
+                    reply.backup = h.backup;
+                }
+            }
+            2 | 3 => {}
+            w => return Err((Status::InvalidArgument, format!("unknown piece request want={w}"))),
+        }
+        self.sched_cv.notify_all();
+        loop {
+            if let Some(r) = &st.failed {
+                return Err((Status::Aborted, format!("job failed: {r}")));
+            }
+            let board = st.pieces.as_ref().ok_or((Status::Internal, "no piece board".to_string()))?;
+            reply.round = board.round();
+            reply.finished = board.finished();
+            match req.want {
+                2 if board.round() <= req.round && !board.finished() => {}
+                3 => {
+                    if let Some((loss, examples)) = board.closed(req.round) {
+                        reply.loss = loss;
+                        reply.examples = examples;
+                        return Ok(reply);
+                    }
+                }
+                _ => return Ok(reply),
+            }
+            self.sched_cv.wait_for(&mut st, Duration::from_millis(200));
+        }
+    }
+}
+
+/// The refusal of a scheduler call after a coordinator restart: that state is not on disk.
+fn restarted_scheduler(what: &str) -> (Status, String) {
+    (
+        Status::Aborted,
+        format!(
+            "the coordinator restarted, and the {what}'s state is not kept on disk: this job cannot go on (run it again, or --resume a checkpoint)"
+        ),
+    )
+}
