@@ -105,7 +105,7 @@ pub fn move_to_epoch(st: &ServerState, routing: proto::Routing) -> Result<u64, E
 
 /// A server receiving replica copies during an epoch move: its connection, the tables
 /// created there so far, and the acknowledgements still to read.
-pub(crate) struct CopyPeer {
+struct CopyPeer {
     conn: Box<dyn Connection>,
     tables: Vec<u32>,
     acks: usize,
@@ -139,7 +139,7 @@ pub enum EpochError {
 /// this table goes there) without waiting: the acknowledgements owed are counted in
 /// `peer.acks`.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn send_copy(
+fn send_copy(
     st: &ServerState,
     peer: &mut CopyPeer,
     me: u32,

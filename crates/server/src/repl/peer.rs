@@ -9,7 +9,7 @@ use downpour_transport::Connection;
 use std::time::Duration;
 
 /// How long a chain member waits for its successor's acknowledgement of a request.
-pub(crate) const FORWARD_TIMEOUT: Duration = Duration::from_secs(10);
+const FORWARD_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Connects to another server of the job (identifying with this node's credential when
 /// the cluster has a secret).

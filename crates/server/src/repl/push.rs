@@ -257,15 +257,7 @@ pub(crate) fn chain_push(
     Ok(Ok(()))
 }
 
-pub(crate) fn chain_buffer(
-    st: &ServerState,
-    slot: &TableSlot,
-    r: &TableRepl,
-    c: &ChainSlot,
-    h: &FrameHeader,
-    op: Op,
-    ctx: &mut ConnCtx,
-) -> ReqResult {
+fn chain_buffer(st: &ServerState, slot: &TableSlot, r: &TableRepl, c: &ChainSlot, h: &FrameHeader, op: Op, ctx: &mut ConnCtx) -> ReqResult {
     fence_worker(st, h)?;
     let (vl, domain) = {
         let t = slot.table.read();

@@ -109,7 +109,7 @@ pub(crate) fn chain_clock(
 pub(crate) const ROUND_MARKS_REQUEST: u64 = u64::MAX;
 
 /// `(shard, rounds applied)` pairs as a frame's `meta`: 4 + 8 bytes each, little-endian.
-pub(crate) fn encode_round_marks(list: &[(usize, u64)]) -> Vec<u8> {
+fn encode_round_marks(list: &[(usize, u64)]) -> Vec<u8> {
     let mut out = Vec::with_capacity(list.len() * 12);
     for &(s, a) in list {
         out.extend_from_slice(&(s as u32).to_le_bytes());
@@ -118,7 +118,7 @@ pub(crate) fn encode_round_marks(list: &[(usize, u64)]) -> Vec<u8> {
     out
 }
 
-pub(crate) fn decode_round_marks(b: &[u8]) -> Result<Vec<(usize, u64)>, String> {
+fn decode_round_marks(b: &[u8]) -> Result<Vec<(usize, u64)>, String> {
     if !b.len().is_multiple_of(12) {
         return Err(format!("round watermarks of {} bytes, not a multiple of 12", b.len()));
     }
@@ -137,7 +137,7 @@ pub(crate) fn decode_round_marks(b: &[u8]) -> Result<Vec<(usize, u64)>, String> 
 /// acknowledged (each update under its round-slot request id, in chunks) and then, per
 /// successor, one frame with the round watermarks; its acknowledgement covers the updates
 /// before it. Shards without a successor (fewer servers than copies) count as replicated.
-pub(crate) fn forward_rounds(st: &ServerState, r: &TableRepl, cr: &mut ChainRounds, table: u32, ctx: &mut ConnCtx, me: u32) -> ReqResult {
+fn forward_rounds(st: &ServerState, r: &TableRepl, cr: &mut ChainRounds, table: u32, ctx: &mut ConnCtx, me: u32) -> ReqResult {
     let marks = cr.marks_to_send();
     if marks.is_empty() {
         return Ok(());
@@ -150,7 +150,7 @@ pub(crate) fn forward_rounds(st: &ServerState, r: &TableRepl, cr: &mut ChainRoun
     res
 }
 
-pub(crate) fn forward_rounds_to(
+fn forward_rounds_to(
     st: &ServerState,
     r: &TableRepl,
     cr: &mut ChainRounds,
