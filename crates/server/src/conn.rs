@@ -1,0 +1,166 @@
+//! One connection: its loop ([`serve_connection`]: read a frame, refuse it early or hand it
+//! to [`handle_frame`], answer errors), its reusable buffers and table cache ([`ConnCtx`]),
+//! and the request result type shared by the handlers.
+
+use crate::dispatch::handle_frame;
+use crate::repl::rounds::ROUND_MARKS_REQUEST;
+use crate::repl::Forwarding;
+use crate::state::{ServerState, TableSlot};
+use downpour_core::filter::{FilterTraffic, Pipeline};
+use downpour_core::msg::{self, Status};
+use downpour_core::CoreError;
+use downpour_transport::{key_bytes_mut, value_bytes_mut, Connection};
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// Per-connection reusable buffers and table cache (no lock on the shared table map per request).
+pub(crate) struct ConnCtx {
+    pub(crate) keys: Vec<u64>,
+    pub(crate) vals: Vec<f32>,
+    pub(crate) out: Vec<f32>,
+    pub(crate) out_keys: Vec<u64>,
+    pub(crate) cache: HashMap<u32, Arc<TableSlot>>,
+    /// Chunks of the current push request dropped as late (reported with its ack).
+    pub(crate) dropped: u32,
+    /// Raw payload of a filtered frame, decoded once its table is known.
+    pub(crate) kbytes: Vec<u8>,
+    pub(crate) vbytes: Vec<u8>,
+    /// Per table with filters: this connection's decoding state (key cache) and reply encoder.
+    pub(crate) pipes: HashMap<u32, TablePipes>,
+    /// The worker node this connection identified as (clusters with a secret).
+    pub(crate) identified: Option<u32>,
+    /// Replicated tables: this connection's forwarding state.
+    pub(crate) fwd: Forwarding,
+    /// A forwarded round update on this connection failed since the last round watermarks frame:
+    /// some update of the rounds being forwarded was not applied here (later frames of the
+    /// same request id were skipped), so the next round watermarks frame must not say the
+    /// rounds are applied.
+    pub(crate) forward_failed: bool,
+}
+
+/// The filter pipelines of one table on one connection.
+pub(crate) struct TablePipes {
+    pub(crate) request: Pipeline,
+    pub(crate) reply: Pipeline,
+    /// Their counts when last added to the table's [`FilterStats`].
+    ///
+    /// [`FilterStats`]: crate::state::FilterStats
+    pub(crate) reported: Vec<FilterTraffic>,
+}
+
+pub(crate) type ReqResult = Result<(), (Status, String)>;
+
+pub(crate) fn core_err(e: CoreError) -> (Status, String) {
+    (Status::InvalidArgument, e.to_string())
+}
+
+/// Serves one connection until the peer closes it or the server stops.
+pub fn serve_connection(st: &ServerState, mut conn: Box<dyn Connection>) {
+    let mut ctx = ConnCtx {
+        keys: Vec::new(),
+        vals: Vec::new(),
+        out: Vec::new(),
+        out_keys: Vec::new(),
+        cache: HashMap::new(),
+        dropped: 0,
+        kbytes: Vec::new(),
+        vbytes: Vec::new(),
+        pipes: HashMap::new(),
+        identified: None,
+        fwd: Forwarding::default(),
+        forward_failed: false,
+    };
+    let mut skip: Option<u64> = None;
+    // Wake up now and then to notice a stop request.
+    let _ = conn.set_recv_timeout(None);
+    loop {
+        let h = match conn.recv_header() {
+            Ok(Some(h)) => h,
+            Ok(None) => break,
+            Err(e) => {
+                // A malformed frame or dead peer ends this connection only; the server keeps serving.
+                tracing::warn!("closing connection from {}: {e}", conn.peer());
+                break;
+            }
+        };
+        if h.encoding.is_none() && h.keys_len / 8 > st.cfg.limits.max_keys_per_request as u64 {
+            // Refused before its payload is read (the transport skips it), once per request:
+            // later chunks of a refused request are dropped silently.
+            if skip == Some(h.request_id) {
+                if h.last {
+                    skip = None;
+                }
+                continue;
+            }
+            if !h.last {
+                skip = Some(h.request_id);
+            }
+            let why = format!("{} keys in one request, over the limit of {}", h.keys_len / 8, st.cfg.limits.max_keys_per_request);
+            let mut r = msg::error_reply(&h, st.node_id.load(Ordering::Relaxed), Status::ResourceExhausted, why);
+            if conn.send(&mut r, &[], &[]).is_err() {
+                break;
+            }
+            continue;
+        }
+        if h.encoding.is_some() {
+            // A filtered payload: raw bytes now, decoded by the table's filters.
+            ctx.kbytes.resize(h.keys_len as usize, 0);
+            ctx.vbytes.resize(h.values_len as usize, 0);
+            if let Err(e) = conn.recv_payload(&mut ctx.kbytes, &mut ctx.vbytes) {
+                tracing::warn!("closing connection from {}: {e}", conn.peer());
+                break;
+            }
+        } else if h.keys_len + h.values_len > 0 {
+            ctx.keys.resize((h.keys_len / 8) as usize, 0);
+            ctx.vals.resize((h.values_len / 4) as usize, 0.0);
+            if let Err(e) = conn.recv_payload(key_bytes_mut(&mut ctx.keys), value_bytes_mut(&mut ctx.vals)) {
+                tracing::warn!("closing connection from {}: {e}", conn.peer());
+                break;
+            }
+        } else {
+            ctx.keys.clear();
+            ctx.vals.clear();
+        }
+        if skip == Some(h.request_id) {
+            if h.last {
+                skip = None;
+            }
+            continue;
+        }
+        let result = handle_frame(st, &h, &mut ctx, conn.as_mut());
+        // a forwarded round update (the round watermark's worker slot) that was not applied
+        let round_update = h.forwarded && h.request_id != ROUND_MARKS_REQUEST && h.worker == st.num_workers.load(Ordering::Relaxed);
+        if round_update && matches!(result, Ok(Err(_))) {
+            ctx.forward_failed = true;
+        }
+        let sent = match result {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err((status, message))) => {
+                if !h.last {
+                    skip = Some(h.request_id);
+                }
+                let mut r = msg::error_reply(&h, st.node_id.load(Ordering::Relaxed), status, message);
+                conn.send(&mut r, &[], &[])
+            }
+            Err(e) => Err(e),
+        };
+        if let Err(e) = sent {
+            tracing::warn!("closing connection from {}: {e}", conn.peer());
+            break;
+        }
+        if st.stop.load(Ordering::Relaxed) {
+            break;
+        }
+    }
+}
+
+pub(crate) fn lookup(st: &ServerState, ctx: &mut ConnCtx, id: u32) -> Result<Arc<TableSlot>, (Status, String)> {
+    if let Some(t) = ctx.cache.get(&id) {
+        return Ok(t.clone());
+    }
+    let t =
+        st.tables.read().get(&id).cloned().ok_or_else(|| (Status::UnknownTable, format!("table {id} does not exist on this server")))?;
+    ctx.cache.insert(id, t.clone());
+    Ok(t)
+}

@@ -1,0 +1,8 @@
+//! Table operations handled outside the dispatch itself: table creation and the memory
+//! quota (`table`), range pulls (`pull`), decoding filtered frames (`filtered`) and vector
+//! programs (`vecprog`).
+
+pub(crate) mod filtered;
+pub(crate) mod pull;
+pub(crate) mod table;
+pub(crate) mod vecprog;

@@ -1,0 +1,86 @@
+//! Range pulls ([`pull_range`]): held by the table's consistency model like a keyed pull,
+//! then sent in chunks (dense tables straight from the table's array).
+
+use crate::conn::{core_err, ConnCtx, ReqResult};
+use crate::gate::wait_for_clocks;
+use crate::repl::rounds::wait_for_rounds;
+use crate::state::{ServerState, TableSlot};
+use downpour_core::msg;
+use downpour_core::proto::FrameHeader;
+use downpour_core::KeyRange;
+use downpour_transport::{key_bytes, value_bytes, Connection, TransportError};
+
+pub(crate) fn pull_range(
+    st: &ServerState,
+    h: &FrameHeader,
+    ctx: &mut ConnCtx,
+    slot: &TableSlot,
+    conn: &mut dyn Connection,
+    me: u32,
+) -> Result<ReqResult, TransportError> {
+    let want = KeyRange::new(h.range_begin, h.range_end);
+    let (dense, vl, owned) = {
+        let t = slot.table.read();
+        (t.def().is_dense(), t.def().value_len, t.owned())
+    };
+    let range = want.intersect(&owned);
+    // under the table's consistency model, as a keyed pull: held until the clocks it
+    // depends on are reached (a bsp table's round applied)
+    if let (Some(c), Some(r), false) = (&slot.chain, &slot.repl, range.is_empty()) {
+        if let Err(e) = wait_for_rounds(st, c, r, range, h) {
+            return Ok(Err(e));
+        }
+    }
+    if let (Some(g), false) = (&slot.gate, range.is_empty()) {
+        if let Err(e) = wait_for_clocks(st, g, range, h.after_clock, h.clock) {
+            return Ok(Err(e));
+        }
+    }
+    let per_chunk = (st.cfg.chunk_bytes / (4 * vl)).max(1) as u64;
+    if dense {
+        // Send straight from the table, holding the read lock for one chunk at a time.
+        let mut b = range.begin;
+        loop {
+            let e = (b + per_chunk).min(range.end).max(b);
+            let mut r = msg::reply_to(h, me);
+            r.range_begin = b;
+            r.range_end = e;
+            r.last = e >= range.end;
+            let t = slot.table.read();
+            let v = if e > b {
+                match t.dense_values(KeyRange::new(b, e)) {
+                    Ok(v) => v,
+                    Err(err) => return Ok(Err(core_err(err))),
+                }
+            } else {
+                &[]
+            };
+            conn.send(&mut r, &[], value_bytes(v))?;
+            drop(t);
+            if e >= range.end {
+                return Ok(Ok(()));
+            }
+            b = e;
+        }
+    }
+    ctx.out_keys.clear();
+    ctx.out.clear();
+    if let Err(e) = slot.table.write().pull_range(range, &mut ctx.out_keys, &mut ctx.out) {
+        return Ok(Err(core_err(e)));
+    }
+    let n = ctx.out_keys.len();
+    let per = (st.cfg.chunk_bytes / (8 + 4 * vl)).max(1);
+    let mut i = 0;
+    loop {
+        let j = (i + per).min(n);
+        let mut r = msg::reply_to(h, me);
+        r.last = j >= n;
+        r.range_begin = range.begin;
+        r.range_end = range.end;
+        conn.send(&mut r, key_bytes(&ctx.out_keys[i..j]), value_bytes(&ctx.out[i * vl..j * vl]))?;
+        if j >= n {
+            return Ok(Ok(()));
+        }
+        i = j;
+    }
+}

@@ -1,0 +1,290 @@
+//! Pushes to replicated tables: [`replicated_push`] admits, applies and forwards a push
+//! down each shard's chain and acknowledges it once the successors did; [`chain_push`]
+//! buffers a worker's push to a replicated `bsp` table under its round at the head.
+
+use super::fence::fence_worker;
+use super::peer::{forward_conn, is_peer};
+use super::rounds::{round_marks, stale_rounds};
+use super::{ChainSlot, TableRepl};
+use crate::conn::{core_err, ConnCtx, ReqResult};
+use crate::gate::check_round_push;
+use crate::ops::table::{account, check_quota};
+use crate::state::{ServerState, TableSlot};
+use downpour_core::chain_rounds::Buffered;
+use downpour_core::keys::{check_lengths, check_sorted_unique};
+use downpour_core::msg::{self, Op, Status};
+use downpour_core::proto::FrameHeader;
+use downpour_core::{CoreError, KeyRange};
+use downpour_transport::{key_bytes, value_bytes, Connection, TransportError};
+use std::sync::atomic::Ordering;
+
+/// A push to a replicated table, from a worker (this server must head every shard it
+/// touches) or forwarded by the previous member of the shards' chains. Each shard's part is
+/// admitted by its watermarks (a retried or duplicated request applies only what it did not
+/// apply before), applied, and forwarded whole to the shard's successor; after the
+/// request's last chunk the successors' acknowledgements are awaited, then the sender is
+/// acknowledged: a worker's push is acknowledged only once the tail has it. The epoch is
+/// checked again under the table's lock, so nothing is applied after this server moved to a
+/// new epoch (whose replica copies are taken under that lock).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn replicated_push(
+    st: &ServerState,
+    slot: &TableSlot,
+    r: &TableRepl,
+    h: &FrameHeader,
+    op: Op,
+    ctx: &mut ConnCtx,
+    conn: &mut dyn Connection,
+    me: u32,
+) -> Result<ReqResult, TransportError> {
+    let workers = st.num_workers.load(Ordering::Relaxed);
+    // a replicated bsp table's round, forwarded by the head under the round watermark slot
+    let round_slot = slot.chain.is_some() && h.forwarded && h.worker == workers;
+    if h.worker >= workers && !round_slot {
+        return Ok(Err((Status::InvalidArgument, format!("push from worker {} of a job of {workers} workers", h.worker))));
+    }
+    if h.forwarded && !is_peer(st, h.sender) {
+        return Ok(Err((Status::PermissionDenied, format!("a forwarded push from node {}, which is not a server of this job", h.sender))));
+    }
+    if round_slot && !h.meta.is_empty() {
+        return round_marks(st, slot, r, h, ctx, conn, me);
+    }
+    if !h.forwarded {
+        if let Err(e) = fence_worker(st, h) {
+            return Ok(Err(e));
+        }
+    }
+    let (vl, domain) = {
+        let t = slot.table.read();
+        (t.def().value_len, t.def().domain())
+    };
+    // A range push carries no keys: its keys are [range_begin, range_begin + n).
+    let ranged = op == Op::PushRange;
+    let n = if ranged { ctx.vals.len() / vl } else { ctx.keys.len() };
+    if ranged {
+        if !ctx.vals.len().is_multiple_of(vl) {
+            return Ok(Err(core_err(CoreError::LengthMismatch { keys: n, value_len: vl, expected: n * vl, got: ctx.vals.len() })));
+        }
+    } else if let Err(e) = check_sorted_unique(&ctx.keys).and_then(|_| check_lengths(n, vl, ctx.vals.len())) {
+        return Ok(Err(core_err(e)));
+    }
+    let span = if ranged {
+        match h.range_begin.checked_add(n as u64) {
+            Some(end) => KeyRange::new(h.range_begin, end),
+            None => return Ok(Err(core_err(CoreError::Limit("range end overflows u64".into())))),
+        }
+    } else {
+        match (ctx.keys.first(), ctx.keys.last()) {
+            (Some(&a), Some(&b)) => KeyRange::new(a, b.saturating_add(1)),
+            _ => KeyRange::new(0, 0),
+        }
+    };
+    if !span.is_empty() && (!domain.contains(span.begin) || !domain.contains(span.end - 1)) {
+        let key = if domain.contains(span.begin) { span.end - 1 } else { span.begin };
+        return Ok(Err(core_err(CoreError::KeyOutOfRange { table: h.table, key, range: domain })));
+    }
+    let map = r.map.read().clone();
+    // (shard, index range into the request) for every shard the request touches
+    let segments: Vec<(usize, std::ops::Range<usize>)> = if ranged {
+        map.split_range(span).map(|(sh, k)| (sh, (k.begin - span.begin) as usize..(k.end - span.begin) as usize)).collect()
+    } else {
+        map.split_keys(&ctx.keys).collect()
+    };
+    {
+        let mut t = slot.table.write();
+        let epoch = st.epoch.load(Ordering::Relaxed);
+        if h.epoch != epoch {
+            return Ok(Err((Status::StaleEpoch, format!("request for routing epoch {} but this server is at epoch {epoch}", h.epoch))));
+        }
+        for (shard, _) in &segments {
+            let pos = map.position(*shard, me);
+            let ok = if h.forwarded { pos.is_some_and(|p| p > 0) } else { pos == Some(0) };
+            if !ok {
+                let role = if h.forwarded { "a replica" } else { "the head" };
+                return Ok(Err((
+                    Status::StaleEpoch,
+                    format!("this server is not {role} of shard {shard} of table {} in routing epoch {epoch}", h.table),
+                )));
+            }
+        }
+        if !ranged {
+            if let Err(e) = check_quota(st, &t, &ctx.keys) {
+                return Ok(Err(e));
+            }
+        }
+        let before = t.bytes();
+        let mut marks = r.marks.lock();
+        for (shard, range) in &segments {
+            let (shard, range) = (*shard, range.clone());
+            let from = if ranged {
+                let keys = KeyRange::new(span.begin + range.start as u64, span.begin + range.end as u64);
+                marks.admit_range(shard, h.worker as usize, h.request_id, keys).map(|k| (k - span.begin) as usize - range.start)
+            } else {
+                marks.admit(shard, h.worker as usize, h.request_id, &ctx.keys[range.clone()])
+            };
+            let from = match from {
+                Ok(f) => f,
+                Err(e) => return Ok(Err(core_err(e))),
+            };
+            let a = range.start + from;
+            if a < range.end {
+                let vals = &ctx.vals[a * vl..range.end * vl];
+                let applied =
+                    if ranged { t.push_range(span.begin + a as u64, vals).map(|_| ()) } else { t.push(&ctx.keys[a..range.end], vals) };
+                if let Err(e) = applied {
+                    return Ok(Err(core_err(e)));
+                }
+            }
+        }
+        drop(marks);
+        account(st, before, t.bytes());
+    }
+    if ctx.fwd.epoch != h.epoch {
+        ctx.fwd.conns.clear();
+        ctx.fwd.epoch = h.epoch;
+    }
+    // Forward: each run of adjacent shards with one successor is one frame, sent straight
+    // from the request's buffers (duplicates too: the successor may not have them). On the
+    // request's last chunk, the last frame to each successor carries `last` itself (no
+    // empty closing frame: one frame and one wake-up less per successor and request).
+    let mut frames: Vec<(u32, usize, usize)> = Vec::new();
+    let mut i = 0;
+    while i < segments.len() {
+        let next = map.successor(segments[i].0, me);
+        let mut j = i + 1;
+        while j < segments.len() && map.successor(segments[j].0, me) == next && segments[j].1.start == segments[j - 1].1.end {
+            j += 1;
+        }
+        if let Some(next) = next {
+            frames.push((next, segments[i].1.start, segments[j - 1].1.end));
+        }
+        i = j;
+    }
+    let mut closed: Vec<u32> = Vec::new();
+    for (f, &(next, a, b)) in frames.iter().enumerate() {
+        let mut fh = forward_header(h, me);
+        fh.last = h.last && !frames[f + 1..].iter().any(|x| x.0 == next);
+        let vals = value_bytes(&ctx.vals[a * vl..b * vl]);
+        let keys: &[u8] = if ranged {
+            fh.op = Op::PushRange as u32;
+            fh.range_begin = span.begin + a as u64;
+            fh.range_end = span.begin + b as u64;
+            &[]
+        } else {
+            key_bytes(&ctx.keys[a..b])
+        };
+        let sent = forward_conn(st, &mut ctx.fwd, next, me).and_then(|c| c.send(&mut fh, keys, vals).map_err(|e| e.to_string()));
+        if let Err(e) = sent {
+            return Ok(Err((Status::StaleEpoch, format!("forwarding to replica node {next} failed: {e}"))));
+        }
+        if fh.last {
+            closed.push(next);
+        } else if !ctx.fwd.touched.contains(&next) {
+            ctx.fwd.touched.push(next);
+        }
+    }
+    if h.last {
+        let touched = std::mem::take(&mut ctx.fwd.touched);
+        // successors that got frames of this request's earlier chunks only: an empty closing frame
+        let open: Vec<u32> = touched.into_iter().filter(|n| !closed.contains(n)).collect();
+        for next in open {
+            let mut fh = forward_header(h, me);
+            fh.last = true;
+            if let Err(e) = forward_conn(st, &mut ctx.fwd, next, me).and_then(|c| c.send(&mut fh, &[], &[]).map_err(|e| e.to_string())) {
+                return Ok(Err((Status::StaleEpoch, format!("forwarding to replica node {next} failed: {e}"))));
+            }
+            closed.push(next);
+        }
+        for next in closed {
+            let acked = forward_conn(st, &mut ctx.fwd, next, me).and_then(|c| match c.recv_header() {
+                Ok(Some(a)) if a.status == 0 && a.request_id == h.request_id => Ok(None),
+                Ok(Some(a)) if a.status != 0 => Ok(Some((Status::from_u32(a.status), a.error))),
+                Ok(Some(a)) => Err(format!("acknowledgement of request {} while waiting for {}", a.request_id, h.request_id)),
+                Ok(None) => Err("the connection was closed".into()),
+                Err(e) => Err(e.to_string()),
+            });
+            match acked {
+                Ok(None) => {}
+                Ok(Some((status, why))) => return Ok(Err((status, format!("replica node {next}: {why}")))),
+                Err(e) => return Ok(Err((Status::StaleEpoch, format!("replica node {next} did not acknowledge: {e}")))),
+            }
+        }
+        let mut rep = msg::reply_to(h, me);
+        conn.send(&mut rep, &[], &[])?;
+    }
+    Ok(Ok(()))
+}
+
+/// The header of a push forwarded down the chain: same request id, worker, clock, epoch
+/// and table; this server as the sender.
+pub(crate) fn forward_header(h: &FrameHeader, me: u32) -> FrameHeader {
+    let mut f = msg::request(Op::Push, me, h.request_id, h.epoch, h.table);
+    f.worker = h.worker;
+    f.clock = h.clock;
+    f.chunk = h.chunk;
+    f.forwarded = true;
+    f
+}
+
+/// A worker's push to a replicated `bsp` table: buffered under its round at the head of each
+/// shard it touches and acknowledged then. The worker keeps it until every server has
+/// acknowledged its clock that completes the round, which a server does only once the
+/// round's aggregate is replicated ([`chain_clock`]), and sends it again after a routing
+/// change: a round lost with a head's buffer is pushed again to the new head.
+///
+/// [`chain_clock`]: super::rounds::chain_clock
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn chain_push(
+    st: &ServerState,
+    slot: &TableSlot,
+    r: &TableRepl,
+    c: &ChainSlot,
+    h: &FrameHeader,
+    op: Op,
+    ctx: &mut ConnCtx,
+    conn: &mut dyn Connection,
+    me: u32,
+) -> Result<ReqResult, TransportError> {
+    if let Err(e) = chain_buffer(st, slot, r, c, h, op, ctx) {
+        ctx.dropped = 0;
+        return Ok(Err(e));
+    }
+    if h.last {
+        let mut rep = msg::reply_to(h, me);
+        rep.dropped = std::mem::take(&mut ctx.dropped);
+        conn.send(&mut rep, &[], &[])?;
+    }
+    Ok(Ok(()))
+}
+
+fn chain_buffer(st: &ServerState, slot: &TableSlot, r: &TableRepl, c: &ChainSlot, h: &FrameHeader, op: Op, ctx: &mut ConnCtx) -> ReqResult {
+    fence_worker(st, h)?;
+    let (vl, domain) = {
+        let t = slot.table.read();
+        (t.def().value_len, t.def().domain())
+    };
+    check_round_push(st, h, op, ctx, vl, domain)?;
+    // the round applies these keys later: refuse now what could not be stored then
+    check_quota(st, &slot.table.read(), &ctx.keys)?;
+    let map = r.map.read().clone();
+    let mut cr = c.rounds.lock();
+    if cr.epoch() != h.epoch {
+        return Err(stale_rounds(h.table, h.epoch, cr.epoch()));
+    }
+    let mut marks = r.marks.lock();
+    cr.ensure_started(&mut marks).map_err(core_err)?;
+    for (shard, range) in map.split_keys(&ctx.keys) {
+        if !cr.is_head(shard) {
+            return Err((
+                Status::StaleEpoch,
+                format!("this server is not the head of shard {shard} of table {} in routing epoch {}", h.table, cr.epoch()),
+            ));
+        }
+        let vals = &ctx.vals[range.start * vl..range.end * vl];
+        let got = cr.push(shard, h.worker as usize, h.request_id, h.clock, &ctx.keys[range], vals, &mut marks).map_err(core_err)?;
+        if got == Buffered::Dropped {
+            ctx.dropped += 1;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,379 @@
+//! Replicated `bsp` tables: a worker's clock releases and replicates rounds
+//! ([`chain_clock`]), the head forwards them with the round watermarks
+//! ([`forward_rounds`]), a successor raises and passes on those watermarks
+//! ([`round_marks`]), and pulls wait for their rounds ([`wait_for_rounds`]).
+
+use super::peer::forward_conn;
+use super::push::forward_header;
+use super::{ChainSlot, TableRepl};
+use crate::conn::{core_err, ConnCtx, ReqResult};
+use crate::gate::{Seen, GATE_POLL};
+use crate::ops::table::account;
+use crate::state::{ServerState, TableSlot};
+use downpour_core::chain_rounds::{self, ChainRounds};
+use downpour_core::msg::{self, Op, Status};
+use downpour_core::proto::FrameHeader;
+use downpour_core::KeyRange;
+use downpour_transport::{key_bytes, value_bytes, Connection, TransportError};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+/// The fewest rounds applied among the shards of a replicated `bsp` table this server heads.
+pub(crate) fn chain_applied(c: &ChainRounds) -> Option<u64> {
+    (0..c.shards()).filter_map(|s| c.applied(s)).min()
+}
+
+pub(crate) fn stale_rounds(table: u32, asked: u64, epoch: u64) -> (Status, String) {
+    (Status::StaleEpoch, format!("request for routing epoch {asked}, but table {table}'s rounds on this server are at epoch {epoch}"))
+}
+
+/// A worker's clock (or pause) on a replicated `bsp` table: the shards this server heads
+/// release the rounds now complete, which are applied here, then every round the
+/// successors have not acknowledged is forwarded with the round watermarks, and their
+/// acknowledgements awaited (all under the rounds' lock, so rounds reach a successor in
+/// order). A clock is then answered only once every shard this server heads has the
+/// worker's rounds applied and replicated; a pause is answered at once.
+pub(crate) fn chain_clock(
+    st: &ServerState,
+    slot: &TableSlot,
+    r: &TableRepl,
+    c: &ChainSlot,
+    h: &FrameHeader,
+    ctx: &mut ConnCtx,
+    me: u32,
+) -> ReqResult {
+    // (a clock names no table: it is for all of them)
+    let table = slot.spec.id;
+    let mut cr = c.rounds.lock();
+    if cr.epoch() != h.epoch {
+        return Err(stale_rounds(table, h.epoch, cr.epoch()));
+    }
+    let slot_w = cr.workers();
+    cr.ensure_started(&mut r.marks.lock()).map_err(core_err)?;
+    let released = cr.clock(h.worker as usize, h.clock, h.pause).map_err(core_err)?;
+    {
+        let mut t = (!released.is_empty()).then(|| slot.table.write());
+        let mut marks = r.marks.lock();
+        if let Some(t) = t.as_mut() {
+            let before = t.bytes();
+            let vl = t.def().value_len;
+            for (shard, k) in &released {
+                for (i, u) in cr.round(*shard, *k).map(|r| r.updates.as_slice()).unwrap_or_default().iter().enumerate() {
+                    // Through the round watermark, as at a successor: a new head that holds
+                    // part of a round its predecessor forwarded (the updates came, the
+                    // watermarks frame did not) rebuilds the same round from the workers'
+                    // pushes and applies only the part it lacks.
+                    let id = chain_rounds::round_request(*k, i).map_err(core_err)?;
+                    let from = marks.admit(*shard, slot_w, id, &u.keys).map_err(core_err)?;
+                    if let Err(e) = t.push(&u.keys[from..], &u.values[from * vl..]) {
+                        // checked when buffered; a failure here is a bug, not bad input
+                        tracing::error!("table {table}: round {k} of shard {shard} could not be applied: {e}");
+                    }
+                }
+            }
+            account(st, before, t.bytes());
+        }
+        // this server's own round watermarks (replica copies taken from it carry them)
+        for shard in 0..cr.shards() {
+            if let Some(a) = cr.applied(shard) {
+                marks.raise(shard, slot_w, chain_rounds::round_done_mark(a)).map_err(core_err)?;
+            }
+        }
+    }
+    let sent = forward_rounds(st, r, &mut cr, table, ctx, me);
+    drop(cr);
+    c.changed.notify_all();
+    if let Err((_, why)) = &sent {
+        // the worker sends its clock again (after a routing change, if one is coming)
+        tracing::warn!("table {}: rounds not replicated yet: {why}", table);
+    }
+    sent?;
+    if h.pause {
+        return Ok(());
+    }
+    let mut cr = c.rounds.lock();
+    while !cr.done(h.clock) {
+        if cr.epoch() != h.epoch {
+            return Err(stale_rounds(table, h.epoch, cr.epoch()));
+        }
+        if st.stop.load(Ordering::Relaxed) {
+            return Err((Status::Aborted, "the server is stopping".into()));
+        }
+        c.changed.wait_for(&mut cr, GATE_POLL);
+    }
+    Ok(())
+}
+
+/// Request id of the frame that carries round watermarks down a chain (its acknowledgement
+/// is matched against it; the watermarks themselves are in its `meta`).
+pub(crate) const ROUND_MARKS_REQUEST: u64 = u64::MAX;
+
+/// `(shard, rounds applied)` pairs as a frame's `meta`: 4 + 8 bytes each, little-endian.
+fn encode_round_marks(list: &[(usize, u64)]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(list.len() * 12);
+    for &(s, a) in list {
+        out.extend_from_slice(&(s as u32).to_le_bytes());
+        out.extend_from_slice(&a.to_le_bytes());
+    }
+    out
+}
+
+fn decode_round_marks(b: &[u8]) -> Result<Vec<(usize, u64)>, String> {
+    if !b.len().is_multiple_of(12) {
+        return Err(format!("round watermarks of {} bytes, not a multiple of 12", b.len()));
+    }
+    Ok(b.chunks_exact(12)
+        .map(|c| {
+            let mut s = [0u8; 4];
+            let mut a = [0u8; 8];
+            s.copy_from_slice(&c[..4]);
+            a.copy_from_slice(&c[4..]);
+            (u32::from_le_bytes(s) as usize, u64::from_le_bytes(a))
+        })
+        .collect())
+}
+
+/// Sends the successors of the shards this server heads every round they have not
+/// acknowledged (each update under its round-slot request id, in chunks) and then, per
+/// successor, one frame with the round watermarks; its acknowledgement covers the updates
+/// before it. Shards without a successor (fewer servers than copies) count as replicated.
+fn forward_rounds(st: &ServerState, r: &TableRepl, cr: &mut ChainRounds, table: u32, ctx: &mut ConnCtx, me: u32) -> ReqResult {
+    let marks = cr.marks_to_send();
+    if marks.is_empty() {
+        return Ok(());
+    }
+    let res = forward_rounds_to(st, r, cr, marks, table, ctx, me);
+    if res.is_err() {
+        // no successor is left with frames of an unfinished request
+        ctx.fwd.reset();
+    }
+    res
+}
+
+fn forward_rounds_to(
+    st: &ServerState,
+    r: &TableRepl,
+    cr: &mut ChainRounds,
+    marks: Vec<(usize, u64)>,
+    table: u32,
+    ctx: &mut ConnCtx,
+    me: u32,
+) -> ReqResult {
+    let map = r.map.read().clone();
+    let epoch = cr.epoch();
+    let slot_w = cr.workers() as u32;
+    if ctx.fwd.epoch != epoch {
+        ctx.fwd.conns.clear();
+        ctx.fwd.epoch = epoch;
+    }
+    let fail =
+        |next: u32, e: String| (Status::StaleEpoch, format!("forwarding rounds of table {table} to replica node {next} failed: {e}"));
+    for (shard, round) in cr.unreplicated() {
+        let Some(next) = map.successor(shard, me) else { continue };
+        let conn = forward_conn(st, &mut ctx.fwd, next, me).map_err(|e| fail(next, e))?;
+        for (i, u) in round.updates.iter().enumerate() {
+            let id = chain_rounds::round_request(round.round, i).map_err(core_err)?;
+            let vl = if u.keys.is_empty() { 1 } else { u.values.len() / u.keys.len() };
+            let per = (st.cfg.chunk_bytes / (8 + 4 * vl)).max(1);
+            for (ks, vs) in u.keys.chunks(per).zip(u.values.chunks(per * vl)) {
+                let mut fh = msg::request(Op::Push, me, id, epoch, table);
+                fh.worker = slot_w;
+                fh.clock = round.round;
+                fh.forwarded = true;
+                // acknowledged together by the watermarks frame after them
+                fh.last = false;
+                conn.send(&mut fh, key_bytes(ks), value_bytes(vs)).map_err(|e| fail(next, e.to_string()))?;
+            }
+        }
+    }
+    let mut by_next: Vec<(u32, Vec<(usize, u64)>)> = Vec::new();
+    let mut tails = Vec::new();
+    for (shard, applied) in marks {
+        match map.successor(shard, me) {
+            None => tails.push((shard, applied)),
+            Some(n) => match by_next.iter_mut().find(|x| x.0 == n) {
+                Some(x) => x.1.push((shard, applied)),
+                None => by_next.push((n, vec![(shard, applied)])),
+            },
+        }
+    }
+    for (next, list) in &by_next {
+        let mut fh = msg::request(Op::Push, me, ROUND_MARKS_REQUEST, epoch, table);
+        fh.worker = slot_w;
+        fh.forwarded = true;
+        fh.last = true;
+        fh.meta = encode_round_marks(list).into();
+        let conn = forward_conn(st, &mut ctx.fwd, *next, me).map_err(|e| fail(*next, e))?;
+        conn.send(&mut fh, &[], &[]).map_err(|e| fail(*next, e.to_string()))?;
+    }
+    for (next, list) in by_next {
+        let conn = forward_conn(st, &mut ctx.fwd, next, me).map_err(|e| fail(next, e))?;
+        match conn.recv_header() {
+            Ok(Some(a)) if a.status == 0 && a.request_id == ROUND_MARKS_REQUEST => {}
+            Ok(Some(a)) if a.status != 0 => return Err((Status::from_u32(a.status), format!("replica node {next}: {}", a.error))),
+            Ok(Some(a)) => {
+                return Err(fail(next, format!("acknowledgement of request {} while waiting for round watermarks", a.request_id)))
+            }
+            Ok(None) => return Err(fail(next, "the connection was closed".into())),
+            Err(e) => return Err(fail(next, e.to_string())),
+        }
+        for (shard, applied) in list {
+            cr.acknowledged(shard, applied);
+        }
+    }
+    for (shard, applied) in tails {
+        cr.acknowledged(shard, applied);
+    }
+    Ok(())
+}
+
+/// A successor's side of [`forward_rounds`]: the round watermarks that follow a round's
+/// updates. Raised here, passed on to this server's own successors (with the end of any
+/// update frames passed on before), acknowledged once they acknowledged.
+pub(crate) fn round_marks(
+    st: &ServerState,
+    slot: &TableSlot,
+    r: &TableRepl,
+    h: &FrameHeader,
+    ctx: &mut ConnCtx,
+    conn: &mut dyn Connection,
+    me: u32,
+) -> Result<ReqResult, TransportError> {
+    let slot_w = st.num_workers.load(Ordering::Relaxed) as usize;
+    if std::mem::take(&mut ctx.forward_failed) {
+        // Some update frame before this one failed here (a successor of ours was dead, say),
+        // and the frames after it with the same request id were skipped: the rounds are not
+        // all applied here, and raising their watermarks would make a new head started
+        // from them drop the workers' replays of updates this server never applied.
+        ctx.fwd.reset();
+        return Ok(Err((
+            Status::StaleEpoch,
+            format!("round watermarks of table {} refused: an update frame of these rounds was not applied here", h.table),
+        )));
+    }
+    let list = match decode_round_marks(&h.meta) {
+        Ok(l) => l,
+        Err(e) => return Ok(Err((Status::InvalidArgument, e))),
+    };
+    let map = r.map.read().clone();
+    {
+        // checked under the table's lock, as updates are: an epoch move's copies (taken
+        // under it) have either these watermarks or none of this frame
+        let _t = slot.table.read();
+        let epoch = st.epoch.load(Ordering::Relaxed);
+        if h.epoch != epoch {
+            return Ok(Err((
+                Status::StaleEpoch,
+                format!("round watermarks for routing epoch {} but this server is at epoch {epoch}", h.epoch),
+            )));
+        }
+        let mut marks = r.marks.lock();
+        for &(shard, applied) in &list {
+            if shard >= map.len() || map.position(shard, me).is_none_or(|p| p == 0) {
+                return Ok(Err((
+                    Status::StaleEpoch,
+                    format!("this server is not a replica of shard {shard} of table {} in routing epoch {epoch}", h.table),
+                )));
+            }
+            if let Err(e) = marks.raise(shard, slot_w, chain_rounds::round_done_mark(applied)) {
+                return Ok(Err(core_err(e)));
+            }
+        }
+    }
+    if ctx.fwd.epoch != h.epoch {
+        ctx.fwd.conns.clear();
+        ctx.fwd.epoch = h.epoch;
+    }
+    let mut by_next: Vec<(u32, Vec<(usize, u64)>)> = Vec::new();
+    for &(shard, applied) in &list {
+        if let Some(n) = map.successor(shard, me) {
+            match by_next.iter_mut().find(|x| x.0 == n) {
+                Some(x) => x.1.push((shard, applied)),
+                None => by_next.push((n, vec![(shard, applied)])),
+            }
+        }
+    }
+    let mut closed: Vec<u32> = Vec::new();
+    for (next, l) in &by_next {
+        let mut fh = forward_header(h, me);
+        fh.request_id = ROUND_MARKS_REQUEST;
+        fh.last = true;
+        fh.meta = encode_round_marks(l).into();
+        if let Err(e) = forward_conn(st, &mut ctx.fwd, *next, me).and_then(|c| c.send(&mut fh, &[], &[]).map_err(|e| e.to_string())) {
+            ctx.fwd.reset();
+            return Ok(Err((Status::StaleEpoch, format!("forwarding round watermarks to replica node {next} failed: {e}"))));
+        }
+        closed.push(*next);
+    }
+    // successors that got update frames but no watermarks: an empty closing frame
+    for next in std::mem::take(&mut ctx.fwd.touched) {
+        if closed.contains(&next) {
+            continue;
+        }
+        let mut fh = forward_header(h, me);
+        fh.request_id = ROUND_MARKS_REQUEST;
+        fh.last = true;
+        if let Err(e) = forward_conn(st, &mut ctx.fwd, next, me).and_then(|c| c.send(&mut fh, &[], &[]).map_err(|e| e.to_string())) {
+            ctx.fwd.reset();
+            return Ok(Err((Status::StaleEpoch, format!("forwarding to replica node {next} failed: {e}"))));
+        }
+        closed.push(next);
+    }
+    for next in closed {
+        let acked = forward_conn(st, &mut ctx.fwd, next, me).and_then(|c| match c.recv_header() {
+            Ok(Some(a)) if a.status == 0 && a.request_id == ROUND_MARKS_REQUEST => Ok(None),
+            Ok(Some(a)) if a.status != 0 => Ok(Some((Status::from_u32(a.status), a.error))),
+            Ok(Some(a)) => Err(format!("acknowledgement of request {} while waiting for round watermarks", a.request_id)),
+            Ok(None) => Err("the connection was closed".into()),
+            Err(e) => Err(e.to_string()),
+        });
+        match acked {
+            Ok(None) => {}
+            Ok(Some((status, why))) => {
+                ctx.fwd.reset();
+                return Ok(Err((status, format!("replica node {next}: {why}"))));
+            }
+            Err(e) => {
+                ctx.fwd.reset();
+                return Ok(Err((Status::StaleEpoch, format!("replica node {next} did not acknowledge: {e}"))));
+            }
+        }
+    }
+    let mut rep = msg::reply_to(h, me);
+    conn.send(&mut rep, &[], &[])?;
+    Ok(Ok(()))
+}
+
+/// Blocks until a pull of `range` on a replicated `bsp` table may run: every shard of it
+/// this server heads has applied the rounds the pull depends on. Returns its staleness,
+/// the rounds applied and how long it was held; a routing change refuses it (the worker
+/// sends it again under the new routing).
+pub(crate) fn wait_for_rounds(
+    st: &ServerState,
+    c: &ChainSlot,
+    r: &TableRepl,
+    range: KeyRange,
+    h: &FrameHeader,
+) -> Result<Seen, (Status, String)> {
+    let start = std::time::Instant::now();
+    let map = r.map.read().clone();
+    let (Some(a), Some(b)) = (map.shard_of(range.begin), range.end.checked_sub(1).and_then(|e| map.shard_of(e))) else {
+        return Ok((None, None, Duration::ZERO));
+    };
+    let mut cr = c.rounds.lock();
+    loop {
+        if cr.epoch() != h.epoch {
+            return Err(stale_rounds(h.table, h.epoch, cr.epoch()));
+        }
+        cr.ensure_started(&mut r.marks.lock()).map_err(core_err)?;
+        if let Some(least) = cr.ready(a..=b, h.after_clock) {
+            let round = (least != u64::MAX).then_some(least);
+            let staleness = h.clock.saturating_sub(least.min(h.clock));
+            return Ok((Some(staleness), round, if h.after_clock.is_some() { start.elapsed() } else { Duration::ZERO }));
+        }
+        if st.stop.load(Ordering::Relaxed) {
+            return Err((Status::Aborted, "the server is stopping".into()));
+        }
+        c.changed.wait_for(&mut cr, GATE_POLL);
+    }
+}
