@@ -7,7 +7,14 @@
 //!
 //! The client marks itself broken where a send or a reply fails (`client::send`,
 //! `client::recv`) and recovers before issuing or while waiting (`before_issue` here,
-//! `KvClient::drive`).
+//! `KvClient::drive` in `client::tracker`). A journal entry is settled where the reply that
+//! finishes its request is filed (`KvClient::recv_one` in `client::recv`).
+//!
+//! The mode flags are fields of `KvClient`: `broken` and `broken_conn` (the routing must be
+//! refreshed; sends and reads do nothing meanwhile), `replaying` (the journal is being sent
+//! again: nothing is journaled twice and `before_issue` does nothing), and `issuing` and
+//! `reuse_ts` (the clock and request id a request is sent again with, also used for
+//! requests held for their task dependencies).
 
 pub(crate) mod journal;
 mod recover;
