@@ -18,6 +18,7 @@
 #![warn(missing_docs)]
 
 mod client;
+mod failover;
 mod session;
 
 pub use client::{After, ClientError, KvClient, KvConfig, Timestamp};

@@ -72,7 +72,7 @@ pub struct CheckpointConfig {
 /// The coordinator as the source of routing changes.
 struct CoordinatorRouting(ControlClient);
 
-impl crate::client::RoutingSource for CoordinatorRouting {
+impl crate::failover::RoutingSource for CoordinatorRouting {
     fn routing(&mut self, min_epoch: u64, wait: Duration) -> Result<downpour_core::proto::Routing, String> {
         self.0.routing(min_epoch, wait).map_err(|e| e.to_string())
     }
