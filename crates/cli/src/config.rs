@@ -15,7 +15,7 @@ use std::time::Duration;
 /// Flags shared by every command.
 #[derive(Args, Debug, Clone, Default)]
 pub struct CommonArgs {
-    /// TOML configuration file (keys as in `docs/configuration` of the README).
+    /// TOML configuration file (keys as in docs/usage.md, "Configuration").
     #[arg(long, global = true, env = "DOWNPOUR_CONFIG")]
     pub config: Option<PathBuf>,
     /// Network transport between nodes: tcp (framed TCP, fastest) or grpc.

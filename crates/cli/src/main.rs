@@ -1,4 +1,5 @@
-//! `downpour`: the parameter server's command-line tool. See the README.
+//! `downpour`: the parameter server's command-line tool: it maps flags onto the configs of
+//! `downpour-jobs` and `downpour-cluster` and runs them. Usage: docs/usage.md.
 
 use mimalloc::MiMalloc;
 
