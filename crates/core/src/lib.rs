@@ -14,6 +14,8 @@
 #[cfg(not(target_endian = "little"))]
 compile_error!("Downpour sends keys and values in their in-memory form: little-endian targets only");
 
+pub mod chain_epoch;
+pub mod chain_push;
 pub mod chain_rounds;
 pub mod checkpoint;
 pub mod codec;

@@ -6,9 +6,9 @@
 use super::peer::{is_peer, peer_ack, peer_connect};
 use crate::conn::{core_err, ConnCtx, ReqResult};
 use crate::state::{ServerState, TableSlot};
+use downpour_core::chain_epoch;
 use downpour_core::msg::{self, Op, Status};
 use downpour_core::proto::{self, FrameHeader};
-use downpour_core::shards;
 use downpour_core::KeyRange;
 use downpour_transport::{key_bytes, value_bytes, Connection};
 use prost::Message;
@@ -32,9 +32,7 @@ pub fn move_to_epoch(st: &ServerState, routing: proto::Routing) -> Result<u64, E
         // server may not have heard that an epoch was served (a heartbeat answered with the
         // next change already), and a plan from an older placement would send copies to
         // members that hold newer data, overwriting it.
-        if !routing.served.is_empty() {
-            r.active_members = routing.served.clone();
-        }
+        r.active_members = chain_epoch::data_members(&routing.served, &r.active_members);
         (r.active_members.clone(), r.clone())
     };
     let new_members = repl.members();
@@ -56,7 +54,7 @@ pub fn move_to_epoch(st: &ServerState, routing: proto::Routing) -> Result<u64, E
         };
         let old = repl.map(domain, &old_members);
         let new = repl.map(domain, &new_members);
-        let plan = shards::copies(&old, &new, &new_members).map_err(|e| EpochError::Failed(format!("table {id}: {e}")))?;
+        let plan = chain_epoch::outgoing(&old, &new, &new_members, me).map_err(|e| EpochError::Failed(format!("table {id}: {e}")))?;
         let mut outgoing = Vec::new();
         {
             // a replicated bsp table: no round is half applied or half forwarded while its
@@ -65,7 +63,7 @@ pub fn move_to_epoch(st: &ServerState, routing: proto::Routing) -> Result<u64, E
             let t = slot.table.write();
             *tr.map.write() = Arc::new(new.clone());
             let marks = tr.marks.lock();
-            for c in plan.iter().filter(|c| c.from == me) {
+            for c in &plan {
                 let (mut keys, mut rows) = (Vec::new(), Vec::new());
                 let range = new.range(c.shard);
                 t.export_rows(range, &mut keys, &mut rows);
@@ -192,14 +190,7 @@ pub(crate) fn receive_copy(st: &ServerState, slot: &TableSlot, h: &FrameHeader, 
         return Err((Status::PermissionDenied, format!("a replica copy from node {}, which is not a server of this job", h.sender)));
     }
     let mut t = slot.table.write();
-    t.import_rows(&ctx.keys, &ctx.vals).map_err(core_err)?;
-    if !h.meta.is_empty() {
-        let map = r.map.read().clone();
-        let range = KeyRange::new(h.range_begin, h.range_end);
-        let (Some(a), Some(b)) = (map.shard_of(range.begin), range.end.checked_sub(1).and_then(|e| map.shard_of(e))) else {
-            return Err((Status::InvalidArgument, format!("replica copy of {range}: outside table {}", h.table)));
-        };
-        r.marks.lock().decode_into(a, b + 1, &h.meta).map_err(core_err)?;
-    }
-    Ok(())
+    let map = r.map.read().clone();
+    let range = KeyRange::new(h.range_begin, h.range_end);
+    chain_epoch::install_copy(&mut t, &mut r.marks.lock(), &map, range, &ctx.keys, &ctx.vals, &h.meta).map_err(core_err)
 }

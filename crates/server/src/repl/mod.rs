@@ -16,6 +16,7 @@ pub(crate) mod peer;
 pub(crate) mod push;
 pub(crate) mod rounds;
 
+use downpour_core::chain_push::Forwarder;
 use downpour_core::chain_rounds::ChainRounds;
 use downpour_core::proto;
 use downpour_core::ring::Ring;
@@ -74,7 +75,8 @@ impl Repl {
 pub(crate) struct Forwarding {
     pub(crate) epoch: u64,
     pub(crate) conns: HashMap<u32, Box<dyn Connection>>,
-    pub(crate) touched: Vec<u32>,
+    /// The forwarding decisions of the request under way (`core::chain_push`).
+    pub(crate) plan: Forwarder,
 }
 
 impl Forwarding {
@@ -82,6 +84,6 @@ impl Forwarding {
     /// left with a request that never ends).
     pub(crate) fn reset(&mut self) {
         self.conns.clear();
-        self.touched.clear();
+        self.plan.reset();
     }
 }

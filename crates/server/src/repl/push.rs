@@ -10,6 +10,7 @@ use crate::conn::{core_err, ConnCtx, ReqResult};
 use crate::gate::check_round_push;
 use crate::ops::table::{account, check_quota};
 use crate::state::{ServerState, TableSlot};
+use downpour_core::chain_push::{self, PushKeys, PushMeta};
 use downpour_core::chain_rounds::Buffered;
 use downpour_core::keys::{check_lengths, check_sorted_unique};
 use downpour_core::msg::{self, Op, Status};
@@ -84,28 +85,14 @@ pub(crate) fn replicated_push(
         return Ok(Err(core_err(CoreError::KeyOutOfRange { table: h.table, key, range: domain })));
     }
     let map = r.map.read().clone();
-    // (shard, index range into the request) for every shard the request touches
-    let segments: Vec<(usize, std::ops::Range<usize>)> = if ranged {
-        map.split_range(span).map(|(sh, k)| (sh, (k.begin - span.begin) as usize..(k.end - span.begin) as usize)).collect()
-    } else {
-        map.split_keys(&ctx.keys).collect()
-    };
+    let keys = if ranged { PushKeys::Range(span) } else { PushKeys::Keys(&ctx.keys) };
+    let segments = chain_push::segments(&map, keys);
+    let meta = PushMeta { forwarded: h.forwarded, worker: h.worker, request_id: h.request_id, epoch: h.epoch, table: h.table };
     {
         let mut t = slot.table.write();
-        let epoch = st.epoch.load(Ordering::Relaxed);
-        if h.epoch != epoch {
-            return Ok(Err((Status::StaleEpoch, format!("request for routing epoch {} but this server is at epoch {epoch}", h.epoch))));
-        }
-        for (shard, _) in &segments {
-            let pos = map.position(*shard, me);
-            let ok = if h.forwarded { pos.is_some_and(|p| p > 0) } else { pos == Some(0) };
-            if !ok {
-                let role = if h.forwarded { "a replica" } else { "the head" };
-                return Ok(Err((
-                    Status::StaleEpoch,
-                    format!("this server is not {role} of shard {shard} of table {} in routing epoch {epoch}", h.table),
-                )));
-            }
+        // the epoch is checked under the table's lock: an epoch move takes its copies under it
+        if let Err(why) = chain_push::check_roles(&map, &segments, me, &meta, st.epoch.load(Ordering::Relaxed)) {
+            return Ok(Err((Status::StaleEpoch, why)));
         }
         if !ranged {
             if let Err(e) = check_quota(st, &t, &ctx.keys) {
@@ -113,89 +100,45 @@ pub(crate) fn replicated_push(
             }
         }
         let before = t.bytes();
-        let mut marks = r.marks.lock();
-        for (shard, range) in &segments {
-            let (shard, range) = (*shard, range.clone());
-            let from = if ranged {
-                let keys = KeyRange::new(span.begin + range.start as u64, span.begin + range.end as u64);
-                marks.admit_range(shard, h.worker as usize, h.request_id, keys).map(|k| (k - span.begin) as usize - range.start)
-            } else {
-                marks.admit(shard, h.worker as usize, h.request_id, &ctx.keys[range.clone()])
-            };
-            let from = match from {
-                Ok(f) => f,
-                Err(e) => return Ok(Err(core_err(e))),
-            };
-            let a = range.start + from;
-            if a < range.end {
-                let vals = &ctx.vals[a * vl..range.end * vl];
-                let applied =
-                    if ranged { t.push_range(span.begin + a as u64, vals).map(|_| ()) } else { t.push(&ctx.keys[a..range.end], vals) };
-                if let Err(e) = applied {
-                    return Ok(Err(core_err(e)));
-                }
-            }
-        }
-        drop(marks);
+        let applied = chain_push::admit_and_apply(&mut t, &mut r.marks.lock(), &meta, keys, &ctx.vals, &segments);
         account(st, before, t.bytes());
+        if let Err(e) = applied {
+            return Ok(Err(core_err(e)));
+        }
     }
     if ctx.fwd.epoch != h.epoch {
         ctx.fwd.conns.clear();
         ctx.fwd.epoch = h.epoch;
     }
-    // Forward: each run of adjacent shards with one successor is one frame, sent straight
-    // from the request's buffers (duplicates too: the successor may not have them). On the
-    // request's last chunk, the last frame to each successor carries `last` itself (no
-    // empty closing frame: one frame and one wake-up less per successor and request).
-    let mut frames: Vec<(u32, usize, usize)> = Vec::new();
-    let mut i = 0;
-    while i < segments.len() {
-        let next = map.successor(segments[i].0, me);
-        let mut j = i + 1;
-        while j < segments.len() && map.successor(segments[j].0, me) == next && segments[j].1.start == segments[j - 1].1.end {
-            j += 1;
-        }
-        if let Some(next) = next {
-            frames.push((next, segments[i].1.start, segments[j - 1].1.end));
-        }
-        i = j;
-    }
-    let mut closed: Vec<u32> = Vec::new();
-    for (f, &(next, a, b)) in frames.iter().enumerate() {
+    // Forward as planned, each frame straight from the request's buffers (duplicates too:
+    // the successor may not have them).
+    let plan = ctx.fwd.plan.plan(&map, &segments, me, h.last);
+    for f in &plan.frames {
         let mut fh = forward_header(h, me);
-        fh.last = h.last && !frames[f + 1..].iter().any(|x| x.0 == next);
-        let vals = value_bytes(&ctx.vals[a * vl..b * vl]);
+        fh.last = f.last;
+        let vals = value_bytes(&ctx.vals[f.a * vl..f.b * vl]);
         let keys: &[u8] = if ranged {
             fh.op = Op::PushRange as u32;
-            fh.range_begin = span.begin + a as u64;
-            fh.range_end = span.begin + b as u64;
+            fh.range_begin = span.begin + f.a as u64;
+            fh.range_end = span.begin + f.b as u64;
             &[]
         } else {
-            key_bytes(&ctx.keys[a..b])
+            key_bytes(&ctx.keys[f.a..f.b])
         };
-        let sent = forward_conn(st, &mut ctx.fwd, next, me).and_then(|c| c.send(&mut fh, keys, vals).map_err(|e| e.to_string()));
+        let sent = forward_conn(st, &mut ctx.fwd, f.to, me).and_then(|c| c.send(&mut fh, keys, vals).map_err(|e| e.to_string()));
         if let Err(e) = sent {
-            return Ok(Err((Status::StaleEpoch, format!("forwarding to replica node {next} failed: {e}"))));
-        }
-        if fh.last {
-            closed.push(next);
-        } else if !ctx.fwd.touched.contains(&next) {
-            ctx.fwd.touched.push(next);
+            return Ok(Err((Status::StaleEpoch, format!("forwarding to replica node {} failed: {e}", f.to))));
         }
     }
-    if h.last {
-        let touched = std::mem::take(&mut ctx.fwd.touched);
-        // successors that got frames of this request's earlier chunks only: an empty closing frame
-        let open: Vec<u32> = touched.into_iter().filter(|n| !closed.contains(n)).collect();
-        for next in open {
-            let mut fh = forward_header(h, me);
-            fh.last = true;
-            if let Err(e) = forward_conn(st, &mut ctx.fwd, next, me).and_then(|c| c.send(&mut fh, &[], &[]).map_err(|e| e.to_string())) {
-                return Ok(Err((Status::StaleEpoch, format!("forwarding to replica node {next} failed: {e}"))));
-            }
-            closed.push(next);
+    for &next in &plan.close {
+        let mut fh = forward_header(h, me);
+        fh.last = true;
+        if let Err(e) = forward_conn(st, &mut ctx.fwd, next, me).and_then(|c| c.send(&mut fh, &[], &[]).map_err(|e| e.to_string())) {
+            return Ok(Err((Status::StaleEpoch, format!("forwarding to replica node {next} failed: {e}"))));
         }
-        for next in closed {
+    }
+    if let Some(after) = plan.reply_after {
+        for next in after {
             let acked = forward_conn(st, &mut ctx.fwd, next, me).and_then(|c| match c.recv_header() {
                 Ok(Some(a)) if a.status == 0 && a.request_id == h.request_id => Ok(None),
                 Ok(Some(a)) if a.status != 0 => Ok(Some((Status::from_u32(a.status), a.error))),

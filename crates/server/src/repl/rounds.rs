@@ -306,7 +306,7 @@ pub(crate) fn round_marks(
         closed.push(*next);
     }
     // successors that got update frames but no watermarks: an empty closing frame
-    for next in std::mem::take(&mut ctx.fwd.touched) {
+    for next in ctx.fwd.plan.take_open() {
         if closed.contains(&next) {
             continue;
         }
