@@ -27,10 +27,18 @@ pub fn outgoing(old: &ShardMap, new: &ShardMap, alive: &[u32], me: u32) -> Resul
     Ok(copies(old, new, alive)?.into_iter().filter(|c| c.from == me).collect())
 }
 
-/// Installs a received copy of the rows of `range` (`keys` sorted, `rows` of the table's row
-/// length each) and, if `marks` is not empty, the watermarks of its shards as encoded by
-/// [`Watermarks::encode`]. Rows present are overwritten; the copy's watermarks replace the
-/// receiver's, so pushes the copy holds are not applied again.
+/// Installs a received chunk of a copy of the rows of `range` (`keys` sorted, `rows` of the
+/// table's row length each). The first chunk carries `marks`, the watermarks of the range's
+/// shards as encoded by [`Watermarks::encode`]: with it, every row the receiver held in
+/// `range` is dropped first and the copy's watermarks replace the receiver's, so the range
+/// becomes exactly the sender's (rows and marks agree: a push the copy holds is not applied
+/// again, and one it lacks is applied when it is retried). Later chunks add rows.
+///
+/// Dropping matters: a receiver may hold rows of the range from an earlier copy of an epoch
+/// that was never served (a joiner got a copy with a push its sender had applied but not
+/// replicated; the sender died and a survivor without that push copies again): merging would
+/// keep the stale row under watermarks that say the push was never applied, and its retry
+/// would apply it twice. Found by the simulation (seed 548 of `downpour-sim`).
 pub fn install_copy(
     table: &mut Table,
     watermarks: &mut Watermarks,
@@ -40,6 +48,9 @@ pub fn install_copy(
     rows: &[f32],
     marks: &[u8],
 ) -> Result<()> {
+    if !marks.is_empty() {
+        table.remove_range(range);
+    }
     table.import_rows(keys, rows)?;
     if !marks.is_empty() {
         let (Some(a), Some(b)) = (map.shard_of(range.begin), range.end.checked_sub(1).and_then(|e| map.shard_of(e))) else {
@@ -53,6 +64,48 @@ pub fn install_copy(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::init::Init;
+    use crate::ring::Ring;
+    use crate::rule::RuleRegistry;
+    use crate::table::{Storage, TableDef};
+
+    #[test]
+    fn a_copy_replaces_the_rows_of_its_range_and_keeps_the_rest() {
+        let def = TableDef {
+            id: 1,
+            name: "t".into(),
+            value_len: 1,
+            storage: Storage::Sparse,
+            init: Init::Zeros,
+            rule: crate::proto::Rule { name: "add".into(), ..Default::default() },
+            consistency: crate::consistency::Consistency::Async,
+            aggregate: Default::default(),
+            backup_workers: 0,
+            filters: Default::default(),
+        };
+        let map = ShardMap::new(&Ring::with_members(4, [1, 2], 1), KeyRange::FULL, 4, 2);
+        let mut t = Table::new(def, KeyRange::FULL, &RuleRegistry::new()).unwrap();
+        let r0 = map.range(0);
+        let inside = [r0.begin, r0.begin + 1];
+        let outside = map.range(1).begin;
+        t.push(&inside, &[5.0, 5.0]).unwrap();
+        t.push(&[outside], &[7.0]).unwrap();
+        let mut marks = Watermarks::new(map.len(), 1);
+        let sent = Watermarks::new(map.len(), 1).encode(0, 1);
+        // the sender holds only the first key of the range
+        install_copy(&mut t, &mut marks, &map, r0, &inside[..1], &[2.0], &sent).unwrap();
+        let (mut keys, mut rows) = (Vec::new(), Vec::new());
+        t.export_rows(r0, &mut keys, &mut rows);
+        assert_eq!((keys, rows), (vec![r0.begin], vec![2.0]), "the stale row of the range is gone");
+        let mut out = [0f32];
+        t.pull(&[outside], &mut out).unwrap();
+        assert_eq!(out, [7.0], "rows outside the range are kept");
+        // a later chunk (no marks) adds rows without dropping the first chunk's
+        install_copy(&mut t, &mut marks, &map, r0, &inside[1..], &[3.0], &[]).unwrap();
+        let (mut keys, mut rows) = (Vec::new(), Vec::new());
+        t.export_rows(r0, &mut keys, &mut rows);
+        assert_eq!((keys, rows), (inside.to_vec(), vec![2.0, 3.0]));
+    }
 
     #[test]
     fn the_data_is_where_the_coordinator_last_served_unless_the_routing_does_not_say() {

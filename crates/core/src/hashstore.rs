@@ -302,6 +302,48 @@ impl HashStore {
         bytemuck::cast_slice(&self.shards[t.shard()].data[b..b + self.stride - 2])
     }
 
+    /// Removes every stored key with `lo <= key < hi`; returns how many. Each shard holding
+    /// one is rebuilt at its capacity (linear probing leaves no holes behind): O(stored
+    /// keys), for replacing a shard's rows with a replica's copy, not for the hot path.
+    pub fn remove_range(&mut self, lo: u64, hi: u64) -> usize {
+        let stride = self.stride;
+        let mut removed = 0;
+        for sh in &mut self.shards {
+            let hit = (0..sh.cap).any(|j| {
+                let k = sh.key_at(j, stride);
+                k != EMPTY && k >= lo && k < hi
+            });
+            if !hit {
+                continue;
+            }
+            let old = std::mem::take(sh);
+            let mut data = vec![0u32; old.cap * stride];
+            for row in data.chunks_exact_mut(stride) {
+                row[0] = u32::MAX;
+                row[1] = u32::MAX;
+            }
+            *sh = Shard { data, cap: old.cap, len: 0 };
+            for row in old.data.chunks_exact(stride) {
+                let k = row[0] as u64 | (row[1] as u64) << 32;
+                if k == EMPTY {
+                    continue;
+                }
+                if k >= lo && k < hi {
+                    removed += 1;
+                    continue;
+                }
+                let (_, home) = place(mix(k), sh.cap);
+                let i = match sh.find(k, home, stride) {
+                    Ok(i) | Err(i) => i,
+                };
+                sh.row_mut(i, stride).copy_from_slice(row);
+                sh.len += 1;
+            }
+        }
+        self.len -= removed;
+        removed
+    }
+
     /// Every stored key with `lo <= key < hi`, in key order, appended to `keys`, and its
     /// values and state side by side appended to `rows` (for copying a shard to a replica).
     pub fn range_rows(&self, lo: u64, hi: u64, keys: &mut Vec<u64>, rows: &mut Vec<f32>) {
@@ -356,6 +398,26 @@ impl HashStore {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn removing_a_range_keeps_every_other_key_and_its_row() {
+        let mut h = HashStore::new(1, 0);
+        let keys: Vec<u64> = (0..5000u64).map(|i| i * 7919).collect();
+        let mut slots = Vec::new();
+        h.resolve(&keys, true, &mut slots, |k, w| w[0] = k as f32);
+        let (lo, hi) = (1000 * 7919, 3000 * 7919);
+        assert_eq!(h.remove_range(lo, hi), 2000);
+        assert_eq!(h.len(), 3000);
+        for &k in &keys {
+            assert_eq!(h.contains(k), !(lo..hi).contains(&k), "key {k}");
+        }
+        h.resolve(&keys[..10], false, &mut slots, |_, _| {});
+        for (i, t) in slots.iter().enumerate() {
+            assert_eq!(h.w(*t)[0], keys[i] as f32);
+        }
+        assert_eq!(h.remove_range(lo, hi), 0);
+    }
+
     use super::*;
     use proptest::prelude::*;
     use std::collections::HashMap;

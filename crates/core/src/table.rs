@@ -507,6 +507,16 @@ impl Table {
         }
     }
 
+    /// Drops every stored row of `range` (a sparse table's keys are removed; a dense table
+    /// keeps its rows, which a replica's copy overwrites whole): before a replica's copy of
+    /// `range` is installed, so no row the sender does not have survives.
+    pub fn remove_range(&mut self, range: KeyRange) {
+        let range = range.intersect(&self.owned);
+        if let (Store::Sparse(h), false) = (&mut self.store, range.is_empty()) {
+            h.remove_range(range.begin, range.end);
+        }
+    }
+
     /// Sets the rows of `keys` (sorted, owned) to `rows` from [`Table::export_rows`],
     /// creating missing keys: the receiving side of a replica's copy. Nothing is changed
     /// when the lengths or keys are wrong.

@@ -206,7 +206,9 @@ enum Msg {
     },
     Crash,
     /// The coordinator noticed a crash (its node timeout passed).
-    Detected,
+    Detected {
+        server: u32,
+    },
     Join,
 }
 
@@ -270,6 +272,8 @@ struct Worker {
 struct Coordinator {
     epoch: u64,
     members: Vec<u32>,
+    /// The members of epoch `epoch` (its routing's servers).
+    epoch_members: Vec<u32>,
     served_epoch: u64,
     served: Vec<u32>,
     ready: Vec<u32>,
@@ -348,6 +352,7 @@ impl Sim {
             coord: Coordinator {
                 epoch: 1,
                 members: members.clone(),
+                epoch_members: members.clone(),
                 served_epoch: 1,
                 served: members.clone(),
                 ready: Vec::new(),
@@ -711,7 +716,8 @@ impl Sim {
     fn at_coordinator(&mut self, _from: Node, msg: Msg) -> Result<(), Violation> {
         match msg {
             Msg::Crash => {
-                let live: Vec<u32> = self.coord.members.clone();
+                // a live member dies; the coordinator notices after its node timeout
+                let live: Vec<u32> = self.coord.members.iter().copied().filter(|m| self.servers.get(m).is_some_and(|s| s.alive)).collect();
                 if live.len() <= self.cfg.k {
                     return Ok(());
                 }
@@ -719,8 +725,7 @@ impl Sim {
                 if let Some(s) = self.servers.get_mut(&victim) {
                     s.alive = false; // its state is gone with it
                 }
-                self.coord.members.retain(|m| *m != victim);
-                self.schedule(self.now + DETECT, Node::Coordinator, Node::Coordinator, Msg::Detected);
+                self.schedule(self.now + DETECT, Node::Coordinator, Node::Coordinator, Msg::Detected { server: victim });
                 Ok(())
             }
             Msg::Join => {
@@ -732,17 +737,18 @@ impl Sim {
                 self.new_epoch();
                 Ok(())
             }
-            Msg::Detected => {
+            Msg::Detected { server } => {
+                self.coord.members.retain(|m| *m != server);
                 self.new_epoch();
                 Ok(())
             }
             Msg::Ready { epoch, server } => {
                 if epoch == self.coord.epoch && !self.coord.ready.contains(&server) {
                     self.coord.ready.push(server);
-                    if self.coord.members.iter().all(|m| self.coord.ready.contains(m)) {
+                    if self.coord.epoch_members.iter().all(|m| self.coord.ready.contains(m)) {
                         self.coord.served_epoch = epoch;
-                        self.coord.served = self.coord.members.clone();
-                        for m in self.coord.members.clone() {
+                        self.coord.served = self.coord.epoch_members.clone();
+                        for m in self.coord.epoch_members.clone() {
                             let msg = Msg::Served { epoch, members: self.coord.served.clone() };
                             self.send(Node::Coordinator, Node::Server(m), msg);
                         }
@@ -756,6 +762,7 @@ impl Sim {
 
     fn new_epoch(&mut self) {
         self.coord.epoch += 1;
+        self.coord.epoch_members = self.coord.members.clone();
         self.coord.ready.clear();
         self.out.epochs += 1;
         let (epoch, members, served) = (self.coord.epoch, self.coord.members.clone(), self.coord.served.clone());
