@@ -1,26 +1,29 @@
 //! A seeded, deterministic simulation of Downpour's replication protocol (issue 23).
 //!
 //! Servers here hold the types production holds (`Table`, `Watermarks`, `ShardMap` from a
-//! `Ring`) and take every decision through the functions production calls:
-//! [`chain_push`] (who may take a push, exactly-once admission, the forwarding plan and when
-//! the sender is acknowledged) and [`chain_epoch`] (where the data is when the placement
-//! changes, what to copy to whom, how a copy is installed). What this crate adds is only
-//! the part the runtime does with sockets and threads: messages, delivered over a simulated
-//! network with a seeded clock, that loses, delays and reorders them (each link
-//! is a TCP connection: in order, and a lost frame breaks it, losing what follows until its
-//! sender connects again; frames of different links overtake each other), and a coordinator model that removes crashed servers, adds joining
-//! ones, publishes routing epochs and marks an epoch served once every member has its copies.
+//! `Ring`) and take every decision through the functions production calls: [`chain_push`]
+//! (who may take a push, exactly-once admission, the forwarding plan and when the sender is
+//! acknowledged) and [`chain_epoch`] (where the data is when the placement changes, what to
+//! copy to whom, how a copy is installed). What this crate adds is only the part the runtime
+//! does with sockets and threads: messages over a simulated network with a seeded clock that
+//! loses, delays and reorders them (each link is a TCP connection: in order, and a lost frame
+//! breaks it, losing what follows until its sender connects again; frames of different links
+//! overtake each other), and a model of the coordinator: crashed servers and servers cut off
+//! from it are replaced after a node timeout, joining servers are added, each change is a
+//! routing epoch, an epoch is served once every member has its copies, and a server may not
+//! hear that an epoch was served before the next change.
 //!
-//! Workers push increments (+1 on each key of a push) and retry a push under the newest
-//! served routing until every head acknowledged it, and sometimes send it twice at once. After the run the simulation checks:
-//! every worker finished (no hang), the last epoch was served, and every replica of every
-//! shard equals the sequential reference (no update lost or applied twice).
+//! Workers push increments (+1 on each key of a push), keep their routing until a refusal or
+//! a timeout makes them ask for the newest served one, retry until every head acknowledged
+//! the push, and sometimes send it twice at once. After the run the simulation checks: every
+//! worker finished (no hang), the last epoch was served, and every replica of every shard
+//! equals the sequential reference (no update lost or applied twice).
 //!
 //! What it does not model yet: the coordinator's own code (a model of its rules stands in),
 //! the worker client's journal (a retry loop stands in: one push of a worker in flight at a
-//! time), requests of several chunks from workers (forwards of several frames are), `bsp` rounds
-//! (`core::chain_rounds`), fencing of replaced workers and copies lost in transit (the
-//! runtime retries a failed move; here copies are delivered, late).
+//! time), requests of several chunks from workers (forwards of several frames are), `bsp`
+//! rounds (`core::chain_rounds`), fencing of replaced workers, drains, and copies lost in
+//! transit (the runtime retries a failed move; here copies are delivered, late).
 
 use downpour_core::chain_epoch;
 use downpour_core::chain_push::{self, Forwarder, PushKeys, PushMeta};
@@ -58,8 +61,15 @@ pub struct SimConfig {
     pub duplicate: f64,
     /// Largest delay of a frame, in ticks.
     pub max_delay: u64,
-    /// Servers that crash during the run (at most K − 1, so every key keeps a copy).
+    /// Servers that crash during the run (with `cutoffs`, at most K − 1, so every key keeps
+    /// a copy).
     pub crashes: usize,
+    /// Servers cut off from the coordinator during the run: declared dead and replaced, but
+    /// alive, still at their old epoch, and still reachable by workers and servers.
+    pub cutoffs: usize,
+    /// Probability that a server does not hear that an epoch was served (its heartbeat was
+    /// answered with the next change already).
+    pub skip_served: f64,
     /// Servers that join during the run.
     pub joins: usize,
 }
@@ -70,7 +80,7 @@ impl SimConfig {
         let mut r = Rng(splitmix64(seed ^ 0xD0_57_AB_1E));
         let k = 1 + r.below(3) as usize;
         let servers = (k + 1).max(3) + r.below(2) as usize;
-        SimConfig {
+        let mut cfg = SimConfig {
             servers,
             k,
             workers: 1 + r.below(3) as usize,
@@ -83,8 +93,13 @@ impl SimConfig {
             duplicate: [0.0, 0.05, 0.2][r.below(3) as usize],
             max_delay: 1 + r.below(50),
             crashes: if k > 1 { r.below(k as u64) as usize } else { 0 },
+            cutoffs: 0,
+            skip_served: [0.0, 0.5][r.below(2) as usize],
             joins: r.below(2) as usize,
-        }
+        };
+        // crashes and cut-offs together leave at least one copy of every key
+        cfg.cutoffs = r.below((k - cfg.crashes) as u64) as usize;
+        cfg
     }
 }
 
@@ -205,6 +220,8 @@ enum Msg {
         attempt: u64,
     },
     Crash,
+    /// A server is cut off from the coordinator (not from the others).
+    Cut,
     /// The coordinator noticed a crash (its node timeout passed).
     Detected {
         server: u32,
@@ -262,6 +279,9 @@ struct Server {
 
 struct Worker {
     pushes: Vec<Vec<u64>>,
+    /// The routing this worker uses (epoch, members): refreshed from the coordinator only
+    /// after a refusal or a timeout, as the client does.
+    routing: (u64, Vec<u32>),
     next: usize,
     /// Heads whose acknowledgement of the current push is still missing.
     waiting: Vec<u32>,
@@ -297,6 +317,8 @@ struct Sim {
     out: Outcome,
     faults_over: bool,
     trace: Option<Vec<String>>,
+    /// Servers cut off from the coordinator.
+    cut: Vec<u32>,
 }
 
 const TABLE: u32 = 1;
@@ -336,7 +358,7 @@ impl Sim {
                         ks
                     })
                     .collect();
-                Worker { pushes, next: 0, waiting: Vec::new(), attempt: 0, done: false }
+                Worker { pushes, routing: (1, (1..=cfg.servers as u32).collect()), next: 0, waiting: Vec::new(), attempt: 0, done: false }
             })
             .collect();
         let members: Vec<u32> = (1..=cfg.servers as u32).collect();
@@ -362,6 +384,7 @@ impl Sim {
             out: Outcome { epochs: 1, ..Default::default() },
             faults_over: false,
             trace: None,
+            cut: Vec::new(),
             cfg,
         };
         for &id in &members {
@@ -373,6 +396,10 @@ impl Sim {
         for _ in 0..sim.cfg.crashes {
             let at = sim.rng.below(span);
             sim.schedule(at, Node::Coordinator, Node::Coordinator, Msg::Crash);
+        }
+        for _ in 0..sim.cfg.cutoffs {
+            let at = sim.rng.below(span);
+            sim.schedule(at, Node::Coordinator, Node::Coordinator, Msg::Cut);
         }
         for _ in 0..sim.cfg.joins {
             let at = sim.rng.below(span);
@@ -414,6 +441,10 @@ impl Sim {
     /// be lost or duplicated while faults are on.
     fn send(&mut self, from: Node, to: Node, msg: Msg) {
         let data = matches!(msg, Msg::Push { .. } | Msg::Ack { .. });
+        let cut = |n: Node| matches!(n, Node::Server(id) if self.cut.contains(&id));
+        if (from == Node::Coordinator && cut(to)) || (to == Node::Coordinator && cut(from)) {
+            return; // the coordinator and a cut-off server do not hear each other
+        }
         // A link is a TCP connection: a lost frame breaks it, and what is sent on it after
         // is lost too until its sender has noticed and connected again.
         if data && self.broken.get(&(from, to)).is_some_and(|&until| until > self.now) {
@@ -488,8 +519,8 @@ impl Sim {
             return;
         }
         let keys = self.workers[wi].pushes[self.workers[wi].next].clone();
-        let epoch = self.coord.served_epoch;
-        let map = self.map_of(&self.coord.served);
+        let epoch = self.workers[wi].routing.0;
+        let map = self.map_of(&self.workers[wi].routing.1);
         let mut by_head: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
         for (shard, r) in map.split_keys(&keys) {
             by_head.entry(map.chain(shard)[0]).or_default().extend_from_slice(&keys[r]);
@@ -534,7 +565,9 @@ impl Sim {
                         }
                     }
                     Err(_) => {
-                        // refused (stale routing, a successor gone): again, a little later
+                        // refused (stale routing, a successor gone): again, a little later,
+                        // under the newest served routing
+                        self.workers[wi].routing = (self.coord.served_epoch, self.coord.served.clone());
                         self.workers[wi].attempt += 1;
                         let attempt = self.workers[wi].attempt;
                         self.schedule(self.now + 20, Node::Worker(w), Node::Worker(w), Msg::WorkerTimeout { attempt });
@@ -543,6 +576,7 @@ impl Sim {
             }
             Msg::WorkerTimeout { attempt } if attempt == self.workers[wi].attempt => {
                 self.out.retries += 1;
+                self.workers[wi].routing = (self.coord.served_epoch, self.coord.served.clone());
                 self.send_push(w);
             }
             _ => {}
@@ -715,14 +749,23 @@ impl Sim {
 
     fn at_coordinator(&mut self, _from: Node, msg: Msg) -> Result<(), Violation> {
         match msg {
-            Msg::Crash => {
-                // a live member dies; the coordinator notices after its node timeout
-                let live: Vec<u32> = self.coord.members.iter().copied().filter(|m| self.servers.get(m).is_some_and(|s| s.alive)).collect();
+            Msg::Crash | Msg::Cut => {
+                // a live member dies (or is cut off); the coordinator notices after its node
+                // timeout and replaces it
+                let live: Vec<u32> = self
+                    .coord
+                    .members
+                    .iter()
+                    .copied()
+                    .filter(|m| self.servers.get(m).is_some_and(|s| s.alive) && !self.cut.contains(m))
+                    .collect();
                 if live.len() <= self.cfg.k {
                     return Ok(());
                 }
                 let victim = live[self.rng.below(live.len() as u64) as usize];
-                if let Some(s) = self.servers.get_mut(&victim) {
+                if matches!(msg, Msg::Cut) {
+                    self.cut.push(victim); // alive, at its epoch, serving whoever reaches it
+                } else if let Some(s) = self.servers.get_mut(&victim) {
                     s.alive = false; // its state is gone with it
                 }
                 self.schedule(self.now + DETECT, Node::Coordinator, Node::Coordinator, Msg::Detected { server: victim });
@@ -749,6 +792,9 @@ impl Sim {
                         self.coord.served_epoch = epoch;
                         self.coord.served = self.coord.epoch_members.clone();
                         for m in self.coord.epoch_members.clone() {
+                            if self.rng.chance(self.cfg.skip_served) {
+                                continue;
+                            }
                             let msg = Msg::Served { epoch, members: self.coord.served.clone() };
                             self.send(Node::Coordinator, Node::Server(m), msg);
                         }
