@@ -48,7 +48,7 @@ impl Coordinator {
             if st.barriers.get(name).is_some_and(|b| b.passed >= target) {
                 return Ok(());
             }
-            self.cv.wait_for(&mut st, Duration::from_millis(200));
+            self.park(&self.cv, &mut st, Duration::from_millis(200));
         }
     }
 }

@@ -86,7 +86,7 @@ impl Coordinator {
                 st.ckpt.writer = Some(node);
                 return Ok(proto::CheckpointJoinReply { write: true, workers });
             }
-            self.sched_cv.wait_for(&mut st, Duration::from_millis(200));
+            self.park(&self.sched_cv, &mut st, Duration::from_millis(200));
         }
     }
 

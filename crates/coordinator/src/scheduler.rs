@@ -75,7 +75,7 @@ impl Coordinator {
                 reply.tasks = tasks.iter().map(wire::task_to_proto).collect();
                 return Ok(reply);
             }
-            self.sched_cv.wait_for(&mut st, Duration::from_millis(200));
+            self.park(&self.sched_cv, &mut st, Duration::from_millis(200));
         }
     }
 
@@ -144,7 +144,7 @@ impl Coordinator {
                 }
                 _ => return Ok(reply),
             }
-            self.sched_cv.wait_for(&mut st, Duration::from_millis(200));
+            self.park(&self.sched_cv, &mut st, Duration::from_millis(200));
         }
     }
 }

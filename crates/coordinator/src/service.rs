@@ -9,8 +9,9 @@ use crate::state::State;
 use downpour_core::msg::{self, Op, Status};
 use downpour_core::proto::{self, FrameHeader};
 use downpour_transport::{Connection, Listener};
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 use prost::Message;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -27,9 +28,26 @@ pub struct Coordinator {
     pub(crate) sched_cv: Condvar,
     /// When this coordinator started (the registration timeout, the restart grace).
     pub(crate) started: Instant,
+    /// Calls parked waiting for other nodes ([`Coordinator::held_calls`]).
+    pub(crate) held: AtomicUsize,
 }
 
 impl Coordinator {
+    /// How many calls are parked right now waiting for other nodes: at a barrier, for a
+    /// checkpoint round, or for the task scheduler. Tests wait on it (a call is held, not
+    /// merely slow); a monitor can show it.
+    pub fn held_calls(&self) -> usize {
+        self.held.load(Ordering::SeqCst)
+    }
+
+    /// Waits on `cv` for at most `d` as a call held for other nodes (counted in
+    /// [`Coordinator::held_calls`] meanwhile).
+    pub(crate) fn park(&self, cv: &Condvar, st: &mut MutexGuard<'_, State>, d: Duration) {
+        self.held.fetch_add(1, Ordering::SeqCst);
+        cv.wait_for(st, d);
+        self.held.fetch_sub(1, Ordering::SeqCst);
+    }
+
     /// A coordinator expecting `cfg.servers` servers and `cfg.workers` workers, starting a
     /// new job (whatever `cfg.state_dir` holds is overwritten at the first change).
     pub fn new(cfg: CoordinatorConfig) -> Arc<Self> {
@@ -63,7 +81,14 @@ impl Coordinator {
     }
 
     fn with_state(cfg: CoordinatorConfig, st: State) -> Arc<Self> {
-        Arc::new(Coordinator { cfg, state: Mutex::new(st), cv: Condvar::new(), sched_cv: Condvar::new(), started: Instant::now() })
+        Arc::new(Coordinator {
+            cfg,
+            state: Mutex::new(st),
+            cv: Condvar::new(),
+            sched_cv: Condvar::new(),
+            started: Instant::now(),
+            held: AtomicUsize::new(0),
+        })
     }
 
     /// Writes the state to the state directory, if there is one (`sync`: to the disk).

@@ -40,9 +40,19 @@ fn join(seq: u64, rank: u32, clock: u64, state: &str) -> proto::CheckpointJoin {
     }
 }
 
+/// Waits until `n` calls are held at the coordinator (an event, not a sleep): fails the test
+/// if they never are.
+fn until_held(c: &Coordinator, n: usize) {
+    let t0 = std::time::Instant::now();
+    while c.held_calls() < n {
+        assert!(t0.elapsed() < Duration::from_secs(10), "{n} call(s) were never held at the coordinator (held: {})", c.held_calls());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 #[test]
 fn the_last_worker_to_join_writes_with_every_state_and_the_held_ones_go_on_after_it() {
-    let (_c, serving, mut ws) = job(3);
+    let (c, serving, mut ws) = job(3);
     let mut w2 = ws.pop().unwrap();
     let mut w1 = ws.pop().unwrap();
     let mut w0 = ws.pop().unwrap();
@@ -57,13 +67,13 @@ fn the_last_worker_to_join_writes_with_every_state_and_the_held_ones_go_on_after
         let r = w0.checkpoint_join(&join(1, 0, 50, "a")).unwrap();
         (w0, r)
     });
-    std::thread::sleep(Duration::from_millis(150));
+    until_held(&c, 1);
     assert!(!held.is_finished(), "worker 0 is held until worker 1 joins");
     let r1 = w1.checkpoint_join(&join(1, 1, 50, "b")).unwrap();
     assert!(r1.write, "the last to join writes");
     let states: Vec<(u32, u64, &str)> = r1.workers.iter().map(|w| (w.rank, w.clock, w.state.as_str())).collect();
     assert_eq!(states, vec![(0, 50, "a"), (1, 50, "b"), (2, 40, "done")]);
-    std::thread::sleep(Duration::from_millis(150));
+    until_held(&c, 1);
     assert!(!held.is_finished(), "worker 0 stays held while the checkpoint is written");
     w1.checkpoint_written(1, "/ck/ckpt-000001", "").unwrap();
     let (mut w0, r0) = held.join().unwrap();
@@ -72,7 +82,7 @@ fn the_last_worker_to_join_writes_with_every_state_and_the_held_ones_go_on_after
     assert!(!w0.checkpoint_join(&join(1, 0, 50, "a")).unwrap().write);
     // a failed write fails the job with its reason
     let held = std::thread::spawn(move || w0.checkpoint_join(&join(2, 0, 100, "a")));
-    std::thread::sleep(Duration::from_millis(50));
+    until_held(&c, 1);
     assert!(w1.checkpoint_join(&join(2, 1, 100, "b")).unwrap().write);
     w1.checkpoint_written(2, "", "disk full").unwrap();
     let e = held.join().unwrap().unwrap_err().to_string();
@@ -85,14 +95,14 @@ fn the_last_worker_to_join_writes_with_every_state_and_the_held_ones_go_on_after
 
 #[test]
 fn only_the_writer_can_complete_a_checkpoint_and_rounds_cannot_mix() {
-    let (_c, _serving, mut ws) = job(2);
+    let (c, _serving, mut ws) = job(2);
     let mut w1 = ws.pop().unwrap();
     let mut w0 = ws.pop().unwrap();
     let held = std::thread::spawn(move || {
         let r = w0.checkpoint_join(&join(3, 0, 30, "")).unwrap();
         (w0, r)
     });
-    std::thread::sleep(Duration::from_millis(100));
+    until_held(&c, 1);
     let e = w1.checkpoint_join(&join(4, 1, 40, "")).unwrap_err().to_string();
     assert!(e.contains("while checkpoint 3 is being taken"), "{e}");
     let e = w1.checkpoint_written(3, "x", "").unwrap_err().to_string();

@@ -38,9 +38,19 @@ fn tasks(r: &proto::ScheduleReply) -> Vec<Task> {
     r.tasks.iter().map(|t| wire::task_from_proto(t).unwrap()).collect()
 }
 
+/// Waits until `n` calls are held at the coordinator (an event, not a sleep): fails the test
+/// if they never are.
+fn until_held(c: &Coordinator, n: usize) {
+    let t0 = std::time::Instant::now();
+    while c.held_calls() < n {
+        assert!(t0.elapsed() < Duration::from_secs(10), "{n} call(s) were never held at the coordinator (held: {})", c.held_calls());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 #[test]
 fn plans_must_agree_and_a_held_call_is_answered_when_the_slow_worker_reports() {
-    let (_c, _serving, mut w0, mut w1, _t) = setup();
+    let (c, _serving, mut w0, mut w1, _t) = setup();
     let first = proto::ScheduleRequest { plan: Some(wire::plan_to_proto(&plan())), wait: true, ..Default::default() };
     let r0 = w0.schedule(&first).unwrap();
     assert!(matches!(tasks(&r0)[..], [Task::Iterate(ref it)] if it.t == 0), "tau 0: one iteration at a time");
@@ -55,7 +65,7 @@ fn plans_must_agree_and_a_held_call_is_answered_when_the_slow_worker_reports() {
         let r = w0.schedule(&proto::ScheduleRequest { finished: 1, wait: true, ..Default::default() }).unwrap();
         (r, w0)
     });
-    std::thread::sleep(Duration::from_millis(200));
+    until_held(&c, 1);
     assert!(!held.is_finished(), "iteration 1 must wait for worker 1");
     w1.schedule(&proto::ScheduleRequest { finished: 1, ..Default::default() }).unwrap();
     let (r, _w0) = held.join().unwrap();
@@ -70,7 +80,7 @@ fn out_of_order_reports_are_refused_and_a_failed_job_releases_held_calls() {
     let e = w1.schedule(&proto::ScheduleRequest { finished: 3, plan: first.plan, ..Default::default() }).unwrap_err();
     assert!(e.to_string().contains("3 iterations finished"), "{e}");
     let held = std::thread::spawn(move || w0.schedule(&proto::ScheduleRequest { finished: 1, wait: true, ..Default::default() }));
-    std::thread::sleep(Duration::from_millis(100));
+    until_held(&c, 1);
     w1.done(false, "worker 1 gave up").unwrap();
     let r = held.join().unwrap();
     assert!(r.unwrap_err().to_string().contains("job failed"), "the held call is answered with the failure");

@@ -19,6 +19,7 @@ struct Job {
     addr: String,
     /// The rank holders the coordinator last told server 0 (`HeartbeatReply.worker_nodes`).
     told_server: Arc<std::sync::Mutex<Vec<u32>>>,
+    coord: Arc<Coordinator>,
 }
 
 impl Job {
@@ -42,8 +43,11 @@ impl Job {
             node_timeout: Duration::from_secs(1),
             ..Default::default()
         });
-        let serving = Some(std::thread::spawn(move || coord.serve(listener)));
-        let job = Job { serving, t, addr, told_server: Default::default() };
+        let serving = {
+            let coord = coord.clone();
+            Some(std::thread::spawn(move || coord.serve(listener)))
+        };
+        let job = Job { serving, t, addr, told_server: Default::default(), coord };
         for i in 0..2 {
             let mut c = job.client();
             c.register("server", &format!("inproc://s{i}")).unwrap();
@@ -144,7 +148,7 @@ fn a_lost_worker_with_progress_is_replaced_by_the_next_worker_which_gets_its_rec
     let stuck = std::thread::spawn(move || {
         let _ = w0.barrier("end", 1);
     });
-    std::thread::sleep(Duration::from_millis(100));
+    eventually("rank 0 is held at the barrier", || job.coord.held_calls() == 1);
     drop(hb0);
     // the replacement waits for the vacancy, takes rank 0 and the newest record
     let mut w = job.client();
@@ -161,7 +165,8 @@ fn a_lost_worker_with_progress_is_replaced_by_the_next_worker_which_gets_its_rec
         w.barrier("end", 1).unwrap();
         w
     });
-    std::thread::sleep(Duration::from_millis(200));
+    // (the lost worker's own call is still parked there too)
+    eventually("rank 0's second arrival is held at the barrier", || job.coord.held_calls() == 2);
     assert!(!again.is_finished(), "rank 0's second arrival passed the barrier without rank 1");
     w1.barrier("end", 1).unwrap();
     let mut w = again.join().unwrap();

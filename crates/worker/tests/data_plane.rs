@@ -10,6 +10,7 @@ use downpour_core::table::{Storage, TableDef};
 use downpour_core::tensor::TensorMap;
 use downpour_core::KeyRange;
 use downpour_server::{Server, ServerConfig, ServerHandle};
+use downpour_transport::faulty::{FaultConfig, FaultyTransport, Partitions};
 use downpour_transport::inproc::InProcTransport;
 use downpour_transport::{network_transport, NetConfig, Transport, TransportKind};
 use downpour_worker::{After, ClientError, KvClient, KvConfig};
@@ -252,11 +253,8 @@ fn server_survives_garbage_bytes_and_huge_length_prefixes() {
 }
 
 #[test]
-fn a_dead_server_is_a_clear_error_not_a_hang() {
+fn connecting_to_an_address_nobody_listens_on_is_a_clear_error() {
     let t = network_transport(TransportKind::Tcp, NetConfig::default()).unwrap();
-    let c = cluster(t.as_ref(), 1, 1 << 20);
-    let addr = c.servers[0].addr.clone();
-    drop(c);
     // nothing listens here any more once the listener is gone: connect fails fast
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let dead = l.local_addr().unwrap().to_string();
@@ -264,7 +262,29 @@ fn a_dead_server_is_a_clear_error_not_a_hang() {
     let routing = proto::Routing { epoch: 1, servers: vec![proto::ServerEntry { node_id: 1, addr: dead.clone() }], ..Default::default() };
     let e = KvClient::connect(t.as_ref(), &routing, 1, KvConfig::default()).err().expect("must fail");
     assert!(e.to_string().contains(&dead), "{e}");
-    let _ = addr;
+}
+
+/// A server that goes away under a connected worker (its links cut by `FaultyTransport`, as
+/// a crashed host looks from the worker: sends and receives on the open connection fail)
+/// fails the worker's next push and pull with an error naming it, long before the request
+/// timeout.
+#[test]
+fn a_server_that_goes_away_under_a_connected_worker_is_a_clear_error_not_a_hang() {
+    let parts = Partitions::new();
+    let t = FaultyTransport::new(Arc::new(InProcTransport::new()), "worker", FaultConfig::default(), parts.clone());
+    let mut c = cluster(&t, 2, 4096);
+    c.kv.create_table(table(1, 1, Storage::Sparse, "add")).unwrap();
+    let keys = spread_keys(64);
+    let ts = c.kv.push(1, &keys, &[1.0; 64]).unwrap();
+    c.kv.wait(ts).unwrap();
+    let gone = c.routing.servers[1].addr.clone();
+    parts.cut("worker", &gone);
+    let t0 = std::time::Instant::now();
+    let e = c.kv.push(1, &keys, &[1.0; 64]).and_then(|ts| c.kv.wait(ts)).expect_err("a push to a server that went away must fail");
+    assert!(e.to_string().contains(&gone), "the error names the server that went away: {e}");
+    let mut out = vec![0f32; 64];
+    assert!(c.kv.pull_into(1, &keys, &mut out).is_err(), "a pull from it fails too");
+    assert!(t0.elapsed() < Duration::from_secs(5), "failing took {:?} (the request timeout is 20 s)", t0.elapsed());
 }
 
 #[test]
