@@ -13,11 +13,14 @@
 //! progress leaves its rank vacant: the next worker to register takes the rank over and
 //! goes on from the lost worker's last recorded point (see [`CoordinatorConfig::worker_rejoin`]).
 //!
-//! [`client::ControlClient`] is the node side of this protocol.
+//! The node side of this protocol is `downpour-control` (`ControlClient`), re-exported here
+//! as [`client`]; servers and workers depend on it alone.
 
 #![warn(missing_docs)]
 
-pub mod client;
+/// The control-plane client (`downpour-control`).
+pub use downpour_control as client;
+pub use downpour_control::decode_body;
 pub mod persist;
 
 mod barriers;
@@ -34,11 +37,3 @@ mod vacancies;
 pub use config::{CoordinatorConfig, JobOutcome};
 pub use epochs::Recovery;
 pub use service::Coordinator;
-
-use downpour_core::proto::FrameHeader;
-use prost::Message;
-
-/// A reply body from a successful control call.
-pub fn decode_body<M: Message + Default>(h: &FrameHeader) -> Result<M, String> {
-    M::decode(h.meta.as_ref()).map_err(|e| format!("bad reply from the coordinator: {e}"))
-}

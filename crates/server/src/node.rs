@@ -5,7 +5,7 @@
 use crate::config::ServerConfig;
 use crate::listener::Server;
 use crate::repl::epoch::{epoch_served, move_to_epoch, EpochError};
-use downpour_coordinator::client::{ControlClient, ControlError};
+use downpour_control::{ControlClient, ControlError};
 use downpour_transport::{Transport, TransportError};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

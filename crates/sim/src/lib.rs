@@ -6,9 +6,13 @@
 //! acknowledged) and [`chain_epoch`] (where the data is when the placement changes, what to
 //! copy to whom, how a copy is installed). What this crate adds is only the part the runtime
 //! does with sockets and threads: messages over a simulated network with a seeded clock that
-//! loses, delays and reorders them (each link is a TCP connection: in order, and a lost frame
-//! breaks it, losing what follows until its sender connects again; frames of different links
-//! overtake each other), and a model of the coordinator: crashed servers and servers cut off
+//! loses, delays and reorders them, on connections as the runtime opens them (a worker's to
+//! each head; for each incoming connection of a server, its own forwarding connections to the
+//! successors, whose acknowledgements come back on them). A connection is in order; a lost
+//! frame breaks it silently, the sender's next send there fails (the request fails and, at a
+//! server, every forwarding connection of that incoming connection is replaced, as
+//! `Forwarding::reset` does), and a new connection starts fresh on both sides; frames of
+//! different connections overtake each other. And a model of the coordinator: crashed servers and servers cut off
 //! from it are replaced after a node timeout, joining servers are added, each change is a
 //! routing epoch, an epoch is served once every member has its copies, and a server may not
 //! hear that an epoch was served before the next change.
@@ -174,7 +178,7 @@ enum Msg {
     /// connection it travels on: the runtime forwards the pushes of each incoming
     /// connection on connections of their own, and acknowledgements come back on them.
     Push {
-        conn: Node,
+        conn: u64,
         meta: PushMeta,
         last: bool,
         keys: Vec<u64>,
@@ -182,7 +186,7 @@ enum Msg {
     },
     /// The answer to a push (`meta` names it) on connection `conn`.
     Ack {
-        conn: Node,
+        conn: u64,
         meta: PushMeta,
         result: Result<(), String>,
     },
@@ -258,7 +262,9 @@ impl Ord for Event {
 struct Pending {
     up: Node,
     /// The connection the push came on (its answer goes back on it).
-    conn: Node,
+    conn: u64,
+    /// The connections it was forwarded on (their acknowledgements come back on them).
+    out: u64,
     meta: PushMeta,
     waiting: Vec<u32>,
 }
@@ -272,7 +278,7 @@ struct Server {
     table: Table,
     marks: Watermarks,
     /// One forwarding state per incoming link, as per connection in the runtime.
-    forwarders: HashMap<Node, Forwarder>,
+    forwarders: HashMap<(Node, u64), Forwarder>,
     pending: Vec<Pending>,
     copies_waiting: usize,
 }
@@ -308,8 +314,8 @@ struct Sim {
     queue: BinaryHeap<Event>,
     /// Last delivery time per link, so a link delivers in order (a TCP connection).
     link_clock: HashMap<(Node, Node), u64>,
-    /// Links broken by a lost frame, until when (their sender connects again then).
-    broken: HashMap<(Node, Node), u64>,
+    /// Connections broken by a lost frame, as `(client, server, conn)`.
+    broken: std::collections::HashSet<(Node, Node, u64)>,
     servers: BTreeMap<u32, Server>,
     workers: Vec<Worker>,
     coord: Coordinator,
@@ -324,8 +330,31 @@ struct Sim {
 const TABLE: u32 = 1;
 const TIMEOUT: u64 = 400;
 const DETECT: u64 = 60;
-const RECONNECT: u64 = 150;
 const HORIZON: u64 = 2_000_000;
+
+/// The connection a frame travels on, as `(client, server, conn)`: a push from `client` to
+/// `server` on behalf of the client's incoming connection `conn` (a worker's own for its
+/// pushes), and the acknowledgement coming back on it.
+fn conn_of(from: Node, to: Node, msg: &Msg) -> Option<(Node, Node, u64)> {
+    match msg {
+        Msg::Push { conn, .. } => Some((from, to, *conn)),
+        Msg::Ack { conn, .. } => Some((to, from, *conn)),
+        _ => None,
+    }
+}
+
+/// A worker's connection id.
+fn worker_conn(w: u32) -> u64 {
+    splitmix64(0x5EED_0000 + w as u64)
+}
+
+fn node_code(n: Node) -> u64 {
+    match n {
+        Node::Server(id) => id as u64,
+        Node::Worker(w) => 1 << 32 | w as u64,
+        Node::Coordinator => 2 << 32,
+    }
+}
 
 fn table_def() -> TableDef {
     TableDef {
@@ -368,7 +397,7 @@ impl Sim {
             seq: 0,
             queue: BinaryHeap::new(),
             link_clock: HashMap::new(),
-            broken: HashMap::new(),
+            broken: Default::default(),
             servers: BTreeMap::new(),
             workers,
             coord: Coordinator {
@@ -439,27 +468,45 @@ impl Sim {
 
     /// Sends a frame over the link `from → to`: delayed, in order per link; data frames may
     /// be lost or duplicated while faults are on.
-    fn send(&mut self, from: Node, to: Node, msg: Msg) {
-        let data = matches!(msg, Msg::Push { .. } | Msg::Ack { .. });
+    /// Sends a frame from `from` to `to`, delayed, in order per link. Pushes and their
+    /// acknowledgements travel on connections (`conn_of`): a lost frame breaks its connection
+    /// silently; the sender learns it at its next send there, which fails (`false`), and the
+    /// next connects again, fresh on both sides (as a TCP connection: nothing sent after a
+    /// lost frame arrives on it, and nothing of it survives a reconnect).
+    fn send(&mut self, from: Node, to: Node, msg: Msg) -> bool {
         let cut = |n: Node| matches!(n, Node::Server(id) if self.cut.contains(&id));
         if (from == Node::Coordinator && cut(to)) || (to == Node::Coordinator && cut(from)) {
-            return; // the coordinator and a cut-off server do not hear each other
+            return true; // the coordinator and a cut-off server do not hear each other
         }
-        // A link is a TCP connection: a lost frame breaks it, and what is sent on it after
-        // is lost too until its sender has noticed and connected again.
-        if data && self.broken.get(&(from, to)).is_some_and(|&until| until > self.now) {
-            self.out.lost += 1;
-            return;
-        }
-        if data && !self.faults_over && self.rng.chance(self.cfg.loss) {
-            self.out.lost += 1;
-            self.broken.insert((from, to), self.now + RECONNECT);
-            return;
+        if let Some(key) = conn_of(from, to, &msg) {
+            if self.broken.remove(&key) {
+                self.out.lost += 1;
+                self.reconnected(key);
+                return false;
+            }
+            if !self.faults_over && self.rng.chance(self.cfg.loss) {
+                self.out.lost += 1;
+                self.broken.insert(key);
+                return true;
+            }
         }
         let delay = 1 + self.rng.below(self.cfg.max_delay);
         let at = (self.now + delay).max(self.link_clock.get(&(from, to)).copied().unwrap_or(0));
         self.link_clock.insert((from, to), at);
         self.schedule(at, from, to, msg);
+        true
+    }
+
+    /// A broken connection `(client, server, conn)` is replaced by a new one: what the
+    /// server kept for the old one (its forwarding state, the requests it answers on it)
+    /// is gone with it.
+    fn reconnected(&mut self, (client, server, conn): (Node, Node, u64)) {
+        if let Node::Server(id) = server {
+            if let Some(s) = self.servers.get_mut(&id) {
+                s.forwarders.remove(&(client, conn));
+                s.pending.retain(|p| !(p.up == client && p.conn == conn));
+            }
+        }
     }
 
     fn run_traced(mut self) -> (Result<Outcome, Violation>, Vec<String>) {
@@ -529,10 +576,19 @@ impl Sim {
         self.workers[wi].waiting = by_head.keys().copied().collect();
         self.workers[wi].attempt += 1;
         let attempt = self.workers[wi].attempt;
+        let mut failed = false;
         for (head, ks) in by_head {
             let meta = PushMeta { forwarded: false, worker: w, request_id, epoch, table: TABLE };
             let vals = vec![1.0; ks.len()];
-            self.send(Node::Worker(w), Node::Server(head), Msg::Push { conn: Node::Worker(w), meta, last: true, keys: ks, vals });
+            failed |= !self.send(Node::Worker(w), Node::Server(head), Msg::Push { conn: worker_conn(w), meta, last: true, keys: ks, vals });
+        }
+        if failed {
+            // a connection broke: again at once, on new connections, under the newest routing
+            self.workers[wi].routing = (self.coord.served_epoch, self.coord.served.clone());
+            self.workers[wi].attempt += 1;
+            let attempt = self.workers[wi].attempt;
+            self.schedule(self.now + 20, Node::Worker(w), Node::Worker(w), Msg::WorkerTimeout { attempt });
+            return;
         }
         self.schedule(self.now + TIMEOUT, Node::Worker(w), Node::Worker(w), Msg::WorkerTimeout { attempt });
         // a spurious retry: the same push again while the first is in flight (as a worker's
@@ -597,7 +653,11 @@ impl Sim {
                 let s = self.servers.get_mut(&id).expect("present");
                 let mut answers = Vec::new();
                 s.pending.retain_mut(|p| {
-                    if p.up != conn || p.meta.worker != meta.worker || p.meta.request_id != meta.request_id || !p.waiting.contains(&succ) {
+                    // acknowledgements come back on the forwarding connection of their
+                    // request's epoch (the runtime opens new ones when the epoch changes)
+                    let same =
+                        p.out == conn && p.meta.worker == meta.worker && p.meta.request_id == meta.request_id && p.meta.epoch == meta.epoch;
+                    if !same || !p.waiting.contains(&succ) {
                         return true;
                     }
                     match &result {
@@ -657,7 +717,7 @@ impl Sim {
     /// Answers a push. (An answer may leave after this server moved to a newer epoch: the
     /// push was admitted under the sender's epoch and its successors took it under that
     /// epoch too, before their moves copied it on.)
-    fn answer(&mut self, id: u32, up: Node, conn: Node, meta: PushMeta, result: Result<(), String>) -> Result<(), Violation> {
+    fn answer(&mut self, id: u32, up: Node, conn: u64, meta: PushMeta, result: Result<(), String>) -> Result<(), Violation> {
         self.send(Node::Server(id), up, Msg::Ack { conn, meta, result });
         Ok(())
     }
@@ -667,12 +727,15 @@ impl Sim {
         &mut self,
         id: u32,
         from: Node,
-        conn: Node,
+        conn: u64,
         meta: PushMeta,
         last: bool,
         keys: Vec<u64>,
         vals: Vec<f32>,
     ) -> Result<(), Violation> {
+        // this incoming connection's own forwarding connections (one per incoming
+        // connection in the runtime: `ConnCtx::fwd`)
+        let out = splitmix64(conn ^ splitmix64(node_code(from)) ^ (id as u64) << 40);
         let s = self.servers.get_mut(&id).expect("present");
         let segs = chain_push::segments(&s.map, PushKeys::Keys(&keys));
         if let Err(why) = chain_push::check_roles(&s.map, &segs, id, &meta, s.epoch) {
@@ -681,25 +744,37 @@ impl Sim {
         if let Err(e) = chain_push::admit_and_apply(&mut s.table, &mut s.marks, &meta, PushKeys::Keys(&keys), &vals, &segs) {
             return self.answer(id, from, conn, meta, Err(e.to_string()));
         }
-        let plan = s.forwarders.entry(from).or_default().plan(&s.map, &segs, id, last);
+        let plan = s.forwarders.entry((from, conn)).or_default().plan(&s.map, &segs, id, last);
         // no answer before the request's last frame
         let answer_now = plan.reply_after.as_ref().is_some_and(|a| a.is_empty());
         let after = plan.reply_after.clone().unwrap_or_default();
         if !after.is_empty() {
-            s.pending.retain(|p| !(p.up == from && p.meta == meta));
-            s.pending.push(Pending { up: from, conn, meta, waiting: after });
+            // one request at a time per connection: a new one ends the wait of the one before
+            s.pending.retain(|p| !(p.up == from && p.conn == conn));
+            s.pending.push(Pending { up: from, conn, out, meta, waiting: after });
         }
         let fwd = PushMeta { forwarded: true, ..meta };
-        for f in &plan.frames {
-            let msg = Msg::Push { conn: from, meta: fwd, last: f.last, keys: keys[f.a..f.b].to_vec(), vals: vals[f.a..f.b].to_vec() };
-            self.send(Node::Server(id), Node::Server(f.to), msg);
-        }
-        for &to in &plan.close {
-            self.send(
-                Node::Server(id),
-                Node::Server(to),
-                Msg::Push { conn: from, meta: fwd, last: true, keys: Vec::new(), vals: Vec::new() },
-            );
+        let mut sends: Vec<(u32, Msg)> = plan
+            .frames
+            .iter()
+            .map(|f| (f.to, Msg::Push { conn: out, meta: fwd, last: f.last, keys: keys[f.a..f.b].to_vec(), vals: vals[f.a..f.b].to_vec() }))
+            .collect();
+        sends.extend(plan.close.iter().map(|&to| (to, Msg::Push { conn: out, meta: fwd, last: true, keys: Vec::new(), vals: Vec::new() })));
+        for (to, msg) in sends {
+            if !self.send(Node::Server(id), Node::Server(to), msg) {
+                // the runtime answers the failure and replaces every forwarding connection
+                // of this incoming one (`Forwarding::reset`)
+                let s = self.servers.get_mut(&id).expect("present");
+                s.pending.retain(|p| !(p.up == from && p.conn == conn));
+                s.forwarders.remove(&(from, conn));
+                let others: Vec<u32> = self.servers.keys().copied().collect();
+                for x in others {
+                    let key = (Node::Server(id), Node::Server(x), out);
+                    self.broken.remove(&key);
+                    self.reconnected(key);
+                }
+                return self.answer(id, from, conn, meta, Err(format!("forwarding to replica node {to} failed")));
+            }
         }
         if answer_now {
             self.answer(id, from, conn, meta, Ok(()))?;

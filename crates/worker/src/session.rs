@@ -1,5 +1,5 @@
 use crate::client::{ClientError, KvClient, KvConfig};
-use downpour_coordinator::client::{ControlClient, ControlError};
+use downpour_control::{ControlClient, ControlError};
 use downpour_core::{checkpoint, proto};
 use downpour_transport::Transport;
 use parking_lot::Mutex;

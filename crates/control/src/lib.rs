@@ -1,4 +1,6 @@
-//! The node side of the coordinator protocol.
+//! downpour-control: the node side of the coordinator protocol (the control plane). Servers,
+//! workers and tools call the coordinator through [`ControlClient`] over any transport;
+//! the coordinator itself (`downpour-coordinator`) serves it.
 
 use downpour_core::msg::{self, Op, Status};
 use downpour_core::proto::{self, FrameHeader};
@@ -181,7 +183,7 @@ impl ControlClient {
     /// is sent again (a coordinator restarted with its state answers it the same).
     pub fn register_as(&mut self, req: &proto::RegisterRequest) -> Result<proto::RegisterReply, ControlError> {
         let r = self.call_retrying(Op::Register, req.encode_to_vec(), req.token != 0)?;
-        let reply: proto::RegisterReply = crate::decode_body(&r).map_err(ControlError::Malformed)?;
+        let reply: proto::RegisterReply = decode_body(&r).map_err(ControlError::Malformed)?;
         self.node_id = reply.node_id;
         Ok(reply)
     }
@@ -201,7 +203,7 @@ impl ControlClient {
             None => Vec::new(),
         };
         let r = self.call(Op::Heartbeat, body)?;
-        crate::decode_body(&r).map_err(ControlError::Malformed)
+        decode_body(&r).map_err(ControlError::Malformed)
     }
 
     /// (Workers) records where this worker stands with every request acknowledged (answered
@@ -214,13 +216,13 @@ impl ControlClient {
     /// the coordinator until there is one when `req.wait`).
     pub fn schedule(&mut self, req: &proto::ScheduleRequest) -> Result<proto::ScheduleReply, ControlError> {
         let r = self.call(Op::Schedule, req.encode_to_vec())?;
-        crate::decode_body(&r).map_err(ControlError::Malformed)
+        decode_body(&r).map_err(ControlError::Malformed)
     }
 
     /// A call to the coordinator's piece board (Sandblaster; held for `want` 2 and 3).
     pub fn pieces(&mut self, req: &proto::PieceRequest) -> Result<proto::PieceReply, ControlError> {
         let r = self.call(Op::Pieces, req.encode_to_vec())?;
-        crate::decode_body(&r).map_err(ControlError::Malformed)
+        decode_body(&r).map_err(ControlError::Malformed)
     }
 
     /// The routing table: waits up to `wait` for an active one of epoch `min_epoch` or later
@@ -228,7 +230,7 @@ impl ControlClient {
     pub fn routing(&mut self, min_epoch: u64, wait: Duration) -> Result<proto::Routing, ControlError> {
         let body = proto::RoutingRequest { min_epoch, wait_ms: wait.as_millis() as u64 }.encode_to_vec();
         let r = self.call(Op::GetRouting, body)?;
-        crate::decode_body(&r).map_err(ControlError::Malformed)
+        decode_body(&r).map_err(ControlError::Malformed)
     }
 
     /// (Servers of a replicated job) reports that this server moved to `epoch` and built
@@ -244,7 +246,7 @@ impl ControlClient {
     /// servers, and when fewer servers than copies would be left.
     pub fn drain(&mut self, rank: u32) -> Result<proto::DrainReply, ControlError> {
         let r = self.call(Op::Drain, proto::DrainRequest { server: rank }.encode_to_vec())?;
-        crate::decode_body(&r).map_err(ControlError::Malformed)
+        decode_body(&r).map_err(ControlError::Malformed)
     }
 
     /// (Workers) joins checkpoint round `seq` with every push acknowledged, or (`retiring`)
@@ -252,7 +254,7 @@ impl ControlClient {
     /// `write` makes this worker the one to write it.
     pub fn checkpoint_join(&mut self, req: &proto::CheckpointJoin) -> Result<proto::CheckpointJoinReply, ControlError> {
         let r = self.call(Op::CheckpointJoin, req.encode_to_vec())?;
-        crate::decode_body(&r).map_err(ControlError::Malformed)
+        decode_body(&r).map_err(ControlError::Malformed)
     }
 
     /// (The checkpoint's writer) reports checkpoint `seq` written at `path`, or why not.
@@ -265,4 +267,9 @@ impl ControlClient {
     pub fn done(&mut self, ok: bool, message: &str) -> Result<(), ControlError> {
         self.call(Op::Done, proto::DoneRequest { ok, message: message.into() }.encode_to_vec()).map(|_| ())
     }
+}
+
+/// A reply body from a successful control call.
+pub fn decode_body<M: Message + Default>(h: &FrameHeader) -> Result<M, String> {
+    M::decode(h.meta.as_ref()).map_err(|e| format!("bad reply from the coordinator: {e}"))
 }
