@@ -279,6 +279,9 @@ struct Server {
     marks: Watermarks,
     /// One forwarding state per incoming link, as per connection in the runtime.
     forwarders: HashMap<(Node, u64), Forwarder>,
+    /// Per incoming connection, a request that failed before its last frame: its remaining
+    /// frames are skipped, as the runtime's connection loop does.
+    skipping: HashMap<(Node, u64), u64>,
     pending: Vec<Pending>,
     copies_waiting: usize,
 }
@@ -456,6 +459,7 @@ impl Sim {
             table: Table::new(table_def(), KeyRange::FULL, &RuleRegistry::new()).expect("a valid table definition"),
             marks: Watermarks::new(shards, self.cfg.workers),
             forwarders: HashMap::new(),
+            skipping: HashMap::new(),
             pending: Vec::new(),
             copies_waiting: 0,
         }
@@ -504,6 +508,7 @@ impl Sim {
         if let Node::Server(id) = server {
             if let Some(s) = self.servers.get_mut(&id) {
                 s.forwarders.remove(&(client, conn));
+                s.skipping.remove(&(client, conn));
                 s.pending.retain(|p| !(p.up == client && p.conn == conn));
             }
         }
@@ -733,16 +738,22 @@ impl Sim {
         keys: Vec<u64>,
         vals: Vec<f32>,
     ) -> Result<(), Violation> {
+        if self.servers[&id].skipping.get(&(from, conn)) == Some(&meta.request_id) {
+            if last {
+                self.servers.get_mut(&id).expect("present").skipping.remove(&(from, conn));
+            }
+            return Ok(());
+        }
         // this incoming connection's own forwarding connections (one per incoming
         // connection in the runtime: `ConnCtx::fwd`)
         let out = splitmix64(conn ^ splitmix64(node_code(from)) ^ (id as u64) << 40);
         let s = self.servers.get_mut(&id).expect("present");
         let segs = chain_push::segments(&s.map, PushKeys::Keys(&keys));
         if let Err(why) = chain_push::check_roles(&s.map, &segs, id, &meta, s.epoch) {
-            return self.answer(id, from, conn, meta, Err(why));
+            return self.fail(id, from, conn, meta, last, why);
         }
         if let Err(e) = chain_push::admit_and_apply(&mut s.table, &mut s.marks, &meta, PushKeys::Keys(&keys), &vals, &segs) {
-            return self.answer(id, from, conn, meta, Err(e.to_string()));
+            return self.fail(id, from, conn, meta, last, e.to_string());
         }
         let plan = s.forwarders.entry((from, conn)).or_default().plan(&s.map, &segs, id, last);
         // no answer before the request's last frame
@@ -773,13 +784,21 @@ impl Sim {
                     self.broken.remove(&key);
                     self.reconnected(key);
                 }
-                return self.answer(id, from, conn, meta, Err(format!("forwarding to replica node {to} failed")));
+                return self.fail(id, from, conn, meta, last, format!("forwarding to replica node {to} failed"));
             }
         }
         if answer_now {
             self.answer(id, from, conn, meta, Ok(()))?;
         }
         Ok(())
+    }
+
+    /// Answers a push's failure; before its last frame, the rest of the request is skipped.
+    fn fail(&mut self, id: u32, from: Node, conn: u64, meta: PushMeta, last: bool, why: String) -> Result<(), Violation> {
+        if !last {
+            self.servers.get_mut(&id).expect("present").skipping.insert((from, conn), meta.request_id);
+        }
+        self.answer(id, from, conn, meta, Err(why))
     }
 
     fn server_move(&mut self, id: u32, epoch: u64, members: Vec<u32>, served: Vec<u32>) -> Result<(), Violation> {
