@@ -1,0 +1,52 @@
+//! The invariants checked after every run.
+
+use super::*;
+
+impl Sim {
+    // ---- invariants
+
+    pub(crate) fn check(&mut self) -> Result<(), Violation> {
+        for (w, wk) in self.workers.iter().enumerate() {
+            if !wk.done {
+                return Err(Violation(format!(
+                    "worker {w} hung at push {}/{} (epoch {} served {}, time {})",
+                    wk.next + 1,
+                    wk.pushes.len(),
+                    self.coord.epoch,
+                    self.coord.served_epoch,
+                    self.now
+                )));
+            }
+        }
+        if self.coord.served_epoch != self.coord.epoch {
+            return Err(Violation(format!("epoch {} was never served (served: {})", self.coord.epoch, self.coord.served_epoch)));
+        }
+        let mut reference: HashMap<u64, f32> = HashMap::new();
+        for wk in &self.workers {
+            for p in &wk.pushes {
+                for k in p {
+                    *reference.entry(*k).or_default() += 1.0;
+                }
+            }
+        }
+        let map = self.map_of(&self.coord.served);
+        for &key in &self.universe {
+            let Some(shard) = map.shard_of(key) else { continue };
+            let want = reference.get(&key).copied().unwrap_or(0.0);
+            for &node in map.chain(shard) {
+                let s = self.servers.get_mut(&node).ok_or_else(|| Violation(format!("server {node} of the final chain is gone")))?;
+                let mut got = [0f32];
+                s.table.pull(&[key], &mut got).map_err(|e| Violation(e.to_string()))?;
+                if got[0] != want {
+                    return Err(Violation(format!(
+                        "key {key} (shard {shard}, chain {:?}): server {node} holds {} but the sequential run gives {want} ({})",
+                        map.chain(shard),
+                        got[0],
+                        if got[0] > want { "applied twice" } else { "lost" }
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+}

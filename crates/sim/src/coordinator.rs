@@ -1,0 +1,81 @@
+//! The coordinator model: crashes, cut-offs and joins make routing epochs; an epoch is served
+//! once every member has its copies.
+
+use super::*;
+
+impl Sim {
+    // ---- the coordinator model: crashes and joins make epochs; an epoch is served once
+    // every member has its copies
+
+    pub(crate) fn at_coordinator(&mut self, _from: Node, msg: Msg) -> Result<(), Violation> {
+        match msg {
+            Msg::Crash | Msg::Cut => {
+                // a live member dies (or is cut off); the coordinator notices after its node
+                // timeout and replaces it
+                let live: Vec<u32> = self
+                    .coord
+                    .members
+                    .iter()
+                    .copied()
+                    .filter(|m| self.servers.get(m).is_some_and(|s| s.alive) && !self.cut.contains(m))
+                    .collect();
+                if live.len() <= self.cfg.k {
+                    return Ok(());
+                }
+                let victim = live[self.rng.below(live.len() as u64) as usize];
+                if matches!(msg, Msg::Cut) {
+                    self.cut.push(victim); // alive, at its epoch, serving whoever reaches it
+                } else if let Some(s) = self.servers.get_mut(&victim) {
+                    s.alive = false; // its state is gone with it
+                }
+                self.schedule(self.now + DETECT, Node::Coordinator, Node::Coordinator, Msg::Detected { server: victim });
+                Ok(())
+            }
+            Msg::Join => {
+                let id = self.coord.next_id;
+                self.coord.next_id += 1;
+                let s = self.new_server(0, &self.coord.served.clone());
+                self.servers.insert(id, s);
+                self.coord.members.push(id);
+                self.new_epoch();
+                Ok(())
+            }
+            Msg::Detected { server } => {
+                self.coord.members.retain(|m| *m != server);
+                self.new_epoch();
+                Ok(())
+            }
+            Msg::Ready { epoch, server } => {
+                if epoch == self.coord.epoch && !self.coord.ready.contains(&server) {
+                    self.coord.ready.push(server);
+                    if self.coord.epoch_members.iter().all(|m| self.coord.ready.contains(m)) {
+                        self.coord.served_epoch = epoch;
+                        self.coord.served = self.coord.epoch_members.clone();
+                        for m in self.coord.epoch_members.clone() {
+                            if self.rng.chance(self.cfg.skip_served) {
+                                continue;
+                            }
+                            let msg = Msg::Served { epoch, members: self.coord.served.clone() };
+                            self.send(Node::Coordinator, Node::Server(m), msg);
+                        }
+                    }
+                }
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    pub(crate) fn new_epoch(&mut self) {
+        self.coord.epoch += 1;
+        self.coord.epoch_members = self.coord.members.clone();
+        self.coord.ready.clear();
+        self.out.epochs += 1;
+        let (epoch, members, served) = (self.coord.epoch, self.coord.members.clone(), self.coord.served.clone());
+        let targets: Vec<u32> = self.servers.iter().filter(|(_, s)| s.alive).map(|(id, _)| *id).collect();
+        for id in targets {
+            let msg = Msg::Routing { epoch, members: members.clone(), served: served.clone() };
+            self.send(Node::Coordinator, Node::Server(id), msg);
+        }
+    }
+}
