@@ -124,6 +124,35 @@ pub fn admit_and_apply(
     Ok(())
 }
 
+/// The rest of a failed request is skipped: a request's frames arrive in order on one
+/// connection, and once a frame of it was refused (an error answered before its last frame),
+/// its remaining frames are dropped unanswered, so no part of a request that was refused is
+/// applied or forwarded after the refusal (the sender sends it again whole). One per
+/// connection.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Skip(Option<u64>);
+
+impl Skip {
+    /// Whether the frame of `request_id` (`last`: the request's last frame) is dropped; the
+    /// last frame of the skipped request ends the skip.
+    pub fn skips(&mut self, request_id: u64, last: bool) -> bool {
+        if self.0 != Some(request_id) {
+            return false;
+        }
+        if last {
+            self.0 = None;
+        }
+        true
+    }
+
+    /// A frame of `request_id` was refused: unless it was the request's last, skip the rest.
+    pub fn refused(&mut self, request_id: u64, last: bool) {
+        if !last {
+            self.0 = Some(request_id);
+        }
+    }
+}
+
 /// One frame to forward: the push's keys `[a, b)` (indices into the request) to server
 /// `to`; `last` closes the request at `to`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -254,6 +283,19 @@ mod tests {
         assert!(check_roles(&m, &seg, chain[0], &meta(true, 1), 1).is_err());
         let e = check_roles(&m, &seg, chain[0], &meta(false, 1), 2).unwrap_err();
         assert!(e.contains("epoch"), "{e}");
+    }
+
+    #[test]
+    fn the_rest_of_a_refused_request_is_skipped_until_its_last_frame() {
+        let mut s = Skip::default();
+        assert!(!s.skips(7, false));
+        s.refused(7, false);
+        assert!(s.skips(7, false), "a later frame of the refused request");
+        assert!(!s.skips(8, false), "another request's frames are not skipped");
+        assert!(s.skips(7, true), "its last frame is dropped too");
+        assert!(!s.skips(7, false), "then the skip is over");
+        s.refused(9, true);
+        assert!(!s.skips(9, true), "a refused last frame leaves nothing to skip");
     }
 
     #[test]

@@ -6,6 +6,7 @@ use crate::dispatch::handle_frame;
 use crate::repl::rounds::ROUND_MARKS_REQUEST;
 use crate::repl::Forwarding;
 use crate::state::{ServerState, TableSlot};
+use downpour_core::chain_push::Skip;
 use downpour_core::filter::{FilterTraffic, Pipeline};
 use downpour_core::msg::{self, Status};
 use downpour_core::CoreError;
@@ -71,7 +72,8 @@ pub fn serve_connection(st: &ServerState, mut conn: Box<dyn Connection>) {
         fwd: Forwarding::default(),
         forward_failed: false,
     };
-    let mut skip: Option<u64> = None;
+    // the rest of a refused request is dropped (`core::chain_push::Skip`)
+    let mut skip = Skip::default();
     // Wake up now and then to notice a stop request.
     let _ = conn.set_recv_timeout(None);
     loop {
@@ -87,15 +89,10 @@ pub fn serve_connection(st: &ServerState, mut conn: Box<dyn Connection>) {
         if h.encoding.is_none() && h.keys_len / 8 > st.cfg.limits.max_keys_per_request as u64 {
             // Refused before its payload is read (the transport skips it), once per request:
             // later chunks of a refused request are dropped silently.
-            if skip == Some(h.request_id) {
-                if h.last {
-                    skip = None;
-                }
+            if skip.skips(h.request_id, h.last) {
                 continue;
             }
-            if !h.last {
-                skip = Some(h.request_id);
-            }
+            skip.refused(h.request_id, h.last);
             let why = format!("{} keys in one request, over the limit of {}", h.keys_len / 8, st.cfg.limits.max_keys_per_request);
             let mut r = msg::error_reply(&h, st.node_id.load(Ordering::Relaxed), Status::ResourceExhausted, why);
             if conn.send(&mut r, &[], &[]).is_err() {
@@ -122,10 +119,7 @@ pub fn serve_connection(st: &ServerState, mut conn: Box<dyn Connection>) {
             ctx.keys.clear();
             ctx.vals.clear();
         }
-        if skip == Some(h.request_id) {
-            if h.last {
-                skip = None;
-            }
+        if skip.skips(h.request_id, h.last) {
             continue;
         }
         let result = handle_frame(st, &h, &mut ctx, conn.as_mut());
@@ -137,9 +131,7 @@ pub fn serve_connection(st: &ServerState, mut conn: Box<dyn Connection>) {
         let sent = match result {
             Ok(Ok(())) => Ok(()),
             Ok(Err((status, message))) => {
-                if !h.last {
-                    skip = Some(h.request_id);
-                }
+                skip.refused(h.request_id, h.last);
                 let mut r = msg::error_reply(&h, st.node_id.load(Ordering::Relaxed), status, message);
                 conn.send(&mut r, &[], &[])
             }

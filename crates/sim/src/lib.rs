@@ -30,7 +30,7 @@
 //! transit (the runtime retries a failed move; here copies are delivered, late).
 
 use downpour_core::chain_epoch;
-use downpour_core::chain_push::{self, Forwarder, PushKeys, PushMeta};
+use downpour_core::chain_push::{self, Forwarder, PushKeys, PushMeta, Skip};
 use downpour_core::init::{splitmix64, Init};
 use downpour_core::ring::Ring;
 use downpour_core::rule::RuleRegistry;
@@ -286,7 +286,7 @@ struct Server {
     forwarders: HashMap<(Node, u64), Forwarder>,
     /// Per incoming connection, a request that failed before its last frame: its remaining
     /// frames are skipped, as the runtime's connection loop does.
-    skipping: HashMap<(Node, u64), u64>,
+    skipping: HashMap<(Node, u64), Skip>,
     pending: Vec<Pending>,
     copies_waiting: usize,
 }

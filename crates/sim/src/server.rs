@@ -98,10 +98,7 @@ impl Sim {
         keys: Vec<u64>,
         vals: Vec<f32>,
     ) -> Result<(), Violation> {
-        if self.servers[&id].skipping.get(&(from, conn)) == Some(&meta.request_id) {
-            if last {
-                self.servers.get_mut(&id).expect("present").skipping.remove(&(from, conn));
-            }
+        if self.servers.get_mut(&id).expect("present").skipping.entry((from, conn)).or_default().skips(meta.request_id, last) {
             return Ok(());
         }
         // this incoming connection's own forwarding connections (one per incoming
@@ -155,9 +152,7 @@ impl Sim {
 
     /// Answers a push's failure; before its last frame, the rest of the request is skipped.
     pub(crate) fn fail(&mut self, id: u32, from: Node, conn: u64, meta: PushMeta, last: bool, why: String) -> Result<(), Violation> {
-        if !last {
-            self.servers.get_mut(&id).expect("present").skipping.insert((from, conn), meta.request_id);
-        }
+        self.servers.get_mut(&id).expect("present").skipping.entry((from, conn)).or_default().refused(meta.request_id, last);
         self.answer(id, from, conn, meta, Err(why))
     }
 
