@@ -8,13 +8,28 @@ impl Sim {
     pub(crate) fn check(&mut self) -> Result<(), Violation> {
         for (w, wk) in self.workers.iter().enumerate() {
             if !wk.done {
+                // what the servers still wait for, to read a hang
+                let waits: Vec<String> = self
+                    .servers
+                    .iter()
+                    .filter(|(_, s)| s.alive)
+                    .flat_map(|(id, s)| {
+                        s.pending.iter().map(move |p| {
+                            format!(
+                                "server {id}: worker {} request {} from {:?} waits for {:?}",
+                                p.meta.worker, p.meta.request_id, p.up, p.waiting
+                            )
+                        })
+                    })
+                    .collect();
                 return Err(Violation(format!(
-                    "worker {w} hung at push {}/{} (epoch {} served {}, time {})",
+                    "worker {w} hung at push {}/{} (epoch {} served {}, time {}); {}",
                     wk.next + 1,
                     wk.pushes.len(),
                     self.coord.epoch,
                     self.coord.served_epoch,
-                    self.now
+                    self.now,
+                    if waits.is_empty() { "no server waits".to_string() } else { waits.join("; ") }
                 )));
             }
         }

@@ -76,6 +76,8 @@ pub struct SimConfig {
     /// Servers cut off from the coordinator during the run: declared dead and replaced, but
     /// alive, still at their old epoch, and still reachable by workers and servers.
     pub cutoffs: usize,
+    /// Pushes a worker keeps in flight (1: one at a time; more is the ignored test's).
+    pub window: usize,
     /// Probability that a server does not hear that an epoch was served (its heartbeat was
     /// answered with the next change already).
     pub skip_served: f64,
@@ -103,6 +105,7 @@ impl SimConfig {
             max_delay: 1 + r.below(50),
             crashes: if k > 1 { r.below(k as u64) as usize } else { 0 },
             cutoffs: 0,
+            window: 1,
             skip_served: [0.0, 0.5][r.below(2) as usize],
             joins: r.below(2) as usize,
         };
@@ -149,7 +152,12 @@ pub fn run_with(seed: u64, cfg: SimConfig) -> Result<Outcome, Violation> {
 
 /// Runs `seed` and returns every delivered frame, one line each, for reading a failure.
 pub fn trace(seed: u64) -> (Result<Outcome, Violation>, Vec<String>) {
-    let mut sim = Sim::new(seed, SimConfig::from_seed(seed));
+    trace_with(seed, SimConfig::from_seed(seed))
+}
+
+/// As [`trace`], with the configuration `cfg`.
+pub fn trace_with(seed: u64, cfg: SimConfig) -> (Result<Outcome, Violation>, Vec<String>) {
+    let mut sim = Sim::new(seed, cfg);
     sim.trace = Some(Vec::new());
     let (r, t) = sim.run_traced();
     (r, t)
@@ -296,9 +304,11 @@ struct Worker {
     /// The routing this worker uses (epoch, members): refreshed from the coordinator only
     /// after a refusal or a timeout, as the client does.
     routing: (u64, Vec<u32>),
+    /// The first push not acknowledged by all its heads, and how many were sent.
     next: usize,
-    /// Heads whose acknowledgement of the current push is still missing.
-    waiting: Vec<u32>,
+    sent: usize,
+    /// Per push in flight, the heads whose acknowledgement is still missing.
+    waiting: HashMap<usize, Vec<u32>>,
     attempt: u64,
     done: bool,
 }
@@ -395,7 +405,15 @@ impl Sim {
                         ks
                     })
                     .collect();
-                Worker { pushes, routing: (1, (1..=cfg.servers as u32).collect()), next: 0, waiting: Vec::new(), attempt: 0, done: false }
+                Worker {
+                    pushes,
+                    routing: (1, (1..=cfg.servers as u32).collect()),
+                    next: 0,
+                    sent: 0,
+                    waiting: HashMap::new(),
+                    attempt: 0,
+                    done: false,
+                }
             })
             .collect();
         let members: Vec<u32> = (1..=cfg.servers as u32).collect();

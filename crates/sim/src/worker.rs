@@ -1,50 +1,90 @@
-//! The workers of the simulation: each pushes its increments one push at a time, keeps its
-//! routing until a refusal or a timeout, and retries (sometimes twice at once) until every
-//! head acknowledged the push.
+//! The workers of the simulation: each keeps up to `window` pushes in flight (as the client
+//! pipelines its requests), keeps its routing until a refusal or a timeout, and then sends
+//! every push not yet acknowledged by all its heads again, in order, under the newest served
+//! routing (as the client's journal replays); sometimes it sends a push twice at once.
 
 use super::*;
 
 impl Sim {
-    // ---- workers: push i until every head acknowledged it, again under the newest routing
-
+    /// Sends pushes until `window` are in flight; the worker is done when all were
+    /// acknowledged.
     pub(crate) fn send_push(&mut self, w: u32) {
         let wi = w as usize;
-        if self.workers[wi].next >= self.workers[wi].pushes.len() {
-            self.workers[wi].done = true;
+        let wk = &mut self.workers[wi];
+        while wk.next < wk.pushes.len() && wk.waiting.get(&wk.next).is_some_and(|h| h.is_empty()) {
+            wk.waiting.remove(&wk.next);
+            wk.next += 1;
+        }
+        if wk.next >= wk.pushes.len() {
+            wk.done = true;
             return;
         }
-        let keys = self.workers[wi].pushes[self.workers[wi].next].clone();
+        let window = self.cfg.window.max(1);
+        let mut failed = false;
+        while self.workers[wi].sent < self.workers[wi].pushes.len() && self.workers[wi].sent < self.workers[wi].next + window {
+            let i = self.workers[wi].sent;
+            self.workers[wi].sent += 1;
+            failed |= !self.send_one(w, i);
+        }
+        if failed {
+            self.replay_soon(w);
+        }
+    }
+
+    /// Sends push `i` to the heads of its keys under the worker's routing; false if a
+    /// connection turned out broken.
+    fn send_one(&mut self, w: u32, i: usize) -> bool {
+        let wi = w as usize;
+        let keys = self.workers[wi].pushes[i].clone();
         let epoch = self.workers[wi].routing.0;
         let map = self.map_of(&self.workers[wi].routing.1);
         let mut by_head: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
         for (shard, r) in map.split_keys(&keys) {
             by_head.entry(map.chain(shard)[0]).or_default().extend_from_slice(&keys[r]);
         }
-        let request_id = self.workers[wi].next as u64 + 1;
-        self.workers[wi].waiting = by_head.keys().copied().collect();
-        self.workers[wi].attempt += 1;
-        let attempt = self.workers[wi].attempt;
-        let mut failed = false;
+        self.workers[wi].waiting.insert(i, by_head.keys().copied().collect());
+        let request_id = i as u64 + 1;
+        let mut ok = true;
         for (head, ks) in by_head {
             let meta = PushMeta { forwarded: false, worker: w, request_id, epoch, table: TABLE };
             let vals = vec![1.0; ks.len()];
-            failed |= !self.send(Node::Worker(w), Node::Server(head), Msg::Push { conn: worker_conn(w), meta, last: true, keys: ks, vals });
+            ok &= self.send(Node::Worker(w), Node::Server(head), Msg::Push { conn: worker_conn(w), meta, last: true, keys: ks, vals });
         }
-        if failed {
-            // a connection broke: again at once, on new connections, under the newest routing
-            self.workers[wi].routing = (self.coord.served_epoch, self.coord.served.clone());
-            self.workers[wi].attempt += 1;
-            let attempt = self.workers[wi].attempt;
-            self.schedule(self.now + 20, Node::Worker(w), Node::Worker(w), Msg::WorkerTimeout { attempt });
-            return;
-        }
+        let attempt = self.workers[wi].attempt;
         self.schedule(self.now + TIMEOUT, Node::Worker(w), Node::Worker(w), Msg::WorkerTimeout { attempt });
-        // a spurious retry: the same push again while the first is in flight (as a worker's
-        // replay after a reconnect sends requests the servers may have had already)
+        // a spurious retry: everything in flight again (as a replay after a reconnect sends
+        // requests the servers may have had already)
         if !self.faults_over && self.rng.chance(self.cfg.duplicate) {
             self.out.duplicated += 1;
             let again = self.now + 1 + self.rng.below(self.cfg.max_delay * 4);
             self.schedule(again, Node::Worker(w), Node::Worker(w), Msg::WorkerTimeout { attempt });
+        }
+        ok
+    }
+
+    /// A refusal or a broken connection: replay a little later.
+    fn replay_soon(&mut self, w: u32) {
+        let wi = w as usize;
+        self.workers[wi].attempt += 1;
+        let attempt = self.workers[wi].attempt;
+        self.schedule(self.now + 20, Node::Worker(w), Node::Worker(w), Msg::WorkerTimeout { attempt });
+    }
+
+    /// Sends every push in flight again, in order, under the newest served routing.
+    fn replay(&mut self, w: u32) {
+        let wi = w as usize;
+        self.out.retries += 1;
+        self.workers[wi].routing = (self.coord.served_epoch, self.coord.served.clone());
+        self.workers[wi].attempt += 1;
+        let (from, to) = (self.workers[wi].next, self.workers[wi].sent);
+        let mut failed = false;
+        for i in from..to {
+            if self.workers[wi].waiting.get(&i).is_some_and(|h| !h.is_empty()) {
+                failed |= !self.send_one(w, i);
+            }
+        }
+        if failed {
+            self.replay_soon(w);
         }
     }
 
@@ -55,34 +95,23 @@ impl Sim {
         }
         match msg {
             Msg::Ack { meta, result, .. } => {
-                let cur = self.workers[wi].next as u64 + 1;
                 let Node::Server(head) = from else { return };
-                if meta.request_id != cur || !self.workers[wi].waiting.contains(&head) {
+                let i = meta.request_id as usize - 1;
+                if !self.workers[wi].waiting.get(&i).is_some_and(|h| h.contains(&head)) {
                     return; // an old or duplicated answer
                 }
                 match result {
                     Ok(()) => {
-                        self.workers[wi].waiting.retain(|h| *h != head);
-                        if self.workers[wi].waiting.is_empty() {
-                            self.workers[wi].next += 1;
-                            self.send_push(w);
+                        if let Some(h) = self.workers[wi].waiting.get_mut(&i) {
+                            h.retain(|x| *x != head);
                         }
+                        self.send_push(w);
                     }
-                    Err(_) => {
-                        // refused (stale routing, a successor gone): again, a little later,
-                        // under the newest served routing
-                        self.workers[wi].routing = (self.coord.served_epoch, self.coord.served.clone());
-                        self.workers[wi].attempt += 1;
-                        let attempt = self.workers[wi].attempt;
-                        self.schedule(self.now + 20, Node::Worker(w), Node::Worker(w), Msg::WorkerTimeout { attempt });
-                    }
+                    // refused (stale routing, a successor gone): replay a little later
+                    Err(_) => self.replay_soon(w),
                 }
             }
-            Msg::WorkerTimeout { attempt } if attempt == self.workers[wi].attempt => {
-                self.out.retries += 1;
-                self.workers[wi].routing = (self.coord.served_epoch, self.coord.served.clone());
-                self.send_push(w);
-            }
+            Msg::WorkerTimeout { attempt } if attempt == self.workers[wi].attempt => self.replay(w),
             _ => {}
         }
     }

@@ -53,13 +53,35 @@ fn every_seed_keeps_every_replica_equal_to_the_sequential_run() {
     }
 }
 
-/// `SIM_TRACE=S` prints every frame of seed S (for reading a failure); nothing otherwise.
+/// `SIM_TRACE=S` prints every frame of seed S (for reading a failure; `SIM_WINDOW=N` for the
+/// pipelined test's); nothing otherwise.
 #[test]
 fn a_seed_traced_on_request() {
     let Some(seed) = env_u64("SIM_TRACE") else { return };
-    let (r, lines) = downpour_sim::trace(seed);
+    let mut cfg = downpour_sim::SimConfig::from_seed(seed);
+    if let Some(w) = env_u64("SIM_WINDOW") {
+        cfg.window = w as usize;
+    }
+    let (r, lines) = downpour_sim::trace_with(seed, cfg);
     for l in lines {
         eprintln!("{l}");
     }
     eprintln!("seed {seed}: {r:?}\n{:?}", downpour_sim::SimConfig::from_seed(seed));
+}
+
+/// Workers with several pushes in flight (the client pipelines). `SIM_WINDOW=N` (default 4).
+#[test]
+#[ignore = "open, not triaged: with 4 pushes in flight seed 1 loses an update at a head (see docs/architecture.md, Open)"]
+fn pipelined_workers_keep_every_replica_equal_to_the_sequential_run() {
+    let window = env_u64("SIM_WINDOW").unwrap_or(4) as usize;
+    let (first, count) = match env_u64("SIM_SEED") {
+        Some(s) => (s, 1),
+        None => (env_u64("SIM_FIRST").unwrap_or(0), env_u64("SIM_SEEDS").unwrap_or(20_000)),
+    };
+    for seed in first..first + count {
+        let cfg = downpour_sim::SimConfig { window, ..downpour_sim::SimConfig::from_seed(seed) };
+        if let Err(v) = downpour_sim::run_with(seed, cfg.clone()) {
+            panic!("seed {seed} broke the protocol: {v}\n  configuration: {cfg:?}\n  reproduce: SIM_SEED={seed} SIM_WINDOW={window} cargo test --release -p downpour-sim --test seeds pipelined -- --ignored");
+        }
+    }
 }
