@@ -64,25 +64,13 @@ pub fn install_copy(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::init::Init;
     use crate::ring::Ring;
     use crate::rule::RuleRegistry;
-    use crate::table::{Storage, TableDef};
 
     #[test]
     fn a_copy_replaces_the_rows_of_its_range_and_keeps_the_rest() {
-        let def = TableDef {
-            id: 1,
-            name: "t".into(),
-            value_len: 1,
-            storage: Storage::Sparse,
-            init: Init::Zeros,
-            rule: crate::proto::Rule { name: "add".into(), ..Default::default() },
-            consistency: crate::consistency::Consistency::Async,
-            aggregate: Default::default(),
-            backup_workers: 0,
-            filters: Default::default(),
-        };
+        let def = crate::table::tests::def(None, 1, "add");
+
         let map = ShardMap::new(&Ring::with_members(4, [1, 2], 1), KeyRange::FULL, 4, 2);
         let mut t = Table::new(def, KeyRange::FULL, &RuleRegistry::new()).unwrap();
         let r0 = map.range(0);

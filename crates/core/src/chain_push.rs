@@ -241,10 +241,8 @@ impl Forwarder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::init::Init;
     use crate::ring::Ring;
     use crate::rule::RuleRegistry;
-    use crate::table::{Storage, TableDef};
 
     fn map(k: usize) -> ShardMap {
         let ring = Ring::with_members(4, [1, 2, 3], 1);
@@ -252,19 +250,7 @@ mod tests {
     }
 
     fn table() -> Table {
-        let def = TableDef {
-            id: 1,
-            name: "t".into(),
-            value_len: 1,
-            storage: Storage::Sparse,
-            init: Init::Zeros,
-            rule: crate::proto::Rule { name: "add".into(), ..Default::default() },
-            consistency: crate::consistency::Consistency::Async,
-            aggregate: Default::default(),
-            backup_workers: 0,
-            filters: Default::default(),
-        };
-        Table::new(def, KeyRange::FULL, &RuleRegistry::new()).unwrap()
+        Table::new(crate::table::tests::def(None, 1, "add"), KeyRange::FULL, &RuleRegistry::new()).unwrap()
     }
 
     fn meta(forwarded: bool, epoch: u64) -> PushMeta {

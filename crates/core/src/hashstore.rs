@@ -138,6 +138,12 @@ impl Shard {
 
     fn grow(&mut self, stride: usize) {
         let cap = (self.cap * 3 / 2).max(MIN_CAP);
+        self.rebuild(cap, stride, |_| true);
+    }
+
+    /// Moves the rows whose key `keep` accepts into fresh arrays of capacity `cap` (linear
+    /// probing leaves no holes behind); returns how many rows were dropped.
+    fn rebuild(&mut self, cap: usize, stride: usize, keep: impl Fn(u64) -> bool) -> usize {
         let old = std::mem::take(self);
         let mut data: Vec<u32> = Vec::new();
         data.reserve_exact(cap * stride);
@@ -147,10 +153,15 @@ impl Shard {
             row[0] = u32::MAX;
             row[1] = u32::MAX;
         }
-        *self = Shard { data, cap, len: old.len };
+        *self = Shard { data, cap, len: 0 };
+        let mut dropped = 0;
         for row in old.data.chunks_exact(stride) {
             let k = row[0] as u64 | (row[1] as u64) << 32;
             if k == EMPTY {
+                continue;
+            }
+            if !keep(k) {
+                dropped += 1;
                 continue;
             }
             let (_, home) = place(mix(k), cap);
@@ -158,7 +169,9 @@ impl Shard {
                 Ok(i) | Err(i) => i,
             };
             self.row_mut(i, stride).copy_from_slice(row);
+            self.len += 1;
         }
+        dropped
     }
 
     fn needs_growth(&self) -> bool {
@@ -313,31 +326,9 @@ impl HashStore {
                 let k = sh.key_at(j, stride);
                 k != EMPTY && k >= lo && k < hi
             });
-            if !hit {
-                continue;
-            }
-            let old = std::mem::take(sh);
-            let mut data = vec![0u32; old.cap * stride];
-            for row in data.chunks_exact_mut(stride) {
-                row[0] = u32::MAX;
-                row[1] = u32::MAX;
-            }
-            *sh = Shard { data, cap: old.cap, len: 0 };
-            for row in old.data.chunks_exact(stride) {
-                let k = row[0] as u64 | (row[1] as u64) << 32;
-                if k == EMPTY {
-                    continue;
-                }
-                if k >= lo && k < hi {
-                    removed += 1;
-                    continue;
-                }
-                let (_, home) = place(mix(k), sh.cap);
-                let i = match sh.find(k, home, stride) {
-                    Ok(i) | Err(i) => i,
-                };
-                sh.row_mut(i, stride).copy_from_slice(row);
-                sh.len += 1;
+            if hit {
+                let cap = sh.cap;
+                removed += sh.rebuild(cap, stride, |k| !(lo..hi).contains(&k));
             }
         }
         self.len -= removed;

@@ -570,12 +570,13 @@ impl Table {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use proptest::prelude::*;
     use std::collections::BTreeMap;
 
-    fn def(dense: Option<KeyRange>, vl: usize, rule: &str) -> TableDef {
+    /// A table of id 1 (sparse unless `dense`), for the tests of this crate.
+    pub(crate) fn def(dense: Option<KeyRange>, vl: usize, rule: &str) -> TableDef {
         TableDef {
             id: 1,
             name: "t".into(),
