@@ -153,6 +153,39 @@ impl Skip {
     }
 }
 
+/// What a server does with the connection a replicated push came on once the push failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AfterFailure {
+    /// Answer the error and go on reading the connection (the rest of the request is skipped
+    /// by [`Skip`]): the sender does not send the request again.
+    GoOn,
+    /// Answer the error and close the connection, so none of the requests the sender
+    /// pipelined behind the failed one is read.
+    Close,
+}
+
+/// The rule for a failed push of a replicated table. Exactly-once admission keeps one
+/// watermark per (shard, worker): a replica takes a request id at or below it as applied.
+/// That is sound only if every replica sees a worker's requests in order. A request the
+/// sender will send again (`retried`: refused for a stale epoch, or forwarded to a successor
+/// that refused it, failed or did not answer) breaks that order if any later request of the
+/// same sender is admitted before the retry: the later one raises the watermarks past it,
+/// at this server or (forwarded) at a successor, and the retry is taken as a duplicate
+/// there, so its update is lost on that replica. The requests behind it on the connection
+/// (the client pipelines them) could be admitted: a server at an older epoch than the worker
+/// refuses request k, moves on, and admits k + 1; a successor that refused k may take k + 1.
+/// So such a connection is closed after the answer: the sender reconnects and sends
+/// everything unfinished again in order, and the failed request comes first. A failure the
+/// sender does not retry (a bad key, a quota) loses nothing by going on, and closing
+/// would turn a clear error into a lost connection.
+pub fn after_failure(retried: bool) -> AfterFailure {
+    if retried {
+        AfterFailure::Close
+    } else {
+        AfterFailure::GoOn
+    }
+}
+
 /// One frame to forward: the push's keys `[a, b)` (indices into the request) to server
 /// `to`; `last` closes the request at `to`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -6,9 +6,9 @@ use crate::dispatch::handle_frame;
 use crate::repl::rounds::ROUND_MARKS_REQUEST;
 use crate::repl::Forwarding;
 use crate::state::{ServerState, TableSlot};
-use downpour_core::chain_push::Skip;
+use downpour_core::chain_push::{after_failure, AfterFailure, Skip};
 use downpour_core::filter::{FilterTraffic, Pipeline};
-use downpour_core::msg::{self, Status};
+use downpour_core::msg::{self, Op, Status};
 use downpour_core::CoreError;
 use downpour_transport::{key_bytes_mut, value_bytes_mut, Connection};
 use std::collections::HashMap;
@@ -128,6 +128,15 @@ pub fn serve_connection(st: &ServerState, mut conn: Box<dyn Connection>) {
         if round_update && matches!(result, Ok(Err(_))) {
             ctx.forward_failed = true;
         }
+        // a push its sender sends again (refused for its epoch, or its chain failed): nothing
+        // pipelined behind it may be read (`core::chain_push::after_failure`); the rounds of
+        // a replicated bsp table keep their own rule (`forward_failed`)
+        let push = matches!(Op::from_u32(h.op), Some(Op::Push | Op::PushRange));
+        let round_slot = h.forwarded && h.worker == st.num_workers.load(Ordering::Relaxed);
+        let close = match &result {
+            Ok(Err((status, _))) if push && !round_slot => after_failure(*status == Status::StaleEpoch) == AfterFailure::Close,
+            _ => false,
+        };
         let sent = match result {
             Ok(Ok(())) => Ok(()),
             Ok(Err((status, message))) => {
@@ -139,6 +148,10 @@ pub fn serve_connection(st: &ServerState, mut conn: Box<dyn Connection>) {
         };
         if let Err(e) = sent {
             tracing::warn!("closing connection from {}: {e}", conn.peer());
+            break;
+        }
+        if close {
+            tracing::debug!("closing connection from {} after a failed replicated push", conn.peer());
             break;
         }
         if st.stop.load(Ordering::Relaxed) {

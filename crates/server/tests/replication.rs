@@ -205,6 +205,48 @@ fn a_server_left_in_an_old_epoch_cannot_acknowledge_a_write() {
     }
 }
 
+/// A worker pipelines its pushes. If a server refused request k in a way the worker retries
+/// (here: the worker is at a newer epoch than the server) but went on to apply request k + 1
+/// from the same connection, its watermarks would pass k and the retried k would be taken as
+/// a duplicate: lost. So the connection is closed after the refusal
+/// (`core::chain_push::after_failure`) and nothing behind k is read; sent again in order on
+/// a new connection, both are applied.
+#[test]
+fn a_push_refused_for_its_epoch_closes_the_connection_so_nothing_pipelined_behind_it_is_applied() {
+    let t = Arc::new(InProcTransport::new());
+    let (_servers, members) = cluster(&t);
+    let mut kv = client(&t, &routing(1, &members));
+    kv.create_table(counter_table()).unwrap();
+    let key = (0..10_000u64).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15)).find(|&k| head_of(&[1, 2, 3], k)[0] == 1).unwrap();
+    let push = |c: &mut Box<dyn downpour_transport::Connection>, request: u64, epoch: u64| {
+        let mut h = msg::request(Op::Push, 100, request, epoch, 1);
+        c.send(&mut h, key_bytes(&[key]), value_bytes(&[1.0])).unwrap();
+    };
+    let mut c = t.connect(&members[0].1, Duration::from_secs(5)).unwrap();
+    c.set_recv_timeout(Some(Duration::from_secs(10))).unwrap();
+    push(&mut c, 5, 2); // the worker already heard of epoch 2: refused, and retried later
+    push(&mut c, 6, 1); // pipelined behind it
+    let refused = c.recv_header().unwrap().unwrap();
+    assert_eq!(Status::from_u32(refused.status), Status::StaleEpoch, "{}", refused.error);
+    assert_eq!(refused.request_id, 5);
+    match c.recv_header() {
+        Ok(Some(h)) => panic!("request {} was read after a refusal the worker retries (status {})", h.request_id, h.status),
+        Ok(None) | Err(_) => {} // closed
+    }
+    let mut out = [0f32];
+    kv.pull_into(1, &[key], &mut out).unwrap();
+    assert_eq!(out[0], 0.0, "nothing behind the refused request was applied");
+    // the worker reconnects and sends both again, in order
+    let mut again = t.connect(&members[0].1, Duration::from_secs(5)).unwrap();
+    for request in [5, 6] {
+        push(&mut again, request, 1);
+        let a = again.recv_header().unwrap().unwrap();
+        assert_eq!(a.status, 0, "{}", a.error);
+    }
+    kv.pull_into(1, &[key], &mut out).unwrap();
+    assert_eq!(out[0], 2.0, "both applied once");
+}
+
 /// A replacement worker goes on from the lost worker's progress record with the same request
 /// ids (`KvClient::resume_requests`): rounds the lost worker had applied past the record, and a
 /// round it had applied on one server only, are dropped by the watermarks; the rest is applied.

@@ -17,20 +17,27 @@
 //! routing epoch, an epoch is served once every member has its copies, and a server may not
 //! hear that an epoch was served before the next change.
 //!
-//! Workers push increments (+1 on each key of a push), keep their routing until a refusal or
-//! a timeout makes them ask for the newest served one, retry until every head acknowledged
-//! the push, and sometimes send it twice at once. After the run the simulation checks: every
-//! worker finished (no hang), the last epoch was served, and every replica of every shard
-//! equals the sequential reference (no update lost or applied twice).
+//! A server reads a connection's next request only once it answered the one before (as the
+//! runtime's connection loop does), waits for its successors' acknowledgements for a bounded
+//! time, and after a failure its worker retries closes the connection
+//! ([`chain_push::after_failure`]).
+//!
+//! Workers push increments (+1 on each key of a push) with up to `window` pushes in flight,
+//! keep their routing until a refusal, a failed send or a wait without answers, then connect
+//! again to every server and send what is unfinished again in order under the newest served
+//! routing (as the client's recovery does), and sometimes do that while the pushes are still
+//! in flight. After the run the simulation checks: every worker finished (no hang), the last
+//! epoch was served, and every replica of every shard equals the sequential reference (no
+//! update lost or applied twice).
 //!
 //! What it does not model yet: the coordinator's own code (a model of its rules stands in),
-//! the worker client's journal (a retry loop stands in: one push of a worker in flight at a
-//! time), requests of several chunks from workers (forwards of several frames are), `bsp`
-//! rounds (`core::chain_rounds`), fencing of replaced workers, drains, and copies lost in
-//! transit (the runtime retries a failed move; here copies are delivered, late).
+//! the worker client's own journal (the workers here replay as it does), requests of several
+//! chunks from workers (forwards of several frames are), `bsp` rounds
+//! (`core::chain_rounds`), fencing of replaced workers, drains, and copies lost in transit
+//! (the runtime retries a failed move; here copies are delivered, late).
 
 use downpour_core::chain_epoch;
-use downpour_core::chain_push::{self, Forwarder, PushKeys, PushMeta, Skip};
+use downpour_core::chain_push::{self, AfterFailure, Forwarder, PushKeys, PushMeta, Skip};
 use downpour_core::init::{splitmix64, Init};
 use downpour_core::ring::Ring;
 use downpour_core::rule::RuleRegistry;
@@ -76,7 +83,7 @@ pub struct SimConfig {
     /// Servers cut off from the coordinator during the run: declared dead and replaced, but
     /// alive, still at their old epoch, and still reachable by workers and servers.
     pub cutoffs: usize,
-    /// Pushes a worker keeps in flight (1: one at a time; more is the ignored test's).
+    /// Pushes a worker keeps in flight (1: one at a time; the client pipelines up to 16).
     pub window: usize,
     /// Probability that a server does not hear that an epoch was served (its heartbeat was
     /// answered with the next change already).
@@ -111,6 +118,8 @@ impl SimConfig {
         };
         // crashes and cut-offs together leave at least one copy of every key
         cfg.cutoffs = r.below((k - cfg.crashes) as u64) as usize;
+        // one push at a time, or pipelined as the client does (up to 16)
+        cfg.window = [1, 1, 4, 16][r.below(4) as usize];
         cfg
     }
 }
@@ -236,6 +245,18 @@ enum Msg {
     WorkerTimeout {
         attempt: u64,
     },
+    /// A worker's wait for answers: it replays if nothing was acknowledged since.
+    Stalled {
+        attempt: u64,
+        progress: u64,
+    },
+    /// A server's wait for the acknowledgements of the push `meta` that came on `conn` from
+    /// `up` ends (the runtime's `FORWARD_TIMEOUT`).
+    AckTimeout {
+        up: Node,
+        conn: u64,
+        meta: PushMeta,
+    },
     Crash,
     /// A server is cut off from the coordinator (not from the others).
     Cut,
@@ -282,6 +303,17 @@ struct Pending {
     waiting: Vec<u32>,
 }
 
+/// A push frame waiting on its connection for the request before it to be answered.
+struct Frame {
+    meta: PushMeta,
+    last: bool,
+    keys: Vec<u64>,
+    vals: Vec<f32>,
+}
+
+/// An incoming connection of a server: `(client, conn)`.
+type ConnKey = (Node, u64);
+
 struct Server {
     alive: bool,
     epoch: u64,
@@ -296,6 +328,15 @@ struct Server {
     /// frames are skipped, as the runtime's connection loop does.
     skipping: HashMap<(Node, u64), Skip>,
     pending: Vec<Pending>,
+    /// Per incoming connection, the frames not read yet: the runtime reads a connection's
+    /// next request only once it answered the one before.
+    inbox: HashMap<ConnKey, std::collections::VecDeque<Frame>>,
+    /// Incoming connections whose current request waits for acknowledgements.
+    busy: std::collections::HashSet<ConnKey>,
+    /// Incoming connections this server closed: what still arrives on them is dropped.
+    closed: std::collections::HashSet<ConnKey>,
+    /// Per incoming connection, how many times its forwarding connections were replaced.
+    fwd_gen: HashMap<ConnKey, u64>,
     copies_waiting: usize,
 }
 
@@ -310,6 +351,14 @@ struct Worker {
     /// Per push in flight, the heads whose acknowledgement is still missing.
     waiting: HashMap<usize, Vec<u32>>,
     attempt: u64,
+    /// Answers received (a wait for answers ends only if none came).
+    progress: u64,
+    /// Its connections are the `gen`th: a replay connects again to every server, as the
+    /// client's recovery does.
+    gen: u64,
+    /// A push failed: nothing more is sent until the replay (the client stops issuing while
+    /// it recovers).
+    paused: bool,
     done: bool,
 }
 
@@ -332,8 +381,12 @@ struct Sim {
     queue: BinaryHeap<Event>,
     /// Last delivery time per link, so a link delivers in order (a TCP connection).
     link_clock: HashMap<(Node, Node), u64>,
-    /// Connections broken by a lost frame, as `(client, server, conn)`.
+    /// Connections broken by a lost frame or closed by their server, as
+    /// `(client, server, conn)`. A connection id is never used again once broken.
     broken: std::collections::HashSet<(Node, Node, u64)>,
+    /// Whether servers close a connection after a push that its sender retries failed
+    /// (`core::chain_push::after_failure`); false only for the mutation test.
+    pub(crate) close_after_failure: bool,
     servers: BTreeMap<u32, Server>,
     workers: Vec<Worker>,
     coord: Coordinator,
@@ -347,6 +400,8 @@ struct Sim {
 
 const TABLE: u32 = 1;
 const TIMEOUT: u64 = 400;
+/// How long a server waits for its successors' acknowledgements.
+const FWD_TIMEOUT: u64 = 300;
 const DETECT: u64 = 60;
 const HORIZON: u64 = 2_000_000;
 
@@ -361,9 +416,9 @@ fn conn_of(from: Node, to: Node, msg: &Msg) -> Option<(Node, Node, u64)> {
     }
 }
 
-/// A worker's connection id.
-fn worker_conn(w: u32) -> u64 {
-    splitmix64(0x5EED_0000 + w as u64)
+/// A worker's connection id (its `gen`th connection to every server).
+fn worker_conn(w: u32, gen: u64) -> u64 {
+    splitmix64(0x5EED_0000 + w as u64 + (gen << 24))
 }
 
 fn node_code(n: Node) -> u64 {
@@ -412,6 +467,9 @@ impl Sim {
                     sent: 0,
                     waiting: HashMap::new(),
                     attempt: 0,
+                    progress: 0,
+                    gen: 0,
+                    paused: false,
                     done: false,
                 }
             })
@@ -424,6 +482,7 @@ impl Sim {
             queue: BinaryHeap::new(),
             link_clock: HashMap::new(),
             broken: Default::default(),
+            close_after_failure: true,
             servers: BTreeMap::new(),
             workers,
             coord: Coordinator {
@@ -484,6 +543,10 @@ impl Sim {
             forwarders: HashMap::new(),
             skipping: HashMap::new(),
             pending: Vec::new(),
+            inbox: HashMap::new(),
+            busy: Default::default(),
+            closed: Default::default(),
+            fwd_gen: HashMap::new(),
             copies_waiting: 0,
         }
     }
@@ -493,22 +556,19 @@ impl Sim {
         self.queue.push(Event { at, seq: self.seq, from, to, msg });
     }
 
-    /// Sends a frame over the link `from → to`: delayed, in order per link; data frames may
-    /// be lost or duplicated while faults are on.
     /// Sends a frame from `from` to `to`, delayed, in order per link. Pushes and their
     /// acknowledgements travel on connections (`conn_of`): a lost frame breaks its connection
-    /// silently; the sender learns it at its next send there, which fails (`false`), and the
-    /// next connects again, fresh on both sides (as a TCP connection: nothing sent after a
-    /// lost frame arrives on it, and nothing of it survives a reconnect).
+    /// silently, and every later send on it fails (`false`), as a TCP connection does once it
+    /// is broken (nothing sent after a lost frame arrives on it); the sender goes on with a
+    /// new connection, which never reuses the id.
     fn send(&mut self, from: Node, to: Node, msg: Msg) -> bool {
         let cut = |n: Node| matches!(n, Node::Server(id) if self.cut.contains(&id));
         if (from == Node::Coordinator && cut(to)) || (to == Node::Coordinator && cut(from)) {
             return true; // the coordinator and a cut-off server do not hear each other
         }
         if let Some(key) = conn_of(from, to, &msg) {
-            if self.broken.remove(&key) {
+            if self.broken.contains(&key) {
                 self.out.lost += 1;
-                self.reconnected(key);
                 return false;
             }
             if !self.faults_over && self.rng.chance(self.cfg.loss) {
@@ -522,19 +582,6 @@ impl Sim {
         self.link_clock.insert((from, to), at);
         self.schedule(at, from, to, msg);
         true
-    }
-
-    /// A broken connection `(client, server, conn)` is replaced by a new one: what the
-    /// server kept for the old one (its forwarding state, the requests it answers on it)
-    /// is gone with it.
-    fn reconnected(&mut self, (client, server, conn): (Node, Node, u64)) {
-        if let Node::Server(id) = server {
-            if let Some(s) = self.servers.get_mut(&id) {
-                s.forwarders.remove(&(client, conn));
-                s.skipping.remove(&(client, conn));
-                s.pending.retain(|p| !(p.up == client && p.conn == conn));
-            }
-        }
     }
 
     fn run_traced(mut self) -> (Result<Outcome, Violation>, Vec<String>) {

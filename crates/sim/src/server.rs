@@ -7,55 +7,60 @@ impl Sim {
     // ---- servers: every decision through core::chain_push and core::chain_epoch
 
     pub(crate) fn at_server(&mut self, id: u32, from: Node, msg: Msg) -> Result<(), Violation> {
-        let Some(s) = self.servers.get(&id) else { return Ok(()) };
+        let Some(s) = self.servers.get_mut(&id) else { return Ok(()) };
         if !s.alive {
             return Ok(());
         }
         match msg {
-            Msg::Push { conn, meta, last, keys, vals } => self.server_push(id, from, conn, meta, last, keys, vals),
+            Msg::Push { conn, meta, last, keys, vals } => {
+                let key = (from, conn);
+                if s.closed.contains(&key) {
+                    return Ok(());
+                }
+                s.inbox.entry(key).or_default().push_back(Frame { meta, last, keys, vals });
+                self.read_on(id, key)
+            }
             Msg::Ack { conn, meta, result } => {
                 let Node::Server(succ) = from else { return Ok(()) };
-                let s = self.servers.get_mut(&id).expect("present");
-                let mut answers = Vec::new();
-                s.pending.retain_mut(|p| {
-                    // acknowledgements come back on the forwarding connection of their
-                    // request's epoch (the runtime opens new ones when the epoch changes)
-                    let same =
-                        p.out == conn && p.meta.worker == meta.worker && p.meta.request_id == meta.request_id && p.meta.epoch == meta.epoch;
-                    if !same || !p.waiting.contains(&succ) {
-                        return true;
-                    }
-                    match &result {
-                        Err(e) => {
-                            answers.push((p.up, p.conn, p.meta, Err(format!("replica node {succ}: {e}"))));
-                            false
-                        }
-                        Ok(()) => {
-                            p.waiting.retain(|n| *n != succ);
-                            if p.waiting.is_empty() {
-                                answers.push((p.up, p.conn, p.meta, Ok(())));
-                                false
-                            } else {
-                                true
-                            }
-                        }
-                    }
+                // acknowledgements come back on the forwarding connection they answer (the
+                // runtime opens new ones when the epoch changes or after a failure)
+                let found = s.pending.iter().position(|p| {
+                    p.out == conn
+                        && p.meta.worker == meta.worker
+                        && p.meta.request_id == meta.request_id
+                        && p.meta.epoch == meta.epoch
+                        && p.waiting.contains(&succ)
                 });
-                for (up, conn, meta, result) in answers {
-                    self.answer(id, up, conn, meta, result)?;
+                let Some(i) = found else { return Ok(()) };
+                match result {
+                    Err(e) => {
+                        let p = s.pending.remove(i);
+                        self.finish(id, (p.up, p.conn), p.meta, Err(format!("replica node {succ}: {e}")))
+                    }
+                    Ok(()) => {
+                        s.pending[i].waiting.retain(|n| *n != succ);
+                        if !s.pending[i].waiting.is_empty() {
+                            return Ok(());
+                        }
+                        let p = s.pending.remove(i);
+                        self.finish(id, (p.up, p.conn), p.meta, Ok(()))
+                    }
                 }
-                Ok(())
+            }
+            Msg::AckTimeout { up, conn, meta } => {
+                let Some(i) = s.pending.iter().position(|p| p.up == up && p.conn == conn && p.meta == meta) else { return Ok(()) };
+                let p = s.pending.remove(i);
+                let why = format!("replica nodes {:?} did not acknowledge", p.waiting);
+                self.finish(id, (up, conn), meta, Err(why))
             }
             Msg::Routing { epoch, members, served } => self.server_move(id, epoch, members, served),
             Msg::Served { epoch, members } => {
-                let s = self.servers.get_mut(&id).expect("present");
                 if s.epoch == epoch {
                     s.known_served = members;
                 }
                 Ok(())
             }
             Msg::Copy { epoch, range, keys, rows, marks } => {
-                let s = self.servers.get_mut(&id).expect("present");
                 // a copy of an older epoch is refused (its sender moved on as well)
                 let ok = epoch >= s.epoch && {
                     let r = chain_epoch::install_copy(&mut s.table, &mut s.marks, &s.map, range, &keys, &rows, &marks);
@@ -66,7 +71,6 @@ impl Sim {
                 Ok(())
             }
             Msg::CopyAck { epoch, ok } => {
-                let s = self.servers.get_mut(&id).expect("present");
                 if ok && epoch == s.epoch && s.copies_waiting > 0 {
                     s.copies_waiting -= 1;
                     if s.copies_waiting == 0 {
@@ -79,48 +83,82 @@ impl Sim {
         }
     }
 
-    /// Answers a push. (An answer may leave after this server moved to a newer epoch: the
-    /// push was admitted under the sender's epoch and its successors took it under that
-    /// epoch too, before their moves copied it on.)
-    pub(crate) fn answer(&mut self, id: u32, up: Node, conn: u64, meta: PushMeta, result: Result<(), String>) -> Result<(), Violation> {
-        self.send(Node::Server(id), up, Msg::Ack { conn, meta, result });
-        Ok(())
+    /// Reads the frames waiting on incoming connection `key` until one leaves a request
+    /// waiting for acknowledgements (the runtime reads the next request only after
+    /// answering the one before).
+    fn read_on(&mut self, id: u32, key: ConnKey) -> Result<(), Violation> {
+        loop {
+            let Some(s) = self.servers.get_mut(&id) else { return Ok(()) };
+            if !s.alive || s.busy.contains(&key) {
+                return Ok(());
+            }
+            let Some(f) = s.inbox.get_mut(&key).and_then(|q| q.pop_front()) else { return Ok(()) };
+            self.server_push(id, key, f)?;
+        }
     }
 
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn server_push(
-        &mut self,
-        id: u32,
-        from: Node,
-        conn: u64,
-        meta: PushMeta,
-        last: bool,
-        keys: Vec<u64>,
-        vals: Vec<f32>,
-    ) -> Result<(), Violation> {
-        if self.servers.get_mut(&id).expect("present").skipping.entry((from, conn)).or_default().skips(meta.request_id, last) {
+    /// Answers the request that `key` waited on and, unless the connection is closed then,
+    /// reads on.
+    fn finish(&mut self, id: u32, key: ConnKey, meta: PushMeta, result: Result<(), String>) -> Result<(), Violation> {
+        if let Some(s) = self.servers.get_mut(&id) {
+            s.busy.remove(&key);
+        }
+        match result {
+            Ok(()) => {
+                self.answer(id, key, meta, Ok(()));
+                self.read_on(id, key)
+            }
+            Err(why) => {
+                self.fail(id, key, meta, true, why);
+                self.read_on(id, key)
+            }
+        }
+    }
+
+    /// Sends the answer to a push on its connection; a connection that turned out broken
+    /// is closed (the runtime's loop ends when a reply cannot be sent).
+    fn answer(&mut self, id: u32, (up, conn): ConnKey, meta: PushMeta, result: Result<(), String>) {
+        if !self.send(Node::Server(id), up, Msg::Ack { conn, meta, result }) {
+            self.close(id, (up, conn));
+        }
+    }
+
+    /// Closes incoming connection `key`: nothing more is read from it, and its sender's
+    /// next send there fails.
+    fn close(&mut self, id: u32, key: ConnKey) {
+        if let Some(s) = self.servers.get_mut(&id) {
+            s.inbox.remove(&key);
+            s.busy.remove(&key);
+            s.forwarders.remove(&key);
+            s.skipping.remove(&key);
+            s.fwd_gen.remove(&key);
+            s.pending.retain(|p| (p.up, p.conn) != key);
+            s.closed.insert(key);
+        }
+        self.broken.insert((key.0, Node::Server(id), key.1));
+    }
+
+    fn server_push(&mut self, id: u32, key: ConnKey, f: Frame) -> Result<(), Violation> {
+        let Frame { meta, last, keys, vals } = f;
+        let s = self.servers.get_mut(&id).expect("present");
+        if s.skipping.entry(key).or_default().skips(meta.request_id, last) {
             return Ok(());
         }
-        // this incoming connection's own forwarding connections (one per incoming
-        // connection in the runtime: `ConnCtx::fwd`)
-        let out = splitmix64(conn ^ splitmix64(node_code(from)) ^ (id as u64) << 40);
-        let s = self.servers.get_mut(&id).expect("present");
+        // this incoming connection's own forwarding connections (one set per incoming
+        // connection in the runtime: `ConnCtx::fwd`), replaced after a failure
+        let gen = s.fwd_gen.get(&key).copied().unwrap_or(0);
+        let out = splitmix64(key.1 ^ splitmix64(node_code(key.0)) ^ (id as u64) << 40 ^ gen.wrapping_mul(0x9E37_79B9_7F4A_7C15));
         let segs = chain_push::segments(&s.map, PushKeys::Keys(&keys));
         if let Err(why) = chain_push::check_roles(&s.map, &segs, id, &meta, s.epoch) {
-            return self.fail(id, from, conn, meta, last, why);
+            self.fail(id, key, meta, last, why);
+            return Ok(());
         }
         if let Err(e) = chain_push::admit_and_apply(&mut s.table, &mut s.marks, &meta, PushKeys::Keys(&keys), &vals, &segs) {
-            return self.fail(id, from, conn, meta, last, e.to_string());
+            self.fail(id, key, meta, last, e.to_string());
+            return Ok(());
         }
-        let plan = s.forwarders.entry((from, conn)).or_default().plan(&s.map, &segs, id, last);
-        // no answer before the request's last frame
-        let answer_now = plan.reply_after.as_ref().is_some_and(|a| a.is_empty());
-        let after = plan.reply_after.clone().unwrap_or_default();
-        if !after.is_empty() {
-            // one request at a time per connection: a new one ends the wait of the one before
-            s.pending.retain(|p| !(p.up == from && p.conn == conn));
-            s.pending.push(Pending { up: from, conn, out, meta, waiting: after });
-        }
+        let plan = s.forwarders.entry(key).or_default().plan(&s.map, &segs, id, last);
+        let after = plan.reply_after.clone();
         let fwd = PushMeta { forwarded: true, ..meta };
         let mut sends: Vec<(u32, Msg)> = plan
             .frames
@@ -130,30 +168,42 @@ impl Sim {
         sends.extend(plan.close.iter().map(|&to| (to, Msg::Push { conn: out, meta: fwd, last: true, keys: Vec::new(), vals: Vec::new() })));
         for (to, msg) in sends {
             if !self.send(Node::Server(id), Node::Server(to), msg) {
-                // the runtime answers the failure and replaces every forwarding connection
-                // of this incoming one (`Forwarding::reset`)
-                let s = self.servers.get_mut(&id).expect("present");
-                s.pending.retain(|p| !(p.up == from && p.conn == conn));
-                s.forwarders.remove(&(from, conn));
-                let others: Vec<u32> = self.servers.keys().copied().collect();
-                for x in others {
-                    let key = (Node::Server(id), Node::Server(x), out);
-                    self.broken.remove(&key);
-                    self.reconnected(key);
-                }
-                return self.fail(id, from, conn, meta, last, format!("forwarding to replica node {to} failed"));
+                self.fail(id, key, meta, last, format!("forwarding to replica node {to} failed"));
+                return Ok(());
             }
         }
-        if answer_now {
-            self.answer(id, from, conn, meta, Ok(()))?;
+        match after {
+            // not the request's last frame: no answer yet
+            None => Ok(()),
+            Some(after) if after.is_empty() => {
+                self.answer(id, key, meta, Ok(()));
+                Ok(())
+            }
+            Some(waiting) => {
+                // the next request on this connection is read once this one is answered
+                let s = self.servers.get_mut(&id).expect("present");
+                s.busy.insert(key);
+                s.pending.push(Pending { up: key.0, conn: key.1, out, meta, waiting });
+                self.schedule(self.now + FWD_TIMEOUT, Node::Server(id), Node::Server(id), Msg::AckTimeout { up: key.0, conn: key.1, meta });
+                Ok(())
+            }
         }
-        Ok(())
     }
 
-    /// Answers a push's failure; before its last frame, the rest of the request is skipped.
-    pub(crate) fn fail(&mut self, id: u32, from: Node, conn: u64, meta: PushMeta, last: bool, why: String) -> Result<(), Violation> {
-        self.servers.get_mut(&id).expect("present").skipping.entry((from, conn)).or_default().refused(meta.request_id, last);
-        self.answer(id, from, conn, meta, Err(why))
+    /// Answers a push's failure. As the runtime: the forwarding connections of `key` are
+    /// replaced (`Forwarding::reset`); the rest of the request is skipped (`Skip`); and the
+    /// connection is closed if `chain_push::after_failure` says so (every failure here is
+    /// one the worker retries).
+    fn fail(&mut self, id: u32, key: ConnKey, meta: PushMeta, last: bool, why: String) {
+        let s = self.servers.get_mut(&id).expect("present");
+        s.skipping.entry(key).or_default().refused(meta.request_id, last);
+        s.forwarders.remove(&key);
+        *s.fwd_gen.entry(key).or_default() += 1;
+        self.answer(id, key, meta, Err(why));
+        let close = self.close_after_failure && chain_push::after_failure(true) == AfterFailure::Close;
+        if close {
+            self.close(id, key);
+        }
     }
 
     pub(crate) fn server_move(&mut self, id: u32, epoch: u64, members: Vec<u32>, served: Vec<u32>) -> Result<(), Violation> {

@@ -1,7 +1,9 @@
 //! The workers of the simulation: each keeps up to `window` pushes in flight (as the client
-//! pipelines its requests), keeps its routing until a refusal or a timeout, and then sends
-//! every push not yet acknowledged by all its heads again, in order, under the newest served
-//! routing (as the client's journal replays); sometimes it sends a push twice at once.
+//! pipelines its requests), keeps its routing until a refusal, a failed send or a timeout,
+//! stops sending then, and a little later connects again to every server and sends every
+//! push not yet acknowledged by all its heads again, in order, under the newest served
+//! routing (as the client's recovery replays its journal); sometimes it does that while the
+//! pushes are still in flight.
 
 use super::*;
 
@@ -20,20 +22,22 @@ impl Sim {
             return;
         }
         let window = self.cfg.window.max(1);
-        let mut failed = false;
-        while self.workers[wi].sent < self.workers[wi].pushes.len() && self.workers[wi].sent < self.workers[wi].next + window {
+        while !self.workers[wi].paused
+            && self.workers[wi].sent < self.workers[wi].pushes.len()
+            && self.workers[wi].sent < self.workers[wi].next + window
+        {
             let i = self.workers[wi].sent;
             self.workers[wi].sent += 1;
-            failed |= !self.send_one(w, i);
-        }
-        if failed {
-            self.replay_soon(w);
+            if !self.send_one(w, i, true) {
+                self.replay_soon(w);
+            }
         }
     }
 
     /// Sends push `i` to the heads of its keys under the worker's routing; false if a
     /// connection turned out broken.
-    fn send_one(&mut self, w: u32, i: usize) -> bool {
+    /// `first`: not a replay (only a first send may be followed by a spurious replay).
+    fn send_one(&mut self, w: u32, i: usize, first: bool) -> bool {
         let wi = w as usize;
         let keys = self.workers[wi].pushes[i].clone();
         let epoch = self.workers[wi].routing.0;
@@ -45,16 +49,18 @@ impl Sim {
         self.workers[wi].waiting.insert(i, by_head.keys().copied().collect());
         let request_id = i as u64 + 1;
         let mut ok = true;
+        let conn = worker_conn(w, self.workers[wi].gen);
         for (head, ks) in by_head {
             let meta = PushMeta { forwarded: false, worker: w, request_id, epoch, table: TABLE };
             let vals = vec![1.0; ks.len()];
-            ok &= self.send(Node::Worker(w), Node::Server(head), Msg::Push { conn: worker_conn(w), meta, last: true, keys: ks, vals });
+            ok &= self.send(Node::Worker(w), Node::Server(head), Msg::Push { conn, meta, last: true, keys: ks, vals });
         }
         let attempt = self.workers[wi].attempt;
-        self.schedule(self.now + TIMEOUT, Node::Worker(w), Node::Worker(w), Msg::WorkerTimeout { attempt });
+        let progress = self.workers[wi].progress;
+        self.schedule(self.now + TIMEOUT, Node::Worker(w), Node::Worker(w), Msg::Stalled { attempt, progress });
         // a spurious retry: everything in flight again (as a replay after a reconnect sends
         // requests the servers may have had already)
-        if !self.faults_over && self.rng.chance(self.cfg.duplicate) {
+        if first && !self.faults_over && self.rng.chance(self.cfg.duplicate) {
             self.out.duplicated += 1;
             let again = self.now + 1 + self.rng.below(self.cfg.max_delay * 4);
             self.schedule(again, Node::Worker(w), Node::Worker(w), Msg::WorkerTimeout { attempt });
@@ -62,30 +68,32 @@ impl Sim {
         ok
     }
 
-    /// A refusal or a broken connection: replay a little later.
+    /// A refusal or a broken connection: stop sending, replay a little later.
     fn replay_soon(&mut self, w: u32) {
         let wi = w as usize;
+        self.workers[wi].paused = true;
         self.workers[wi].attempt += 1;
         let attempt = self.workers[wi].attempt;
         self.schedule(self.now + 20, Node::Worker(w), Node::Worker(w), Msg::WorkerTimeout { attempt });
     }
 
-    /// Sends every push in flight again, in order, under the newest served routing.
+    /// Connects again and sends every push in flight again, in order, under the newest
+    /// served routing; stops at a failed send.
     fn replay(&mut self, w: u32) {
         let wi = w as usize;
         self.out.retries += 1;
         self.workers[wi].routing = (self.coord.served_epoch, self.coord.served.clone());
         self.workers[wi].attempt += 1;
+        self.workers[wi].gen += 1;
+        self.workers[wi].paused = false;
         let (from, to) = (self.workers[wi].next, self.workers[wi].sent);
-        let mut failed = false;
         for i in from..to {
-            if self.workers[wi].waiting.get(&i).is_some_and(|h| !h.is_empty()) {
-                failed |= !self.send_one(w, i);
+            if self.workers[wi].waiting.get(&i).is_some_and(|h| !h.is_empty()) && !self.send_one(w, i, false) {
+                self.replay_soon(w);
+                return;
             }
         }
-        if failed {
-            self.replay_soon(w);
-        }
+        self.send_push(w);
     }
 
     pub(crate) fn at_worker(&mut self, w: u32, from: Node, msg: Msg) {
@@ -94,8 +102,11 @@ impl Sim {
             return;
         }
         match msg {
-            Msg::Ack { meta, result, .. } => {
+            Msg::Ack { conn, meta, result } => {
                 let Node::Server(head) = from else { return };
+                if conn != worker_conn(w, self.workers[wi].gen) {
+                    return; // an answer on a connection left behind: the client no longer reads those
+                }
                 let i = meta.request_id as usize - 1;
                 if !self.workers[wi].waiting.get(&i).is_some_and(|h| h.contains(&head)) {
                     return; // an old or duplicated answer
@@ -105,6 +116,10 @@ impl Sim {
                         if let Some(h) = self.workers[wi].waiting.get_mut(&i) {
                             h.retain(|x| *x != head);
                         }
+                        let wk = &mut self.workers[wi];
+                        wk.progress += 1;
+                        let (attempt, progress) = (wk.attempt, wk.progress);
+                        self.schedule(self.now + TIMEOUT, Node::Worker(w), Node::Worker(w), Msg::Stalled { attempt, progress });
                         self.send_push(w);
                     }
                     // refused (stale routing, a successor gone): replay a little later
@@ -112,6 +127,9 @@ impl Sim {
                 }
             }
             Msg::WorkerTimeout { attempt } if attempt == self.workers[wi].attempt => self.replay(w),
+            Msg::Stalled { attempt, progress } if attempt == self.workers[wi].attempt && progress == self.workers[wi].progress => {
+                self.replay(w)
+            }
             _ => {}
         }
     }
