@@ -1,25 +1,12 @@
 //! Core hot-path costs without any network: sparse push/pull of 1M sorted random keys into
 //! a table that already holds them, and a dense 16 MiB range push.
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use downpour_core::init::Init;
-use downpour_core::proto;
 use downpour_core::rule::RuleRegistry;
 use downpour_core::table::{Storage, Table, TableDef};
 use downpour_core::KeyRange;
 
 fn def(storage: Storage) -> TableDef {
-    TableDef {
-        id: 1,
-        name: "b".into(),
-        value_len: 1,
-        storage,
-        init: Init::Zeros,
-        rule: proto::Rule { name: "add".into(), ..Default::default() },
-        consistency: downpour_core::consistency::Consistency::Async,
-        aggregate: Default::default(),
-        backup_workers: 0,
-        filters: Default::default(),
-    }
+    TableDef { storage, ..TableDef::new(1, "b") }
 }
 
 fn bench(c: &mut Criterion) {

@@ -69,6 +69,24 @@ pub struct TableDef {
 }
 
 impl TableDef {
+    /// A sparse table `id` named `name`: one value per key, new keys at zero, updated by
+    /// `add` (a push adds its values), `async`, no filters. Other tables change what
+    /// differs: `TableDef { value_len: 8, storage: Storage::Dense(range), ..TableDef::new(1, "emb") }`.
+    pub fn new(id: u32, name: impl Into<String>) -> TableDef {
+        TableDef {
+            id,
+            name: name.into(),
+            value_len: 1,
+            storage: Storage::Sparse,
+            init: Init::Zeros,
+            rule: proto::Rule { name: "add".into(), ..Default::default() },
+            consistency: Consistency::Async,
+            aggregate: Aggregate::None,
+            backup_workers: 0,
+            filters: FilterSpec::default(),
+        }
+    }
+
     /// Checks and reads a definition from its wire form (the rule is checked by
     /// [`Table::new`], which needs the server's registry).
     pub fn from_proto(p: &proto::TableSpec) -> Result<TableDef> {
@@ -578,16 +596,10 @@ pub(crate) mod tests {
     /// A table of id 1 (sparse unless `dense`), for the tests of this crate.
     pub(crate) fn def(dense: Option<KeyRange>, vl: usize, rule: &str) -> TableDef {
         TableDef {
-            id: 1,
-            name: "t".into(),
             value_len: vl,
             storage: dense.map(Storage::Dense).unwrap_or(Storage::Sparse),
-            init: Init::Zeros,
             rule: proto::Rule { name: rule.into(), lr: 0.1, ..Default::default() },
-            consistency: Consistency::Async,
-            aggregate: Aggregate::None,
-            backup_workers: 0,
-            filters: Default::default(),
+            ..TableDef::new(1, "t")
         }
     }
 

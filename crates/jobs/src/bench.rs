@@ -4,7 +4,6 @@
 
 use crate::report::Report;
 use anyhow::{ensure, Result};
-use downpour_core::init::Init;
 use downpour_core::proto;
 use downpour_core::table::{Storage, TableDef};
 use downpour_core::KeyRange;
@@ -87,18 +86,7 @@ fn emit(report: &Report, s: &Sample) {
 }
 
 fn dense_table(id: u32, n: u64) -> TableDef {
-    TableDef {
-        id,
-        name: format!("bench-dense-{id}"),
-        value_len: 1,
-        storage: Storage::Dense(KeyRange::new(0, n)),
-        init: Init::Zeros,
-        rule: proto::Rule { name: "add".into(), ..Default::default() },
-        consistency: downpour_core::consistency::Consistency::Async,
-        aggregate: Default::default(),
-        backup_workers: 0,
-        filters: Default::default(),
-    }
+    TableDef { storage: Storage::Dense(KeyRange::new(0, n)), ..TableDef::new(id, format!("bench-dense-{id}")) }
 }
 
 /// Runs the benchmark cases on one worker.
@@ -276,16 +264,8 @@ pub fn run_worker(a: &BenchJobConfig, s: &mut WorkerSession, report: &Report) ->
     if a.cases.sparse_keys > 0 {
         let id = 200;
         s.kv.create_table(TableDef {
-            id,
-            name: "bench-sparse".into(),
-            value_len: 1,
-            storage: Storage::Sparse,
-            init: Init::Zeros,
-            rule: proto::Rule { name: "add".into(), ..Default::default() },
-            consistency: downpour_core::consistency::Consistency::Async,
-            aggregate: Default::default(),
-            backup_workers: 0,
             filters: a.cases.sparse_filters.parse().map_err(|e: downpour_core::CoreError| anyhow::anyhow!("--sparse-filters: {e}"))?,
+            ..TableDef::new(id, "bench-sparse")
         })?;
         // Random u64 keys (seeded by rank), sorted and unique as the API requires.
         let keys = downpour_core::keys::random_sorted_keys(a.cases.sparse_keys, 0x9E37_79B9_7F4A_7C15 ^ (s.rank as u64 + 1));

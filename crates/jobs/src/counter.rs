@@ -2,8 +2,6 @@
 
 use crate::report::Report;
 use anyhow::{bail, ensure, Context, Result};
-use downpour_core::init::Init;
-use downpour_core::proto;
 use downpour_core::table::{Storage, TableDef};
 use downpour_worker::WorkerSession;
 
@@ -57,16 +55,11 @@ pub fn run(a: &CounterConfig, s: &mut WorkerSession, num_servers: usize, report:
     let expected = a.rounds * s.num_workers as u64;
     ensure!(expected <= 1 << 24, "workers × rounds = {expected} exceeds 2^24, past which f32 sums are not exact");
     let def = TableDef {
-        id: TABLE,
-        name: "counter".into(),
         value_len: a.value_len,
         storage: if a.dense { Storage::Dense(downpour_core::KeyRange::new(0, a.keys)) } else { Storage::Sparse },
-        init: Init::Zeros,
-        rule: proto::Rule { name: "add".into(), ..Default::default() },
         consistency: if a.sync { downpour_core::consistency::Consistency::Bsp } else { downpour_core::consistency::Consistency::Async },
         aggregate: if a.sync { downpour_core::rounds::Aggregate::Sum } else { Default::default() },
-        backup_workers: 0,
-        filters: Default::default(),
+        ..TableDef::new(TABLE, "counter")
     };
     s.kv.create_table(def).context("creating the counter table")?;
     let keys = if a.dense { (0..a.keys).collect() } else { counter_keys(a.keys) };

@@ -247,16 +247,8 @@ pub fn run(a: &L1lrConfig, s: &mut WorkerSession, report: &Report) -> Result<()>
         filters: a.filters.clone(),
     })?;
     s.kv.create_table(TableDef {
-        id: SUMMARY,
-        name: "l1lr-summary".into(),
-        value_len: 1,
         storage: Storage::Dense(KeyRange::new(0, SUMMARY_LEN * s.num_workers as u64)),
-        init: Init::Zeros,
-        rule: proto::Rule { name: "add".into(), ..Default::default() },
-        consistency: Consistency::Async,
-        aggregate: Aggregate::None,
-        backup_workers: 0,
-        filters: FilterSpec::default(),
+        ..TableDef::new(SUMMARY, "l1lr-summary")
     })?;
     s.barrier("l1lr-start")?;
     let t0 = Instant::now();

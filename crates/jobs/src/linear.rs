@@ -658,18 +658,7 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
         }
     }
     // Sum the examples seen over workers through the servers (split so f32 sums stay exact).
-    s.kv.create_table(TableDef {
-        id: STATS,
-        name: "linear-stats".into(),
-        value_len: 1,
-        storage: Storage::Dense(downpour_core::KeyRange::new(0, 3)),
-        init: Init::Zeros,
-        rule: proto::Rule { name: "add".into(), ..Default::default() },
-        consistency: downpour_core::consistency::Consistency::Async,
-        aggregate: Default::default(),
-        backup_workers: 0,
-        filters: Default::default(),
-    })?;
+    s.kv.create_table(TableDef { storage: Storage::Dense(downpour_core::KeyRange::new(0, 3)), ..TableDef::new(STATS, "linear-stats") })?;
     let parts = [(total_examples % (1 << 20)) as f32, (total_examples >> 20) as f32, s.kv.dropped_pushes() as f32];
     let ts = s.kv.push_range(STATS, 0, &parts)?;
     s.kv.wait(ts)?;

@@ -123,18 +123,20 @@ pub fn serve_connection(st: &ServerState, mut conn: Box<dyn Connection>) {
             continue;
         }
         let result = handle_frame(st, &h, &mut ctx, conn.as_mut());
-        // a forwarded round update (the round watermark's worker slot) that was not applied
-        let round_update = h.forwarded && h.request_id != ROUND_MARKS_REQUEST && h.worker == st.num_workers.load(Ordering::Relaxed);
+        // frames of a replicated bsp table's rounds come in the round watermark's worker slot
+        let round_slot = h.forwarded && h.worker == st.num_workers.load(Ordering::Relaxed);
+        // a forwarded round update that was not applied
+        let round_update = round_slot && h.request_id != ROUND_MARKS_REQUEST;
         if round_update && matches!(result, Ok(Err(_))) {
             ctx.forward_failed = true;
         }
         // a push its sender sends again (refused for its epoch, or its chain failed): nothing
         // pipelined behind it may be read (`core::chain_push::after_failure`); the rounds of
         // a replicated bsp table keep their own rule (`forward_failed`)
-        let push = matches!(Op::from_u32(h.op), Some(Op::Push | Op::PushRange));
-        let round_slot = h.forwarded && h.worker == st.num_workers.load(Ordering::Relaxed);
         let close = match &result {
-            Ok(Err((status, _))) if push && !round_slot => after_failure(*status == Status::StaleEpoch) == AfterFailure::Close,
+            Ok(Err((status, _))) if !round_slot && matches!(Op::from_u32(h.op), Some(Op::Push | Op::PushRange)) => {
+                after_failure(*status == Status::StaleEpoch) == AfterFailure::Close
+            }
             _ => false,
         };
         let sent = match result {

@@ -6,12 +6,11 @@
 //! no longer push under the rank.
 
 use downpour_core::consistency::Consistency;
-use downpour_core::init::Init;
 use downpour_core::msg::{self, Op, Status};
 use downpour_core::proto;
 use downpour_core::ring::Ring;
 use downpour_core::shards::{copies, ShardMap};
-use downpour_core::table::{Storage, TableDef};
+use downpour_core::table::TableDef;
 use downpour_core::KeyRange;
 use downpour_server::{move_to_epoch, Server, ServerConfig, ServerHandle};
 use downpour_transport::inproc::InProcTransport;
@@ -36,18 +35,7 @@ fn routing(epoch: u64, servers: &[(u32, String)]) -> proto::Routing {
 }
 
 fn counter_table() -> TableDef {
-    TableDef {
-        id: 1,
-        name: "c".into(),
-        value_len: 1,
-        storage: Storage::Sparse,
-        init: Init::Zeros,
-        rule: proto::Rule { name: "add".into(), ..Default::default() },
-        consistency: Consistency::Async,
-        aggregate: Default::default(),
-        backup_workers: 0,
-        filters: Default::default(),
-    }
+    TableDef::new(1, "c")
 }
 
 /// Three servers (nodes 1, 2, 3) of a job of one worker, replicated twice, at epoch 1.

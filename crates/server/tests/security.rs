@@ -2,10 +2,8 @@
 //! (mutual) on gRPC, and the server's limits. Real sockets on 127.0.0.1; every load loop is
 //! bounded.
 
-use downpour_core::consistency::Consistency;
-use downpour_core::init::Init;
 use downpour_core::proto;
-use downpour_core::table::{Storage, TableDef};
+use downpour_core::table::TableDef;
 use downpour_server::{Limits, Server, ServerConfig, ServerHandle};
 use downpour_transport::{network_transport, AuthToken, NetConfig, TlsConfig, Transport, TransportKind};
 use downpour_worker::{KvClient, KvConfig};
@@ -40,18 +38,7 @@ fn connect(t: &dyn Transport, h: &ServerHandle) -> Result<KvClient, String> {
 }
 
 fn table(id: u32, vl: usize) -> TableDef {
-    TableDef {
-        id,
-        name: format!("t{id}"),
-        value_len: vl,
-        storage: Storage::Sparse,
-        init: Init::Zeros,
-        rule: proto::Rule { name: "add".into(), ..Default::default() },
-        consistency: Consistency::Async,
-        aggregate: Default::default(),
-        backup_workers: 0,
-        filters: Default::default(),
-    }
+    TableDef { value_len: vl, ..TableDef::new(id, format!("t{id}")) }
 }
 
 fn peek(kv: &mut KvClient, keys: &[u64]) -> Vec<f32> {

@@ -38,12 +38,12 @@
 
 use downpour_core::chain_epoch;
 use downpour_core::chain_push::{self, AfterFailure, Forwarder, PushKeys, PushMeta, Skip};
-use downpour_core::init::{splitmix64, Init};
+use downpour_core::init::splitmix64;
 use downpour_core::ring::Ring;
 use downpour_core::rule::RuleRegistry;
 use downpour_core::shards::{ShardMap, Watermarks};
-use downpour_core::table::{Storage, Table, TableDef};
-use downpour_core::{proto, KeyRange};
+use downpour_core::table::{Table, TableDef};
+use downpour_core::KeyRange;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
 
 mod check;
@@ -429,21 +429,6 @@ fn node_code(n: Node) -> u64 {
     }
 }
 
-fn table_def() -> TableDef {
-    TableDef {
-        id: TABLE,
-        name: "sim".into(),
-        value_len: 1,
-        storage: Storage::Sparse,
-        init: Init::Zeros,
-        rule: proto::Rule { name: "add".into(), ..Default::default() },
-        consistency: downpour_core::consistency::Consistency::Async,
-        aggregate: Default::default(),
-        backup_workers: 0,
-        filters: Default::default(),
-    }
-}
-
 impl Sim {
     fn new(seed: u64, cfg: SimConfig) -> Sim {
         let mut rng = Rng(splitmix64(seed));
@@ -538,7 +523,7 @@ impl Sim {
             epoch,
             map: self.map_of(members),
             known_served: members.to_vec(),
-            table: Table::new(table_def(), KeyRange::FULL, &RuleRegistry::new()).expect("a valid table definition"),
+            table: Table::new(TableDef::new(TABLE, "sim"), KeyRange::FULL, &RuleRegistry::new()).expect("a valid table definition"),
             marks: Watermarks::new(shards, self.cfg.workers),
             forwarders: HashMap::new(),
             skipping: HashMap::new(),
