@@ -14,11 +14,12 @@ impl Sim {
                     .iter()
                     .filter(|(_, s)| s.alive)
                     .flat_map(|(id, s)| {
-                        s.pending.iter().map(move |p| {
-                            format!(
+                        s.incoming.iter().filter_map(move |(key, c)| {
+                            let p = c.pending.as_ref()?;
+                            Some(format!(
                                 "server {id}: worker {} request {} from {:?} waits for {:?}",
-                                p.meta.worker, p.meta.request_id, p.up, p.waiting
-                            )
+                                p.meta.worker, p.meta.request_id, key.0, p.waiting
+                            ))
                         })
                     })
                     .collect();

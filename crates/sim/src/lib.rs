@@ -294,13 +294,27 @@ impl Ord for Event {
 
 /// A push waiting for its successors' acknowledgements before its sender gets one.
 struct Pending {
-    up: Node,
-    /// The connection the push came on (its answer goes back on it).
-    conn: u64,
     /// The connections it was forwarded on (their acknowledgements come back on them).
     out: u64,
     meta: PushMeta,
     waiting: Vec<u32>,
+}
+
+/// What a server keeps for one incoming connection, as the runtime's connection loop does
+/// (its `ConnCtx` and `Skip`).
+#[derive(Default)]
+struct Incoming {
+    /// Frames not read yet: the runtime reads a connection's next request only once it
+    /// answered the one before.
+    inbox: std::collections::VecDeque<Frame>,
+    /// The request read last, while it waits for acknowledgements.
+    pending: Option<Pending>,
+    /// Its forwarding decisions (`Forwarding::plan`).
+    forwarder: Forwarder,
+    /// The rest of a request refused before its last frame is skipped.
+    skip: Skip,
+    /// How many times its forwarding connections were replaced (`Forwarding::reset`).
+    gen: u64,
 }
 
 /// A push frame waiting on its connection for the request before it to be answered.
@@ -322,21 +336,9 @@ struct Server {
     known_served: Vec<u32>,
     table: Table,
     marks: Watermarks,
-    /// One forwarding state per incoming link, as per connection in the runtime.
-    forwarders: HashMap<(Node, u64), Forwarder>,
-    /// Per incoming connection, a request that failed before its last frame: its remaining
-    /// frames are skipped, as the runtime's connection loop does.
-    skipping: HashMap<(Node, u64), Skip>,
-    pending: Vec<Pending>,
-    /// Per incoming connection, the frames not read yet: the runtime reads a connection's
-    /// next request only once it answered the one before.
-    inbox: HashMap<ConnKey, std::collections::VecDeque<Frame>>,
-    /// Incoming connections whose current request waits for acknowledgements.
-    busy: std::collections::HashSet<ConnKey>,
+    incoming: HashMap<ConnKey, Incoming>,
     /// Incoming connections this server closed: what still arrives on them is dropped.
     closed: std::collections::HashSet<ConnKey>,
-    /// Per incoming connection, how many times its forwarding connections were replaced.
-    fwd_gen: HashMap<ConnKey, u64>,
     copies_waiting: usize,
 }
 
@@ -525,13 +527,8 @@ impl Sim {
             known_served: members.to_vec(),
             table: Table::new(TableDef::new(TABLE, "sim"), KeyRange::FULL, &RuleRegistry::new()).expect("a valid table definition"),
             marks: Watermarks::new(shards, self.cfg.workers),
-            forwarders: HashMap::new(),
-            skipping: HashMap::new(),
-            pending: Vec::new(),
-            inbox: HashMap::new(),
-            busy: Default::default(),
+            incoming: HashMap::new(),
             closed: Default::default(),
-            fwd_gen: HashMap::new(),
             copies_waiting: 0,
         }
     }

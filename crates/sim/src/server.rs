@@ -17,39 +17,43 @@ impl Sim {
                 if s.closed.contains(&key) {
                     return Ok(());
                 }
-                s.inbox.entry(key).or_default().push_back(Frame { meta, last, keys, vals });
+                s.incoming.entry(key).or_default().inbox.push_back(Frame { meta, last, keys, vals });
                 self.read_on(id, key)
             }
             Msg::Ack { conn, meta, result } => {
                 let Node::Server(succ) = from else { return Ok(()) };
                 // acknowledgements come back on the forwarding connection they answer (the
                 // runtime opens new ones when the epoch changes or after a failure)
-                let found = s.pending.iter().position(|p| {
-                    p.out == conn
+                let found = s.incoming.iter_mut().find_map(|(key, c)| {
+                    let p = c.pending.as_mut()?;
+                    let answers = p.out == conn
                         && p.meta.worker == meta.worker
                         && p.meta.request_id == meta.request_id
                         && p.meta.epoch == meta.epoch
-                        && p.waiting.contains(&succ)
+                        && p.waiting.contains(&succ);
+                    answers.then_some((*key, c))
                 });
-                let Some(i) = found else { return Ok(()) };
-                match result {
-                    Err(e) => {
-                        let p = s.pending.remove(i);
-                        self.finish(id, (p.up, p.conn), p.meta, Err(format!("replica node {succ}: {e}")))
-                    }
+                let Some((key, c)) = found else { return Ok(()) };
+                let result = match result {
+                    Err(e) => Err(format!("replica node {succ}: {e}")),
                     Ok(()) => {
-                        s.pending[i].waiting.retain(|n| *n != succ);
-                        if !s.pending[i].waiting.is_empty() {
+                        let p = c.pending.as_mut().expect("found above");
+                        p.waiting.retain(|n| *n != succ);
+                        if !p.waiting.is_empty() {
                             return Ok(());
                         }
-                        let p = s.pending.remove(i);
-                        self.finish(id, (p.up, p.conn), p.meta, Ok(()))
+                        Ok(())
                     }
-                }
+                };
+                let p = c.pending.take().expect("found above");
+                self.finish(id, key, p.meta, result)
             }
             Msg::AckTimeout { up, conn, meta } => {
-                let Some(i) = s.pending.iter().position(|p| p.up == up && p.conn == conn && p.meta == meta) else { return Ok(()) };
-                let p = s.pending.remove(i);
+                let Some(c) = s.incoming.get_mut(&(up, conn)) else { return Ok(()) };
+                if c.pending.as_ref().is_none_or(|p| p.meta != meta) {
+                    return Ok(());
+                }
+                let p = c.pending.take().expect("checked above");
                 let why = format!("replica nodes {:?} did not acknowledge", p.waiting);
                 self.finish(id, (up, conn), meta, Err(why))
             }
@@ -89,10 +93,14 @@ impl Sim {
     fn read_on(&mut self, id: u32, key: ConnKey) -> Result<(), Violation> {
         loop {
             let Some(s) = self.servers.get_mut(&id) else { return Ok(()) };
-            if !s.alive || s.busy.contains(&key) {
+            if !s.alive {
                 return Ok(());
             }
-            let Some(f) = s.inbox.get_mut(&key).and_then(|q| q.pop_front()) else { return Ok(()) };
+            let Some(c) = s.incoming.get_mut(&key) else { return Ok(()) };
+            if c.pending.is_some() {
+                return Ok(());
+            }
+            let Some(f) = c.inbox.pop_front() else { return Ok(()) };
             self.server_push(id, key, f)?;
         }
     }
@@ -100,9 +108,6 @@ impl Sim {
     /// Answers the request that `key` waited on and, unless the connection is closed then,
     /// reads on.
     fn finish(&mut self, id: u32, key: ConnKey, meta: PushMeta, result: Result<(), String>) -> Result<(), Violation> {
-        if let Some(s) = self.servers.get_mut(&id) {
-            s.busy.remove(&key);
-        }
         match result {
             Ok(()) => {
                 self.answer(id, key, meta, Ok(()));
@@ -127,12 +132,7 @@ impl Sim {
     /// next send there fails.
     fn close(&mut self, id: u32, key: ConnKey) {
         if let Some(s) = self.servers.get_mut(&id) {
-            s.inbox.remove(&key);
-            s.busy.remove(&key);
-            s.forwarders.remove(&key);
-            s.skipping.remove(&key);
-            s.fwd_gen.remove(&key);
-            s.pending.retain(|p| (p.up, p.conn) != key);
+            s.incoming.remove(&key);
             s.closed.insert(key);
         }
         self.broken.insert((key.0, Node::Server(id), key.1));
@@ -141,12 +141,13 @@ impl Sim {
     fn server_push(&mut self, id: u32, key: ConnKey, f: Frame) -> Result<(), Violation> {
         let Frame { meta, last, keys, vals } = f;
         let s = self.servers.get_mut(&id).expect("present");
-        if s.skipping.entry(key).or_default().skips(meta.request_id, last) {
+        let c = s.incoming.entry(key).or_default();
+        if c.skip.skips(meta.request_id, last) {
             return Ok(());
         }
         // this incoming connection's own forwarding connections (one set per incoming
         // connection in the runtime: `ConnCtx::fwd`), replaced after a failure
-        let gen = s.fwd_gen.get(&key).copied().unwrap_or(0);
+        let gen = c.gen;
         let out = splitmix64(key.1 ^ splitmix64(node_code(key.0)) ^ (id as u64) << 40 ^ gen.wrapping_mul(0x9E37_79B9_7F4A_7C15));
         let segs = chain_push::segments(&s.map, PushKeys::Keys(&keys));
         if let Err(why) = chain_push::check_roles(&s.map, &segs, id, &meta, s.epoch) {
@@ -157,7 +158,7 @@ impl Sim {
             self.fail(id, key, meta, last, e.to_string());
             return Ok(());
         }
-        let plan = s.forwarders.entry(key).or_default().plan(&s.map, &segs, id, last);
+        let plan = s.incoming.entry(key).or_default().forwarder.plan(&s.map, &segs, id, last);
         let after = plan.reply_after.clone();
         let fwd = PushMeta { forwarded: true, ..meta };
         let mut sends: Vec<(u32, Msg)> = plan
@@ -182,8 +183,7 @@ impl Sim {
             Some(waiting) => {
                 // the next request on this connection is read once this one is answered
                 let s = self.servers.get_mut(&id).expect("present");
-                s.busy.insert(key);
-                s.pending.push(Pending { up: key.0, conn: key.1, out, meta, waiting });
+                s.incoming.entry(key).or_default().pending = Some(Pending { out, meta, waiting });
                 self.schedule(self.now + FWD_TIMEOUT, Node::Server(id), Node::Server(id), Msg::AckTimeout { up: key.0, conn: key.1, meta });
                 Ok(())
             }
@@ -195,10 +195,10 @@ impl Sim {
     /// connection is closed if `chain_push::after_failure` says so (every failure here is
     /// one the worker retries).
     fn fail(&mut self, id: u32, key: ConnKey, meta: PushMeta, last: bool, why: String) {
-        let s = self.servers.get_mut(&id).expect("present");
-        s.skipping.entry(key).or_default().refused(meta.request_id, last);
-        s.forwarders.remove(&key);
-        *s.fwd_gen.entry(key).or_default() += 1;
+        let c = self.servers.get_mut(&id).expect("present").incoming.entry(key).or_default();
+        c.skip.refused(meta.request_id, last);
+        c.forwarder = Forwarder::default();
+        c.gen += 1;
         self.answer(id, key, meta, Err(why));
         let close = self.close_after_failure && chain_push::after_failure(true) == AfterFailure::Close;
         if close {
