@@ -337,6 +337,9 @@ struct Server {
     table: Table,
     marks: Watermarks,
     incoming: HashMap<ConnKey, Incoming>,
+    /// Which incoming connection forwarded on forwarding connection `out` (in the runtime,
+    /// the thread of that incoming connection reads the acknowledgements).
+    owner: HashMap<u64, ConnKey>,
     /// Incoming connections this server closed: what still arrives on them is dropped.
     closed: std::collections::HashSet<ConnKey>,
     copies_waiting: usize,
@@ -528,6 +531,7 @@ impl Sim {
             table: Table::new(TableDef::new(TABLE, "sim"), KeyRange::FULL, &RuleRegistry::new()).expect("a valid table definition"),
             marks: Watermarks::new(shards, self.cfg.workers),
             incoming: HashMap::new(),
+            owner: HashMap::new(),
             closed: Default::default(),
             copies_waiting: 0,
         }

@@ -24,16 +24,18 @@ impl Sim {
                 let Node::Server(succ) = from else { return Ok(()) };
                 // acknowledgements come back on the forwarding connection they answer (the
                 // runtime opens new ones when the epoch changes or after a failure)
-                let found = s.incoming.iter_mut().find_map(|(key, c)| {
-                    let p = c.pending.as_mut()?;
-                    let answers = p.out == conn
+                let Some(&key) = s.owner.get(&conn) else { return Ok(()) };
+                let Some(c) = s.incoming.get_mut(&key) else { return Ok(()) };
+                let answers = c.pending.as_ref().is_some_and(|p| {
+                    p.out == conn
                         && p.meta.worker == meta.worker
                         && p.meta.request_id == meta.request_id
                         && p.meta.epoch == meta.epoch
-                        && p.waiting.contains(&succ);
-                    answers.then_some((*key, c))
+                        && p.waiting.contains(&succ)
                 });
-                let Some((key, c)) = found else { return Ok(()) };
+                if !answers {
+                    return Ok(());
+                }
                 let result = match result {
                     Err(e) => Err(format!("replica node {succ}: {e}")),
                     Ok(()) => {
@@ -184,6 +186,7 @@ impl Sim {
                 // the next request on this connection is read once this one is answered
                 let s = self.servers.get_mut(&id).expect("present");
                 s.incoming.entry(key).or_default().pending = Some(Pending { out, meta, waiting });
+                s.owner.insert(out, key);
                 self.schedule(self.now + FWD_TIMEOUT, Node::Server(id), Node::Server(id), Msg::AckTimeout { up: key.0, conn: key.1, meta });
                 Ok(())
             }
