@@ -49,10 +49,18 @@ enum Cmd {
         #[arg(long)]
         coordinator: Option<String>,
     },
-    /// Train a model on an embedded cluster (`--servers`, `--workers` after the model name):
-    /// `downpour train linear --train a.svm --test b.svm --out m.json`.
-    #[command(subcommand)]
-    Train(TrainModel),
+    /// Train a model on an embedded cluster:
+    /// `downpour train linear --train a.svm --test b.svm --out m.json [--servers 2 --workers 2]`.
+    Train {
+        #[command(subcommand)]
+        model: TrainModel,
+        /// Servers of the embedded cluster (may follow the model's name).
+        #[arg(long, global = true, default_value_t = 2)]
+        servers: usize,
+        /// Workers of the embedded cluster (may follow the model's name).
+        #[arg(long, global = true, default_value_t = 2)]
+        workers: usize,
+    },
     /// Score examples with a model exported by `train linear --model-out` (one probability a line).
     Predict(PredictConfig),
     /// Data tools (`data synth-ctr`).
@@ -286,15 +294,10 @@ fn run(cli: Cli, s: Settings) -> Result<()> {
                 None => downpour_cluster::run_embedded(&s, servers, workers, &job, Terminal::report()),
             }
         }
-        Cmd::Train(model) => {
-            let (servers, workers) = match &model {
-                TrainModel::Linear(a) => (a.servers, a.workers),
-                TrainModel::L1lr(a) => (a.servers, a.workers),
-                TrainModel::Dnn(a) => {
-                    downpour_jobs::dnn::check_args(a)?;
-                    (a.servers, a.workers)
-                }
-            };
+        Cmd::Train { model, servers, workers } => {
+            if let TrainModel::Dnn(a) = &model {
+                downpour_jobs::dnn::check_args(a)?;
+            }
             downpour_cluster::run_embedded(&s, servers, workers, &Job::Train(model), Terminal::report())
         }
         Cmd::Data(cmd) => crate::datagen::run(cmd),

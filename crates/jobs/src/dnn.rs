@@ -136,12 +136,6 @@ pub struct DnnConfig {
     /// No progress lines.
     #[cfg_attr(feature = "cli", arg(long))]
     pub quiet: bool,
-    /// Servers of the embedded cluster (when run directly, not under `launch`).
-    #[cfg_attr(feature = "cli", arg(long, default_value_t = 2))]
-    pub servers: usize,
-    /// Workers of the embedded cluster (when run directly, not under `launch`).
-    #[cfg_attr(feature = "cli", arg(long, default_value_t = 2))]
-    pub workers: usize,
 }
 
 impl Default for DnnConfig {
@@ -170,8 +164,6 @@ impl Default for DnnConfig {
             out: None,
             model_out: None,
             quiet: false,
-            servers: 2,
-            workers: 2,
         }
     }
 }

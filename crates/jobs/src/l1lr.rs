@@ -110,12 +110,6 @@ pub struct L1lrConfig {
     /// No progress lines.
     #[cfg_attr(feature = "cli", arg(long))]
     pub quiet: bool,
-    /// Servers of the embedded cluster (when run directly, not under `launch`).
-    #[cfg_attr(feature = "cli", arg(long, default_value_t = 2))]
-    pub servers: usize,
-    /// Workers of the embedded cluster (when run directly, not under `launch`).
-    #[cfg_attr(feature = "cli", arg(long, default_value_t = 2))]
-    pub workers: usize,
 }
 
 impl Default for L1lrConfig {
@@ -137,8 +131,6 @@ impl Default for L1lrConfig {
             model_out: None,
             out: None,
             quiet: false,
-            servers: 2,
-            workers: 2,
         }
     }
 }

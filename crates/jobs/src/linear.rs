@@ -179,12 +179,6 @@ pub struct LinearConfig {
     /// a finer curve of quality against time.
     #[cfg_attr(feature = "cli", arg(long, default_value_t = 0))]
     pub eval_every: usize,
-    /// Servers of the embedded cluster (when run directly, not under `launch`).
-    #[cfg_attr(feature = "cli", arg(long, default_value_t = 2))]
-    pub servers: usize,
-    /// Workers of the embedded cluster (when run directly, not under `launch`).
-    #[cfg_attr(feature = "cli", arg(long, default_value_t = 2))]
-    pub workers: usize,
 }
 
 impl Default for LinearConfig {
@@ -213,8 +207,6 @@ impl Default for LinearConfig {
             out: None,
             quiet: false,
             eval_every: 0,
-            servers: 2,
-            workers: 2,
         }
     }
 }
