@@ -1,5 +1,5 @@
 //! The simulation's seeds: every one must keep every invariant. `SIM_SEEDS=N` runs N seeds
-//! (default 10,000, about 16 s: the soak mode is `SIM_SEEDS=1000000`), `SIM_SEED=S` runs seed S alone
+//! (default 10,000, about 17 s: the soak mode is `SIM_SEEDS=1000000`), `SIM_SEED=S` runs seed S alone
 //! (what a failure prints), `SIM_FIRST=F` starts at seed F.
 
 use std::time::Instant;
