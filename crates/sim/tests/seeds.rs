@@ -1,5 +1,6 @@
 //! The simulation's seeds: every one must keep every invariant. `SIM_SEEDS=N` runs N seeds
-//! (default 10,000, about 17 s: the soak mode is `SIM_SEEDS=1000000`), `SIM_SEED=S` runs seed S alone
+//! (default 10,000, about 17 s: the soak mode is `SIM_SEEDS=1000000`, with `-- --nocapture` for
+//! a progress line every 30 s), `SIM_SEED=S` runs seed S alone
 //! (what a failure prints), `SIM_FIRST=F` starts at seed F.
 
 use std::time::Instant;
@@ -19,7 +20,15 @@ fn every_seed_keeps_every_replica_equal_to_the_sequential_run() {
     let mut totals = downpour_sim::Outcome::default();
     let mut by_k = [0u64; 4];
     let mut pipelined = 0u64;
+    let mut reported = Instant::now();
     for seed in first..first + count {
+        // the soak runs for many minutes: a line every 30 s (shown with `-- --nocapture`)
+        if reported.elapsed().as_secs() >= 30 {
+            reported = Instant::now();
+            let done = seed - first;
+            let eta = t0.elapsed().as_secs_f64() / done.max(1) as f64 * (count - done) as f64;
+            eprintln!("{done}/{count} seeds passed in {:.0} s, about {eta:.0} s to go", t0.elapsed().as_secs_f64());
+        }
         let mut cfg = downpour_sim::SimConfig::from_seed(seed);
         if let Some(w) = window {
             cfg.window = w;
