@@ -21,6 +21,7 @@ pub mod checkpoint;
 pub mod codec;
 pub mod consistency;
 pub mod error;
+pub mod fence;
 pub mod filter;
 pub mod gradcode;
 pub mod hashstore;

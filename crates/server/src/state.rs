@@ -93,7 +93,7 @@ pub struct ServerState {
     /// replacement's first request came, the old one is fenced here: a worker declared lost
     /// while still running can no longer apply anything under the rank. Set by
     /// [`ServerState::set_replicated`]; unset (no fencing) in unreplicated jobs.
-    pub(crate) holders: std::sync::OnceLock<Box<[AtomicU32]>>,
+    pub(crate) holders: std::sync::OnceLock<downpour_core::fence::WorkerFence>,
 }
 
 impl ServerState {
@@ -123,17 +123,15 @@ impl ServerState {
         *self.repl.write() = Some(Repl { routing, active_members });
         // only replicated jobs replace workers, so only they fence replaced ones
         let workers = self.num_workers.load(Ordering::Relaxed).max(1);
-        let _ = self.holders.set((0..workers).map(|_| AtomicU32::new(0)).collect());
+        let _ = self.holders.set(downpour_core::fence::WorkerFence::new(workers as usize));
     }
 
     /// Replicated jobs: learns which node holds each worker rank now (`nodes[rank]`, 0 for
     /// none yet), as the coordinator's heartbeat answer says; pushes and clocks under a rank
     /// from an older node are refused from then on. Never goes back to an older node.
     pub fn note_worker_nodes(&self, nodes: &[u32]) {
-        if let Some(hs) = self.holders.get() {
-            for (slot, &node) in hs.iter().zip(nodes) {
-                slot.fetch_max(node, Ordering::AcqRel);
-            }
+        if let Some(fence) = self.holders.get() {
+            fence.note_holders(nodes);
         }
     }
 

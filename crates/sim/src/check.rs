@@ -38,7 +38,8 @@ impl Sim {
             return Err(Violation(format!("epoch {} was never served (served: {})", self.coord.epoch, self.coord.served_epoch)));
         }
         let mut reference: HashMap<u64, f32> = HashMap::new();
-        for wk in &self.workers {
+        // one run of each rank's pushes: the holder's (a replaced worker sent the same ones)
+        for wk in self.workers.iter().filter(|w| !w.lost) {
             for p in &wk.pushes {
                 for k in p {
                     *reference.entry(*k).or_default() += 1.0;

@@ -40,6 +40,51 @@ impl Sim {
                 self.new_epoch();
                 Ok(())
             }
+            Msg::Replace => {
+                // a running worker is declared lost (its heartbeats stopped reaching the
+                // coordinator) and its rank goes to a replacement with a newer node id, which
+                // goes on from the lost one's progress record: the record lags a little, so
+                // the replacement sends some pushes again
+                let running: Vec<usize> = (0..self.workers.len()).filter(|&i| !self.workers[i].lost && !self.workers[i].done).collect();
+                if running.is_empty() {
+                    return Ok(());
+                }
+                let old = running[self.rng.below(running.len() as u64) as usize];
+                self.workers[old].lost = true;
+                let rank = self.workers[old].rank;
+                let node = self.coord.next_worker_node;
+                self.coord.next_worker_node += 1;
+                self.coord.holders[rank as usize] = node;
+                self.out.replaced += 1;
+                let record = self.workers[old].next.saturating_sub(self.rng.below(3) as usize);
+                let slot = self.workers.len() as u32;
+                self.workers.push(Worker {
+                    rank,
+                    node,
+                    lost: false,
+                    pushes: self.workers[old].pushes.clone(),
+                    routing: (self.coord.served_epoch, self.coord.served.clone()),
+                    next: record,
+                    sent: record,
+                    waiting: HashMap::new(),
+                    attempt: 0,
+                    progress: 0,
+                    gen: 0,
+                    paused: false,
+                    done: false,
+                });
+                let start = self.now + 1 + self.rng.below(DETECT);
+                self.schedule(start, Node::Coordinator, Node::Worker(slot), Msg::Start);
+                // heartbeat answers name the new holder; a server may miss it (then the
+                // replacement's first push there fences the old worker)
+                let targets: Vec<u32> = self.servers.iter().filter(|(_, s)| s.alive).map(|(id, _)| *id).collect();
+                for id in targets {
+                    if !self.rng.chance(self.cfg.skip_served) {
+                        self.send(Node::Coordinator, Node::Server(id), Msg::Holders { nodes: self.coord.holders.clone() });
+                    }
+                }
+                Ok(())
+            }
             Msg::Detected { server } => {
                 self.coord.members.retain(|m| *m != server);
                 self.new_epoch();

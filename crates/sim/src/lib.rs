@@ -26,18 +26,24 @@
 //! keep their routing until a refusal, a failed send or a wait without answers, then connect
 //! again to every server and send what is unfinished again in order under the newest served
 //! routing (as the client's recovery does), and sometimes do that while the pushes are still
-//! in flight. After the run the simulation checks: every worker finished (no hang), the last
-//! epoch was served, and every replica of every shard equals the sequential reference (no
-//! update lost or applied twice).
+//! in flight. In replicated runs a running worker may be declared lost and replaced: the
+//! replacement (a newer node id, the same rank) goes on from a lagging progress record, the
+//! old worker goes on pushing until it next calls the coordinator or a server fences it,
+//! through [`WorkerFence`], the type the servers' `repl::fence` uses. After the run the
+//! simulation checks: every worker finished (no hang), the last epoch was served, and every
+//! replica of every shard equals the sequential reference (no update lost or applied twice);
+//! while it runs, that no server takes a push from a worker after it heard of the node that
+//! replaced it.
 //!
 //! What it does not model yet: the coordinator's own code (a model of its rules stands in),
 //! the worker client's own journal (the workers here replay as it does), requests of several
 //! chunks from workers (forwards of several frames are), `bsp` rounds
-//! (`core::chain_rounds`), fencing of replaced workers, drains, and copies lost in transit
-//! (the runtime retries a failed move; here copies are delivered, late).
+//! (`core::chain_rounds`), drains, and copies lost in transit (the runtime retries a failed
+//! move; here copies are delivered, late).
 
 use downpour_core::chain_epoch;
 use downpour_core::chain_push::{self, AfterFailure, Forwarder, PushKeys, PushMeta, Skip};
+use downpour_core::fence::WorkerFence;
 use downpour_core::init::splitmix64;
 use downpour_core::ring::Ring;
 use downpour_core::rule::RuleRegistry;
@@ -90,6 +96,11 @@ pub struct SimConfig {
     pub skip_served: f64,
     /// Servers that join during the run.
     pub joins: usize,
+    /// Workers declared lost while still running and replaced (replicated runs only, as in
+    /// production): the replacement goes on from the lost worker's progress record under the
+    /// same rank; the lost one goes on pushing until a server fences it or it next calls
+    /// the coordinator.
+    pub replacements: usize,
 }
 
 impl SimConfig {
@@ -115,11 +126,13 @@ impl SimConfig {
             window: 1,
             skip_served: [0.0, 0.5][r.below(2) as usize],
             joins: r.below(2) as usize,
+            replacements: 0,
         };
         // crashes and cut-offs together leave at least one copy of every key
         cfg.cutoffs = r.below((k - cfg.crashes) as u64) as usize;
         // one push at a time, or pipelined as the client does (up to 16)
         cfg.window = [1, 1, 4, 16][r.below(4) as usize];
+        cfg.replacements = if k > 1 { r.below(2) as usize } else { 0 };
         cfg
     }
 }
@@ -147,6 +160,10 @@ pub struct Outcome {
     pub epochs: u64,
     /// Pushes a worker sent again.
     pub retries: u64,
+    /// Workers replaced while still running.
+    pub replaced: u64,
+    /// Pushes of replaced workers that a server refused (fenced).
+    pub fenced: u64,
 }
 
 /// Runs the simulation of `seed` and checks its invariants.
@@ -201,6 +218,8 @@ enum Msg {
     /// connection on connections of their own, and acknowledgements come back on them.
     Push {
         conn: u64,
+        /// The node that sent it (a worker's node id, or the forwarding server's).
+        sender: u32,
         meta: PushMeta,
         last: bool,
         keys: Vec<u64>,
@@ -210,7 +229,12 @@ enum Msg {
     Ack {
         conn: u64,
         meta: PushMeta,
-        result: Result<(), String>,
+        result: Result<(), Failure>,
+    },
+    /// The coordinator tells a server which node holds each worker rank (its heartbeat
+    /// answers do: `ServerState::note_worker_nodes`).
+    Holders {
+        nodes: Vec<u32>,
     },
     /// The coordinator moves a server to a routing epoch.
     Routing {
@@ -265,6 +289,19 @@ enum Msg {
         server: u32,
     },
     Join,
+    /// A worker is declared lost while still running, and replaced.
+    Replace,
+    /// A replacement worker starts (it registered with the coordinator).
+    Start,
+}
+
+/// Why a push failed, as its answer says.
+#[derive(Clone, Debug)]
+struct Failure {
+    /// The sender sends it again (a stale epoch, a replica that failed or did not answer);
+    /// false: for good (a replaced worker fenced).
+    retried: bool,
+    why: String,
 }
 
 struct Event {
@@ -319,6 +356,7 @@ struct Incoming {
 
 /// A push frame waiting on its connection for the request before it to be answered.
 struct Frame {
+    sender: u32,
     meta: PushMeta,
     last: bool,
     keys: Vec<u64>,
@@ -343,9 +381,21 @@ struct Server {
     /// Incoming connections this server closed: what still arrives on them is dropped.
     closed: std::collections::HashSet<ConnKey>,
     copies_waiting: usize,
+    /// Per worker rank, the newest node that holds it (the production type,
+    /// `core::fence::WorkerFence`).
+    fence: WorkerFence,
+    /// Per worker rank, the newest node this server has heard of (a push read from it, or
+    /// the coordinator's word), kept by the simulation itself to check the fence.
+    heard: Vec<u32>,
 }
 
 struct Worker {
+    /// The worker rank it holds (a replacement holds the rank of the worker it replaces).
+    rank: u32,
+    /// Its node id: a replacement's is higher than any before.
+    node: u32,
+    /// Declared lost (and replaced): it stops at its next call to the coordinator.
+    lost: bool,
     pushes: Vec<Vec<u64>>,
     /// The routing this worker uses (epoch, members): refreshed from the coordinator only
     /// after a refusal or a timeout, as the client does.
@@ -376,6 +426,9 @@ struct Coordinator {
     served: Vec<u32>,
     ready: Vec<u32>,
     next_id: u32,
+    /// Per worker rank, the node that holds it, and the next worker node id.
+    holders: Vec<u32>,
+    next_worker_node: u32,
 }
 
 struct Sim {
@@ -409,6 +462,8 @@ const TIMEOUT: u64 = 400;
 const FWD_TIMEOUT: u64 = 300;
 const DETECT: u64 = 60;
 const HORIZON: u64 = 2_000_000;
+/// Worker node ids: rank r starts as node `FIRST_WORKER_NODE + r`; replacements come after.
+const FIRST_WORKER_NODE: u32 = 1000;
 
 /// The connection a frame travels on, as `(client, server, conn)`: a push from `client` to
 /// `server` on behalf of the client's incoming connection `conn` (a worker's own for its
@@ -439,8 +494,8 @@ impl Sim {
         let mut rng = Rng(splitmix64(seed));
         let stride = u64::MAX / cfg.universe as u64;
         let universe: Vec<u64> = (0..cfg.universe as u64).map(|i| i * stride + rng.below(stride / 2)).collect();
-        let workers = (0..cfg.workers)
-            .map(|_| {
+        let workers = (0..cfg.workers as u32)
+            .map(|rank| {
                 let pushes = (0..cfg.pushes)
                     .map(|_| {
                         let n = 1 + rng.below(cfg.keys_per_push as u64) as usize;
@@ -451,6 +506,9 @@ impl Sim {
                     })
                     .collect();
                 Worker {
+                    rank,
+                    node: FIRST_WORKER_NODE + rank,
+                    lost: false,
                     pushes,
                     routing: (1, (1..=cfg.servers as u32).collect()),
                     next: 0,
@@ -483,6 +541,8 @@ impl Sim {
                 served: members.clone(),
                 ready: Vec::new(),
                 next_id: cfg.servers as u32 + 1,
+                holders: (0..cfg.workers as u32).map(|r| FIRST_WORKER_NODE + r).collect(),
+                next_worker_node: FIRST_WORKER_NODE + cfg.workers as u32,
             },
             universe,
             out: Outcome { epochs: 1, ..Default::default() },
@@ -509,6 +569,10 @@ impl Sim {
             let at = sim.rng.below(span);
             sim.schedule(at, Node::Coordinator, Node::Coordinator, Msg::Join);
         }
+        for _ in 0..sim.cfg.replacements {
+            let at = sim.rng.below(span);
+            sim.schedule(at, Node::Coordinator, Node::Coordinator, Msg::Replace);
+        }
         sim
     }
 
@@ -534,6 +598,8 @@ impl Sim {
             owner: HashMap::new(),
             closed: Default::default(),
             copies_waiting: 0,
+            fence: WorkerFence::new(self.cfg.workers),
+            heard: vec![0; self.cfg.workers],
         }
     }
 
@@ -610,10 +676,7 @@ impl Sim {
     fn deliver(&mut self, ev: Event) -> Result<(), Violation> {
         match ev.to {
             Node::Coordinator => self.at_coordinator(ev.from, ev.msg),
-            Node::Worker(w) => {
-                self.at_worker(w, ev.from, ev.msg);
-                Ok(())
-            }
+            Node::Worker(w) => self.at_worker(w, ev.from, ev.msg),
             Node::Server(id) => self.at_server(id, ev.from, ev.msg),
         }
     }

@@ -12,12 +12,12 @@ impl Sim {
             return Ok(());
         }
         match msg {
-            Msg::Push { conn, meta, last, keys, vals } => {
+            Msg::Push { conn, sender, meta, last, keys, vals } => {
                 let key = (from, conn);
                 if s.closed.contains(&key) {
                     return Ok(());
                 }
-                s.incoming.entry(key).or_default().inbox.push_back(Frame { meta, last, keys, vals });
+                s.incoming.entry(key).or_default().inbox.push_back(Frame { sender, meta, last, keys, vals });
                 self.read_on(id, key)
             }
             Msg::Ack { conn, meta, result } => {
@@ -37,7 +37,9 @@ impl Sim {
                     return Ok(());
                 }
                 let result = match result {
-                    Err(e) => Err(format!("replica node {succ}: {e}")),
+                    // the head answers a successor's refusal as one to retry (the worker
+                    // sends the request again to the new chain)
+                    Err(f) => Err(Failure { retried: true, why: format!("replica node {succ}: {}", f.why) }),
                     Ok(()) => {
                         let p = c.pending.as_mut().expect("found above");
                         p.waiting.retain(|n| *n != succ);
@@ -57,9 +59,17 @@ impl Sim {
                 }
                 let p = c.pending.take().expect("checked above");
                 let why = format!("replica nodes {:?} did not acknowledge", p.waiting);
-                self.finish(id, (up, conn), meta, Err(why))
+                self.finish(id, (up, conn), meta, Err(Failure { retried: true, why }))
             }
             Msg::Routing { epoch, members, served } => self.server_move(id, epoch, members, served),
+            Msg::Holders { nodes } => {
+                // the coordinator's heartbeat answer names the newest holder of every rank
+                s.fence.note_holders(&nodes);
+                for (h, n) in s.heard.iter_mut().zip(&nodes) {
+                    *h = (*h).max(*n);
+                }
+                Ok(())
+            }
             Msg::Served { epoch, members } => {
                 if s.epoch == epoch {
                     s.known_served = members;
@@ -109,14 +119,14 @@ impl Sim {
 
     /// Answers the request that `key` waited on and, unless the connection is closed then,
     /// reads on.
-    fn finish(&mut self, id: u32, key: ConnKey, meta: PushMeta, result: Result<(), String>) -> Result<(), Violation> {
+    fn finish(&mut self, id: u32, key: ConnKey, meta: PushMeta, result: Result<(), Failure>) -> Result<(), Violation> {
         match result {
             Ok(()) => {
                 self.answer(id, key, meta, Ok(()));
                 self.read_on(id, key)
             }
-            Err(why) => {
-                self.fail(id, key, meta, true, why);
+            Err(f) => {
+                self.fail(id, key, meta, true, f);
                 self.read_on(id, key)
             }
         }
@@ -124,7 +134,7 @@ impl Sim {
 
     /// Sends the answer to a push on its connection; a connection that turned out broken
     /// is closed (the runtime's loop ends when a reply cannot be sent).
-    fn answer(&mut self, id: u32, (up, conn): ConnKey, meta: PushMeta, result: Result<(), String>) {
+    fn answer(&mut self, id: u32, (up, conn): ConnKey, meta: PushMeta, result: Result<(), Failure>) {
         if !self.send(Node::Server(id), up, Msg::Ack { conn, meta, result }) {
             self.close(id, (up, conn));
         }
@@ -141,11 +151,24 @@ impl Sim {
     }
 
     fn server_push(&mut self, id: u32, key: ConnKey, f: Frame) -> Result<(), Violation> {
-        let Frame { meta, last, keys, vals } = f;
+        let Frame { sender, meta, last, keys, vals } = f;
         let s = self.servers.get_mut(&id).expect("present");
         let c = s.incoming.entry(key).or_default();
         if c.skip.skips(meta.request_id, last) {
             return Ok(());
+        }
+        // a worker's push: first the fence of replaced workers (`repl::fence::fence_worker`
+        // runs before the chain's checks); the simulation notes whom it heard of, by itself,
+        // to check that rule below
+        let rank = meta.worker as usize;
+        let heard = if meta.forwarded { 0 } else { s.heard[rank] };
+        if !meta.forwarded {
+            s.heard[rank] = heard.max(sender);
+            if let Err(e) = s.fence.admit(meta.worker, sender) {
+                self.out.fenced += 1;
+                self.fail(id, key, meta, last, Failure { retried: false, why: e.to_string() });
+                return Ok(());
+            }
         }
         // this incoming connection's own forwarding connections (one set per incoming
         // connection in the runtime: `ConnCtx::fwd`), replaced after a failure
@@ -153,12 +176,18 @@ impl Sim {
         let out = splitmix64(key.1 ^ splitmix64(node_code(key.0)) ^ (id as u64) << 40 ^ gen.wrapping_mul(0x9E37_79B9_7F4A_7C15));
         let segs = chain_push::segments(&s.map, PushKeys::Keys(&keys));
         if let Err(why) = chain_push::check_roles(&s.map, &segs, id, &meta, s.epoch) {
-            self.fail(id, key, meta, last, why);
+            self.fail(id, key, meta, last, Failure { retried: true, why });
             return Ok(());
         }
         if let Err(e) = chain_push::admit_and_apply(&mut s.table, &mut s.marks, &meta, PushKeys::Keys(&keys), &vals, &segs) {
-            self.fail(id, key, meta, last, e.to_string());
+            self.fail(id, key, meta, last, Failure { retried: true, why: e.to_string() });
             return Ok(());
+        }
+        if sender < heard {
+            return Err(Violation(format!(
+                "server {id} took request {} of node {sender} under worker rank {rank} after it had heard of node {heard}, which replaced it (a fenced worker applied an update)",
+                meta.request_id
+            )));
         }
         let plan = s.incoming.entry(key).or_default().forwarder.plan(&s.map, &segs, id, last);
         let after = plan.reply_after.clone();
@@ -166,12 +195,17 @@ impl Sim {
         let mut sends: Vec<(u32, Msg)> = plan
             .frames
             .iter()
-            .map(|f| (f.to, Msg::Push { conn: out, meta: fwd, last: f.last, keys: keys[f.a..f.b].to_vec(), vals: vals[f.a..f.b].to_vec() }))
+            .map(|f| {
+                let (keys, vals) = (keys[f.a..f.b].to_vec(), vals[f.a..f.b].to_vec());
+                (f.to, Msg::Push { conn: out, sender: id, meta: fwd, last: f.last, keys, vals })
+            })
             .collect();
-        sends.extend(plan.close.iter().map(|&to| (to, Msg::Push { conn: out, meta: fwd, last: true, keys: Vec::new(), vals: Vec::new() })));
+        let close = |to| (to, Msg::Push { conn: out, sender: id, meta: fwd, last: true, keys: Vec::new(), vals: Vec::new() });
+        sends.extend(plan.close.iter().map(|&to| close(to)));
         for (to, msg) in sends {
             if !self.send(Node::Server(id), Node::Server(to), msg) {
-                self.fail(id, key, meta, last, format!("forwarding to replica node {to} failed"));
+                let why = format!("forwarding to replica node {to} failed");
+                self.fail(id, key, meta, last, Failure { retried: true, why });
                 return Ok(());
             }
         }
@@ -195,15 +229,16 @@ impl Sim {
 
     /// Answers a push's failure. As the runtime: the forwarding connections of `key` are
     /// replaced (`Forwarding::reset`); the rest of the request is skipped (`Skip`); and the
-    /// connection is closed if `chain_push::after_failure` says so (every failure here is
-    /// one the worker retries).
-    fn fail(&mut self, id: u32, key: ConnKey, meta: PushMeta, last: bool, why: String) {
+    /// connection is closed if `chain_push::after_failure` says so (for a failure the worker
+    /// retries; not for a fenced worker's).
+    fn fail(&mut self, id: u32, key: ConnKey, meta: PushMeta, last: bool, f: Failure) {
+        let retried = f.retried;
         let c = self.servers.get_mut(&id).expect("present").incoming.entry(key).or_default();
         c.skip.refused(meta.request_id, last);
         c.forwarder = Forwarder::default();
         c.gen += 1;
-        self.answer(id, key, meta, Err(why));
-        let close = self.close_after_failure && chain_push::after_failure(true) == AfterFailure::Close;
+        self.answer(id, key, meta, Err(f));
+        let close = self.close_after_failure && chain_push::after_failure(retried) == AfterFailure::Close;
         if close {
             self.close(id, key);
         }

@@ -50,10 +50,11 @@ impl Sim {
         let request_id = i as u64 + 1;
         let mut ok = true;
         let conn = worker_conn(w, self.workers[wi].gen);
+        let (rank, sender) = (self.workers[wi].rank, self.workers[wi].node);
         for (head, ks) in by_head {
-            let meta = PushMeta { forwarded: false, worker: w, request_id, epoch, table: TABLE };
+            let meta = PushMeta { forwarded: false, worker: rank, request_id, epoch, table: TABLE };
             let vals = vec![1.0; ks.len()];
-            ok &= self.send(Node::Worker(w), Node::Server(head), Msg::Push { conn, meta, last: true, keys: ks, vals });
+            ok &= self.send(Node::Worker(w), Node::Server(head), Msg::Push { conn, sender, meta, last: true, keys: ks, vals });
         }
         let attempt = self.workers[wi].attempt;
         let progress = self.workers[wi].progress;
@@ -78,9 +79,14 @@ impl Sim {
     }
 
     /// Connects again and sends every push in flight again, in order, under the newest
-    /// served routing; stops at a failed send.
+    /// served routing; stops at a failed send. A worker declared lost stops instead: the
+    /// coordinator answers its call for the routing that it was replaced.
     fn replay(&mut self, w: u32) {
         let wi = w as usize;
+        if self.workers[wi].lost {
+            self.workers[wi].done = true;
+            return;
+        }
         self.out.retries += 1;
         self.workers[wi].routing = (self.coord.served_epoch, self.coord.served.clone());
         self.workers[wi].attempt += 1;
@@ -96,20 +102,20 @@ impl Sim {
         self.send_push(w);
     }
 
-    pub(crate) fn at_worker(&mut self, w: u32, from: Node, msg: Msg) {
+    pub(crate) fn at_worker(&mut self, w: u32, from: Node, msg: Msg) -> Result<(), Violation> {
         let wi = w as usize;
         if self.workers[wi].done {
-            return;
+            return Ok(());
         }
         match msg {
             Msg::Ack { conn, meta, result } => {
-                let Node::Server(head) = from else { return };
+                let Node::Server(head) = from else { return Ok(()) };
                 if conn != worker_conn(w, self.workers[wi].gen) {
-                    return; // an answer on a connection left behind: the client no longer reads those
+                    return Ok(()); // an answer on a connection left behind: the client no longer reads those
                 }
                 let i = meta.request_id as usize - 1;
                 if !self.workers[wi].waiting.get(&i).is_some_and(|h| h.contains(&head)) {
-                    return; // an old or duplicated answer
+                    return Ok(()); // an old or duplicated answer
                 }
                 match result {
                     Ok(()) => {
@@ -123,14 +129,27 @@ impl Sim {
                         self.send_push(w);
                     }
                     // refused (stale routing, a successor gone): replay a little later
-                    Err(_) => self.replay_soon(w),
+                    Err(f) if f.retried => self.replay_soon(w),
+                    // fenced: the job's client stops with the error; only a replaced worker may
+                    Err(f) => {
+                        if !self.workers[wi].lost {
+                            return Err(Violation(format!(
+                                "worker {} (node {}, not replaced) was refused for good by server {head}: {}",
+                                self.workers[wi].rank, self.workers[wi].node, f.why
+                            )));
+                        }
+                        self.workers[wi].done = true;
+                    }
                 }
             }
+            // a replacement registered: it goes on from the lost worker's progress record
+            Msg::Start => self.send_push(w),
             Msg::WorkerTimeout { attempt } if attempt == self.workers[wi].attempt => self.replay(w),
             Msg::Stalled { attempt, progress } if attempt == self.workers[wi].attempt && progress == self.workers[wi].progress => {
                 self.replay(w)
             }
             _ => {}
         }
+        Ok(())
     }
 }

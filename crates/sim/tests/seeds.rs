@@ -1,5 +1,5 @@
 //! The simulation's seeds: every one must keep every invariant. `SIM_SEEDS=N` runs N seeds
-//! (default 10,000, about 17 s: the soak mode is `SIM_SEEDS=1000000`, with `-- --nocapture` for
+//! (default 10,000, about 21 s: the soak mode is `SIM_SEEDS=1000000`, with `-- --nocapture` for
 //! a progress line every 30 s), `SIM_SEED=S` runs seed S alone
 //! (what a failure prints), `SIM_FIRST=F` starts at seed F.
 
@@ -40,6 +40,8 @@ fn every_seed_keeps_every_replica_equal_to_the_sequential_run() {
                 totals.duplicated += o.duplicated;
                 totals.epochs += o.epochs;
                 totals.retries += o.retries;
+                totals.replaced += o.replaced;
+                totals.fenced += o.fenced;
                 by_k[cfg.k] += 1;
                 pipelined += u64::from(cfg.window > 1);
             }
@@ -50,7 +52,7 @@ fn every_seed_keeps_every_replica_equal_to_the_sequential_run() {
         }
     }
     eprintln!(
-        "{count} seeds from {first} in {:.1}s: K=1/2/3 {}/{}/{}, {pipelined} with pipelined workers, {} frames delivered, {} lost, {} duplicated, {} epochs, {} retried pushes",
+        "{count} seeds from {first} in {:.1}s: K=1/2/3 {}/{}/{}, {pipelined} with pipelined workers, {} frames delivered, {} lost, {} duplicated, {} epochs, {} retried pushes, {} workers replaced while running, {} pushes of replaced workers fenced",
         t0.elapsed().as_secs_f64(),
         by_k[1],
         by_k[2],
@@ -59,7 +61,9 @@ fn every_seed_keeps_every_replica_equal_to_the_sequential_run() {
         totals.lost,
         totals.duplicated,
         totals.epochs,
-        totals.retries
+        totals.retries,
+        totals.replaced,
+        totals.fenced
     );
     // the runs must have exercised what they claim to
     if count >= 500 {
@@ -67,6 +71,7 @@ fn every_seed_keeps_every_replica_equal_to_the_sequential_run() {
         assert!(pipelined > 0 && pipelined < count || window.is_some(), "workers with one push and with several in flight");
         assert!(totals.lost > 0 && totals.duplicated > 0 && totals.retries > 0, "faults were injected");
         assert!(totals.epochs > count, "epochs changed");
+        assert!(totals.replaced > 0 && totals.fenced > 0, "running workers were replaced and fenced");
     }
 }
 
