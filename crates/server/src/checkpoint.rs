@@ -1,10 +1,10 @@
 //! Checkpoints: writing this server's part of one ([`write_checkpoint_part`]) and loading a
 //! new table's rows from the one being resumed ([`restore_rows`]).
 
-use crate::conn::{core_err, ReqResult};
+use crate::conn::ReqResult;
+use crate::error::ServerError;
 use crate::state::{ServerState, TableSlot};
 use downpour_core::checkpoint;
-use downpour_core::msg::Status;
 use downpour_core::proto::{self, FrameHeader};
 use downpour_core::table::Table;
 use prost::Message;
@@ -25,18 +25,20 @@ pub(crate) fn restore_rows(
     for part in parts {
         for t in part.tables.iter().filter(|t| t.spec.as_ref().is_some_and(|s| s.id == spec.id)) {
             if t.spec.as_ref() != Some(spec) {
-                return Err((
-                    Status::InvalidArgument,
-                    format!("table {} ({:?}) is defined differently in the checkpoint being resumed", spec.id, spec.name),
-                ));
+                return Err(ServerError::Invalid(format!(
+                    "table {} ({:?}) is defined differently in the checkpoint being resumed",
+                    spec.id, spec.name
+                )));
             }
             if t.row_len as usize != table.row_len() {
-                return Err((
-                    Status::InvalidArgument,
-                    format!("table {}: checkpoint rows of {} floats, expected {}", spec.id, t.row_len, table.row_len()),
-                ));
+                return Err(ServerError::Invalid(format!(
+                    "table {}: checkpoint rows of {} floats, expected {}",
+                    spec.id,
+                    t.row_len,
+                    table.row_len()
+                )));
             }
-            let (keys, rows) = checkpoint::decode_table(t).map_err(core_err)?;
+            let (keys, rows) = checkpoint::decode_table(t).map_err(ServerError::Core)?;
             let rl = table.row_len();
             // sorted keys: take the held runs inside the owned range
             let (a, b) = (keys.partition_point(|k| *k < owned.begin), keys.partition_point(|k| *k < owned.end));
@@ -47,7 +49,7 @@ pub(crate) fn restore_rows(
                     j += 1;
                 }
                 if j > i {
-                    table.import_rows(&keys[i..j], &rows[i * rl..j * rl]).map_err(core_err)?;
+                    table.import_rows(&keys[i..j], &rows[i * rl..j * rl]).map_err(ServerError::Core)?;
                     restored += j - i;
                     i = j;
                 } else {
@@ -68,17 +70,17 @@ pub(crate) fn restore_rows(
 ///
 /// [`Op::Checkpoint`]: downpour_core::msg::Op::Checkpoint
 pub(crate) fn write_checkpoint_part(st: &ServerState, h: &FrameHeader) -> ReqResult {
-    let req =
-        proto::CheckpointRequest::decode(h.meta.as_ref()).map_err(|e| (Status::InvalidArgument, format!("bad checkpoint request: {e}")))?;
+    let req = proto::CheckpointRequest::decode(h.meta.as_ref())
+        .map_err(|e| ServerError::BadMessage { what: "checkpoint request", error: e.to_string() })?;
     let Some(base) = &st.cfg.checkpoint_dir else {
-        return Err((Status::Unsupported, "this server was started without --checkpoint-dir".into()));
+        return Err(ServerError::Unsupported("this server was started without --checkpoint-dir".into()));
     };
     if !checkpoint::is_tmp_name(&req.name) {
-        return Err((Status::InvalidArgument, format!("{:?} is not a checkpoint being written (ckpt-N.tmp)", req.name)));
+        return Err(ServerError::Invalid(format!("{:?} is not a checkpoint being written (ckpt-N.tmp)", req.name)));
     }
     let me = st.node_id.load(Ordering::Relaxed);
     let dir = base.join(&req.name);
-    std::fs::create_dir_all(&dir).map_err(|e| (Status::Internal, format!("cannot create {}: {e}", dir.display())))?;
+    std::fs::create_dir_all(&dir).map_err(|e| ServerError::Internal(format!("cannot create {}: {e}", dir.display())))?;
     let mut slots: Vec<Arc<TableSlot>> = st.tables.read().values().cloned().collect();
     slots.sort_by_key(|s| s.spec.id);
     let mut part = proto::CheckpointPart { node_id: me, tables: Vec::with_capacity(slots.len()) };
@@ -99,5 +101,5 @@ pub(crate) fn write_checkpoint_part(st: &ServerState, h: &FrameHeader) -> ReqRes
         drop(t);
         part.tables.push(checkpoint::encode_table(slot.spec.clone(), row_len, &keys, &rows));
     }
-    checkpoint::write_synced(&dir.join(checkpoint::part_name(me)), &part.encode_to_vec()).map_err(|e| (Status::Internal, e.to_string()))
+    checkpoint::write_synced(&dir.join(checkpoint::part_name(me)), &part.encode_to_vec()).map_err(|e| ServerError::Internal(e.to_string()))
 }

@@ -3,13 +3,13 @@
 //! and the request result type shared by the handlers.
 
 use crate::dispatch::handle_frame;
+use crate::error::ServerError;
 use crate::repl::rounds::ROUND_MARKS_REQUEST;
 use crate::repl::Forwarding;
 use crate::state::{ServerState, TableSlot};
 use downpour_core::chain_push::{after_failure, AfterFailure, Skip};
 use downpour_core::filter::{FilterTraffic, Pipeline};
 use downpour_core::msg::{self, Op, Status};
-use downpour_core::CoreError;
 use downpour_transport::{key_bytes_mut, value_bytes_mut, Connection};
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -50,11 +50,7 @@ pub(crate) struct TablePipes {
     pub(crate) reported: Vec<FilterTraffic>,
 }
 
-pub(crate) type ReqResult = Result<(), (Status, String)>;
-
-pub(crate) fn core_err(e: CoreError) -> (Status, String) {
-    (Status::InvalidArgument, e.to_string())
-}
+pub(crate) type ReqResult = Result<(), ServerError>;
 
 /// Serves one connection until the peer closes it or the server stops.
 pub fn serve_connection(st: &ServerState, mut conn: Box<dyn Connection>) {
@@ -93,8 +89,8 @@ pub fn serve_connection(st: &ServerState, mut conn: Box<dyn Connection>) {
                 continue;
             }
             skip.refused(h.request_id, h.last);
-            let why = format!("{} keys in one request, over the limit of {}", h.keys_len / 8, st.cfg.limits.max_keys_per_request);
-            let mut r = msg::error_reply(&h, st.node_id.load(Ordering::Relaxed), Status::ResourceExhausted, why);
+            let e = ServerError::TooManyKeys { keys: h.keys_len / 8, max: st.cfg.limits.max_keys_per_request as u64 };
+            let mut r = msg::error_reply(&h, st.node_id.load(Ordering::Relaxed), e.status(), e.to_string());
             if conn.send(&mut r, &[], &[]).is_err() {
                 break;
             }
@@ -134,16 +130,16 @@ pub fn serve_connection(st: &ServerState, mut conn: Box<dyn Connection>) {
         // pipelined behind it may be read (`core::chain_push::after_failure`); the rounds of
         // a replicated bsp table keep their own rule (`forward_failed`)
         let close = match &result {
-            Ok(Err((status, _))) if !round_slot && matches!(Op::from_u32(h.op), Some(Op::Push | Op::PushRange)) => {
-                after_failure(*status == Status::StaleEpoch) == AfterFailure::Close
+            Ok(Err(e)) if !round_slot && matches!(Op::from_u32(h.op), Some(Op::Push | Op::PushRange)) => {
+                after_failure(e.status() == Status::StaleEpoch) == AfterFailure::Close
             }
             _ => false,
         };
         let sent = match result {
             Ok(Ok(())) => Ok(()),
-            Ok(Err((status, message))) => {
+            Ok(Err(e)) => {
                 skip.refused(h.request_id, h.last);
-                let mut r = msg::error_reply(&h, st.node_id.load(Ordering::Relaxed), status, message);
+                let mut r = msg::error_reply(&h, st.node_id.load(Ordering::Relaxed), e.status(), e.to_string());
                 conn.send(&mut r, &[], &[])
             }
             Err(e) => Err(e),
@@ -162,12 +158,11 @@ pub fn serve_connection(st: &ServerState, mut conn: Box<dyn Connection>) {
     }
 }
 
-pub(crate) fn lookup(st: &ServerState, ctx: &mut ConnCtx, id: u32) -> Result<Arc<TableSlot>, (Status, String)> {
+pub(crate) fn lookup(st: &ServerState, ctx: &mut ConnCtx, id: u32) -> Result<Arc<TableSlot>, ServerError> {
     if let Some(t) = ctx.cache.get(&id) {
         return Ok(t.clone());
     }
-    let t =
-        st.tables.read().get(&id).cloned().ok_or_else(|| (Status::UnknownTable, format!("table {id} does not exist on this server")))?;
+    let t = st.tables.read().get(&id).cloned().ok_or(ServerError::UnknownTable(id))?;
     ctx.cache.insert(id, t.clone());
     Ok(t)
 }

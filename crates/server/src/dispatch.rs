@@ -2,7 +2,8 @@
 //! then each op, inline or through its handler in `ops`, `gate`, `repl` or `checkpoint`.
 
 use crate::checkpoint::write_checkpoint_part;
-use crate::conn::{core_err, lookup, ConnCtx, ReqResult};
+use crate::conn::{lookup, ConnCtx, ReqResult};
+use crate::error::ServerError;
 use crate::gate::{buffer_push, wait_for_clocks};
 use crate::ops::filtered::decode_filtered;
 use crate::ops::pull::pull_range;
@@ -14,7 +15,7 @@ use crate::repl::push::{chain_push, replicated_push};
 use crate::repl::rounds::{chain_clock, wait_for_rounds};
 use crate::state::{ServerState, TableSlot};
 use downpour_core::filter::Message as FilterMessage;
-use downpour_core::msg::{self, Op, Status};
+use downpour_core::msg::{self, Op};
 use downpour_core::proto::FrameHeader;
 use downpour_core::KeyRange;
 use downpour_transport::{value_bytes, Connection, TransportError};
@@ -31,21 +32,18 @@ pub(crate) fn handle_frame(
 ) -> Result<ReqResult, TransportError> {
     let me = st.node_id.load(Ordering::Relaxed);
     let Some(op) = Op::from_u32(h.op) else {
-        return Ok(Err((Status::Unsupported, format!("unknown op code {}", h.op))));
+        return Ok(Err(ServerError::Unsupported(format!("unknown op code {}", h.op))));
     };
     if let Some(secret) = &st.cfg.secret {
         if op == Op::Identify {
             let want = msg::worker_credential(secret, h.sender);
             let ok = h.meta.len() == want.len() && h.meta.iter().zip(want).fold(0u8, |d, (a, b)| d | (a ^ b)) == 0;
             if !ok {
-                return Ok(Err((Status::PermissionDenied, format!("node {} presented no valid worker credential", h.sender))));
+                return Ok(Err(ServerError::BadCredential { node: h.sender }));
             }
             ctx.identified = Some(h.sender);
         } else if op != Op::Ping && ctx.identified != Some(h.sender) {
-            return Ok(Err((
-                Status::PermissionDenied,
-                format!("{op:?} from node {}: only registered workers that identified on this connection are served", h.sender),
-            )));
+            return Ok(Err(ServerError::NotIdentified { op, node: h.sender }));
         }
     }
     let epoch = st.epoch.load(Ordering::Relaxed);
@@ -53,7 +51,7 @@ pub(crate) fn handle_frame(
     // of a new epoch before this one did.
     let copy_ahead = matches!(op, Op::ShardCopy | Op::CreateTable) && h.epoch > epoch;
     if h.epoch != 0 && h.epoch != epoch && op != Op::Ping && !copy_ahead {
-        return Ok(Err((Status::StaleEpoch, format!("request for routing epoch {} but this server is at epoch {epoch}", h.epoch))));
+        return Ok(Err(ServerError::StaleEpoch { asked: h.epoch, current: epoch }));
     }
     match op {
         Op::Ping => {
@@ -97,14 +95,14 @@ pub(crate) fn handle_frame(
                         match check_quota(st, &t, &ctx.keys) {
                             Ok(()) => {
                                 let before = t.bytes();
-                                let r = t.push(&ctx.keys, &ctx.vals).map(|_| ()).map_err(core_err);
+                                let r = t.push(&ctx.keys, &ctx.vals).map(|_| ()).map_err(ServerError::Core);
                                 account(st, before, t.bytes());
                                 r
                             }
                             Err(e) => Err(e),
                         }
                     } else {
-                        t.push_range(h.range_begin, &ctx.vals).map(|_| ()).map_err(core_err)
+                        t.push_range(h.range_begin, &ctx.vals).map(|_| ()).map_err(ServerError::Core)
                     }
                 }
             };
@@ -128,10 +126,10 @@ pub(crate) fn handle_frame(
                 return Ok(Err(e));
             }
             if op == Op::PushPull && slot.repl.is_some() {
-                return Ok(Err((Status::Unsupported, "push-pull on a replicated table: push, then pull".into())));
+                return Ok(Err(ServerError::Unsupported("push-pull on a replicated table: push, then pull".into())));
             }
             if op == Op::PushPull && slot.gate.as_ref().is_some_and(|g| g.rounds) {
-                return Ok(Err((Status::Unsupported, "push-pull on a bsp table: push, clock, then pull".into())));
+                return Ok(Err(ServerError::Unsupported("push-pull on a bsp table: push, clock, then pull".into())));
             }
             // Runs once the clocks it depends on are reached; reports what it saw.
             let seen = match (&slot.chain, &slot.repl, &slot.gate, ctx.keys.first(), ctx.keys.last()) {
@@ -169,7 +167,7 @@ pub(crate) fn handle_frame(
                 r
             };
             if let Err(e) = res {
-                return Ok(Err(core_err(e)));
+                return Ok(Err(ServerError::Core(e)));
             }
             let mut r = msg::reply_to(h, me);
             r.last = h.last;
@@ -182,13 +180,13 @@ pub(crate) fn handle_frame(
             if h.encoding.is_some() {
                 // The reply goes through the table's reply filters too.
                 let Some(p) = ctx.pipes.get_mut(&h.table) else {
-                    return Ok(Err((Status::Internal, "no filters for an encoded request".into())));
+                    return Ok(Err(ServerError::Internal("no filters for an encoded request".into())));
                 };
                 let mut m = FilterMessage::new(Vec::new(), std::mem::take(&mut ctx.out), 1);
                 let encoded = p.reply.encode(&mut m);
                 slot.filter_stats.add(p);
                 if let Err(e) = encoded {
-                    return Ok(Err(core_err(e)));
+                    return Ok(Err(ServerError::Core(e)));
                 }
                 r.encoding = Some(m.enc);
                 conn.send(&mut r, &[], &m.value_bytes)?;
@@ -200,7 +198,7 @@ pub(crate) fn handle_frame(
         Op::Clock => {
             let workers = st.num_workers.load(Ordering::Relaxed);
             if h.worker >= workers {
-                return Ok(Err((Status::InvalidArgument, format!("clock from worker {} of a job of {workers} workers", h.worker))));
+                return Ok(Err(ServerError::UnknownWorker { what: "clock", worker: h.worker, workers }));
             }
             if let Err(e) = fence_worker(st, h) {
                 return Ok(Err(e));
@@ -213,7 +211,7 @@ pub(crate) fn handle_frame(
                     let done = if h.pause { gate.pause(h.worker as usize) } else { gate.advance(g.owned, h.worker as usize, h.clock) };
                     let done = match done {
                         Ok(d) => d,
-                        Err(e) => return Ok(Err(core_err(e))),
+                        Err(e) => return Ok(Err(ServerError::Core(e))),
                     };
                     // Completed rounds are applied before the gate's lock is released, so a
                     // request that sees them counted also sees them in the table.
@@ -261,15 +259,15 @@ pub(crate) fn handle_frame(
                 Err(e) => return Ok(Err(e)),
             };
             if slot.gate.as_ref().is_some_and(|g| g.rounds) {
-                return Ok(Err((Status::Unsupported, "push-pull on a bsp table: push, clock, then pull".into())));
+                return Ok(Err(ServerError::Unsupported("push-pull on a bsp table: push, clock, then pull".into())));
             }
             if slot.repl.is_some() {
-                return Ok(Err((Status::Unsupported, "push-pull on a replicated table: push, then pull".into())));
+                return Ok(Err(ServerError::Unsupported("push-pull on a replicated table: push, then pull".into())));
             }
             let mut t = slot.table.write();
             let r = match t.push_range(h.range_begin, &ctx.vals) {
                 Ok(r) => r,
-                Err(e) => return Ok(Err(core_err(e))),
+                Err(e) => return Ok(Err(ServerError::Core(e))),
             };
             let mut rep = msg::reply_to(h, me);
             rep.last = h.last;
@@ -278,14 +276,14 @@ pub(crate) fn handle_frame(
             if t.def().is_dense() {
                 let v = match t.dense_values(r) {
                     Ok(v) => v,
-                    Err(e) => return Ok(Err(core_err(e))),
+                    Err(e) => return Ok(Err(ServerError::Core(e))),
                 };
                 conn.send(&mut rep, &[], value_bytes(v))?;
             } else {
                 ctx.out_keys.clear();
                 ctx.out.clear();
                 if let Err(e) = t.pull_range(r, &mut ctx.out_keys, &mut ctx.out) {
-                    return Ok(Err(core_err(e)));
+                    return Ok(Err(ServerError::Core(e)));
                 }
                 drop(t);
                 conn.send(&mut rep, &[], value_bytes(&ctx.out))?;
@@ -315,8 +313,8 @@ pub(crate) fn handle_frame(
         | Op::Drain
         | Op::CheckpointJoin
         | Op::Progress
-        | Op::CheckpointWritten => Ok(Err((Status::Unsupported, format!("{op:?} is a coordinator call; this is a server")))),
-        Op::Hello => Ok(Err((Status::InvalidArgument, "Hello is only valid as a connection's first frame".into()))),
+        | Op::CheckpointWritten => Ok(Err(ServerError::Unsupported(format!("{op:?} is a coordinator call; this is a server")))),
+        Op::Hello => Ok(Err(ServerError::Invalid("Hello is only valid as a connection's first frame".into()))),
         Op::Checkpoint => {
             let r = write_checkpoint_part(st, h);
             if r.is_ok() {
@@ -342,7 +340,7 @@ pub(crate) fn handle_frame(
         }
         Op::VecOps => {
             if st.repl.read().is_some() {
-                return Ok(Err((Status::Unsupported, "vector operations on replicated tables are not supported".into())));
+                return Ok(Err(ServerError::Unsupported("vector operations on replicated tables are not supported".into())));
             }
             let res = run_vec_program(st, ctx, h);
             match res {

@@ -2,12 +2,13 @@
 //! they depend on are reached ([`wait_for_clocks`]), and pushes to a `bsp` table are
 //! checked and buffered under their round ([`buffer_push`]).
 
-use crate::conn::{core_err, ConnCtx, ReqResult};
+use crate::conn::{ConnCtx, ReqResult};
+use crate::error::ServerError;
 use crate::ops::table::check_quota;
 use crate::state::{ServerState, TableSlot};
 use downpour_core::consistency::PullGate;
 use downpour_core::keys::{check_lengths, check_sorted_unique};
-use downpour_core::msg::{Op, Status};
+use downpour_core::msg::Op;
 use downpour_core::proto::FrameHeader;
 use downpour_core::rounds::Accepted;
 use downpour_core::{CoreError, KeyRange};
@@ -42,7 +43,7 @@ pub(crate) fn wait_for_clocks(
     range: KeyRange,
     after: Option<u64>,
     clock: u64,
-) -> Result<Seen, (Status, String)> {
+) -> Result<Seen, ServerError> {
     let start = std::time::Instant::now();
     let mut gate = g.gate.lock();
     loop {
@@ -51,7 +52,7 @@ pub(crate) fn wait_for_clocks(
             return Ok((Some(s), round, if after.is_some() { start.elapsed() } else { Duration::ZERO }));
         }
         if st.stop.load(Ordering::Relaxed) {
-            return Err((Status::Aborted, "the server is stopping".into()));
+            return Err(ServerError::Stopping);
         }
         g.advanced.wait_for(&mut gate, GATE_POLL);
     }
@@ -63,21 +64,21 @@ pub(crate) fn wait_for_clocks(
 pub(crate) fn check_round_push(st: &ServerState, h: &FrameHeader, op: Op, ctx: &mut ConnCtx, vl: usize, range: KeyRange) -> ReqResult {
     let workers = st.num_workers.load(Ordering::Relaxed);
     if h.worker >= workers {
-        return Err((Status::InvalidArgument, format!("push from worker {} of a job of {workers} workers", h.worker)));
+        return Err(ServerError::UnknownWorker { what: "push", worker: h.worker, workers });
     }
     if op == Op::PushRange {
         // Dense chunks travel without keys; the round buffer keeps explicit keys.
         let n = (ctx.vals.len() / vl) as u64;
-        let end = h.range_begin.checked_add(n).ok_or_else(|| core_err(CoreError::Limit("range end overflows u64".into())))?;
+        let end = h.range_begin.checked_add(n).ok_or_else(|| ServerError::Core(CoreError::Limit("range end overflows u64".into())))?;
         ctx.keys.clear();
         ctx.keys.extend(h.range_begin..end);
     } else {
-        check_sorted_unique(&ctx.keys).map_err(core_err)?;
+        check_sorted_unique(&ctx.keys).map_err(ServerError::Core)?;
     }
-    check_lengths(ctx.keys.len(), vl, ctx.vals.len()).map_err(core_err)?;
+    check_lengths(ctx.keys.len(), vl, ctx.vals.len()).map_err(ServerError::Core)?;
     for k in [ctx.keys.first(), ctx.keys.last()].into_iter().flatten() {
         if !range.contains(*k) {
-            return Err(core_err(CoreError::KeyOutOfRange { table: h.table, key: *k, range }));
+            return Err(ServerError::Core(CoreError::KeyOutOfRange { table: h.table, key: *k, range }));
         }
     }
     Ok(())
@@ -89,7 +90,7 @@ pub(crate) fn buffer_push(st: &ServerState, slot: &TableSlot, g: &GateSlot, h: &
     check_round_push(st, h, op, ctx, vl, g.owned)?;
     // the round applies these keys later: refuse now what could not be stored then
     check_quota(st, &slot.table.read(), &ctx.keys)?;
-    match g.gate.lock().push(h.worker as usize, h.clock, &ctx.keys, &ctx.vals).map_err(core_err)? {
+    match g.gate.lock().push(h.worker as usize, h.clock, &ctx.keys, &ctx.vals).map_err(ServerError::Core)? {
         Some(Accepted::Dropped) => ctx.dropped += 1,
         Some(Accepted::Buffered) | None => {}
     }

@@ -17,6 +17,7 @@
 //! - `listener`: [`Server`] and [`ServerHandle`], the accept loop.
 //! - `conn`: [`serve_connection`], one connection's loop and its reusable state.
 //! - `dispatch`: `handle_frame`, the per-op dispatch of one request frame.
+//! - `error`: [`ServerError`], why a request was refused (each variant one wire status).
 //! - `gate`: consistency gating of unreplicated tables (clock waits, `bsp` round buffering).
 //! - `ops`: the table operations (creation and memory quota, range pulls, filtered frames,
 //!   vector programs).
@@ -31,6 +32,7 @@ mod checkpoint;
 mod config;
 mod conn;
 mod dispatch;
+mod error;
 mod gate;
 mod listener;
 mod node;
@@ -40,6 +42,7 @@ mod state;
 
 pub use config::{Limits, ServerConfig};
 pub use conn::serve_connection;
+pub use error::ServerError;
 pub use listener::{Server, ServerHandle};
 pub use node::{advertised_addr, peak_rss_bytes, run_server_node, NodeConfig, NodeError};
 pub use repl::epoch::{epoch_served, move_to_epoch, EpochError};

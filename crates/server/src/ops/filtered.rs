@@ -1,10 +1,11 @@
 //! Filtered frames: [`decode_filtered`] decodes a frame's payload with the table's request
 //! filters (this connection's pipelines).
 
-use crate::conn::{core_err, ConnCtx, ReqResult, TablePipes};
+use crate::conn::{ConnCtx, ReqResult, TablePipes};
+use crate::error::ServerError;
 use crate::state::{ServerState, TableSlot};
 use downpour_core::filter::Message as FilterMessage;
-use downpour_core::msg::{Op, Status};
+use downpour_core::msg::Op;
 use downpour_core::proto::FrameHeader;
 use downpour_core::CoreError;
 
@@ -17,13 +18,13 @@ pub(crate) fn decode_filtered(st: &ServerState, h: &FrameHeader, slot: &TableSlo
         (t.def().filters.clone(), t.def().value_len)
     };
     if spec.is_empty() {
-        return Err((Status::InvalidArgument, format!("table {} has no filters, but the frame is filtered", h.table)));
+        return Err(ServerError::Invalid(format!("table {} has no filters, but the frame is filtered", h.table)));
     }
     let p = match ctx.pipes.entry(h.table) {
         std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
         std::collections::hash_map::Entry::Vacant(e) => {
             // checked when the table was created, so this succeeds
-            let (_, request, reply) = spec.pipelines(&st.cfg.filters).map_err(core_err)?;
+            let (_, request, reply) = spec.pipelines(&st.cfg.filters).map_err(ServerError::Core)?;
             let reported = request.traffic().iter().chain(reply.traffic()).cloned().collect();
             e.insert(TablePipes { request, reply, reported })
         }
@@ -40,13 +41,11 @@ pub(crate) fn decode_filtered(st: &ServerState, h: &FrameHeader, slot: &TableSlo
             ctx.vals = m.values;
             let max = st.cfg.limits.max_keys_per_request;
             if ctx.keys.len() > max {
-                return Err((Status::ResourceExhausted, format!("{} keys in one request, over the limit of {max}", ctx.keys.len())));
+                return Err(ServerError::TooManyKeys { keys: ctx.keys.len() as u64, max: max as u64 });
             }
             Ok(())
         }
-        Err(CoreError::KeyCacheMiss { slot }) => {
-            Err((Status::KeyCacheMiss, format!("key cache slot {slot} does not hold the signed key list")))
-        }
-        Err(e) => Err(core_err(e)),
+        Err(CoreError::KeyCacheMiss { slot }) => Err(ServerError::KeyCacheMiss { slot }),
+        Err(e) => Err(ServerError::Core(e)),
     }
 }

@@ -1,7 +1,8 @@
 //! Range pulls ([`pull_range`]): held by the table's consistency model like a keyed pull,
 //! then sent in chunks (dense tables straight from the table's array).
 
-use crate::conn::{core_err, ConnCtx, ReqResult};
+use crate::conn::{ConnCtx, ReqResult};
+use crate::error::ServerError;
 use crate::gate::wait_for_clocks;
 use crate::repl::rounds::wait_for_rounds;
 use crate::state::{ServerState, TableSlot};
@@ -50,7 +51,7 @@ pub(crate) fn pull_range(
             let v = if e > b {
                 match t.dense_values(KeyRange::new(b, e)) {
                     Ok(v) => v,
-                    Err(err) => return Ok(Err(core_err(err))),
+                    Err(err) => return Ok(Err(ServerError::Core(err))),
                 }
             } else {
                 &[]
@@ -66,7 +67,7 @@ pub(crate) fn pull_range(
     ctx.out_keys.clear();
     ctx.out.clear();
     if let Err(e) = slot.table.write().pull_range(range, &mut ctx.out_keys, &mut ctx.out) {
-        return Ok(Err(core_err(e)));
+        return Ok(Err(ServerError::Core(e)));
     }
     let n = ctx.out_keys.len();
     let per = (st.cfg.chunk_bytes / (8 + 4 * vl)).max(1);

@@ -3,13 +3,13 @@
 //! [`account`]).
 
 use crate::checkpoint::restore_rows;
-use crate::conn::{core_err, ReqResult};
+use crate::conn::ReqResult;
+use crate::error::ServerError;
 use crate::gate::GateSlot;
 use crate::repl::{ChainSlot, TableRepl};
 use crate::state::{FilterStats, ServerState, TableSlot};
 use downpour_core::chain_rounds::ChainRounds;
 use downpour_core::consistency::PullGate;
-use downpour_core::msg::Status;
 use downpour_core::partition::Partition;
 use downpour_core::proto::{self, FrameHeader};
 use downpour_core::shards::Watermarks;
@@ -31,15 +31,12 @@ pub(crate) fn check_quota(st: &ServerState, t: &Table, keys: &[u64]) -> ReqResul
     let grow = t.growth_bound(keys) as u64;
     if grow > 0 && used.saturating_add(grow) > quota {
         const MIB: f64 = (1u64 << 20) as f64;
-        return Err((
-            Status::ResourceExhausted,
-            format!(
+        return Err(ServerError::OverLimit(format!(
                 "server memory quota: the tables hold {:.1} MiB of the {:.1} MiB quota and this request could add {:.1} MiB of new keys; nothing was applied",
                 used as f64 / MIB,
                 quota as f64 / MIB,
                 grow as f64 / MIB
-            ),
-        ));
+            )));
     }
     Ok(())
 }
@@ -54,32 +51,30 @@ pub(crate) fn account(st: &ServerState, before: usize, after: usize) {
 }
 
 pub(crate) fn create_table(st: &ServerState, h: &FrameHeader) -> ReqResult {
-    let spec = proto::TableSpec::decode(h.meta.as_ref()).map_err(|e| (Status::InvalidArgument, format!("bad table definition: {e}")))?;
-    let def = TableDef::from_proto(&spec).map_err(core_err)?;
+    let spec = proto::TableSpec::decode(h.meta.as_ref())
+        .map_err(|e| ServerError::BadMessage { what: "table definition", error: e.to_string() })?;
+    let def = TableDef::from_proto(&spec).map_err(ServerError::Core)?;
     let canonical = def.to_proto();
     let limits = st.cfg.limits;
     if def.value_len > limits.max_value_len {
-        return Err((
-            Status::InvalidArgument,
-            format!("table {}: value length {} exceeds the limit of {}", def.id, def.value_len, limits.max_value_len),
-        ));
+        return Err(ServerError::Invalid(format!(
+            "table {}: value length {} exceeds the limit of {}",
+            def.id, def.value_len, limits.max_value_len
+        )));
     }
     let mut tables = st.tables.write();
     if let Some(existing) = tables.get(&def.id) {
         return if existing.spec == canonical {
             Ok(())
         } else {
-            Err((
-                Status::InvalidArgument,
-                format!("table {} ({:?}) already exists with a different definition", def.id, existing.spec.name),
-            ))
+            Err(ServerError::Invalid(format!("table {} ({:?}) already exists with a different definition", def.id, existing.spec.name)))
         };
     }
     if tables.len() >= limits.max_tables {
-        return Err((
-            Status::ResourceExhausted,
-            format!("table {}: the server already holds its limit of {} tables", def.id, limits.max_tables),
-        ));
+        return Err(ServerError::OverLimit(format!(
+            "table {}: the server already holds its limit of {} tables",
+            def.id, limits.max_tables
+        )));
     }
     let n = st.num_servers.load(Ordering::Relaxed) as usize;
     let rank = st.rank.load(Ordering::Relaxed) as usize;
@@ -90,7 +85,7 @@ pub(crate) fn create_table(st: &ServerState, h: &FrameHeader) -> ReqResult {
         None => (Partition::even(def.domain(), n).range(rank.min(n - 1)), None, None),
         Some(r) => {
             if !def.filters.is_empty() {
-                return Err((Status::Unsupported, format!("table {}: filters on replicated tables are not supported yet", def.id)));
+                return Err(ServerError::Unsupported(format!("table {}: filters on replicated tables are not supported yet", def.id)));
             }
             // every shard this server is in the chain of, now or after a fail-over
             let map = r.map(def.domain(), &r.members());
@@ -102,7 +97,7 @@ pub(crate) fn create_table(st: &ServerState, h: &FrameHeader) -> ReqResult {
                 let rounds = ChainRounds::new(map.len(), workers, def.backup_workers as usize, def.aggregate, def.value_len, epoch, |s| {
                     map.position(s, me) == Some(0)
                 })
-                .map_err(|e| (Status::Unsupported, format!("table {}: {e}", def.id)))?;
+                .map_err(|e| ServerError::Unsupported(format!("table {}: {e}", def.id)))?;
                 Some(ChainSlot { rounds: Mutex::new(rounds), changed: Condvar::new() })
             } else {
                 None
@@ -115,22 +110,19 @@ pub(crate) fn create_table(st: &ServerState, h: &FrameHeader) -> ReqResult {
         let need = (owned.len() as u128) * (def.value_len as u128) * 8;
         let used = st.used_bytes.load(Ordering::Relaxed) as u128;
         if used + need > limits.memory_quota_bytes as u128 {
-            return Err((
-                Status::ResourceExhausted,
-                format!(
-                    "table {}: its {} dense rows need up to {} MiB, over the server memory quota ({} MiB used of {} MiB)",
-                    def.id,
-                    owned.len(),
-                    need >> 20,
-                    used >> 20,
-                    limits.memory_quota_bytes >> 20
-                ),
-            ));
+            return Err(ServerError::OverLimit(format!(
+                "table {}: its {} dense rows need up to {} MiB, over the server memory quota ({} MiB used of {} MiB)",
+                def.id,
+                owned.len(),
+                need >> 20,
+                used >> 20,
+                limits.memory_quota_bytes >> 20
+            )));
         }
     }
     let (model, backup, aggregate, vl) = (def.consistency, def.backup_workers as usize, def.aggregate, def.value_len);
     let spec_filters = def.filters.clone();
-    let mut table = Table::new(def, owned, &st.cfg.rules).map_err(core_err)?;
+    let mut table = Table::new(def, owned, &st.cfg.rules).map_err(ServerError::Core)?;
     if let Some(parts) = &st.cfg.resume {
         let me = st.node_id.load(Ordering::Relaxed);
         let map = table_repl.as_ref().map(|r| r.map.read().clone());
@@ -142,14 +134,14 @@ pub(crate) fn create_table(st: &ServerState, h: &FrameHeader) -> ReqResult {
     let gate = if owned.is_empty() || chain.is_some() {
         None
     } else {
-        let gate = PullGate::for_model(model, owned, workers, backup, aggregate, vl).map_err(core_err)?;
+        let gate = PullGate::for_model(model, owned, workers, backup, aggregate, vl).map_err(ServerError::Core)?;
         Some(GateSlot { rounds: gate.rounds().is_some(), gate: Mutex::new(gate), advanced: Condvar::new(), owned })
     };
     let filter_stats = if spec_filters.is_empty() {
         FilterStats::default()
     } else {
         // also refuses a table naming a user filter this server does not know
-        let (_, request, reply) = spec_filters.pipelines(&st.cfg.filters).map_err(core_err)?;
+        let (_, request, reply) = spec_filters.pipelines(&st.cfg.filters).map_err(ServerError::Core)?;
         FilterStats::new(&request, &reply)
     };
     account(st, 0, table.bytes());

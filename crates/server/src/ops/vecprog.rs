@@ -1,9 +1,9 @@
 //! Vector programs (`Op::VecOps`, [`run_vec_program`]) on this server's part of its dense
 //! tables.
 
-use crate::conn::{core_err, lookup, ConnCtx};
+use crate::conn::{lookup, ConnCtx};
+use crate::error::ServerError;
 use crate::state::ServerState;
-use downpour_core::msg::Status;
 use downpour_core::proto::{self, FrameHeader};
 use downpour_core::vecops;
 use prost::Message;
@@ -12,9 +12,10 @@ use prost::Message;
 /// tables are write-locked in id order (so two programs cannot deadlock), checked to be
 /// co-partitioned, then changed in place (a bsp table's buffered rounds apply on top later).
 /// Nothing is changed when the program is refused.
-pub(crate) fn run_vec_program(st: &ServerState, ctx: &mut ConnCtx, h: &FrameHeader) -> Result<Vec<f64>, (Status, String)> {
-    let prog = proto::VecProgram::decode(&h.meta[..]).map_err(|e| (Status::InvalidArgument, format!("bad vector program: {e}")))?;
-    let instrs = vecops::program_from_proto(&prog).map_err(core_err)?;
+pub(crate) fn run_vec_program(st: &ServerState, ctx: &mut ConnCtx, h: &FrameHeader) -> Result<Vec<f64>, ServerError> {
+    let prog =
+        proto::VecProgram::decode(&h.meta[..]).map_err(|e| ServerError::BadMessage { what: "vector program", error: e.to_string() })?;
+    let instrs = vecops::program_from_proto(&prog).map_err(ServerError::Core)?;
     let ids = vecops::program_tables(&instrs);
     let mut slots = Vec::with_capacity(ids.len());
     for &id in &ids {
@@ -25,18 +26,15 @@ pub(crate) fn run_vec_program(st: &ServerState, ctx: &mut ConnCtx, h: &FrameHead
         .iter()
         .find(|s| (s.spec.dense_begin, s.spec.dense_end, s.spec.value_len) != (first.dense_begin, first.dense_end, first.value_len))
     {
-        return Err((
-            Status::InvalidArgument,
-            format!(
-                "tables {} and {} differ in key range or value length: vector operations need co-partitioned dense tables",
-                first.id, s.spec.id
-            ),
-        ));
+        return Err(ServerError::Invalid(format!(
+            "tables {} and {} differ in key range or value length: vector operations need co-partitioned dense tables",
+            first.id, s.spec.id
+        )));
     }
     let mut guards: Vec<_> = slots.iter().map(|s| s.table.write()).collect();
     let mut vectors = Vec::with_capacity(guards.len());
     for g in guards.iter_mut() {
-        vectors.push(g.dense_values_mut().map_err(core_err)?);
+        vectors.push(g.dense_values_mut().map_err(ServerError::Core)?);
     }
-    vecops::execute(&instrs, &ids, &mut vectors).map_err(core_err)
+    vecops::execute(&instrs, &ids, &mut vectors).map_err(ServerError::Core)
 }

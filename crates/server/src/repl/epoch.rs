@@ -4,10 +4,11 @@
 //! where the data is.
 
 use super::peer::{is_peer, peer_ack, peer_connect};
-use crate::conn::{core_err, ConnCtx, ReqResult};
+use crate::conn::{ConnCtx, ReqResult};
+use crate::error::ServerError;
 use crate::state::{ServerState, TableSlot};
 use downpour_core::chain_epoch;
-use downpour_core::msg::{self, Op, Status};
+use downpour_core::msg::{self, Op};
 use downpour_core::proto::{self, FrameHeader};
 use downpour_core::KeyRange;
 use downpour_transport::{key_bytes, value_bytes, Connection};
@@ -184,13 +185,13 @@ fn send_copy(
 /// the watermarks of the shards it covers.
 pub(crate) fn receive_copy(st: &ServerState, slot: &TableSlot, h: &FrameHeader, ctx: &mut ConnCtx) -> ReqResult {
     let Some(r) = &slot.repl else {
-        return Err((Status::InvalidArgument, format!("table {} is not replicated", h.table)));
+        return Err(ServerError::Invalid(format!("table {} is not replicated", h.table)));
     };
     if !is_peer(st, h.sender) {
-        return Err((Status::PermissionDenied, format!("a replica copy from node {}, which is not a server of this job", h.sender)));
+        return Err(ServerError::NotAPeer { what: "a replica copy", node: h.sender });
     }
     let mut t = slot.table.write();
     let map = r.map.read().clone();
     let range = KeyRange::new(h.range_begin, h.range_end);
-    chain_epoch::install_copy(&mut t, &mut r.marks.lock(), &map, range, &ctx.keys, &ctx.vals, &h.meta).map_err(core_err)
+    chain_epoch::install_copy(&mut t, &mut r.marks.lock(), &map, range, &ctx.keys, &ctx.vals, &h.meta).map_err(ServerError::Core)
 }

@@ -4,7 +4,6 @@
 
 use crate::conn::ReqResult;
 use crate::state::ServerState;
-use downpour_core::msg::Status;
 use downpour_core::proto::FrameHeader;
 
 /// Replicated jobs: admits a worker's push or clock under its rank only from the newest
@@ -13,5 +12,5 @@ use downpour_core::proto::FrameHeader;
 /// in unreplicated jobs (no fence).
 pub(crate) fn fence_worker(st: &ServerState, h: &FrameHeader) -> ReqResult {
     let Some(fence) = st.holders.get() else { return Ok(()) };
-    fence.admit(h.worker, h.sender).map_err(|e| (Status::PermissionDenied, e.to_string()))
+    Ok(fence.admit(h.worker, h.sender)?)
 }

@@ -6,7 +6,8 @@ use super::fence::fence_worker;
 use super::peer::{forward_conn, is_peer};
 use super::rounds::{round_marks, stale_rounds};
 use super::{ChainSlot, TableRepl};
-use crate::conn::{core_err, ConnCtx, ReqResult};
+use crate::conn::{ConnCtx, ReqResult};
+use crate::error::ServerError;
 use crate::gate::check_round_push;
 use crate::ops::table::{account, check_quota};
 use crate::state::{ServerState, TableSlot};
@@ -42,10 +43,10 @@ pub(crate) fn replicated_push(
     // a replicated bsp table's round, forwarded by the head under the round watermark slot
     let round_slot = slot.chain.is_some() && h.forwarded && h.worker == workers;
     if h.worker >= workers && !round_slot {
-        return Ok(Err((Status::InvalidArgument, format!("push from worker {} of a job of {workers} workers", h.worker))));
+        return Ok(Err(ServerError::UnknownWorker { what: "push", worker: h.worker, workers }));
     }
     if h.forwarded && !is_peer(st, h.sender) {
-        return Ok(Err((Status::PermissionDenied, format!("a forwarded push from node {}, which is not a server of this job", h.sender))));
+        return Ok(Err(ServerError::NotAPeer { what: "a forwarded push", node: h.sender }));
     }
     if round_slot && !h.meta.is_empty() {
         return round_marks(st, slot, r, h, ctx, conn, me);
@@ -64,15 +65,15 @@ pub(crate) fn replicated_push(
     let n = if ranged { ctx.vals.len() / vl } else { ctx.keys.len() };
     if ranged {
         if !ctx.vals.len().is_multiple_of(vl) {
-            return Ok(Err(core_err(CoreError::LengthMismatch { keys: n, value_len: vl, expected: n * vl, got: ctx.vals.len() })));
+            return Ok(Err(ServerError::Core(CoreError::LengthMismatch { keys: n, value_len: vl, expected: n * vl, got: ctx.vals.len() })));
         }
     } else if let Err(e) = check_sorted_unique(&ctx.keys).and_then(|_| check_lengths(n, vl, ctx.vals.len())) {
-        return Ok(Err(core_err(e)));
+        return Ok(Err(ServerError::Core(e)));
     }
     let span = if ranged {
         match h.range_begin.checked_add(n as u64) {
             Some(end) => KeyRange::new(h.range_begin, end),
-            None => return Ok(Err(core_err(CoreError::Limit("range end overflows u64".into())))),
+            None => return Ok(Err(ServerError::Core(CoreError::Limit("range end overflows u64".into())))),
         }
     } else {
         match (ctx.keys.first(), ctx.keys.last()) {
@@ -82,7 +83,7 @@ pub(crate) fn replicated_push(
     };
     if !span.is_empty() && (!domain.contains(span.begin) || !domain.contains(span.end - 1)) {
         let key = if domain.contains(span.begin) { span.end - 1 } else { span.begin };
-        return Ok(Err(core_err(CoreError::KeyOutOfRange { table: h.table, key, range: domain })));
+        return Ok(Err(ServerError::Core(CoreError::KeyOutOfRange { table: h.table, key, range: domain })));
     }
     let map = r.map.read().clone();
     let keys = if ranged { PushKeys::Range(span) } else { PushKeys::Keys(&ctx.keys) };
@@ -92,7 +93,7 @@ pub(crate) fn replicated_push(
         let mut t = slot.table.write();
         // the epoch is checked under the table's lock: an epoch move takes its copies under it
         if let Err(why) = chain_push::check_roles(&map, &segments, me, &meta, st.epoch.load(Ordering::Relaxed)) {
-            return Ok(Err((Status::StaleEpoch, why)));
+            return Ok(Err(ServerError::NotInChain(why)));
         }
         if !ranged {
             if let Err(e) = check_quota(st, &t, &ctx.keys) {
@@ -103,7 +104,7 @@ pub(crate) fn replicated_push(
         let applied = chain_push::admit_and_apply(&mut t, &mut r.marks.lock(), &meta, keys, &ctx.vals, &segments);
         account(st, before, t.bytes());
         if let Err(e) = applied {
-            return Ok(Err(core_err(e)));
+            return Ok(Err(ServerError::Core(e)));
         }
     }
     if ctx.fwd.epoch != h.epoch {
@@ -127,14 +128,14 @@ pub(crate) fn replicated_push(
         };
         let sent = forward_conn(st, &mut ctx.fwd, f.to, me).and_then(|c| c.send(&mut fh, keys, vals).map_err(|e| e.to_string()));
         if let Err(e) = sent {
-            return Ok(Err((Status::StaleEpoch, format!("forwarding to replica node {} failed: {e}", f.to))));
+            return Ok(Err(ServerError::ForwardFailed { what: String::new(), node: f.to, error: e.to_string() }));
         }
     }
     for &next in &plan.close {
         let mut fh = forward_header(h, me);
         fh.last = true;
         if let Err(e) = forward_conn(st, &mut ctx.fwd, next, me).and_then(|c| c.send(&mut fh, &[], &[]).map_err(|e| e.to_string())) {
-            return Ok(Err((Status::StaleEpoch, format!("forwarding to replica node {next} failed: {e}"))));
+            return Ok(Err(ServerError::ForwardFailed { what: String::new(), node: next, error: e.to_string() }));
         }
     }
     if let Some(after) = plan.reply_after {
@@ -148,8 +149,8 @@ pub(crate) fn replicated_push(
             });
             match acked {
                 Ok(None) => {}
-                Ok(Some((status, why))) => return Ok(Err((status, format!("replica node {next}: {why}")))),
-                Err(e) => return Ok(Err((Status::StaleEpoch, format!("replica node {next} did not acknowledge: {e}")))),
+                Ok(Some((status, message))) => return Ok(Err(ServerError::ReplicaRefused { node: next, status, message })),
+                Err(error) => return Ok(Err(ServerError::NoAck { node: next, error })),
             }
         }
         let mut rep = msg::reply_to(h, me);
@@ -215,16 +216,18 @@ fn chain_buffer(st: &ServerState, slot: &TableSlot, r: &TableRepl, c: &ChainSlot
         return Err(stale_rounds(h.table, h.epoch, cr.epoch()));
     }
     let mut marks = r.marks.lock();
-    cr.ensure_started(&mut marks).map_err(core_err)?;
+    cr.ensure_started(&mut marks).map_err(ServerError::Core)?;
     for (shard, range) in map.split_keys(&ctx.keys) {
         if !cr.is_head(shard) {
-            return Err((
-                Status::StaleEpoch,
-                format!("this server is not the head of shard {shard} of table {} in routing epoch {}", h.table, cr.epoch()),
-            ));
+            return Err(ServerError::NotInChain(format!(
+                "this server is not the head of shard {shard} of table {} in routing epoch {}",
+                h.table,
+                cr.epoch()
+            )));
         }
         let vals = &ctx.vals[range.start * vl..range.end * vl];
-        let got = cr.push(shard, h.worker as usize, h.request_id, h.clock, &ctx.keys[range], vals, &mut marks).map_err(core_err)?;
+        let got =
+            cr.push(shard, h.worker as usize, h.request_id, h.clock, &ctx.keys[range], vals, &mut marks).map_err(ServerError::Core)?;
         if got == Buffered::Dropped {
             ctx.dropped += 1;
         }

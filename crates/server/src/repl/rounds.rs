@@ -6,7 +6,8 @@
 use super::peer::forward_conn;
 use super::push::forward_header;
 use super::{ChainSlot, TableRepl};
-use crate::conn::{core_err, ConnCtx, ReqResult};
+use crate::conn::{ConnCtx, ReqResult};
+use crate::error::ServerError;
 use crate::gate::{Seen, GATE_POLL};
 use crate::ops::table::account;
 use crate::state::{ServerState, TableSlot};
@@ -23,8 +24,8 @@ pub(crate) fn chain_applied(c: &ChainRounds) -> Option<u64> {
     (0..c.shards()).filter_map(|s| c.applied(s)).min()
 }
 
-pub(crate) fn stale_rounds(table: u32, asked: u64, epoch: u64) -> (Status, String) {
-    (Status::StaleEpoch, format!("request for routing epoch {asked}, but table {table}'s rounds on this server are at epoch {epoch}"))
+pub(crate) fn stale_rounds(table: u32, asked: u64, epoch: u64) -> ServerError {
+    ServerError::StaleRounds { table, asked, current: epoch }
 }
 
 /// A worker's clock (or pause) on a replicated `bsp` table: the shards this server heads
@@ -49,8 +50,8 @@ pub(crate) fn chain_clock(
         return Err(stale_rounds(table, h.epoch, cr.epoch()));
     }
     let slot_w = cr.workers();
-    cr.ensure_started(&mut r.marks.lock()).map_err(core_err)?;
-    let released = cr.clock(h.worker as usize, h.clock, h.pause).map_err(core_err)?;
+    cr.ensure_started(&mut r.marks.lock()).map_err(ServerError::Core)?;
+    let released = cr.clock(h.worker as usize, h.clock, h.pause).map_err(ServerError::Core)?;
     {
         let mut t = (!released.is_empty()).then(|| slot.table.write());
         let mut marks = r.marks.lock();
@@ -63,8 +64,8 @@ pub(crate) fn chain_clock(
                     // part of a round its predecessor forwarded (the updates came, the
                     // watermarks frame did not) rebuilds the same round from the workers'
                     // pushes and applies only the part it lacks.
-                    let id = chain_rounds::round_request(*k, i).map_err(core_err)?;
-                    let from = marks.admit(*shard, slot_w, id, &u.keys).map_err(core_err)?;
+                    let id = chain_rounds::round_request(*k, i).map_err(ServerError::Core)?;
+                    let from = marks.admit(*shard, slot_w, id, &u.keys).map_err(ServerError::Core)?;
                     if let Err(e) = t.push(&u.keys[from..], &u.values[from * vl..]) {
                         // checked when buffered; a failure here is a bug, not bad input
                         tracing::error!("table {table}: round {k} of shard {shard} could not be applied: {e}");
@@ -76,14 +77,14 @@ pub(crate) fn chain_clock(
         // this server's own round watermarks (replica copies taken from it carry them)
         for shard in 0..cr.shards() {
             if let Some(a) = cr.applied(shard) {
-                marks.raise(shard, slot_w, chain_rounds::round_done_mark(a)).map_err(core_err)?;
+                marks.raise(shard, slot_w, chain_rounds::round_done_mark(a)).map_err(ServerError::Core)?;
             }
         }
     }
     let sent = forward_rounds(st, r, &mut cr, table, ctx, me);
     drop(cr);
     c.changed.notify_all();
-    if let Err((_, why)) = &sent {
+    if let Err(why) = &sent {
         // the worker sends its clock again (after a routing change, if one is coming)
         tracing::warn!("table {}: rounds not replicated yet: {why}", table);
     }
@@ -97,7 +98,7 @@ pub(crate) fn chain_clock(
             return Err(stale_rounds(table, h.epoch, cr.epoch()));
         }
         if st.stop.load(Ordering::Relaxed) {
-            return Err((Status::Aborted, "the server is stopping".into()));
+            return Err(ServerError::Stopping);
         }
         c.changed.wait_for(&mut cr, GATE_POLL);
     }
@@ -166,13 +167,12 @@ fn forward_rounds_to(
         ctx.fwd.conns.clear();
         ctx.fwd.epoch = epoch;
     }
-    let fail =
-        |next: u32, e: String| (Status::StaleEpoch, format!("forwarding rounds of table {table} to replica node {next} failed: {e}"));
+    let fail = |node: u32, error: String| ServerError::ForwardFailed { what: format!("rounds of table {table} "), node, error };
     for (shard, round) in cr.unreplicated() {
         let Some(next) = map.successor(shard, me) else { continue };
         let conn = forward_conn(st, &mut ctx.fwd, next, me).map_err(|e| fail(next, e))?;
         for (i, u) in round.updates.iter().enumerate() {
-            let id = chain_rounds::round_request(round.round, i).map_err(core_err)?;
+            let id = chain_rounds::round_request(round.round, i).map_err(ServerError::Core)?;
             let vl = if u.keys.is_empty() { 1 } else { u.values.len() / u.keys.len() };
             let per = (st.cfg.chunk_bytes / (8 + 4 * vl)).max(1);
             for (ks, vs) in u.keys.chunks(per).zip(u.values.chunks(per * vl)) {
@@ -210,7 +210,9 @@ fn forward_rounds_to(
         let conn = forward_conn(st, &mut ctx.fwd, next, me).map_err(|e| fail(next, e))?;
         match conn.recv_header() {
             Ok(Some(a)) if a.status == 0 && a.request_id == ROUND_MARKS_REQUEST => {}
-            Ok(Some(a)) if a.status != 0 => return Err((Status::from_u32(a.status), format!("replica node {next}: {}", a.error))),
+            Ok(Some(a)) if a.status != 0 => {
+                return Err(ServerError::ReplicaRefused { node: next, status: Status::from_u32(a.status), message: a.error })
+            }
             Ok(Some(a)) => {
                 return Err(fail(next, format!("acknowledgement of request {} while waiting for round watermarks", a.request_id)))
             }
@@ -246,14 +248,11 @@ pub(crate) fn round_marks(
         // all applied here, and raising their watermarks would make a new head started
         // from them drop the workers' replays of updates this server never applied.
         ctx.fwd.reset();
-        return Ok(Err((
-            Status::StaleEpoch,
-            format!("round watermarks of table {} refused: an update frame of these rounds was not applied here", h.table),
-        )));
+        return Ok(Err(ServerError::RoundsNotApplied { table: h.table }));
     }
     let list = match decode_round_marks(&h.meta) {
         Ok(l) => l,
-        Err(e) => return Ok(Err((Status::InvalidArgument, e))),
+        Err(e) => return Ok(Err(ServerError::Invalid(e))),
     };
     let map = r.map.read().clone();
     {
@@ -262,21 +261,21 @@ pub(crate) fn round_marks(
         let _t = slot.table.read();
         let epoch = st.epoch.load(Ordering::Relaxed);
         if h.epoch != epoch {
-            return Ok(Err((
-                Status::StaleEpoch,
-                format!("round watermarks for routing epoch {} but this server is at epoch {epoch}", h.epoch),
-            )));
+            return Ok(Err(ServerError::NotInChain(format!(
+                "round watermarks for routing epoch {} but this server is at epoch {epoch}",
+                h.epoch
+            ))));
         }
         let mut marks = r.marks.lock();
         for &(shard, applied) in &list {
             if shard >= map.len() || map.position(shard, me).is_none_or(|p| p == 0) {
-                return Ok(Err((
-                    Status::StaleEpoch,
-                    format!("this server is not a replica of shard {shard} of table {} in routing epoch {epoch}", h.table),
-                )));
+                return Ok(Err(ServerError::NotInChain(format!(
+                    "this server is not a replica of shard {shard} of table {} in routing epoch {epoch}",
+                    h.table
+                ))));
             }
             if let Err(e) = marks.raise(shard, slot_w, chain_rounds::round_done_mark(applied)) {
-                return Ok(Err(core_err(e)));
+                return Ok(Err(ServerError::Core(e)));
             }
         }
     }
@@ -301,7 +300,7 @@ pub(crate) fn round_marks(
         fh.meta = encode_round_marks(l).into();
         if let Err(e) = forward_conn(st, &mut ctx.fwd, *next, me).and_then(|c| c.send(&mut fh, &[], &[]).map_err(|e| e.to_string())) {
             ctx.fwd.reset();
-            return Ok(Err((Status::StaleEpoch, format!("forwarding round watermarks to replica node {next} failed: {e}"))));
+            return Ok(Err(ServerError::ForwardFailed { what: "round watermarks ".into(), node: *next, error: e }));
         }
         closed.push(*next);
     }
@@ -315,7 +314,7 @@ pub(crate) fn round_marks(
         fh.last = true;
         if let Err(e) = forward_conn(st, &mut ctx.fwd, next, me).and_then(|c| c.send(&mut fh, &[], &[]).map_err(|e| e.to_string())) {
             ctx.fwd.reset();
-            return Ok(Err((Status::StaleEpoch, format!("forwarding to replica node {next} failed: {e}"))));
+            return Ok(Err(ServerError::ForwardFailed { what: String::new(), node: next, error: e }));
         }
         closed.push(next);
     }
@@ -329,13 +328,13 @@ pub(crate) fn round_marks(
         });
         match acked {
             Ok(None) => {}
-            Ok(Some((status, why))) => {
+            Ok(Some((status, message))) => {
                 ctx.fwd.reset();
-                return Ok(Err((status, format!("replica node {next}: {why}"))));
+                return Ok(Err(ServerError::ReplicaRefused { node: next, status, message }));
             }
-            Err(e) => {
+            Err(error) => {
                 ctx.fwd.reset();
-                return Ok(Err((Status::StaleEpoch, format!("replica node {next} did not acknowledge: {e}"))));
+                return Ok(Err(ServerError::NoAck { node: next, error }));
             }
         }
     }
@@ -354,7 +353,7 @@ pub(crate) fn wait_for_rounds(
     r: &TableRepl,
     range: KeyRange,
     h: &FrameHeader,
-) -> Result<Seen, (Status, String)> {
+) -> Result<Seen, ServerError> {
     let start = std::time::Instant::now();
     let map = r.map.read().clone();
     let (Some(a), Some(b)) = (map.shard_of(range.begin), range.end.checked_sub(1).and_then(|e| map.shard_of(e))) else {
@@ -365,14 +364,14 @@ pub(crate) fn wait_for_rounds(
         if cr.epoch() != h.epoch {
             return Err(stale_rounds(h.table, h.epoch, cr.epoch()));
         }
-        cr.ensure_started(&mut r.marks.lock()).map_err(core_err)?;
+        cr.ensure_started(&mut r.marks.lock()).map_err(ServerError::Core)?;
         if let Some(least) = cr.ready(a..=b, h.after_clock) {
             let round = (least != u64::MAX).then_some(least);
             let staleness = h.clock.saturating_sub(least.min(h.clock));
             return Ok((Some(staleness), round, if h.after_clock.is_some() { start.elapsed() } else { Duration::ZERO }));
         }
         if st.stop.load(Ordering::Relaxed) {
-            return Err((Status::Aborted, "the server is stopping".into()));
+            return Err(ServerError::Stopping);
         }
         c.changed.wait_for(&mut cr, GATE_POLL);
     }
