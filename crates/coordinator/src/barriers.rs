@@ -1,8 +1,8 @@
 //! Named barriers over the worker ranks, counted so that a replacement calling again a
 //! barrier the lost worker passed returns at once.
 
+use crate::error::CoordError;
 use crate::service::Coordinator;
-use downpour_core::msg::Status;
 use std::collections::HashSet;
 use std::time::Duration;
 
@@ -18,7 +18,7 @@ impl Coordinator {
     /// next pass): returns once every worker rank arrived. A pass the rank made already (a
     /// replacement calling again what the lost worker had passed) returns at once; an
     /// arrival the lost worker made is not counted twice.
-    pub(crate) fn barrier(&self, node: u32, name: &str, count: u64) -> Result<(), (Status, String)> {
+    pub(crate) fn barrier(&self, node: u32, name: &str, count: u64) -> Result<(), CoordError> {
         let mut st = self.state.lock();
         let rank = self.current_worker(&st, node)?;
         let n = self.cfg.workers;
@@ -28,10 +28,7 @@ impl Coordinator {
             return Ok(());
         }
         if target > b.passed + 1 {
-            return Err((
-                Status::InvalidArgument,
-                format!("worker {rank} at barrier {name:?} for the {target}th time, while {} passes were made", b.passed),
-            ));
+            return Err(CoordError::BarrierAhead { rank, name: name.to_string(), count: target, passed: b.passed });
         }
         b.arrived.insert(rank);
         if b.arrived.len() >= n {
@@ -43,7 +40,7 @@ impl Coordinator {
         }
         loop {
             if let Some(r) = &st.failed {
-                return Err((Status::Aborted, format!("job failed: {r}")));
+                return Err(CoordError::JobFailed { reason: r.clone() });
             }
             if st.barriers.get(name).is_some_and(|b| b.passed >= target) {
                 return Ok(());

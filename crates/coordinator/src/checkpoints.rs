@@ -2,8 +2,8 @@
 //! to join writes it and reports it written. (Time-driven rounds are asked for by the
 //! monitor, `monitor.rs`; the workers hear of them with their heartbeats.)
 
+use crate::error::CoordError;
 use crate::service::Coordinator;
-use downpour_core::msg::Status;
 use downpour_core::proto;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -35,7 +35,7 @@ pub(crate) struct Checkpoints {
 impl Coordinator {
     /// A worker at a checkpoint point (or retiring from them): held until the round is
     /// written; the last worker to join is told to write it.
-    pub(crate) fn checkpoint_join(&self, node: u32, req: proto::CheckpointJoin) -> Result<proto::CheckpointJoinReply, (Status, String)> {
+    pub(crate) fn checkpoint_join(&self, node: u32, req: proto::CheckpointJoin) -> Result<proto::CheckpointJoinReply, CoordError> {
         let mut st = self.state.lock();
         let rank = self.current_worker(&st, node)?;
         let w = req.worker.unwrap_or_default();
@@ -53,23 +53,17 @@ impl Coordinator {
             st.ckpt.seq = req.seq;
             st.ckpt.gathering = Some(Instant::now());
         } else if req.seq != st.ckpt.seq {
-            return Err((
-                Status::InvalidArgument,
-                format!(
-                    "worker at checkpoint {} while checkpoint {} is being taken (do all workers use one --checkpoint-every?)",
-                    req.seq, st.ckpt.seq
-                ),
-            ));
+            return Err(CoordError::CheckpointMismatch { seq: req.seq, taking: st.ckpt.seq });
         }
         let seq = req.seq;
         st.ckpt.joined.insert(rank, w);
         self.sched_cv.notify_all();
         loop {
             if let Some(r) = &st.failed {
-                return Err((Status::Aborted, format!("job failed: {r}")));
+                return Err(CoordError::JobFailed { reason: r.clone() });
             }
             if st.shutdown {
-                return Err((Status::Aborted, "the job is shutting down".into()));
+                return Err(CoordError::ShuttingDown);
             }
             if st.ckpt.done >= seq {
                 return Ok(proto::CheckpointJoinReply::default());
@@ -92,7 +86,7 @@ impl Coordinator {
 
     /// The writer reports the checkpoint complete (the held workers go on), or why it is not
     /// (the job fails: a checkpoint asked for and silently missing would lose training).
-    pub(crate) fn checkpoint_written(&self, node: u32, req: proto::CheckpointWritten) -> Result<(), (Status, String)> {
+    pub(crate) fn checkpoint_written(&self, node: u32, req: proto::CheckpointWritten) -> Result<(), CoordError> {
         let mut st = self.state.lock();
         if req.seq <= st.ckpt.done {
             // written and reported already (a writer chosen before a coordinator restart)
@@ -102,7 +96,7 @@ impl Coordinator {
         // writer: its report completes the round.
         let writer_before_restart = st.restored && st.ckpt.writer.is_none();
         if !writer_before_restart && (st.ckpt.writer != Some(node) || st.ckpt.seq != req.seq) {
-            return Err((Status::InvalidArgument, format!("node {node} is not writing checkpoint {}", req.seq)));
+            return Err(CoordError::NotCheckpointWriter { node, seq: req.seq });
         }
         if !req.error.is_empty() {
             drop(st);

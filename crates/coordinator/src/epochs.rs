@@ -4,9 +4,9 @@
 //! member reported it moved (`EpochReady`); the recoveries so far.
 
 use crate::config::CoordinatorConfig;
+use crate::error::CoordError;
 use crate::service::Coordinator;
 use crate::state::State;
-use downpour_core::msg::Status;
 use downpour_core::proto;
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -78,37 +78,28 @@ impl State {
 impl Coordinator {
     /// `admin drain`: moves server `rank`'s shards to the other servers in a new epoch; the
     /// server hears it with its next heartbeat and exits once off the ring.
-    pub(crate) fn drain(&self, rank: u32) -> Result<proto::DrainReply, (Status, String)> {
+    pub(crate) fn drain(&self, rank: u32) -> Result<proto::DrainReply, CoordError> {
         let mut st = self.state.lock();
         if let Some(r) = &st.failed {
-            return Err((Status::Aborted, format!("job failed: {r}")));
+            return Err(CoordError::JobFailed { reason: r.clone() });
         }
         if self.cfg.replication < 2 {
-            return Err((
-                Status::InvalidArgument,
-                "draining a server needs a replicated job (--replication 2 or more): without copies its keys would be lost".into(),
-            ));
+            return Err(CoordError::DrainUnreplicated);
         }
         let Some(&(id, _)) = st.servers.get(rank as usize) else {
-            return Err((
-                Status::InvalidArgument,
-                format!("no server {rank}: the job has had {} servers (0..{})", st.servers.len(), st.servers.len()),
-            ));
+            return Err(CoordError::NoSuchServer { rank, servers: st.servers.len() });
         };
         let Some(ring) = st.ring.as_mut() else {
-            return Err((Status::Aborted, "the servers are still registering; drain once the job runs".into()));
+            return Err(CoordError::StillRegistering);
         };
         if !ring.servers().any(|s| s == id) {
-            return Err((Status::InvalidArgument, format!("server {rank} (node {id}) is not on the ring (drained or failed already)")));
+            return Err(CoordError::NotOnRing { rank, node: id });
         }
         let left = ring.servers().count() - 1;
         if left < self.cfg.replication {
-            return Err((
-                Status::InvalidArgument,
-                format!("draining server {rank} would leave {left} servers for {} copies of every shard", self.cfg.replication),
-            ));
+            return Err(CoordError::DrainTooFew { rank, left, copies: self.cfg.replication });
         }
-        ring.remove(id).map_err(|e| (Status::Internal, e.to_string()))?;
+        ring.remove(id).map_err(CoordError::Ring)?;
         st.drained.insert(id);
         st.removed.insert(id);
         st.reconfigure(format!("server {rank} (node {id}) drained"), false);
@@ -120,7 +111,7 @@ impl Coordinator {
     }
 
     /// A server moved to `epoch` and built its replicas; the last one activates the epoch.
-    pub(crate) fn epoch_ready(&self, node: u32, req: proto::EpochReady) -> Result<(), (Status, String)> {
+    pub(crate) fn epoch_ready(&self, node: u32, req: proto::EpochReady) -> Result<(), CoordError> {
         let mut st = self.state.lock();
         if req.epoch != st.epoch {
             // a superseded epoch: the server hears the newer one with its next heartbeat
@@ -137,7 +128,7 @@ impl Coordinator {
         p.waiting.remove(&node);
         p.keys_copied += req.keys_copied;
         if p.waiting.is_empty() {
-            let p = st.pending.take().ok_or((Status::Internal, "no pending epoch".to_string()))?;
+            let p = st.pending.take().ok_or(CoordError::Invariant("no pending epoch"))?;
             let took = p.detected.elapsed();
             st.active = true;
             st.served = st.ring.as_ref().map(|r| r.servers().collect()).unwrap_or_default();

@@ -27,6 +27,7 @@ mod barriers;
 mod checkpoints;
 mod config;
 mod epochs;
+mod error;
 mod membership;
 mod monitor;
 mod scheduler;
@@ -36,4 +37,5 @@ mod vacancies;
 
 pub use config::{CoordinatorConfig, JobOutcome};
 pub use epochs::Recovery;
+pub use error::{CoordError, NodeDesc};
 pub use service::Coordinator;

@@ -1,20 +1,19 @@
 //! Membership: registration (ids, ranks, a replacement taking a vacant rank, a server
 //! joining a running replicated job), heartbeats, node loss, and workers done.
 
+use crate::error::{CoordError, NodeDesc};
 use crate::service::Coordinator;
 use crate::state::State;
-use downpour_core::msg::{self, Status};
+use downpour_core::msg;
 use downpour_core::proto;
 use downpour_core::ring::Ring;
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 impl State {
-    pub(crate) fn describe(&self, id: u32) -> String {
-        match self.roles.get(&id) {
-            Some((role, rank)) => format!("{role} {rank} (node {id})"),
-            None => format!("node {id}"),
-        }
+    /// Node `id` as messages name it (its role and rank once it registered).
+    pub(crate) fn describe(&self, id: u32) -> NodeDesc {
+        NodeDesc { id, role: self.roles.get(&id).copied() }
     }
 }
 
@@ -65,15 +64,15 @@ impl Coordinator {
         self.sched_cv.notify_all();
     }
 
-    pub(crate) fn register(&self, req: proto::RegisterRequest) -> Result<proto::RegisterReply, (Status, String)> {
+    pub(crate) fn register(&self, req: proto::RegisterRequest) -> Result<proto::RegisterReply, CoordError> {
         let mut st = self.state.lock();
         if let Some(r) = &st.failed {
-            return Err((Status::Aborted, format!("job failed: {r}")));
+            return Err(CoordError::JobFailed { reason: r.clone() });
         }
         // The same registration again (its reply was lost to a coordinator restart).
         if let Some((id, restart)) = st.registrations.get(&req.token).filter(|_| req.token != 0).cloned() {
             let Some(&(role, rank)) = st.roles.get(&id) else {
-                return Err((Status::Internal, format!("registration of node {id} without a role")));
+                return Err(CoordError::NoRole { node: id });
             };
             return self.registered(&mut st, id, role, rank, restart);
         }
@@ -106,16 +105,10 @@ impl Coordinator {
                 );
                 drop(st);
                 self.lost(id, reason);
-                return Err((Status::Unavailable, "a silent worker was declared lost: try again for its rank".into()));
+                return Err(CoordError::SilentWorkerLost);
             }
             if st.vacant.is_empty() && st.failed.is_none() && !st.shutdown && lost_soon {
-                return Err((
-                    Status::Unavailable,
-                    format!(
-                        "the job has its {} workers, and one of them is silent: try again while it may be declared lost",
-                        self.cfg.workers
-                    ),
-                ));
+                return Err(CoordError::WorkerSilent { workers: self.cfg.workers });
             }
         }
         let id = st.next_id;
@@ -123,27 +116,21 @@ impl Coordinator {
         let (rank, role) = match req.role.as_str() {
             "server" => {
                 if req.addr.is_empty() {
-                    return Err((Status::InvalidArgument, "a server must register its data address".into()));
+                    return Err(CoordError::ServerWithoutAddress);
                 }
                 if st.servers.len() >= self.cfg.servers {
                     // A replicated job takes servers while it runs: they join the ring.
                     if self.cfg.replication < 2 {
-                        return Err((
-                            Status::ResourceExhausted,
-                            format!(
-                                "the job already has its {} servers (a server can join a running job only with --replication 2 or more)",
-                                self.cfg.servers
-                            ),
-                        ));
+                        return Err(CoordError::ServersFull { servers: self.cfg.servers });
                     }
                     if st.shutdown {
-                        return Err((Status::Aborted, "the job is shutting down".into()));
+                        return Err(CoordError::ShuttingDown);
                     }
                     let rank = st.servers.len() as u32;
                     let Some(ring) = st.ring.as_mut() else {
-                        return Err((Status::Internal, "a replicated job without a ring".into()));
+                        return Err(CoordError::Invariant("a replicated job without a ring"));
                     };
-                    ring.add(id).map_err(|e| (Status::Internal, e.to_string()))?;
+                    ring.add(id).map_err(CoordError::Ring)?;
                     st.servers.push((id, req.addr.clone()));
                     st.reconfigure(format!("server {rank} (node {id}) joined at {}", req.addr), false);
                     self.cv.notify_all();
@@ -158,7 +145,7 @@ impl Coordinator {
                 let rank = if st.workers.len() >= self.cfg.workers {
                     // A lost worker's rank goes to the first worker registering after it.
                     let Some(rank) = st.vacant.keys().next().copied() else {
-                        return Err((Status::ResourceExhausted, format!("the job already has its {} workers", self.cfg.workers)));
+                        return Err(CoordError::WorkersFull { workers: self.cfg.workers });
                     };
                     st.vacant.remove(&rank);
                     st.adoptions.remove(&rank);
@@ -185,7 +172,7 @@ impl Coordinator {
                 }
                 (rank, "worker")
             }
-            other => return Err((Status::InvalidArgument, format!("unknown role {other:?}"))),
+            other => return Err(CoordError::UnknownRole { role: other.to_string() }),
         };
         st.next_id += 1;
         st.roles.insert(id, (role, rank));
@@ -225,13 +212,13 @@ impl Coordinator {
         role: &'static str,
         rank: u32,
         restart: Option<proto::WorkerCheckpoint>,
-    ) -> Result<proto::RegisterReply, (Status, String)> {
+    ) -> Result<proto::RegisterReply, CoordError> {
         if role == "worker" {
             while st.epoch == 0 && st.failed.is_none() {
                 self.cv.wait_for(st, Duration::from_millis(100));
             }
             if let Some(r) = &st.failed {
-                return Err((Status::Aborted, format!("job failed: {r}")));
+                return Err(CoordError::JobFailed { reason: r.clone() });
             }
         }
         Ok(proto::RegisterReply {
@@ -251,13 +238,13 @@ impl Coordinator {
     }
 
     /// The rank of worker `node`, which must still hold it (not lost and replaced).
-    pub(crate) fn current_worker(&self, st: &State, node: u32) -> Result<u32, (Status, String)> {
+    pub(crate) fn current_worker(&self, st: &State, node: u32) -> Result<u32, CoordError> {
         if st.lost_workers.contains(&node) {
-            return Err((Status::Aborted, format!("node {node} was declared lost; its rank went to a replacement")));
+            return Err(CoordError::LostNode { node });
         }
         match st.roles.get(&node) {
             Some(("worker", rank)) if st.workers.get(*rank as usize) == Some(&node) => Ok(*rank),
-            _ => Err((Status::PermissionDenied, format!("node {node} is not a worker of this job"))),
+            _ => Err(CoordError::NotAWorker { node }),
         }
     }
 

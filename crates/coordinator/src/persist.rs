@@ -8,6 +8,7 @@ use crate::barriers::Barrier;
 use crate::checkpoints::Checkpoints;
 use crate::config::CoordinatorConfig;
 use crate::epochs::Pending;
+use crate::error::CoordError;
 use crate::state::State;
 use downpour_core::proto;
 use downpour_core::ring::Ring;
@@ -81,17 +82,23 @@ pub(crate) fn to_proto(st: &State, cfg: &CoordinatorConfig) -> proto::Coordinato
 }
 
 /// The state a coordinator restarted from `p` starts with: every live node counts as just
-/// seen (it has the node timeout to reconnect), vacant ranks wait afresh.
-pub(crate) fn from_proto(p: proto::CoordinatorState, cfg: &CoordinatorConfig) -> Result<State, String> {
+/// seen (it has the node timeout to reconnect), vacant ranks wait afresh. An error when `p`
+/// (read from `dir`) is of another job.
+pub(crate) fn from_proto(p: proto::CoordinatorState, cfg: &CoordinatorConfig, dir: &Path) -> Result<State, CoordError> {
     if p.servers_expected as usize != cfg.servers || p.workers_expected as usize != cfg.workers || p.replication as usize != cfg.replication
     {
-        return Err(format!(
-            "it was written for a job of {} servers, {} workers and {} copies; this one has {}, {} and {}",
-            p.servers_expected, p.workers_expected, p.replication, cfg.servers, cfg.workers, cfg.replication
-        ));
+        return Err(CoordError::OtherJob {
+            dir: dir.to_path_buf(),
+            servers: p.servers_expected,
+            workers: p.workers_expected,
+            copies: p.replication,
+            job_servers: cfg.servers,
+            job_workers: cfg.workers,
+            job_copies: cfg.replication,
+        });
     }
     if p.workers.len() > cfg.workers || p.vacant.iter().any(|r| *r as usize >= p.workers.len()) {
-        return Err("its worker list does not fit the job".into());
+        return Err(CoordError::MisfitState { dir: dir.to_path_buf() });
     }
     let now = Instant::now();
     let mut st = State { next_id: p.next_id, ..Default::default() };
@@ -168,12 +175,12 @@ pub fn write(dir: &Path, state: &proto::CoordinatorState, sync: bool) -> std::io
 }
 
 /// The state in `dir`, if there is one.
-pub fn read(dir: &Path) -> Result<Option<proto::CoordinatorState>, String> {
+pub fn read(dir: &Path) -> Result<Option<proto::CoordinatorState>, CoordError> {
     let path = state_path(dir);
     let bytes = match std::fs::read(&path) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+        Err(e) => return Err(CoordError::io("read", path, e)),
     };
-    proto::CoordinatorState::decode(bytes.as_slice()).map(Some).map_err(|e| format!("{} is not a coordinator state: {e}", path.display()))
+    proto::CoordinatorState::decode(bytes.as_slice()).map(Some).map_err(|error| CoordError::CorruptState { path, error })
 }

@@ -1,8 +1,8 @@
 //! The task scheduler: the BPG scheduler's tasks and reports, and Sandblaster's piece
 //! board. Neither is kept on disk: a restarted coordinator refuses their calls.
 
+use crate::error::CoordError;
 use crate::service::Coordinator;
-use downpour_core::msg::Status;
 use downpour_core::pieces::PieceBoard;
 use downpour_core::proto;
 use downpour_core::schedule::{wire, BpgScheduler};
@@ -11,22 +11,19 @@ use std::time::Duration;
 impl Coordinator {
     /// A worker's reports to the BPG task scheduler, and its next tasks (held until there is
     /// one when `req.wait`).
-    pub(crate) fn schedule(&self, node: u32, req: proto::ScheduleRequest) -> Result<proto::ScheduleReply, (Status, String)> {
-        let invalid = |e: downpour_core::schedule::ScheduleError| (Status::InvalidArgument, e.to_string());
+    pub(crate) fn schedule(&self, node: u32, req: proto::ScheduleRequest) -> Result<proto::ScheduleReply, CoordError> {
+        let invalid = CoordError::Schedule;
         let mut st = self.state.lock();
         let rank = match st.roles.get(&node) {
             Some(("worker", rank)) => *rank as usize,
-            _ => return Err((Status::InvalidArgument, format!("{} is not a registered worker", st.describe(node)))),
+            _ => return Err(CoordError::NotRegisteredWorker { node: st.describe(node) }),
         };
         let plan = req.plan.as_ref().map(wire::plan_from_proto);
         match (&st.schedule, plan) {
-            (None, None) => return Err((Status::InvalidArgument, "the first schedule call must carry the plan".into())),
+            (None, None) => return Err(CoordError::NoPlan),
             (None, Some(plan)) => {
                 if plan.workers != self.cfg.workers {
-                    return Err((
-                        Status::InvalidArgument,
-                        format!("the plan is for {} workers, the job has {}", plan.workers, self.cfg.workers),
-                    ));
+                    return Err(CoordError::PlanWorkers { plan: plan.workers, job: self.cfg.workers });
                 }
                 tracing::info!(
                     "BPG scheduler: {} blocks, tau {}, at most {} passes, epsilon {:e}, KKT filter {}",
@@ -37,27 +34,27 @@ impl Coordinator {
                     if plan.kkt { "on" } else { "off" }
                 );
                 if st.scheduled {
-                    return Err(restarted_scheduler("BPG task scheduler"));
+                    return Err(CoordError::SchedulerRestarted { what: "BPG task scheduler" });
                 }
                 st.schedule = Some(BpgScheduler::new(plan).map_err(invalid)?);
                 st.scheduled = true;
                 self.persist(&mut st, true);
             }
             (Some(s), Some(plan)) if s.plan() != &plan => {
-                return Err((Status::InvalidArgument, format!("{} sent a plan that differs from the job's", st.describe(node))));
+                return Err(CoordError::PlanDiffers { node: st.describe(node) });
             }
             _ => {}
         }
         let mut reply = proto::ScheduleReply::default();
         {
-            let sched = st.schedule.as_mut().ok_or((Status::Internal, "no scheduler".to_string()))?;
+            let sched = st.schedule.as_mut().ok_or(CoordError::Invariant("no scheduler"))?;
             sched.finished(rank, req.finished).map_err(invalid)?;
             for l in &req.losses {
                 sched.loss(rank, l.pass as usize, l.loss).map_err(invalid)?;
             }
             if let Some(e) = &req.evaluated {
                 if rank != 0 {
-                    return Err((Status::InvalidArgument, "only worker 0 evaluates passes".into()));
+                    return Err(CoordError::OnlyWorkerZero("evaluates passes"));
                 }
                 let r = sched.evaluated(e.pass as usize, e.l1, e.nnz).map_err(invalid)?;
                 tracing::debug!("pass {}: objective {:.6} (change {:.2e}), {} non-zero", r.pass + 1, r.objective, r.change, r.nnz);
@@ -67,9 +64,9 @@ impl Coordinator {
         self.sched_cv.notify_all();
         loop {
             if let Some(r) = &st.failed {
-                return Err((Status::Aborted, format!("job failed: {r}")));
+                return Err(CoordError::JobFailed { reason: r.clone() });
             }
-            let sched = st.schedule.as_mut().ok_or((Status::Internal, "no scheduler".to_string()))?;
+            let sched = st.schedule.as_mut().ok_or(CoordError::Invariant("no scheduler"))?;
             let tasks = sched.poll(rank).map_err(invalid)?;
             if !tasks.is_empty() || !req.wait {
                 reply.tasks = tasks.iter().map(wire::task_to_proto).collect();
@@ -80,26 +77,26 @@ impl Coordinator {
     }
 
     /// A worker's call to the piece board (Sandblaster L-BFGS): see `PieceRequest`.
-    pub(crate) fn pieces(&self, node: u32, req: proto::PieceRequest) -> Result<proto::PieceReply, (Status, String)> {
-        let invalid = |e: downpour_core::CoreError| (Status::InvalidArgument, e.to_string());
+    pub(crate) fn pieces(&self, node: u32, req: proto::PieceRequest) -> Result<proto::PieceReply, CoordError> {
+        let invalid = CoordError::Pieces;
         let mut st = self.state.lock();
         let rank = match st.roles.get(&node) {
             Some(("worker", rank)) => *rank as usize,
-            _ => return Err((Status::InvalidArgument, format!("{} is not a registered worker", st.describe(node)))),
+            _ => return Err(CoordError::NotRegisteredWorker { node: st.describe(node) }),
         };
         let workers = self.cfg.workers;
         if st.pieces.is_none() {
             if st.scheduled {
-                return Err(restarted_scheduler("piece board"));
+                return Err(CoordError::SchedulerRestarted { what: "piece board" });
             }
             st.pieces = Some(PieceBoard::new(workers));
             st.scheduled = true;
             self.persist(&mut st, true);
         }
-        let board = st.pieces.as_mut().ok_or((Status::Internal, "no piece board".to_string()))?;
+        let board = st.pieces.as_mut().ok_or(CoordError::Invariant("no piece board"))?;
         let mut reply = proto::PieceReply::default();
         if (req.open_pieces > 0 || req.finish) && rank != 0 {
-            return Err((Status::InvalidArgument, "only worker 0 opens rounds and ends the job".into()));
+            return Err(CoordError::OnlyWorkerZero("opens rounds and ends the job"));
         }
         if req.open_pieces > 0 {
             board.open(req.round, req.open_pieces).map_err(invalid)?;
@@ -123,14 +120,14 @@ impl Coordinator {
                 }
             }
             2 | 3 => {}
-            w => return Err((Status::InvalidArgument, format!("unknown piece request want={w}"))),
+            w => return Err(CoordError::UnknownPieceWant { want: w }),
         }
         self.sched_cv.notify_all();
         loop {
             if let Some(r) = &st.failed {
-                return Err((Status::Aborted, format!("job failed: {r}")));
+                return Err(CoordError::JobFailed { reason: r.clone() });
             }
-            let board = st.pieces.as_ref().ok_or((Status::Internal, "no piece board".to_string()))?;
+            let board = st.pieces.as_ref().ok_or(CoordError::Invariant("no piece board"))?;
             reply.round = board.round();
             reply.finished = board.finished();
             match req.want {
@@ -147,14 +144,4 @@ impl Coordinator {
             self.park(&self.sched_cv, &mut st, Duration::from_millis(200));
         }
     }
-}
-
-/// The refusal of a scheduler call after a coordinator restart: that state is not on disk.
-fn restarted_scheduler(what: &str) -> (Status, String) {
-    (
-        Status::Aborted,
-        format!(
-            "the coordinator restarted, and the {what}'s state is not kept on disk: this job cannot go on (run it again, or --resume a checkpoint)"
-        ),
-    )
 }

@@ -4,9 +4,10 @@
 //! the dispatch of control requests to the calls that answer them.
 
 use crate::config::{CoordinatorConfig, JobOutcome};
+use crate::error::CoordError;
 use crate::persist;
 use crate::state::State;
-use downpour_core::msg::{self, Op, Status};
+use downpour_core::msg::{self, Op};
 use downpour_core::proto::{self, FrameHeader};
 use downpour_transport::{Connection, Listener};
 use parking_lot::{Condvar, Mutex, MutexGuard};
@@ -59,15 +60,15 @@ impl Coordinator {
     /// there — nodes reconnecting find their ids, ranks, routing epoch, barrier passes,
     /// progress records and checkpoints as they were; else it starts a new job. An error
     /// when the state is unreadable or belongs to a different job.
-    pub fn open(cfg: CoordinatorConfig) -> Result<Arc<Self>, String> {
+    pub fn open(cfg: CoordinatorConfig) -> Result<Arc<Self>, CoordError> {
         let Some(dir) = cfg.state_dir.clone() else { return Ok(Self::new(cfg)) };
-        std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create the state directory {}: {e}", dir.display()))?;
+        std::fs::create_dir_all(&dir).map_err(|e| CoordError::io("create the state directory", &dir, e))?;
         let Some(p) = persist::read(&dir)? else { return Ok(Self::new(cfg)) };
         if p.shutdown || !p.failed.is_empty() {
             tracing::info!("the state in {} is of a job that ended: starting a new job", dir.display());
             return Ok(Self::new(cfg));
         }
-        let st = persist::from_proto(p, &cfg).map_err(|e| format!("the state in {}: {e}", dir.display()))?;
+        let st = persist::from_proto(p, &cfg, &dir)?;
         tracing::info!(
             "coordinator restarted: took back the job from {} ({} servers, {} workers registered, routing epoch {}, {} done, {} checkpoints)",
             dir.display(),
@@ -98,7 +99,7 @@ impl Coordinator {
         if let Err(e) = persist::write(dir, &persist::to_proto(st, &self.cfg), sync) {
             if !st.persist_error {
                 st.persist_error = true;
-                let reason = format!("cannot write the coordinator state to {}: {e}", dir.display());
+                let reason = CoordError::io("write the coordinator state to", dir, e).to_string();
                 tracing::error!("job failed: {reason}");
                 if st.failed.is_none() && !st.shutdown {
                     st.failed = Some(reason);
@@ -185,7 +186,7 @@ impl Coordinator {
             let mut closed = || conn.readable().unwrap_or(true);
             let (mut reply, body) = match self.dispatch(&h, &mut hb_node, &mut closed) {
                 Ok(body) => (msg::reply_to(&h, 0), body),
-                Err((status, m)) => (msg::error_reply(&h, 0, status, m), Vec::new()),
+                Err(e) => (msg::error_reply(&h, 0, e.status(), e.to_string()), Vec::new()),
             };
             reply.meta = body.into();
             if conn.send(&mut reply, &[], &[]).is_err() {
@@ -207,8 +208,8 @@ impl Coordinator {
 
     /// Runs one control call. `closed` tells whether the caller's connection went away (or
     /// sent something more), for calls that wait.
-    fn dispatch(&self, h: &FrameHeader, hb_node: &mut Option<u32>, closed: &mut dyn FnMut() -> bool) -> Result<Vec<u8>, (Status, String)> {
-        let bad = |e: prost::DecodeError| (Status::InvalidArgument, format!("bad control message: {e}"));
+    fn dispatch(&self, h: &FrameHeader, hb_node: &mut Option<u32>, closed: &mut dyn FnMut() -> bool) -> Result<Vec<u8>, CoordError> {
+        let bad = CoordError::BadRequest;
         match Op::from_u32(h.op) {
             Some(Op::Register) => {
                 let req = proto::RegisterRequest::decode(h.meta.as_ref()).map_err(bad)?;
@@ -264,7 +265,7 @@ impl Coordinator {
                 self.checkpoint_written(h.sender, req).map(|_| Vec::new())
             }
             Some(Op::Ping) => Ok(Vec::new()),
-            _ => Err((Status::Unsupported, format!("op {} is not served by the coordinator", h.op))),
+            _ => Err(CoordError::Unsupported { op: h.op }),
         }
     }
 }

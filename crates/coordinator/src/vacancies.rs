@@ -3,9 +3,9 @@
 //! replacement took to a live worker (adoption). A replacement takes a vacant rank when it
 //! registers (`membership.rs`).
 
+use crate::error::CoordError;
 use crate::service::Coordinator;
 use crate::state::State;
-use downpour_core::msg::Status;
 use downpour_core::proto;
 use std::collections::HashSet;
 use std::time::Instant;
@@ -82,11 +82,11 @@ impl Coordinator {
     }
 
     /// A worker's progress record: kept for a replacement should the worker be lost.
-    pub(crate) fn progress(&self, node: u32, p: proto::WorkerCheckpoint) -> Result<(), (Status, String)> {
+    pub(crate) fn progress(&self, node: u32, p: proto::WorkerCheckpoint) -> Result<(), CoordError> {
         let mut st = self.state.lock();
         let rank = self.current_worker(&st, node)?;
         if p.rank != rank {
-            return Err((Status::InvalidArgument, format!("worker {rank} sent progress for worker {}", p.rank)));
+            return Err(CoordError::ProgressRank { rank, sent: p.rank });
         }
         st.progress.insert(rank, p);
         self.persist(&mut st, false);

@@ -104,10 +104,10 @@ fn a_state_directory_of_another_job_is_refused() {
     let (addr, _first) = serve(&t, Coordinator::open(config(dir.path())).unwrap(), "a");
     client(&t, &addr, 0).register("server", "inproc://s0").unwrap();
     let other = CoordinatorConfig { workers: 5, ..config(dir.path()) };
-    let e = Coordinator::open(other).err().expect("a different job's state is refused");
+    let e = Coordinator::open(other).err().expect("a different job's state is refused").to_string();
     assert!(e.contains("2 workers") && e.contains("5"), "{e}");
     std::fs::write(dir.path().join("state.pb"), b"\xff\xff\xff not a state").unwrap();
-    let e = Coordinator::open(config(dir.path())).err().expect("a corrupt state is refused");
+    let e = Coordinator::open(config(dir.path())).err().expect("a corrupt state is refused").to_string();
     assert!(e.contains("not a coordinator state"), "{e}");
 }
 
