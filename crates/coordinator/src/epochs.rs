@@ -7,19 +7,9 @@ use crate::config::CoordinatorConfig;
 use crate::error::CoordError;
 use crate::service::Coordinator;
 use crate::state::State;
+use downpour_core::epochs::Ready;
 use downpour_core::proto;
-use std::collections::HashSet;
 use std::time::{Duration, Instant};
-
-/// A routing epoch being prepared (`State::pending`).
-pub(crate) struct Pending {
-    pub(crate) waiting: HashSet<u32>,
-    pub(crate) detected: Instant,
-    pub(crate) cause: String,
-    pub(crate) keys_copied: u64,
-    /// Whether a failure (rather than only joins and drains) started it.
-    pub(crate) failure: bool,
-}
 
 /// One change of a replicated job's ring: a server failed (or was drained, or joined),
 /// the ring changed in a new epoch, and the epoch was served once every member had moved
@@ -42,7 +32,7 @@ impl State {
     pub(crate) fn routing(&self, cfg: &CoordinatorConfig) -> proto::Routing {
         let live = |id: &u32| self.ring.as_ref().is_none_or(|r| r.servers().any(|s| s == *id));
         proto::Routing {
-            epoch: self.epoch,
+            epoch: self.epochs.epoch(),
             servers: self
                 .servers
                 .iter()
@@ -52,26 +42,21 @@ impl State {
             replication: if cfg.replication >= 2 { cfg.replication as u32 } else { 0 },
             vnodes: cfg.vnodes,
             shards: cfg.shards,
-            active: self.active,
-            served: self.served.clone(),
+            active: self.epochs.active(),
+            served: self.epochs.served().to_vec(),
         }
     }
 
     /// Starts preparing a new epoch of the ring as it now is: every member must move to
     /// it (and build its new replicas) before it is served. A change while another epoch
-    /// is being prepared folds into it (the earlier one is never served).
+    /// is being prepared folds into it (the earlier one is never served): the rule is
+    /// `core::epochs::Epochs::reconfigure`.
     pub(crate) fn reconfigure(&mut self, cause: String, failure: bool) {
-        self.epoch += 1;
-        self.active = false;
-        let waiting: HashSet<u32> = self.ring.as_ref().map(|r| r.servers().collect()).unwrap_or_default();
-        let (detected, cause, failure) = match self.pending.take() {
-            Some(p) => (p.detected, format!("{}; {cause}", p.cause), p.failure || failure),
-            None => (Instant::now(), cause, failure),
-        };
-        let mut members: Vec<u32> = waiting.iter().copied().collect();
+        let mut members: Vec<u32> = self.ring.as_ref().map(|r| r.servers().collect()).unwrap_or_default();
         members.sort_unstable();
-        tracing::warn!("{cause}: preparing routing epoch {} with servers {members:?}", self.epoch);
-        self.pending = Some(Pending { waiting, detected, cause, keys_copied: 0, failure });
+        let epoch = self.epochs.reconfigure(members.clone(), cause, failure, Instant::now());
+        let cause = self.epochs.pending().map(|p| p.cause.as_str()).unwrap_or_default();
+        tracing::warn!("{cause}: preparing routing epoch {epoch} with servers {members:?}");
     }
 }
 
@@ -104,7 +89,7 @@ impl Coordinator {
         st.removed.insert(id);
         st.reconfigure(format!("server {rank} (node {id}) drained"), false);
         self.persist(&mut st, true);
-        let epoch = st.epoch;
+        let epoch = st.epochs.epoch();
         self.cv.notify_all();
         self.sched_cv.notify_all();
         Ok(proto::DrainReply { epoch, node_id: id })
@@ -113,7 +98,7 @@ impl Coordinator {
     /// A server moved to `epoch` and built its replicas; the last one activates the epoch.
     pub(crate) fn epoch_ready(&self, node: u32, req: proto::EpochReady) -> Result<(), CoordError> {
         let mut st = self.state.lock();
-        if req.epoch != st.epoch {
+        if req.epoch != st.epochs.epoch() {
             // a superseded epoch: the server hears the newer one with its next heartbeat
             return Ok(());
         }
@@ -123,24 +108,22 @@ impl Coordinator {
             self.fail(format!("{what} cannot serve routing epoch {}: {}", req.epoch, req.error));
             return Ok(());
         }
-        let epoch = st.epoch;
-        let Some(p) = st.pending.as_mut() else { return Ok(()) };
-        p.waiting.remove(&node);
-        p.keys_copied += req.keys_copied;
-        if p.waiting.is_empty() {
-            let p = st.pending.take().ok_or(CoordError::Invariant("no pending epoch"))?;
-            let took = p.detected.elapsed();
-            st.active = true;
-            st.served = st.ring.as_ref().map(|r| r.servers().collect()).unwrap_or_default();
-            let (what, from) = if p.failure { ("recovery", "detection") } else { ("reconfiguration", "the change") };
-            tracing::info!(
-                "routing epoch {epoch} served: {what} took {:.1} ms from {from} to serving ({} rows copied) after: {}",
-                took.as_secs_f64() * 1e3,
-                p.keys_copied,
-                p.cause
-            );
-            st.recoveries.push(Recovery { epoch, cause: p.cause, took, keys_copied: p.keys_copied, failure: p.failure });
-            self.cv.notify_all();
+        match st.epochs.ready(node, req.epoch, req.keys_copied) {
+            Ready::Superseded | Ready::Idle => return Ok(()),
+            Ready::Waiting => {}
+            Ready::Served(p) => {
+                let took = p.since.elapsed();
+                let (what, from) = if p.failure { ("recovery", "detection") } else { ("reconfiguration", "the change") };
+                tracing::info!(
+                    "routing epoch {} served: {what} took {:.1} ms from {from} to serving ({} rows copied) after: {}",
+                    p.epoch,
+                    took.as_secs_f64() * 1e3,
+                    p.keys_copied,
+                    p.cause
+                );
+                st.recoveries.push(Recovery { epoch: p.epoch, cause: p.cause, took, keys_copied: p.keys_copied, failure: p.failure });
+                self.cv.notify_all();
+            }
         }
         self.persist(&mut st, true);
         Ok(())
@@ -155,7 +138,7 @@ impl Coordinator {
     pub(crate) fn routing_after(&self, min_epoch: u64, wait: Duration) -> proto::Routing {
         let deadline = Instant::now() + wait.min(Duration::from_secs(60));
         let mut st = self.state.lock();
-        while !(st.active && st.epoch >= min_epoch) && st.failed.is_none() && !st.shutdown {
+        while !(st.epochs.active() && st.epochs.epoch() >= min_epoch) && st.failed.is_none() && !st.shutdown {
             let now = Instant::now();
             if now >= deadline {
                 break;

@@ -181,12 +181,12 @@ impl Coordinator {
             "{role} {rank} registered as node {id}{}",
             if req.addr.is_empty() { String::new() } else { format!(" at {}", req.addr) }
         );
-        if role == "server" && st.servers.len() == self.cfg.servers && st.epoch == 0 {
-            st.epoch = 1;
-            st.active = true;
+        if role == "server" && st.servers.len() == self.cfg.servers && st.epochs.epoch() == 0 {
+            // epoch 1 is served at once; replicated jobs' data is where its ring puts it
+            let members = if self.cfg.replication >= 2 { st.servers.iter().map(|s| s.0).collect() } else { Vec::new() };
+            st.epochs.publish_first(members);
             if self.cfg.replication >= 2 {
                 st.ring = Some(Ring::with_members(self.cfg.vnodes, st.servers.iter().map(|s| s.0), 1));
-                st.served = st.servers.iter().map(|s| s.0).collect();
                 tracing::info!(
                     "chain replication: {} copies of {} shards per table on a ring of {} points per server",
                     self.cfg.replication,
@@ -214,7 +214,7 @@ impl Coordinator {
         restart: Option<proto::WorkerCheckpoint>,
     ) -> Result<proto::RegisterReply, CoordError> {
         if role == "worker" {
-            while st.epoch == 0 && st.failed.is_none() {
+            while st.epochs.epoch() == 0 && st.failed.is_none() {
                 self.cv.wait_for(st, Duration::from_millis(100));
             }
             if let Some(r) = &st.failed {
@@ -267,14 +267,22 @@ impl Coordinator {
         // a server's answer waits, its connection is looked at every HEARTBEAT_WATCH: a
         // server that died is answered (into the void) and lost within that time, not up to
         // one interval later.
-        let must_move = st.pending.as_ref().is_some_and(|p| p.waiting.contains(&node));
+        let must_move = st.epochs.must_move(node);
         let worker = matches!(st.roles.get(&node), Some(("worker", _)));
         if !st.shutdown && st.failed.is_none() && !must_move && !worker {
             // What the answer tells a server: a change to it answers at once, whether it
             // woke this thread or came between two looks (when its wake-up found no waiter).
             let told = |st: &State| {
-                let must_move = st.pending.as_ref().is_some_and(|p| p.waiting.contains(&node));
-                (st.epoch, st.active, st.shutdown, st.failed.is_some(), must_move, st.drained.contains(&node), st.ckpt.requested)
+                let must_move = st.epochs.must_move(node);
+                (
+                    st.epochs.epoch(),
+                    st.epochs.active(),
+                    st.shutdown,
+                    st.failed.is_some(),
+                    must_move,
+                    st.drained.contains(&node),
+                    st.ckpt.requested,
+                )
             };
             let before = told(&st);
             let holders = st.workers.clone();
@@ -296,7 +304,7 @@ impl Coordinator {
             shutdown: st.shutdown,
             job_failed: st.failed.is_some(),
             reason: st.failed.clone().unwrap_or_default(),
-            routing: (st.ring.is_some() && st.epoch >= 1).then(|| st.routing(&self.cfg)),
+            routing: (st.ring.is_some() && st.epochs.epoch() >= 1).then(|| st.routing(&self.cfg)),
             drained: st.drained.contains(&node),
             checkpoint: st.ckpt.requested,
             adopt: st.adoptions.iter().find(|(r, n)| **n == node && st.vacant.contains_key(r)).map_or(0, |(r, _)| r + 1),

@@ -30,7 +30,7 @@ impl Coordinator {
             }
             if let Some(every) = self.cfg.checkpoint_every {
                 let asked = *st.ckpt.asked.get_or_insert_with(Instant::now);
-                if st.ckpt.requested == st.ckpt.done && asked.elapsed() >= every && st.epoch >= 1 {
+                if st.ckpt.requested == st.ckpt.done && asked.elapsed() >= every && st.epochs.epoch() >= 1 {
                     st.ckpt.requested = st.ckpt.done + 1;
                     st.ckpt.asked = Some(Instant::now());
                     tracing::info!("checkpoint {} asked for (every {every:?})", st.ckpt.requested);

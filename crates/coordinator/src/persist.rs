@@ -7,9 +7,9 @@
 use crate::barriers::Barrier;
 use crate::checkpoints::Checkpoints;
 use crate::config::CoordinatorConfig;
-use crate::epochs::Pending;
 use crate::error::CoordError;
 use crate::state::State;
+use downpour_core::epochs::{Epochs, Pending};
 use downpour_core::proto;
 use downpour_core::ring::Ring;
 use prost::Message;
@@ -48,16 +48,16 @@ pub(crate) fn to_proto(st: &State, cfg: &CoordinatorConfig) -> proto::Coordinato
         next_id: st.next_id,
         servers: st.servers.iter().map(|(id, addr)| proto::ServerEntry { node_id: *id, addr: addr.clone() }).collect(),
         workers: st.workers.clone(),
-        epoch: st.epoch,
-        active: st.active,
+        epoch: st.epochs.epoch(),
+        active: st.epochs.active(),
         ring: st.ring.as_ref().map(|r| r.servers().collect()).unwrap_or_default(),
-        served: st.served.clone(),
+        served: st.epochs.served().to_vec(),
         removed: sorted(&st.removed),
         drained: sorted(&st.drained),
-        pending: st.pending.as_ref().map(|p| sorted(&p.waiting)).unwrap_or_default(),
-        pending_cause: st.pending.as_ref().map(|p| p.cause.clone()).unwrap_or_default(),
-        pending_failure: st.pending.as_ref().is_some_and(|p| p.failure),
-        has_pending: st.pending.is_some(),
+        pending: st.epochs.pending().map(|p| p.waiting.iter().copied().collect()).unwrap_or_default(),
+        pending_cause: st.epochs.pending().map(|p| p.cause.clone()).unwrap_or_default(),
+        pending_failure: st.epochs.pending().is_some_and(|p| p.failure),
+        has_pending: st.epochs.pending().is_some(),
         done: sorted(&st.done),
         barriers,
         progress,
@@ -110,23 +110,22 @@ pub(crate) fn from_proto(p: proto::CoordinatorState, cfg: &CoordinatorConfig, di
     for (rank, id) in st.workers.iter().enumerate() {
         st.roles.insert(*id, ("worker", rank as u32));
     }
-    st.epoch = p.epoch;
-    st.active = p.active;
     if cfg.replication >= 2 && p.epoch >= 1 {
         st.ring = Some(Ring::with_members(cfg.vnodes, p.ring.iter().copied(), p.epoch));
     }
-    st.served = p.served;
+    // the epoch being prepared: its members are the ring's; when its change was first
+    // seen is not kept (it counts from the restart)
+    let pending = p.has_pending.then(|| Pending {
+        members: p.ring.clone(),
+        waiting: p.pending.into_iter().collect(),
+        since: now,
+        cause: p.pending_cause,
+        keys_copied: 0,
+        failure: p.pending_failure,
+    });
+    st.epochs = Epochs::restore(p.epoch, p.active, p.served, pending);
     st.removed = p.removed.into_iter().collect();
     st.drained = p.drained.into_iter().collect();
-    if p.has_pending {
-        st.pending = Some(Pending {
-            waiting: p.pending.into_iter().collect(),
-            detected: now,
-            cause: p.pending_cause,
-            keys_copied: 0,
-            failure: p.pending_failure,
-        });
-    }
     st.done = p.done.into_iter().collect();
     st.barriers = p.barriers.into_iter().map(|b| (b.name, Barrier { passed: b.passed, arrived: HashSet::new() })).collect();
     st.progress = p.progress.into_iter().map(|w| (w.rank, w)).collect();

@@ -74,7 +74,7 @@ impl Coordinator {
             dir.display(),
             st.servers.len(),
             st.workers.len(),
-            st.epoch,
+            st.epochs.epoch(),
             st.done.len(),
             st.ckpt.done
         );

@@ -4,7 +4,8 @@
 
 use crate::barriers::Barrier;
 use crate::checkpoints::Checkpoints;
-use crate::epochs::{Pending, Recovery};
+use crate::epochs::Recovery;
+use downpour_core::epochs::Epochs;
 use downpour_core::pieces::PieceBoard;
 use downpour_core::proto;
 use downpour_core::ring::Ring;
@@ -39,21 +40,16 @@ pub(crate) struct State {
     pub(crate) shutdown: bool,
 
     // ---- routing epochs (epochs.rs)
-    /// The routing epoch published (0 until every server registered).
-    pub(crate) epoch: u64,
-    /// Replicated jobs: the ring of live servers (its epoch is `epoch`).
+    /// The routing epochs (`core::epochs`): the one published (0 until every server
+    /// registered), whether it is served, the members of the last served one (where the
+    /// data is while an epoch is prepared), and the epoch being prepared.
+    pub(crate) epochs: Epochs<Instant>,
+    /// Replicated jobs: the ring of live servers (its epoch is the newest).
     pub(crate) ring: Option<Ring>,
-    /// Whether the servers serve `epoch` (false while replicas are rebuilt).
-    pub(crate) active: bool,
-    /// The epoch being prepared: servers still to report ready, when the failure that
-    /// started it was detected, and what failed.
-    pub(crate) pending: Option<Pending>,
     /// Servers removed from the ring (they are fenced: their old epoch is refused).
     pub(crate) removed: HashSet<u32>,
     /// Recoveries: (epoch, what failed, detection to serving).
     pub(crate) recoveries: Vec<Recovery>,
-    /// The members of the last epoch served (where the data is while an epoch is prepared).
-    pub(crate) served: Vec<u32>,
     /// Servers drained by `admin drain` (they exit cleanly once off the ring).
     pub(crate) drained: HashSet<u32>,
 

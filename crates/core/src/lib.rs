@@ -20,6 +20,7 @@ pub mod chain_rounds;
 pub mod checkpoint;
 pub mod codec;
 pub mod consistency;
+pub mod epochs;
 pub mod error;
 pub mod fence;
 pub mod filter;

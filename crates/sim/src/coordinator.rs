@@ -1,5 +1,7 @@
-//! The coordinator model: crashes, cut-offs and joins make routing epochs; an epoch is served
-//! once every member has its copies.
+//! The coordinator of the simulation: crashes, cut-offs and joins change the ring, and each
+//! change is a routing epoch of the production rule (`core::epochs::Epochs`, which the
+//! coordinator's `epochs.rs` runs): served once every member has its copies. Detection
+//! (a timeout after a crash) and the replacement of workers are modelled here.
 
 use super::*;
 
@@ -34,10 +36,10 @@ impl Sim {
             Msg::Join => {
                 let id = self.coord.next_id;
                 self.coord.next_id += 1;
-                let s = self.new_server(0, &self.coord.served.clone());
+                let s = self.new_server(0, self.coord.epochs.served());
                 self.servers.insert(id, s);
                 self.coord.members.push(id);
-                self.new_epoch();
+                self.new_epoch(format!("server {id} joined"), false);
                 Ok(())
             }
             Msg::Replace => {
@@ -63,7 +65,7 @@ impl Sim {
                     node,
                     lost: false,
                     pushes: self.workers[old].pushes.clone(),
-                    routing: (self.coord.served_epoch, self.coord.served.clone()),
+                    routing: (self.coord.served_epoch, self.coord.epochs.served().to_vec()),
                     next: record,
                     sent: record,
                     waiting: HashMap::new(),
@@ -87,22 +89,18 @@ impl Sim {
             }
             Msg::Detected { server } => {
                 self.coord.members.retain(|m| *m != server);
-                self.new_epoch();
+                self.new_epoch(format!("server {server} lost"), true);
                 Ok(())
             }
             Msg::Ready { epoch, server } => {
-                if epoch == self.coord.epoch && !self.coord.ready.contains(&server) {
-                    self.coord.ready.push(server);
-                    if self.coord.epoch_members.iter().all(|m| self.coord.ready.contains(m)) {
-                        self.coord.served_epoch = epoch;
-                        self.coord.served = self.coord.epoch_members.clone();
-                        for m in self.coord.epoch_members.clone() {
-                            if self.rng.chance(self.cfg.skip_served) {
-                                continue;
-                            }
-                            let msg = Msg::Served { epoch, members: self.coord.served.clone() };
-                            self.send(Node::Coordinator, Node::Server(m), msg);
+                // the production rule: served once every member of the newest epoch is ready
+                if let Ready::Served(s) = self.coord.epochs.ready(server, epoch, 0) {
+                    self.coord.served_epoch = s.epoch;
+                    for &m in &s.members {
+                        if self.rng.chance(self.cfg.skip_served) {
+                            continue;
                         }
+                        self.send(Node::Coordinator, Node::Server(m), Msg::Served { epoch, members: s.members.clone() });
                     }
                 }
                 Ok(())
@@ -111,12 +109,13 @@ impl Sim {
         }
     }
 
-    pub(crate) fn new_epoch(&mut self) {
-        self.coord.epoch += 1;
-        self.coord.epoch_members = self.coord.members.clone();
-        self.coord.ready.clear();
+    /// The ring changed: a new epoch through `core::epochs` (what the coordinator's
+    /// `State::reconfigure` calls), sent to every live server.
+    pub(crate) fn new_epoch(&mut self, cause: String, failure: bool) {
+        let now = self.now;
+        self.coord.epochs.reconfigure(self.coord.members.clone(), cause, failure, now);
         self.out.epochs += 1;
-        let (epoch, members, served) = (self.coord.epoch, self.coord.members.clone(), self.coord.served.clone());
+        let (epoch, members, served) = (self.coord.epochs.epoch(), self.coord.members.clone(), self.coord.epochs.served().to_vec());
         let targets: Vec<u32> = self.servers.iter().filter(|(_, s)| s.alive).map(|(id, _)| *id).collect();
         for id in targets {
             let msg = Msg::Routing { epoch, members: members.clone(), served: served.clone() };

@@ -43,6 +43,7 @@
 
 use downpour_core::chain_epoch;
 use downpour_core::chain_push::{self, AfterFailure, Forwarder, PushKeys, PushMeta, Skip};
+use downpour_core::epochs::{Epochs, Ready};
 use downpour_core::fence::WorkerFence;
 use downpour_core::init::splitmix64;
 use downpour_core::ring::Ring;
@@ -418,13 +419,12 @@ struct Worker {
 }
 
 struct Coordinator {
-    epoch: u64,
+    /// The live servers of the ring.
     members: Vec<u32>,
-    /// The members of epoch `epoch` (its routing's servers).
-    epoch_members: Vec<u32>,
+    /// The routing epochs: the production rule (`core::epochs`), driven by ticks.
+    epochs: Epochs<u64>,
+    /// The last served epoch (the simulation's workers take routing from it).
     served_epoch: u64,
-    served: Vec<u32>,
-    ready: Vec<u32>,
     next_id: u32,
     /// Per worker rank, the node that holds it, and the next worker node id.
     holders: Vec<u32>,
@@ -534,12 +534,13 @@ impl Sim {
             servers: BTreeMap::new(),
             workers,
             coord: Coordinator {
-                epoch: 1,
                 members: members.clone(),
-                epoch_members: members.clone(),
+                epochs: {
+                    let mut e = Epochs::new();
+                    e.publish_first(members.clone());
+                    e
+                },
                 served_epoch: 1,
-                served: members.clone(),
-                ready: Vec::new(),
                 next_id: cfg.servers as u32 + 1,
                 holders: (0..cfg.workers as u32).map(|r| FIRST_WORKER_NODE + r).collect(),
                 next_worker_node: FIRST_WORKER_NODE + cfg.workers as u32,

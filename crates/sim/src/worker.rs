@@ -88,7 +88,7 @@ impl Sim {
             return;
         }
         self.out.retries += 1;
-        self.workers[wi].routing = (self.coord.served_epoch, self.coord.served.clone());
+        self.workers[wi].routing = (self.coord.served_epoch, self.coord.epochs.served().to_vec());
         self.workers[wi].attempt += 1;
         self.workers[wi].gen += 1;
         self.workers[wi].paused = false;
