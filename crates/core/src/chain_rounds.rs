@@ -27,6 +27,7 @@
 
 use crate::rounds::{Accepted, Aggregate, Round, Rounds};
 use crate::shards::Watermarks;
+use crate::table::Table;
 use crate::{CoreError, Result};
 use std::collections::VecDeque;
 
@@ -250,6 +251,43 @@ impl ChainRounds {
             }
         }
         Ok(out)
+    }
+
+    /// Applies the rounds `released` (as [`ChainRounds::clock`] returned them, in that
+    /// order) to `table`, each update through the round watermark (slot [`workers`] of
+    /// `marks`), as a successor applies them: a new head that holds part of a round (its
+    /// predecessor's updates came, the watermarks frame did not) rebuilds the same round
+    /// from the workers' pushes and applies only the part it lacks. Errors only if an
+    /// update does not fit the table (they were checked when buffered).
+    ///
+    /// [`workers`]: ChainRounds::workers
+    pub fn apply_released(&self, released: &[(usize, u64)], table: &mut Table, marks: &mut Watermarks) -> Result<()> {
+        let vl = self.value_len;
+        for &(shard, k) in released {
+            for (i, u) in self.round(shard, k).map(|r| r.updates.as_slice()).unwrap_or_default().iter().enumerate() {
+                let id = round_request(k, i)?;
+                let from = marks.admit(shard, self.workers, id, &u.keys)?;
+                table.push(&u.keys[from..], &u.values[from * vl..])?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Raises this server's own round watermark of every started headed shard to the
+    /// rounds its successors acknowledged — not to the rounds applied here. A replica copy
+    /// taken from this server carries the watermark, and a server that starts heading the
+    /// shard from it ([`ChainRounds::ensure_started`]) forwards only the rounds after it: a
+    /// round applied here that a successor lacks (its forward failed) must not count as
+    /// done, or the successor never gets it. Until then the watermark is that of the last
+    /// update applied ([`ChainRounds::apply_released`]), which counts the round as not done
+    /// and lets a new head apply only what it lacks.
+    pub fn mark_replicated(&self, marks: &mut Watermarks) -> Result<()> {
+        for (i, s) in self.shards.iter().enumerate() {
+            if let Shard::Head(Some(h)) = s {
+                marks.raise(i, self.workers, round_done_mark(h.replicated))?;
+            }
+        }
+        Ok(())
     }
 
     /// An unreplicated round of a headed shard (to apply, or to forward).

@@ -36,7 +36,7 @@ impl Sim {
             Msg::Join => {
                 let id = self.coord.next_id;
                 self.coord.next_id += 1;
-                let s = self.new_server(0, self.coord.epochs.served());
+                let s = self.new_server(id, 0, self.coord.epochs.served());
                 self.servers.insert(id, s);
                 self.coord.members.push(id);
                 self.new_epoch(format!("server {id} joined"), false);
@@ -64,6 +64,7 @@ impl Sim {
                     rank,
                     node,
                     lost: false,
+                    clocking: false,
                     pushes: self.workers[old].pushes.clone(),
                     routing: (self.coord.served_epoch, self.coord.epochs.served().to_vec()),
                     next: record,

@@ -43,10 +43,12 @@
 
 use downpour_core::chain_epoch;
 use downpour_core::chain_push::{self, AfterFailure, Forwarder, PushKeys, PushMeta, Skip};
+use downpour_core::chain_rounds::{self, ChainRounds};
 use downpour_core::epochs::{Epochs, Ready};
 use downpour_core::fence::WorkerFence;
 use downpour_core::init::splitmix64;
 use downpour_core::ring::Ring;
+use downpour_core::rounds::Aggregate;
 use downpour_core::rule::RuleRegistry;
 use downpour_core::shards::{ShardMap, Watermarks};
 use downpour_core::table::{Table, TableDef};
@@ -55,6 +57,7 @@ use std::collections::{BTreeMap, BinaryHeap, HashMap};
 
 mod check;
 mod coordinator;
+mod rounds;
 mod server;
 mod worker;
 
@@ -102,6 +105,10 @@ pub struct SimConfig {
     /// same rank; the lost one goes on pushing until a server fences it or it next calls
     /// the coordinator.
     pub replacements: usize,
+    /// A replicated `bsp` table instead of an async one: workers push one round at a time
+    /// and clock every server; heads buffer the round and forward its aggregate once every
+    /// worker clocked (`core::chain_rounds`). No pipelining and no replaced workers then.
+    pub bsp: bool,
 }
 
 impl SimConfig {
@@ -128,12 +135,18 @@ impl SimConfig {
             skip_served: [0.0, 0.5][r.below(2) as usize],
             joins: r.below(2) as usize,
             replacements: 0,
+            bsp: false,
         };
         // crashes and cut-offs together leave at least one copy of every key
         cfg.cutoffs = r.below((k - cfg.crashes) as u64) as usize;
         // one push at a time, or pipelined as the client does (up to 16)
         cfg.window = [1, 1, 4, 16][r.below(4) as usize];
         cfg.replacements = if k > 1 { r.below(2) as usize } else { 0 };
+        cfg.bsp = r.below(4) == 0;
+        if cfg.bsp {
+            cfg.window = 1;
+            cfg.replacements = 0;
+        }
         cfg
     }
 }
@@ -221,6 +234,8 @@ enum Msg {
         conn: u64,
         /// The node that sent it (a worker's node id, or the forwarding server's).
         sender: u32,
+        /// What the frame is (a push, a `bsp` round's push or clock, round watermarks).
+        op: FrameOp,
         meta: PushMeta,
         last: bool,
         keys: Vec<u64>,
@@ -296,6 +311,19 @@ enum Msg {
     Start,
 }
 
+/// What a request frame is.
+#[derive(Clone, Debug, PartialEq)]
+enum FrameOp {
+    /// A push of an async table, or (forwarded under the round slot) a round's update.
+    Push,
+    /// A worker's push of round `r` of the `bsp` table, to a head (buffered there).
+    Round(u64),
+    /// A worker's clock: it completed this many rounds.
+    Clock(u64),
+    /// Round watermarks `(shard, rounds applied)` down a chain, after the rounds' updates.
+    Marks(Vec<(usize, u64)>),
+}
+
 /// Why a push failed, as its answer says.
 #[derive(Clone, Debug)]
 struct Failure {
@@ -336,6 +364,19 @@ struct Pending {
     out: u64,
     meta: PushMeta,
     waiting: Vec<u32>,
+    kind: PendKind,
+}
+
+/// What a server does once a forwarded request is acknowledged.
+enum PendKind {
+    /// Answer the push.
+    Push,
+    /// A head's clock: the successors hold the rounds in `acks`; then the clock (`meta`,
+    /// `clock`) waits for its rounds (`ChainRounds::done`), and the rounds' lock is freed.
+    Clock { meta: PushMeta, clock: u64, acks: Vec<(u32, Vec<(usize, u64)>)> },
+    /// A successor's round watermarks: raise `raise` here (the successors hold them now)
+    /// and answer.
+    Marks { raise: Vec<(usize, u64)> },
 }
 
 /// What a server keeps for one incoming connection, as the runtime's connection loop does
@@ -353,11 +394,19 @@ struct Incoming {
     skip: Skip,
     /// How many times its forwarding connections were replaced (`Forwarding::reset`).
     gen: u64,
+    /// A clock answered once its rounds are applied and replicated (`ChainRounds::done`).
+    clock_wait: Option<(PushMeta, u64)>,
+    /// A frame waiting for the rounds' lock (another connection's clock holds it).
+    lock_wait: Option<Frame>,
+    /// A round update forwarded here failed since the last round watermarks (the
+    /// runtime's `ConnCtx::forward_failed`).
+    forward_failed: bool,
 }
 
 /// A push frame waiting on its connection for the request before it to be answered.
 struct Frame {
     sender: u32,
+    op: FrameOp,
     meta: PushMeta,
     last: bool,
     keys: Vec<u64>,
@@ -388,6 +437,14 @@ struct Server {
     /// Per worker rank, the newest node this server has heard of (a push read from it, or
     /// the coordinator's word), kept by the simulation itself to check the fence.
     heard: Vec<u32>,
+    /// `bsp` runs: the table's rounds (the production type).
+    rounds: Option<ChainRounds>,
+    /// The incoming connection whose clock holds the rounds' lock (forwarding rounds and
+    /// waiting for their acknowledgements, as the runtime's `chain_clock` does under it).
+    lock: Option<ConnKey>,
+    /// Connections waiting for the lock, in order, and an epoch move waiting for it.
+    lock_waiters: std::collections::VecDeque<ConnKey>,
+    deferred_move: Option<(u64, Vec<u32>, Vec<u32>)>,
 }
 
 struct Worker {
@@ -397,6 +454,8 @@ struct Worker {
     node: u32,
     /// Declared lost (and replaced): it stops at its next call to the coordinator.
     lost: bool,
+    /// `bsp` runs: the round (`next`) was pushed and acknowledged; its clock is out.
+    clocking: bool,
     pushes: Vec<Vec<u64>>,
     /// The routing this worker uses (epoch, members): refreshed from the coordinator only
     /// after a refusal or a timeout, as the client does.
@@ -462,6 +521,10 @@ const TIMEOUT: u64 = 400;
 const FWD_TIMEOUT: u64 = 300;
 const DETECT: u64 = 60;
 const HORIZON: u64 = 2_000_000;
+/// The request id of a round watermarks frame (the runtime's `ROUND_MARKS_REQUEST`).
+const MARKS_REQUEST: u64 = u64::MAX;
+/// Workers' clocks travel as requests `CLOCK_REQUEST + clock` (pushes have small ids).
+const CLOCK_REQUEST: u64 = 1 << 40;
 /// Worker node ids: rank r starts as node `FIRST_WORKER_NODE + r`; replacements come after.
 const FIRST_WORKER_NODE: u32 = 1000;
 
@@ -509,6 +572,7 @@ impl Sim {
                     rank,
                     node: FIRST_WORKER_NODE + rank,
                     lost: false,
+                    clocking: false,
                     pushes,
                     routing: (1, (1..=cfg.servers as u32).collect()),
                     next: 0,
@@ -553,7 +617,7 @@ impl Sim {
             cfg,
         };
         for &id in &members {
-            let s = sim.new_server(1, &members);
+            let s = sim.new_server(id, 1, &members);
             sim.servers.insert(id, s);
         }
         // faults at seeded times during the pushes
@@ -586,7 +650,7 @@ impl Sim {
         )
     }
 
-    fn new_server(&self, epoch: u64, members: &[u32]) -> Server {
+    fn new_server(&self, id: u32, epoch: u64, members: &[u32]) -> Server {
         let shards = self.cfg.shards as usize;
         Server {
             alive: true,
@@ -594,13 +658,22 @@ impl Sim {
             map: self.map_of(members),
             known_served: members.to_vec(),
             table: Table::new(TableDef::new(TABLE, "sim"), KeyRange::FULL, &RuleRegistry::new()).expect("a valid table definition"),
-            marks: Watermarks::new(shards, self.cfg.workers),
+            // one slot per worker, and the round watermark's (`chain_rounds`)
+            marks: Watermarks::new(shards, self.cfg.workers + 1),
             incoming: HashMap::new(),
             owner: HashMap::new(),
             closed: Default::default(),
             copies_waiting: 0,
             fence: WorkerFence::new(self.cfg.workers),
             heard: vec![0; self.cfg.workers],
+            rounds: self.cfg.bsp.then(|| {
+                let map = self.map_of(members);
+                ChainRounds::new(shards, self.cfg.workers, 0, Aggregate::Sum, 1, epoch, |sh| map.position(sh, id) == Some(0))
+                    .expect("a valid bsp table")
+            }),
+            lock: None,
+            lock_waiters: Default::default(),
+            deferred_move: None,
         }
     }
 

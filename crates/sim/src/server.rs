@@ -7,17 +7,26 @@ impl Sim {
     // ---- servers: every decision through core::chain_push and core::chain_epoch
 
     pub(crate) fn at_server(&mut self, id: u32, from: Node, msg: Msg) -> Result<(), Violation> {
+        self.at_server_inner(id, from, msg)?;
+        if self.cfg.bsp {
+            // what waited for the rounds' lock, or for its rounds, may go on now
+            self.rounds_progress(id)?;
+        }
+        Ok(())
+    }
+
+    fn at_server_inner(&mut self, id: u32, from: Node, msg: Msg) -> Result<(), Violation> {
         let Some(s) = self.servers.get_mut(&id) else { return Ok(()) };
         if !s.alive {
             return Ok(());
         }
         match msg {
-            Msg::Push { conn, sender, meta, last, keys, vals } => {
+            Msg::Push { conn, sender, op, meta, last, keys, vals } => {
                 let key = (from, conn);
                 if s.closed.contains(&key) {
                     return Ok(());
                 }
-                s.incoming.entry(key).or_default().inbox.push_back(Frame { sender, meta, last, keys, vals });
+                s.incoming.entry(key).or_default().inbox.push_back(Frame { sender, op, meta, last, keys, vals });
                 self.read_on(id, key)
             }
             Msg::Ack { conn, meta, result } => {
@@ -50,7 +59,7 @@ impl Sim {
                     }
                 };
                 let p = c.pending.take().expect("found above");
-                self.finish(id, key, p.meta, result)
+                self.finish_pending(id, key, p, result)
             }
             Msg::AckTimeout { up, conn, meta } => {
                 let Some(c) = s.incoming.get_mut(&(up, conn)) else { return Ok(()) };
@@ -59,7 +68,7 @@ impl Sim {
                 }
                 let p = c.pending.take().expect("checked above");
                 let why = format!("replica nodes {:?} did not acknowledge", p.waiting);
-                self.finish(id, (up, conn), meta, Err(Failure { retried: true, why }))
+                self.finish_pending(id, (up, conn), p, Err(Failure { retried: true, why }))
             }
             Msg::Routing { epoch, members, served } => self.server_move(id, epoch, members, served),
             Msg::Holders { nodes } => {
@@ -102,14 +111,14 @@ impl Sim {
     /// Reads the frames waiting on incoming connection `key` until one leaves a request
     /// waiting for acknowledgements (the runtime reads the next request only after
     /// answering the one before).
-    fn read_on(&mut self, id: u32, key: ConnKey) -> Result<(), Violation> {
+    pub(crate) fn read_on(&mut self, id: u32, key: ConnKey) -> Result<(), Violation> {
         loop {
             let Some(s) = self.servers.get_mut(&id) else { return Ok(()) };
             if !s.alive {
                 return Ok(());
             }
             let Some(c) = s.incoming.get_mut(&key) else { return Ok(()) };
-            if c.pending.is_some() {
+            if c.pending.is_some() || c.clock_wait.is_some() || c.lock_wait.is_some() {
                 return Ok(());
             }
             let Some(f) = c.inbox.pop_front() else { return Ok(()) };
@@ -119,7 +128,7 @@ impl Sim {
 
     /// Answers the request that `key` waited on and, unless the connection is closed then,
     /// reads on.
-    fn finish(&mut self, id: u32, key: ConnKey, meta: PushMeta, result: Result<(), Failure>) -> Result<(), Violation> {
+    pub(crate) fn finish(&mut self, id: u32, key: ConnKey, meta: PushMeta, result: Result<(), Failure>) -> Result<(), Violation> {
         match result {
             Ok(()) => {
                 self.answer(id, key, meta, Ok(()));
@@ -134,7 +143,7 @@ impl Sim {
 
     /// Sends the answer to a push on its connection; a connection that turned out broken
     /// is closed (the runtime's loop ends when a reply cannot be sent).
-    fn answer(&mut self, id: u32, (up, conn): ConnKey, meta: PushMeta, result: Result<(), Failure>) {
+    pub(crate) fn answer(&mut self, id: u32, (up, conn): ConnKey, meta: PushMeta, result: Result<(), Failure>) {
         if !self.send(Node::Server(id), up, Msg::Ack { conn, meta, result }) {
             self.close(id, (up, conn));
         }
@@ -146,12 +155,20 @@ impl Sim {
         if let Some(s) = self.servers.get_mut(&id) {
             s.incoming.remove(&key);
             s.closed.insert(key);
+            if s.lock == Some(key) {
+                s.lock = None; // its thread ends, and the lock is free
+            }
         }
         self.broken.insert((key.0, Node::Server(id), key.1));
     }
 
-    fn server_push(&mut self, id: u32, key: ConnKey, f: Frame) -> Result<(), Violation> {
-        let Frame { sender, meta, last, keys, vals } = f;
+    pub(crate) fn server_push(&mut self, id: u32, key: ConnKey, f: Frame) -> Result<(), Violation> {
+        match f.op {
+            FrameOp::Push => {}
+            FrameOp::Round(_) | FrameOp::Clock(_) => return self.round_request(id, key, f),
+            FrameOp::Marks(_) => return self.round_marks(id, key, f),
+        }
+        let Frame { sender, meta, last, keys, vals, .. } = f;
         let s = self.servers.get_mut(&id).expect("present");
         let c = s.incoming.entry(key).or_default();
         if c.skip.skips(meta.request_id, last) {
@@ -197,10 +214,11 @@ impl Sim {
             .iter()
             .map(|f| {
                 let (keys, vals) = (keys[f.a..f.b].to_vec(), vals[f.a..f.b].to_vec());
-                (f.to, Msg::Push { conn: out, sender: id, meta: fwd, last: f.last, keys, vals })
+                (f.to, Msg::Push { conn: out, sender: id, op: FrameOp::Push, meta: fwd, last: f.last, keys, vals })
             })
             .collect();
-        let close = |to| (to, Msg::Push { conn: out, sender: id, meta: fwd, last: true, keys: Vec::new(), vals: Vec::new() });
+        let close =
+            |to| (to, Msg::Push { conn: out, sender: id, op: FrameOp::Push, meta: fwd, last: true, keys: Vec::new(), vals: Vec::new() });
         sends.extend(plan.close.iter().map(|&to| close(to)));
         for (to, msg) in sends {
             if !self.send(Node::Server(id), Node::Server(to), msg) {
@@ -219,7 +237,7 @@ impl Sim {
             Some(waiting) => {
                 // the next request on this connection is read once this one is answered
                 let s = self.servers.get_mut(&id).expect("present");
-                s.incoming.entry(key).or_default().pending = Some(Pending { out, meta, waiting });
+                s.incoming.entry(key).or_default().pending = Some(Pending { out, meta, waiting, kind: PendKind::Push });
                 s.owner.insert(out, key);
                 self.schedule(self.now + FWD_TIMEOUT, Node::Server(id), Node::Server(id), Msg::AckTimeout { up: key.0, conn: key.1, meta });
                 Ok(())
@@ -231,14 +249,21 @@ impl Sim {
     /// replaced (`Forwarding::reset`); the rest of the request is skipped (`Skip`); and the
     /// connection is closed if `chain_push::after_failure` says so (for a failure the worker
     /// retries; not for a fenced worker's).
-    fn fail(&mut self, id: u32, key: ConnKey, meta: PushMeta, last: bool, f: Failure) {
+    pub(crate) fn fail(&mut self, id: u32, key: ConnKey, meta: PushMeta, last: bool, f: Failure) {
         let retried = f.retried;
+        // frames of a replicated bsp table's rounds come under the round watermark's slot
+        let round_slot = meta.forwarded && meta.worker as usize == self.cfg.workers;
         let c = self.servers.get_mut(&id).expect("present").incoming.entry(key).or_default();
         c.skip.refused(meta.request_id, last);
         c.forwarder = Forwarder::default();
         c.gen += 1;
+        if round_slot && meta.request_id != MARKS_REQUEST {
+            c.forward_failed = true;
+        }
         self.answer(id, key, meta, Err(f));
-        let close = self.close_after_failure && chain_push::after_failure(retried) == AfterFailure::Close;
+        // the connection loop's rule is for pushes (not clocks, not the rounds' frames)
+        let push = !round_slot && meta.request_id < CLOCK_REQUEST;
+        let close = push && self.close_after_failure && chain_push::after_failure(retried) == AfterFailure::Close;
         if close {
             self.close(id, key);
         }
@@ -251,6 +276,14 @@ impl Sim {
         let new = self.map_of(&members);
         let s = self.servers.get_mut(&id).expect("present");
         if epoch <= s.epoch {
+            return Ok(());
+        }
+        if s.lock.is_some() {
+            // the move takes the rounds' lock, which a clock holds while its rounds are
+            // forwarded: it waits (the newest move only)
+            if s.deferred_move.as_ref().is_none_or(|d| d.0 < epoch) {
+                s.deferred_move = Some((epoch, members, served));
+            }
             return Ok(());
         }
         s.epoch = epoch;
@@ -270,6 +303,10 @@ impl Sim {
             for &to in &c.to {
                 sends.push((to, Msg::Copy { epoch, range, keys: keys.clone(), rows: rows.clone(), marks: marks.clone() }));
             }
+        }
+        if let Some(cr) = s.rounds.as_mut() {
+            // the headships change with the placement (`repl/epoch.rs`)
+            cr.set_heads(epoch, |sh| new.position(sh, id) == Some(0));
         }
         s.copies_waiting = sends.len();
         for (to, msg) in sends {

@@ -11,6 +11,9 @@ impl Sim {
     /// Sends pushes until `window` are in flight; the worker is done when all were
     /// acknowledged.
     pub(crate) fn send_push(&mut self, w: u32) {
+        if self.cfg.bsp {
+            return self.bsp_step(w);
+        }
         let wi = w as usize;
         let wk = &mut self.workers[wi];
         while wk.next < wk.pushes.len() && wk.waiting.get(&wk.next).is_some_and(|h| h.is_empty()) {
@@ -46,15 +49,22 @@ impl Sim {
         for (shard, r) in map.split_keys(&keys) {
             by_head.entry(map.chain(shard)[0]).or_default().extend_from_slice(&keys[r]);
         }
-        self.workers[wi].waiting.insert(i, by_head.keys().copied().collect());
+        // (a bsp round's push waits under key 2i, its clock under 2i + 1)
+        let wait_key = if self.cfg.bsp { 2 * i } else { i };
+        self.workers[wi].waiting.insert(wait_key, by_head.keys().copied().collect());
         let request_id = i as u64 + 1;
+        let op = if self.cfg.bsp { FrameOp::Round(i as u64) } else { FrameOp::Push };
         let mut ok = true;
         let conn = worker_conn(w, self.workers[wi].gen);
         let (rank, sender) = (self.workers[wi].rank, self.workers[wi].node);
         for (head, ks) in by_head {
             let meta = PushMeta { forwarded: false, worker: rank, request_id, epoch, table: TABLE };
             let vals = vec![1.0; ks.len()];
-            ok &= self.send(Node::Worker(w), Node::Server(head), Msg::Push { conn, sender, meta, last: true, keys: ks, vals });
+            ok &= self.send(
+                Node::Worker(w),
+                Node::Server(head),
+                Msg::Push { conn, sender, op: op.clone(), meta, last: true, keys: ks, vals },
+            );
         }
         let attempt = self.workers[wi].attempt;
         let progress = self.workers[wi].progress;
@@ -92,6 +102,13 @@ impl Sim {
         self.workers[wi].attempt += 1;
         self.workers[wi].gen += 1;
         self.workers[wi].paused = false;
+        if self.cfg.bsp {
+            // the round is pushed again (its head may be new, or have lost its buffer),
+            // then clocked again
+            self.workers[wi].waiting.clear();
+            self.workers[wi].clocking = false;
+            return self.bsp_step(w);
+        }
         let (from, to) = (self.workers[wi].next, self.workers[wi].sent);
         for i in from..to {
             if self.workers[wi].waiting.get(&i).is_some_and(|h| !h.is_empty()) && !self.send_one(w, i, false) {
@@ -100,6 +117,59 @@ impl Sim {
             }
         }
         self.send_push(w);
+    }
+
+    /// `bsp` runs: one round at a time, as a worker of a `bsp` table does: push round
+    /// `next` to its heads; once they acknowledged (buffered), clock every server of the
+    /// routing; once every server acknowledged the clock (the round is applied and
+    /// replicated everywhere), the next round. After a failure the round is pushed again.
+    fn bsp_step(&mut self, w: u32) {
+        let wi = w as usize;
+        let wk = &mut self.workers[wi];
+        let key = 2 * wk.next + usize::from(wk.clocking);
+        match wk.waiting.get(&key) {
+            Some(h) if h.is_empty() => {
+                wk.waiting.remove(&key);
+                if wk.clocking {
+                    wk.clocking = false;
+                    wk.next += 1;
+                } else {
+                    wk.clocking = true;
+                }
+            }
+            Some(_) => return, // in flight
+            None => {}
+        }
+        if wk.next >= wk.pushes.len() {
+            wk.done = true;
+            return;
+        }
+        if wk.paused {
+            return;
+        }
+        let r = wk.next;
+        let ok = if wk.clocking { self.send_clock(w, r as u64 + 1) } else { self.send_one(w, r, true) };
+        if !ok {
+            self.replay_soon(w);
+        }
+    }
+
+    /// Sends clock `clock` to every server of the worker's routing.
+    fn send_clock(&mut self, w: u32, clock: u64) -> bool {
+        let wi = w as usize;
+        let (epoch, members) = self.workers[wi].routing.clone();
+        let (rank, sender) = (self.workers[wi].rank, self.workers[wi].node);
+        self.workers[wi].waiting.insert(2 * (clock as usize - 1) + 1, members.clone());
+        let conn = worker_conn(w, self.workers[wi].gen);
+        let meta = PushMeta { forwarded: false, worker: rank, request_id: CLOCK_REQUEST + clock, epoch, table: TABLE };
+        let mut ok = true;
+        for m in members {
+            let msg = Msg::Push { conn, sender, op: FrameOp::Clock(clock), meta, last: true, keys: Vec::new(), vals: Vec::new() };
+            ok &= self.send(Node::Worker(w), Node::Server(m), msg);
+        }
+        let (attempt, progress) = (self.workers[wi].attempt, self.workers[wi].progress);
+        self.schedule(self.now + TIMEOUT, Node::Worker(w), Node::Worker(w), Msg::Stalled { attempt, progress });
+        ok
     }
 
     pub(crate) fn at_worker(&mut self, w: u32, from: Node, msg: Msg) -> Result<(), Violation> {
@@ -113,7 +183,11 @@ impl Sim {
                 if conn != worker_conn(w, self.workers[wi].gen) {
                     return Ok(()); // an answer on a connection left behind: the client no longer reads those
                 }
-                let i = meta.request_id as usize - 1;
+                let i = match meta.request_id {
+                    r if !self.cfg.bsp => r as usize - 1,
+                    r if r >= CLOCK_REQUEST => 2 * (r - CLOCK_REQUEST - 1) as usize + 1,
+                    r => 2 * (r - 1) as usize,
+                };
                 if !self.workers[wi].waiting.get(&i).is_some_and(|h| h.contains(&head)) {
                     return Ok(()); // an old or duplicated answer
                 }

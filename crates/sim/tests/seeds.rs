@@ -20,6 +20,7 @@ fn every_seed_keeps_every_replica_equal_to_the_sequential_run() {
     let mut totals = downpour_sim::Outcome::default();
     let mut by_k = [0u64; 4];
     let mut pipelined = 0u64;
+    let mut bsp = 0u64;
     let mut reported = Instant::now();
     for seed in first..first + count {
         // the soak runs for many minutes: a line every 30 s (shown with `-- --nocapture`)
@@ -44,6 +45,7 @@ fn every_seed_keeps_every_replica_equal_to_the_sequential_run() {
                 totals.fenced += o.fenced;
                 by_k[cfg.k] += 1;
                 pipelined += u64::from(cfg.window > 1);
+                bsp += u64::from(cfg.bsp);
             }
             Err(v) => panic!(
                 "seed {seed} broke the protocol: {v}\n  configuration: {cfg:?}\n  reproduce: SIM_SEED={seed}{} cargo test --release -p downpour-sim --test seeds",
@@ -52,7 +54,7 @@ fn every_seed_keeps_every_replica_equal_to_the_sequential_run() {
         }
     }
     eprintln!(
-        "{count} seeds from {first} in {:.1}s: K=1/2/3 {}/{}/{}, {pipelined} with pipelined workers, {} frames delivered, {} lost, {} duplicated, {} epochs, {} retried pushes, {} workers replaced while running, {} pushes of replaced workers fenced",
+        "{count} seeds from {first} in {:.1}s: K=1/2/3 {}/{}/{}, {pipelined} with pipelined workers, {bsp} with a replicated bsp table, {} frames delivered, {} lost, {} duplicated, {} epochs, {} retried pushes, {} workers replaced while running, {} pushes of replaced workers fenced",
         t0.elapsed().as_secs_f64(),
         by_k[1],
         by_k[2],
@@ -72,6 +74,7 @@ fn every_seed_keeps_every_replica_equal_to_the_sequential_run() {
         assert!(totals.lost > 0 && totals.duplicated > 0 && totals.retries > 0, "faults were injected");
         assert!(totals.epochs > count, "epochs changed");
         assert!(totals.replaced > 0 && totals.fenced > 0, "running workers were replaced and fenced");
+        assert!(bsp > 0 && bsp < count, "async and bsp tables");
     }
 }
 

@@ -49,39 +49,23 @@ pub(crate) fn chain_clock(
     if cr.epoch() != h.epoch {
         return Err(stale_rounds(table, h.epoch, cr.epoch()));
     }
-    let slot_w = cr.workers();
     cr.ensure_started(&mut r.marks.lock()).map_err(ServerError::Core)?;
     let released = cr.clock(h.worker as usize, h.clock, h.pause).map_err(ServerError::Core)?;
-    {
-        let mut t = (!released.is_empty()).then(|| slot.table.write());
-        let mut marks = r.marks.lock();
-        if let Some(t) = t.as_mut() {
-            let before = t.bytes();
-            let vl = t.def().value_len;
-            for (shard, k) in &released {
-                for (i, u) in cr.round(*shard, *k).map(|r| r.updates.as_slice()).unwrap_or_default().iter().enumerate() {
-                    // Through the round watermark, as at a successor: a new head that holds
-                    // part of a round its predecessor forwarded (the updates came, the
-                    // watermarks frame did not) rebuilds the same round from the workers'
-                    // pushes and applies only the part it lacks.
-                    let id = chain_rounds::round_request(*k, i).map_err(ServerError::Core)?;
-                    let from = marks.admit(*shard, slot_w, id, &u.keys).map_err(ServerError::Core)?;
-                    if let Err(e) = t.push(&u.keys[from..], &u.values[from * vl..]) {
-                        // checked when buffered; a failure here is a bug, not bad input
-                        tracing::error!("table {table}: round {k} of shard {shard} could not be applied: {e}");
-                    }
-                }
-            }
-            account(st, before, t.bytes());
-        }
-        // this server's own round watermarks (replica copies taken from it carry them)
-        for shard in 0..cr.shards() {
-            if let Some(a) = cr.applied(shard) {
-                marks.raise(shard, slot_w, chain_rounds::round_done_mark(a)).map_err(ServerError::Core)?;
-            }
+    if !released.is_empty() {
+        // through the round watermark, as at a successor (`ChainRounds::apply_released`)
+        let mut t = slot.table.write();
+        let before = t.bytes();
+        let applied = cr.apply_released(&released, &mut t, &mut r.marks.lock());
+        account(st, before, t.bytes());
+        if let Err(e) = applied {
+            // checked when buffered; a failure here is a bug, not bad input
+            tracing::error!("table {table}: released rounds {released:?} could not be applied: {e}");
         }
     }
     let sent = forward_rounds(st, r, &mut cr, table, ctx, me);
+    // this server's own round watermarks, which replica copies taken from it carry: the
+    // rounds its successors hold, not the rounds applied here
+    cr.mark_replicated(&mut r.marks.lock()).map_err(ServerError::Core)?;
     drop(cr);
     c.changed.notify_all();
     if let Err(why) = &sent {
@@ -267,15 +251,23 @@ pub(crate) fn round_marks(
             ))));
         }
         let mut marks = r.marks.lock();
-        for &(shard, applied) in &list {
+        for &(shard, _) in &list {
             if shard >= map.len() || map.position(shard, me).is_none_or(|p| p == 0) {
                 return Ok(Err(ServerError::NotInChain(format!(
                     "this server is not a replica of shard {shard} of table {} in routing epoch {epoch}",
                     h.table
                 ))));
             }
-            if let Err(e) = marks.raise(shard, slot_w, chain_rounds::round_done_mark(applied)) {
-                return Ok(Err(ServerError::Core(e)));
+        }
+        // The tail raises its watermarks now; a server with successors only once they
+        // acknowledged (below): a replica copy taken from it, or its own headship after a
+        // failure, must not count a round as done that a successor lacks (a head started
+        // from it would never forward that round).
+        for &(shard, applied) in &list {
+            if map.successor(shard, me).is_none() {
+                if let Err(e) = marks.raise(shard, slot_w, chain_rounds::round_done_mark(applied)) {
+                    return Ok(Err(ServerError::Core(e)));
+                }
             }
         }
     }
@@ -335,6 +327,22 @@ pub(crate) fn round_marks(
             Err(error) => {
                 ctx.fwd.reset();
                 return Ok(Err(ServerError::NoAck { node: next, error }));
+            }
+        }
+    }
+    if !by_next.is_empty() {
+        // the successors hold these rounds: raised here too, unless the epoch moved on
+        // meanwhile (its copies were taken without them; a new head redoes the rounds
+        // and applies only what a server lacks)
+        let _t = slot.table.read();
+        if st.epoch.load(Ordering::Relaxed) == h.epoch {
+            let mut marks = r.marks.lock();
+            for (_, l) in &by_next {
+                for &(shard, applied) in l {
+                    if let Err(e) = marks.raise(shard, slot_w, chain_rounds::round_done_mark(applied)) {
+                        return Ok(Err(ServerError::Core(e)));
+                    }
+                }
             }
         }
     }
