@@ -99,6 +99,9 @@ impl Sim {
         }
         for (to, msg) in sends {
             if !self.send(Node::Server(id), Node::Server(to), msg) {
+                // as the runtime's `chain_clock`: the own round watermark is raised to what
+                // the successors hold whether or not the forward went through
+                self.mark_replicated(id)?;
                 let why = format!("forwarding rounds to replica node {to} failed");
                 self.fail(id, key, clock_meta, true, Failure { retried: true, why });
                 return Ok(());
@@ -238,12 +241,21 @@ impl Sim {
                         Ok(())
                     }
                     Err(f) => {
+                        self.mark_replicated(id)?;
                         self.fail(id, key, meta, true, f);
                         self.read_on(id, key)
                     }
                 }
             }
         }
+    }
+
+    /// This server's own round watermarks: the rounds its successors hold
+    /// (`ChainRounds::mark_replicated`).
+    fn mark_replicated(&mut self, id: u32) -> Result<(), Violation> {
+        let s = self.servers.get_mut(&id).expect("present");
+        let cr = s.rounds.as_ref().expect("a bsp run");
+        cr.mark_replicated(&mut s.marks).map_err(|e| Violation(e.to_string()))
     }
 
     /// After any event at a `bsp` server: an epoch move waiting for the rounds' lock runs,
