@@ -60,22 +60,8 @@ impl Sim {
                 self.out.replaced += 1;
                 let record = self.workers[old].next.saturating_sub(self.rng.below(3) as usize);
                 let slot = self.workers.len() as u32;
-                self.workers.push(Worker {
-                    rank,
-                    node,
-                    lost: false,
-                    clocking: false,
-                    pushes: self.workers[old].pushes.clone(),
-                    routing: (self.coord.served_epoch, self.coord.epochs.served().to_vec()),
-                    next: record,
-                    sent: record,
-                    waiting: HashMap::new(),
-                    attempt: 0,
-                    progress: 0,
-                    gen: 0,
-                    paused: false,
-                    done: false,
-                });
+                let routing = (self.coord.served_epoch, self.coord.epochs.served().to_vec());
+                self.workers.push(Worker::new(rank, node, self.workers[old].pushes.clone(), routing, record));
                 let start = self.now + 1 + self.rng.below(DETECT);
                 self.schedule(start, Node::Coordinator, Node::Worker(slot), Msg::Start);
                 // heartbeat answers name the new holder; a server may miss it (then the

@@ -477,6 +477,28 @@ struct Worker {
     done: bool,
 }
 
+impl Worker {
+    /// Worker `node` holding `rank`, starting at push (or round) `from` under `routing`.
+    fn new(rank: u32, node: u32, pushes: Vec<Vec<u64>>, routing: (u64, Vec<u32>), from: usize) -> Worker {
+        Worker {
+            rank,
+            node,
+            lost: false,
+            clocking: false,
+            pushes,
+            routing,
+            next: from,
+            sent: from,
+            waiting: HashMap::new(),
+            attempt: 0,
+            progress: 0,
+            gen: 0,
+            paused: false,
+            done: false,
+        }
+    }
+}
+
 struct Coordinator {
     /// The live servers of the ring.
     members: Vec<u32>,
@@ -568,22 +590,7 @@ impl Sim {
                         ks
                     })
                     .collect();
-                Worker {
-                    rank,
-                    node: FIRST_WORKER_NODE + rank,
-                    lost: false,
-                    clocking: false,
-                    pushes,
-                    routing: (1, (1..=cfg.servers as u32).collect()),
-                    next: 0,
-                    sent: 0,
-                    waiting: HashMap::new(),
-                    attempt: 0,
-                    progress: 0,
-                    gen: 0,
-                    paused: false,
-                    done: false,
-                }
+                Worker::new(rank, FIRST_WORKER_NODE + rank, pushes, (1, (1..=cfg.servers as u32).collect()), 0)
             })
             .collect();
         let members: Vec<u32> = (1..=cfg.servers as u32).collect();
