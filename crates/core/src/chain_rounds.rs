@@ -26,7 +26,7 @@
 //! could differ between the old head and a new one, and with them the aggregate).
 
 use crate::rounds::{Accepted, Aggregate, Round, Rounds};
-use crate::shards::Watermarks;
+use crate::shards::{ShardMap, Watermarks};
 use crate::table::Table;
 use crate::{CoreError, Result};
 use std::collections::VecDeque;
@@ -56,6 +56,37 @@ pub fn round_done_mark(applied: u64) -> (u64, u64) {
 /// updates were applied only in part does not count).
 pub fn rounds_applied(mark_request: u64) -> u64 {
     (mark_request + 1) >> UPDATE_BITS
+}
+
+/// Where round watermarks `(shard, rounds applied)` go from one server: per successor, the
+/// ones for it, and the shards this server is the tail of ([`route_marks`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MarksRoute {
+    /// Per successor, in first-seen order, the watermarks of the shards it follows this
+    /// server in.
+    pub by_next: Vec<(u32, Vec<(usize, u64)>)>,
+    /// The shards with no successor after this server.
+    pub tails: Vec<(usize, u64)>,
+}
+
+/// Routes round watermarks `list` from server `me` under `map`. The rule both ends keep
+/// (rule 4 of the module's, with [`ChainRounds::mark_replicated`]): a server counts a round
+/// as done — a head in its acknowledged rounds, a member in its own round watermark — for
+/// `tails` at once, and for a successor's shards only once that successor acknowledged the
+/// watermarks frame: its watermark travels in replica copies and is where a head started
+/// from it begins, so it must never count a round a successor lacks.
+pub fn route_marks(map: &ShardMap, me: u32, list: impl IntoIterator<Item = (usize, u64)>) -> MarksRoute {
+    let mut r = MarksRoute::default();
+    for (shard, applied) in list {
+        match map.successor(shard, me) {
+            None => r.tails.push((shard, applied)),
+            Some(n) => match r.by_next.iter_mut().find(|x| x.0 == n) {
+                Some(x) => x.1.push((shard, applied)),
+                None => r.by_next.push((n, vec![(shard, applied)])),
+            },
+        }
+    }
+    r
 }
 
 /// What this server is for one shard of the table.
@@ -448,6 +479,21 @@ mod tests {
         assert_eq!(c.push(0, 0, 1, 0, &[1], &[1.0], &mut m).unwrap(), Buffered::Buffered, "the replay is buffered anew");
         assert_eq!(c.clock(0, 1, false).unwrap(), vec![(0, 0)]);
         assert_eq!(c.round(0, 0).unwrap().updates[0].values, vec![1.0], "once, not twice");
+    }
+
+    #[test]
+    fn watermarks_are_routed_to_each_successor_and_the_tails_shards_are_kept_apart() {
+        let ring = crate::ring::Ring::with_members(4, [1u32, 2, 3], 1);
+        let map = ShardMap::new(&ring, crate::KeyRange::FULL, 8, 2);
+        let list: Vec<(usize, u64)> = (0..8).map(|s| (s, 3)).collect();
+        let me = map.chain(0)[0];
+        let r = route_marks(&map, me, list.iter().copied());
+        for (next, l) in &r.by_next {
+            assert!(l.iter().all(|&(s, _)| map.successor(s, me) == Some(*next)));
+        }
+        assert!(r.tails.iter().all(|&(s, _)| map.successor(s, me).is_none()));
+        let routed: usize = r.by_next.iter().map(|x| x.1.len()).sum::<usize>() + r.tails.len();
+        assert_eq!(routed, 8, "every shard is routed once");
     }
 
     #[test]

@@ -78,17 +78,7 @@ impl Sim {
                 sends.push((next, Msg::Push { conn: out, sender: id, op: FrameOp::Push, meta: meta_of(rid), last: false, keys, vals }));
             }
         }
-        let mut by_next: Vec<(u32, Vec<(usize, u64)>)> = Vec::new();
-        let mut tails = Vec::new();
-        for (shard, applied) in to_send {
-            match s.map.successor(shard, id) {
-                None => tails.push((shard, applied)),
-                Some(n) => match by_next.iter_mut().find(|x| x.0 == n) {
-                    Some(x) => x.1.push((shard, applied)),
-                    None => by_next.push((n, vec![(shard, applied)])),
-                },
-            }
-        }
+        let chain_rounds::MarksRoute { by_next, tails } = chain_rounds::route_marks(&s.map, id, to_send);
         for (next, list) in &by_next {
             let op = FrameOp::Marks(list.clone());
             let msg = Msg::Push { conn: out, sender: id, op, meta: meta_of(MARKS_REQUEST), last: true, keys: Vec::new(), vals: Vec::new() };
@@ -150,20 +140,10 @@ impl Sim {
             }
         }
         // the tail raises its watermarks now, a server with successors once they
-        // acknowledged (as `repl/rounds.rs` does)
-        for &(shard, applied) in &list {
-            if s.map.successor(shard, id).is_none() {
-                s.marks.raise(shard, w_slot, chain_rounds::round_done_mark(applied)).map_err(|e| Violation(e.to_string()))?;
-            }
-        }
-        let mut by_next: Vec<(u32, Vec<(usize, u64)>)> = Vec::new();
-        for &(shard, applied) in &list {
-            if let Some(n) = s.map.successor(shard, id) {
-                match by_next.iter_mut().find(|x| x.0 == n) {
-                    Some(x) => x.1.push((shard, applied)),
-                    None => by_next.push((n, vec![(shard, applied)])),
-                }
-            }
+        // acknowledged (`chain_rounds::route_marks`)
+        let chain_rounds::MarksRoute { by_next, tails } = chain_rounds::route_marks(&s.map, id, list);
+        for (shard, applied) in tails {
+            s.marks.raise(shard, w_slot, chain_rounds::round_done_mark(applied)).map_err(|e| Violation(e.to_string()))?;
         }
         let c = s.incoming.entry(key).or_default();
         let out = splitmix64(key.1 ^ splitmix64(node_code(key.0)) ^ (id as u64) << 40 ^ c.gen.wrapping_mul(0x9E37_79B9_7F4A_7C15));

@@ -170,17 +170,7 @@ fn forward_rounds_to(
             }
         }
     }
-    let mut by_next: Vec<(u32, Vec<(usize, u64)>)> = Vec::new();
-    let mut tails = Vec::new();
-    for (shard, applied) in marks {
-        match map.successor(shard, me) {
-            None => tails.push((shard, applied)),
-            Some(n) => match by_next.iter_mut().find(|x| x.0 == n) {
-                Some(x) => x.1.push((shard, applied)),
-                None => by_next.push((n, vec![(shard, applied)])),
-            },
-        }
-    }
+    let chain_rounds::MarksRoute { by_next, tails } = chain_rounds::route_marks(&map, me, marks);
     for (next, list) in &by_next {
         let mut fh = msg::request(Op::Push, me, ROUND_MARKS_REQUEST, epoch, table);
         fh.worker = slot_w;
@@ -239,6 +229,7 @@ pub(crate) fn round_marks(
         Err(e) => return Ok(Err(ServerError::Invalid(e))),
     };
     let map = r.map.read().clone();
+    let route = chain_rounds::route_marks(&map, me, list.iter().copied());
     {
         // checked under the table's lock, as updates are: an epoch move's copies (taken
         // under it) have either these watermarks or none of this frame
@@ -259,15 +250,11 @@ pub(crate) fn round_marks(
                 ))));
             }
         }
-        // The tail raises its watermarks now; a server with successors only once they
-        // acknowledged (below): a replica copy taken from it, or its own headship after a
-        // failure, must not count a round as done that a successor lacks (a head started
-        // from it would never forward that round).
-        for &(shard, applied) in &list {
-            if map.successor(shard, me).is_none() {
-                if let Err(e) = marks.raise(shard, slot_w, chain_rounds::round_done_mark(applied)) {
-                    return Ok(Err(ServerError::Core(e)));
-                }
+        // the tail raises its watermarks now, a server with successors only once they
+        // acknowledged (below; `chain_rounds::route_marks`)
+        for &(shard, applied) in &route.tails {
+            if let Err(e) = marks.raise(shard, slot_w, chain_rounds::round_done_mark(applied)) {
+                return Ok(Err(ServerError::Core(e)));
             }
         }
     }
@@ -275,15 +262,7 @@ pub(crate) fn round_marks(
         ctx.fwd.conns.clear();
         ctx.fwd.epoch = h.epoch;
     }
-    let mut by_next: Vec<(u32, Vec<(usize, u64)>)> = Vec::new();
-    for &(shard, applied) in &list {
-        if let Some(n) = map.successor(shard, me) {
-            match by_next.iter_mut().find(|x| x.0 == n) {
-                Some(x) => x.1.push((shard, applied)),
-                None => by_next.push((n, vec![(shard, applied)])),
-            }
-        }
-    }
+    let by_next = route.by_next;
     let mut closed: Vec<u32> = Vec::new();
     for (next, l) in &by_next {
         let mut fh = forward_header(h, me);
