@@ -1,7 +1,7 @@
 //! The coordinator of the simulation: crashes, cut-offs and joins change the ring, and each
 //! change is a routing epoch of the production rule (`core::epochs::Epochs`, which the
 //! coordinator's `epochs.rs` runs): served once every member has its copies. Detection
-//! (a timeout after a crash) and the replacement of workers are modelled here.
+//! (a timeout after a crash), drains and the replacement of workers are modelled here.
 
 use super::*;
 
@@ -31,6 +31,25 @@ impl Sim {
                     s.alive = false; // its state is gone with it
                 }
                 self.schedule(self.now + DETECT, Node::Coordinator, Node::Coordinator, Msg::Detected { server: victim });
+                Ok(())
+            }
+            Msg::Drain => {
+                // `admin drain`: off the ring in a new epoch at once (it refuses to leave
+                // fewer than K servers, as the coordinator's `drain` does)
+                let live: Vec<u32> = self
+                    .coord
+                    .members
+                    .iter()
+                    .copied()
+                    .filter(|m| self.servers.get(m).is_some_and(|s| s.alive) && !self.cut.contains(m))
+                    .collect();
+                if live.len() <= self.cfg.k {
+                    return Ok(());
+                }
+                let victim = live[self.rng.below(live.len() as u64) as usize];
+                self.coord.members.retain(|m| *m != victim);
+                self.out.drained += 1;
+                self.new_epoch(format!("server {victim} drained"), false);
                 Ok(())
             }
             Msg::Join => {

@@ -35,11 +35,12 @@
 //! while it runs, that no server takes a push from a worker after it heard of the node that
 //! replaced it.
 //!
-//! What it does not model yet: the coordinator's own code (a model of its rules stands in),
+//! What it does not model yet: the coordinator's code beyond its routing epochs (which run
+//! `core::epochs`; detection, drains and worker replacement are modelled),
 //! the worker client's own journal (the workers here replay as it does), requests of several
 //! chunks from workers (forwards of several frames are), `bsp` rounds
-//! (`core::chain_rounds`), drains, and copies lost in transit (the runtime retries a failed
-//! move; here copies are delivered, late).
+//! (`core::chain_rounds`) with pauses or backup workers, and copies lost in transit (the
+//! runtime retries a failed move; here copies are delivered, late).
 
 use downpour_core::chain_epoch;
 use downpour_core::chain_push::{self, AfterFailure, Forwarder, PushKeys, PushMeta, Skip};
@@ -109,6 +110,11 @@ pub struct SimConfig {
     /// and clock every server; heads buffer the round and forward its aggregate once every
     /// worker clocked (`core::chain_rounds`). No pipelining and no replaced workers then.
     pub bsp: bool,
+    /// Servers drained during the run (`admin drain`): taken off the ring in a new epoch at
+    /// once (no detection), alive and at their old epoch until they hear it, then gone.
+    /// A drained server stops holding its copies before the new ones are made, so it counts
+    /// against the K − 1 faults with crashes and cut-offs.
+    pub drains: usize,
 }
 
 impl SimConfig {
@@ -136,6 +142,7 @@ impl SimConfig {
             joins: r.below(2) as usize,
             replacements: 0,
             bsp: false,
+            drains: 0,
         };
         // crashes and cut-offs together leave at least one copy of every key
         cfg.cutoffs = r.below((k - cfg.crashes) as u64) as usize;
@@ -147,6 +154,7 @@ impl SimConfig {
             cfg.window = 1;
             cfg.replacements = 0;
         }
+        cfg.drains = if cfg.crashes + cfg.cutoffs + 1 < k { r.below(2) as usize } else { 0 };
         cfg
     }
 }
@@ -176,6 +184,8 @@ pub struct Outcome {
     pub retries: u64,
     /// Workers replaced while still running.
     pub replaced: u64,
+    /// Servers drained.
+    pub drained: u64,
     /// Pushes of replaced workers that a server refused (fenced).
     pub fenced: u64,
 }
@@ -307,6 +317,8 @@ enum Msg {
     Join,
     /// A worker is declared lost while still running, and replaced.
     Replace,
+    /// `admin drain` of a server.
+    Drain,
     /// A replacement worker starts (it registered with the coordinator).
     Start,
 }
@@ -644,6 +656,10 @@ impl Sim {
         for _ in 0..sim.cfg.replacements {
             let at = sim.rng.below(span);
             sim.schedule(at, Node::Coordinator, Node::Coordinator, Msg::Replace);
+        }
+        for _ in 0..sim.cfg.drains {
+            let at = sim.rng.below(span);
+            sim.schedule(at, Node::Coordinator, Node::Coordinator, Msg::Drain);
         }
         sim
     }

@@ -42,6 +42,7 @@ fn every_seed_keeps_every_replica_equal_to_the_sequential_run() {
                 totals.epochs += o.epochs;
                 totals.retries += o.retries;
                 totals.replaced += o.replaced;
+                totals.drained += o.drained;
                 totals.fenced += o.fenced;
                 by_k[cfg.k] += 1;
                 pipelined += u64::from(cfg.window > 1);
@@ -54,7 +55,7 @@ fn every_seed_keeps_every_replica_equal_to_the_sequential_run() {
         }
     }
     eprintln!(
-        "{count} seeds from {first} in {:.1}s: K=1/2/3 {}/{}/{}, {pipelined} with pipelined workers, {bsp} with a replicated bsp table, {} frames delivered, {} lost, {} duplicated, {} epochs, {} retried pushes, {} workers replaced while running, {} pushes of replaced workers fenced",
+        "{count} seeds from {first} in {:.1}s: K=1/2/3 {}/{}/{}, {pipelined} with pipelined workers, {bsp} with a replicated bsp table, {} frames delivered, {} lost, {} duplicated, {} epochs, {} retried pushes, {} workers replaced while running, {} pushes of replaced workers fenced, {} servers drained",
         t0.elapsed().as_secs_f64(),
         by_k[1],
         by_k[2],
@@ -65,7 +66,8 @@ fn every_seed_keeps_every_replica_equal_to_the_sequential_run() {
         totals.epochs,
         totals.retries,
         totals.replaced,
-        totals.fenced
+        totals.fenced,
+        totals.drained
     );
     // the runs must have exercised what they claim to
     if count >= 500 {
@@ -75,6 +77,7 @@ fn every_seed_keeps_every_replica_equal_to_the_sequential_run() {
         assert!(totals.epochs > count, "epochs changed");
         assert!(totals.replaced > 0 && totals.fenced > 0, "running workers were replaced and fenced");
         assert!(bsp > 0 && bsp < count, "async and bsp tables");
+        assert!(totals.drained > 0, "servers were drained");
     }
 }
 
