@@ -14,13 +14,7 @@ impl Sim {
             Msg::Crash | Msg::Cut => {
                 // a live member dies (or is cut off); the coordinator notices after its node
                 // timeout and replaces it
-                let live: Vec<u32> = self
-                    .coord
-                    .members
-                    .iter()
-                    .copied()
-                    .filter(|m| self.servers.get(m).is_some_and(|s| s.alive) && !self.cut.contains(m))
-                    .collect();
+                let live = self.live_members();
                 if live.len() <= self.cfg.k {
                     return Ok(());
                 }
@@ -36,13 +30,7 @@ impl Sim {
             Msg::Drain => {
                 // `admin drain`: off the ring in a new epoch at once (it refuses to leave
                 // fewer than K servers, as the coordinator's `drain` does)
-                let live: Vec<u32> = self
-                    .coord
-                    .members
-                    .iter()
-                    .copied()
-                    .filter(|m| self.servers.get(m).is_some_and(|s| s.alive) && !self.cut.contains(m))
-                    .collect();
+                let live = self.live_members();
                 if live.len() <= self.cfg.k {
                     return Ok(());
                 }
@@ -113,6 +101,13 @@ impl Sim {
             }
             _ => Ok(()),
         }
+    }
+
+    /// The ring's members that are alive and reach the coordinator (a crash, cut-off or
+    /// drain leaves at least K of them).
+    fn live_members(&self) -> Vec<u32> {
+        let alive = |m: &u32| self.servers.get(m).is_some_and(|s| s.alive) && !self.cut.contains(m);
+        self.coord.members.iter().copied().filter(alive).collect()
     }
 
     /// The ring changed: a new epoch through `core::epochs` (what the coordinator's

@@ -573,6 +573,12 @@ fn conn_of(from: Node, to: Node, msg: &Msg) -> Option<(Node, Node, u64)> {
     }
 }
 
+/// The id of server `id`'s `gen`th set of forwarding connections for its incoming
+/// connection `key` (the runtime's `ConnCtx::fwd`, replaced by `Forwarding::reset`).
+fn forward_conn(key: ConnKey, id: u32, gen: u64) -> u64 {
+    splitmix64(key.1 ^ splitmix64(node_code(key.0)) ^ (id as u64) << 40 ^ gen.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+}
+
 /// A worker's connection id (its `gen`th connection to every server).
 fn worker_conn(w: u32, gen: u64) -> u64 {
     splitmix64(0x5EED_0000 + w as u64 + (gen << 24))
@@ -641,25 +647,18 @@ impl Sim {
         }
         // faults at seeded times during the pushes
         let span = (sim.cfg.pushes as u64 * 60).max(100);
-        for _ in 0..sim.cfg.crashes {
-            let at = sim.rng.below(span);
-            sim.schedule(at, Node::Coordinator, Node::Coordinator, Msg::Crash);
-        }
-        for _ in 0..sim.cfg.cutoffs {
-            let at = sim.rng.below(span);
-            sim.schedule(at, Node::Coordinator, Node::Coordinator, Msg::Cut);
-        }
-        for _ in 0..sim.cfg.joins {
-            let at = sim.rng.below(span);
-            sim.schedule(at, Node::Coordinator, Node::Coordinator, Msg::Join);
-        }
-        for _ in 0..sim.cfg.replacements {
-            let at = sim.rng.below(span);
-            sim.schedule(at, Node::Coordinator, Node::Coordinator, Msg::Replace);
-        }
-        for _ in 0..sim.cfg.drains {
-            let at = sim.rng.below(span);
-            sim.schedule(at, Node::Coordinator, Node::Coordinator, Msg::Drain);
+        let faults = [
+            (sim.cfg.crashes, Msg::Crash),
+            (sim.cfg.cutoffs, Msg::Cut),
+            (sim.cfg.joins, Msg::Join),
+            (sim.cfg.replacements, Msg::Replace),
+            (sim.cfg.drains, Msg::Drain),
+        ];
+        for (count, fault) in faults {
+            for _ in 0..count {
+                let at = sim.rng.below(span);
+                sim.schedule(at, Node::Coordinator, Node::Coordinator, fault.clone());
+            }
         }
         sim
     }

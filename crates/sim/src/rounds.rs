@@ -67,7 +67,7 @@ impl Sim {
         let to_send = cr.marks_to_send();
         let epoch = cr.epoch();
         let c = s.incoming.entry(key).or_default();
-        let out = splitmix64(key.1 ^ splitmix64(node_code(key.0)) ^ (id as u64) << 40 ^ c.gen.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let out = forward_conn(key, id, c.gen);
         let mut sends: Vec<(u32, Msg)> = Vec::new();
         let meta_of = |request_id| PushMeta { forwarded: true, worker: w_slot, request_id, epoch, table: TABLE };
         for (shard, round) in cr.unreplicated() {
@@ -146,7 +146,7 @@ impl Sim {
             s.marks.raise(shard, w_slot, chain_rounds::round_done_mark(applied)).map_err(|e| Violation(e.to_string()))?;
         }
         let c = s.incoming.entry(key).or_default();
-        let out = splitmix64(key.1 ^ splitmix64(node_code(key.0)) ^ (id as u64) << 40 ^ c.gen.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let out = forward_conn(key, id, c.gen);
         let mut sends: Vec<(u32, Msg)> = Vec::new();
         let mut closed: Vec<u32> = Vec::new();
         let by_next_lists: Vec<(usize, u64)> = by_next.iter().flat_map(|x| x.1.iter().copied()).collect();

@@ -190,7 +190,7 @@ impl Sim {
         // this incoming connection's own forwarding connections (one set per incoming
         // connection in the runtime: `ConnCtx::fwd`), replaced after a failure
         let gen = c.gen;
-        let out = splitmix64(key.1 ^ splitmix64(node_code(key.0)) ^ (id as u64) << 40 ^ gen.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let out = forward_conn(key, id, gen);
         let segs = chain_push::segments(&s.map, PushKeys::Keys(&keys));
         if let Err(why) = chain_push::check_roles(&s.map, &segs, id, &meta, s.epoch) {
             self.fail(id, key, meta, last, Failure { retried: true, why });
