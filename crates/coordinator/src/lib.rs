@@ -23,6 +23,8 @@ pub use downpour_control as client;
 pub use downpour_control::decode_body;
 pub mod persist;
 
+pub mod engine;
+
 mod barriers;
 mod checkpoints;
 mod config;
@@ -32,10 +34,8 @@ mod membership;
 mod monitor;
 mod scheduler;
 mod service;
-mod state;
-mod vacancies;
 
 pub use config::{CoordinatorConfig, JobOutcome};
-pub use epochs::Recovery;
+pub use engine::Recovery;
 pub use error::{CoordError, NodeDesc};
 pub use service::Coordinator;

@@ -4,11 +4,9 @@
 //! [`crate::Coordinator::open`]. What is *not* kept is rebuilt by the nodes calling again:
 //! barrier arrivals, checkpoint joins and heartbeats are re-sent by nodes reconnecting.
 
-use crate::barriers::Barrier;
-use crate::checkpoints::Checkpoints;
 use crate::config::CoordinatorConfig;
+use crate::engine::{Barrier, Checkpoints, Engine};
 use crate::error::CoordError;
-use crate::state::State;
 use downpour_core::epochs::{Epochs, Pending};
 use downpour_core::proto;
 use downpour_core::ring::Ring;
@@ -16,7 +14,7 @@ use prost::Message;
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::Duration;
 
 /// The state file in a state directory.
 pub const STATE_FILE: &str = "state.pb";
@@ -33,7 +31,7 @@ fn sorted(set: &HashSet<u32>) -> Vec<u32> {
 }
 
 /// The part of `st` a restarted coordinator needs.
-pub(crate) fn to_proto(st: &State, cfg: &CoordinatorConfig) -> proto::CoordinatorState {
+pub(crate) fn to_proto(st: &Engine, cfg: &CoordinatorConfig) -> proto::CoordinatorState {
     let mut barriers: Vec<proto::BarrierPasses> =
         st.barriers.iter().map(|(name, b)| proto::BarrierPasses { name: name.clone(), passed: b.passed }).collect();
     barriers.sort_by(|a, b| a.name.cmp(&b.name));
@@ -81,10 +79,10 @@ pub(crate) fn to_proto(st: &State, cfg: &CoordinatorConfig) -> proto::Coordinato
     }
 }
 
-/// The state a coordinator restarted from `p` starts with: every live node counts as just
-/// seen (it has the node timeout to reconnect), vacant ranks wait afresh. An error when `p`
-/// (read from `dir`) is of another job.
-pub(crate) fn from_proto(p: proto::CoordinatorState, cfg: &CoordinatorConfig, dir: &Path) -> Result<State, CoordError> {
+/// The state a coordinator restarted from `p` starts with (its time 0 is the restart):
+/// every live node counts as just seen (it has the node timeout to reconnect), vacant ranks
+/// wait afresh. An error when `p` (read from `dir`) is of another job.
+pub(crate) fn from_proto(p: proto::CoordinatorState, cfg: &CoordinatorConfig, dir: &Path) -> Result<Engine, CoordError> {
     if p.servers_expected as usize != cfg.servers || p.workers_expected as usize != cfg.workers || p.replication as usize != cfg.replication
     {
         return Err(CoordError::OtherJob {
@@ -100,8 +98,9 @@ pub(crate) fn from_proto(p: proto::CoordinatorState, cfg: &CoordinatorConfig, di
     if p.workers.len() > cfg.workers || p.vacant.iter().any(|r| *r as usize >= p.workers.len()) {
         return Err(CoordError::MisfitState { dir: dir.to_path_buf() });
     }
-    let now = Instant::now();
-    let mut st = State { next_id: p.next_id, ..Default::default() };
+    let now = Duration::ZERO;
+    let mut st = Engine::new(cfg.clone());
+    st.next_id = p.next_id;
     st.servers = p.servers.iter().map(|s| (s.node_id, s.addr.clone())).collect();
     st.workers = p.workers.clone();
     for (rank, (id, _)) in st.servers.iter().enumerate() {

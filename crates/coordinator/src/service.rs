@@ -4,23 +4,23 @@
 //! the dispatch of control requests to the calls that answer them.
 
 use crate::config::{CoordinatorConfig, JobOutcome};
+use crate::engine::Engine;
 use crate::error::CoordError;
 use crate::persist;
-use crate::state::State;
 use downpour_core::msg::{self, Op};
 use downpour_core::proto::{self, FrameHeader};
 use downpour_transport::{Connection, Listener};
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use prost::Message;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The coordinator of one job.
 pub struct Coordinator {
     pub(crate) cfg: CoordinatorConfig,
-    /// The job's state (`state.rs`): every call takes this one lock.
-    pub(crate) state: Mutex<State>,
+    /// The job's state and rules (`engine/`): every call takes this one lock.
+    pub(crate) state: Mutex<Engine>,
     /// Wakes calls waiting on a change of the job's state (long-polled heartbeats,
     /// registrations, barriers, routing, the end of `serve`).
     pub(crate) cv: Condvar,
@@ -31,6 +31,8 @@ pub struct Coordinator {
     pub(crate) started: Instant,
     /// Calls parked waiting for other nodes ([`Coordinator::held_calls`]).
     pub(crate) held: AtomicUsize,
+    /// The state directory could not be written (logged once; the job failed).
+    persist_error: AtomicBool,
 }
 
 impl Coordinator {
@@ -43,7 +45,7 @@ impl Coordinator {
 
     /// Waits on `cv` for at most `d` as a call held for other nodes (counted in
     /// [`Coordinator::held_calls`] meanwhile).
-    pub(crate) fn park(&self, cv: &Condvar, st: &mut MutexGuard<'_, State>, d: Duration) {
+    pub(crate) fn park(&self, cv: &Condvar, st: &mut MutexGuard<'_, Engine>, d: Duration) {
         self.held.fetch_add(1, Ordering::SeqCst);
         cv.wait_for(st, d);
         self.held.fetch_sub(1, Ordering::SeqCst);
@@ -52,7 +54,7 @@ impl Coordinator {
     /// A coordinator expecting `cfg.servers` servers and `cfg.workers` workers, starting a
     /// new job (whatever `cfg.state_dir` holds is overwritten at the first change).
     pub fn new(cfg: CoordinatorConfig) -> Arc<Self> {
-        Self::with_state(cfg, State { next_id: 1, ..Default::default() })
+        Self::with_state(cfg.clone(), Engine::new(cfg))
     }
 
     /// A coordinator for `cfg`: when `cfg.state_dir` holds the state of this job (same
@@ -81,7 +83,7 @@ impl Coordinator {
         Ok(Self::with_state(cfg, st))
     }
 
-    fn with_state(cfg: CoordinatorConfig, st: State) -> Arc<Self> {
+    fn with_state(cfg: CoordinatorConfig, st: Engine) -> Arc<Self> {
         Arc::new(Coordinator {
             cfg,
             state: Mutex::new(st),
@@ -89,21 +91,24 @@ impl Coordinator {
             sched_cv: Condvar::new(),
             started: Instant::now(),
             held: AtomicUsize::new(0),
+            persist_error: AtomicBool::new(false),
         })
+    }
+
+    /// The engine's time: since this coordinator started.
+    pub(crate) fn now(&self) -> Duration {
+        self.started.elapsed()
     }
 
     /// Writes the state to the state directory, if there is one (`sync`: to the disk).
     /// A failed write fails the job: a restart would lose what was not written.
-    pub(crate) fn persist(&self, st: &mut State, sync: bool) {
+    pub(crate) fn persist(&self, st: &mut Engine, sync: bool) {
         let Some(dir) = &self.cfg.state_dir else { return };
         if let Err(e) = persist::write(dir, &persist::to_proto(st, &self.cfg), sync) {
-            if !st.persist_error {
-                st.persist_error = true;
+            if !self.persist_error.swap(true, Ordering::SeqCst) {
                 let reason = CoordError::io("write the coordinator state to", dir, e).to_string();
                 tracing::error!("job failed: {reason}");
-                if st.failed.is_none() && !st.shutdown {
-                    st.failed = Some(reason);
-                }
+                st.fail(reason);
                 self.cv.notify_all();
                 self.sched_cv.notify_all();
             }
@@ -123,7 +128,7 @@ impl Coordinator {
         loop {
             {
                 let st = self.state.lock();
-                if st.shutdown || st.failed.is_some() {
+                if st.ended() {
                     break;
                 }
             }
@@ -142,22 +147,34 @@ impl Coordinator {
         // Let long-polling heartbeats of servers see the shutdown and disconnect.
         let deadline = Instant::now() + self.cfg.heartbeat * 4;
         let mut st = self.state.lock();
-        while !st.heartbeating.is_empty() && Instant::now() < deadline {
+        while st.heartbeats_open() && Instant::now() < deadline {
             self.cv.wait_for(&mut st, Duration::from_millis(20));
         }
-        match &st.failed {
+        match st.failed() {
             None => JobOutcome::Succeeded,
-            Some(r) => JobOutcome::Failed(r.clone()),
+            Some(r) => JobOutcome::Failed(r.to_string()),
         }
     }
 
+    /// Fails the job with `reason` (unless it ended already).
     pub(crate) fn fail(&self, reason: String) {
+        let changed = self.state.lock().fail(reason.clone());
+        if changed {
+            self.failed(reason);
+        } else {
+            self.cv.notify_all();
+            self.sched_cv.notify_all();
+        }
+    }
+
+    /// The engine failed the job with `reason`: log it, write it, wake every waiting call.
+    pub(crate) fn failed(&self, reason: String) {
         let mut st = self.state.lock();
-        if st.failed.is_none() && !st.shutdown {
+        if st.failed() == Some(reason.as_str()) {
             tracing::error!("job failed: {reason}");
-            st.failed = Some(reason);
             self.persist(&mut st, true);
         }
+        drop(st);
         self.cv.notify_all();
         self.sched_cv.notify_all();
     }
@@ -194,15 +211,7 @@ impl Coordinator {
             }
         }
         if let Some(id) = hb_node {
-            let mut st = self.state.lock();
-            st.heartbeating.remove(&id);
-            let finished = st.done.contains(&id) || st.shutdown || st.failed.is_some();
-            let what = st.describe(id);
-            drop(st);
-            self.cv.notify_all();
-            if !finished {
-                self.lost(id, format!("{what} disconnected before the job finished"));
-            }
+            self.disconnected(id);
         }
     }
 
