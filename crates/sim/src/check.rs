@@ -27,15 +27,19 @@ impl Sim {
                     "worker {w} hung at push {}/{} (epoch {} served {}, time {}); {}",
                     wk.next + 1,
                     wk.pushes.len(),
-                    self.coord.epochs.epoch(),
+                    self.coord.engine.epochs().epoch(),
                     self.coord.served_epoch,
                     self.now,
                     if waits.is_empty() { "no server waits".to_string() } else { waits.join("; ") }
                 )));
             }
         }
-        if !self.coord.epochs.active() {
-            return Err(Violation(format!("epoch {} was never served (served: {})", self.coord.epochs.epoch(), self.coord.served_epoch)));
+        if !self.coord.engine.epochs().active() {
+            return Err(Violation(format!(
+                "epoch {} was never served (served: {})",
+                self.coord.engine.epochs().epoch(),
+                self.coord.served_epoch
+            )));
         }
         let mut reference: HashMap<u64, f32> = HashMap::new();
         // one run of each rank's pushes: the holder's (a replaced worker sent the same ones)
@@ -46,7 +50,7 @@ impl Sim {
                 }
             }
         }
-        let map = self.map_of(self.coord.epochs.served());
+        let map = self.map_of(self.coord.engine.epochs().served());
         for &key in &self.universe {
             let Some(shard) = map.shard_of(key) else { continue };
             let want = reference.get(&key).copied().unwrap_or(0.0);

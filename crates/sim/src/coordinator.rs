@@ -1,13 +1,63 @@
-//! The coordinator of the simulation: crashes, cut-offs and joins change the ring, and each
-//! change is a routing epoch of the production rule (`core::epochs::Epochs`, which the
-//! coordinator's `epochs.rs` runs): served once every member has its copies. Detection
-//! (a timeout after a crash), drains and the replacement of workers are modelled here.
+//! The coordinator of the simulation: the production engine
+//! (`downpour_coordinator::engine::Engine`, which the coordinator's runtime drives) decides
+//! every change: servers and workers register through it, a crash or cut-off detected, a
+//! drain, a join and a replaced worker are its `lose`, `drain` and `register` calls, workers'
+//! progress records go to its `progress`, every routing epoch is its own and is served by its
+//! `epoch_ready`. The simulation adds what the runtime adds: the time (a virtual clock),
+//! detection after a delay (instead of heartbeats), and the messages to the nodes (which may
+//! be missed, as a heartbeat answer that came with the next change already).
 
 use super::*;
+use downpour_coordinator::engine::{Engine, EpochReadyOutcome, Lost};
+use downpour_coordinator::CoordinatorConfig;
+use downpour_core::proto;
+use std::time::Duration;
+
+/// The coordinator: the production engine, and the last epoch it served.
+pub(crate) struct Coordinator {
+    pub(crate) engine: Engine,
+    /// The last served epoch (the workers take their routing from it).
+    pub(crate) served_epoch: u64,
+}
+
+impl Coordinator {
+    /// A job of `cfg`: its servers register (node ids 1 to `servers`), then its workers
+    /// (recording their progress), and routing epoch 1 is served. K = 1 runs drive the
+    /// engine as a replicated job with one copy (production's `--replication 1` has a fixed
+    /// partition instead, and neither joins nor drains).
+    pub(crate) fn start(cfg: &SimConfig) -> Result<(Coordinator, Vec<u32>), Violation> {
+        let mut engine = Engine::new(CoordinatorConfig {
+            servers: cfg.servers,
+            workers: cfg.workers,
+            replication: cfg.k.max(2),
+            vnodes: cfg.vnodes,
+            shards: cfg.shards,
+            ..Default::default()
+        });
+        let err = |e: downpour_coordinator::CoordError| Violation(format!("the coordinator refused: {e}"));
+        for s in 0..cfg.servers {
+            let req = proto::RegisterRequest { role: "server".into(), addr: format!("sim:{s}"), ..Default::default() };
+            engine.register(&req, Duration::ZERO).map_err(err)?;
+        }
+        let mut workers = Vec::new();
+        for _ in 0..cfg.workers {
+            let req = proto::RegisterRequest { role: "worker".into(), records_progress: true, ..Default::default() };
+            workers.push(engine.register(&req, Duration::ZERO).map_err(err)?.id);
+        }
+        Ok((Coordinator { engine, served_epoch: 1 }, workers))
+    }
+
+    /// The servers of the ring (the newest epoch's members).
+    pub(crate) fn members(&self) -> Vec<u32> {
+        self.engine.routing().servers.iter().map(|s| s.node_id).collect()
+    }
+}
 
 impl Sim {
-    // ---- the coordinator model: crashes and joins make epochs; an epoch is served once
-    // every member has its copies
+    /// The engine's time now.
+    fn clock(&self) -> Duration {
+        Duration::from_millis(self.now)
+    }
 
     pub(crate) fn at_coordinator(&mut self, _from: Node, msg: Msg) -> Result<(), Violation> {
         match msg {
@@ -28,78 +78,118 @@ impl Sim {
                 Ok(())
             }
             Msg::Drain => {
-                // `admin drain`: off the ring in a new epoch at once (it refuses to leave
-                // fewer than K servers, as the coordinator's `drain` does)
+                // `admin drain`: off the ring in a new epoch at once (the engine refuses to
+                // leave fewer than K servers; so does the simulation, counting live ones)
                 let live = self.live_members();
                 if live.len() <= self.cfg.k {
                     return Ok(());
                 }
                 let victim = live[self.rng.below(live.len() as u64) as usize];
-                self.coord.members.retain(|m| *m != victim);
+                let rank = self.coord.engine.servers().iter().position(|s| s.0 == victim).unwrap_or(usize::MAX) as u32;
+                let now = self.clock();
+                self.coord.engine.drain(rank, now).map_err(|e| Violation(format!("drain of server {victim} refused: {e}")))?;
                 self.out.drained += 1;
-                self.new_epoch(format!("server {victim} drained"), false);
+                self.new_epoch();
                 Ok(())
             }
             Msg::Join => {
-                let id = self.coord.next_id;
-                self.coord.next_id += 1;
-                let s = self.new_server(id, 0, self.coord.epochs.served());
-                self.servers.insert(id, s);
-                self.coord.members.push(id);
-                self.new_epoch(format!("server {id} joined"), false);
+                let req = proto::RegisterRequest { role: "server".into(), addr: "sim:joined".into(), ..Default::default() };
+                let now = self.clock();
+                let r = self.coord.engine.register(&req, now).map_err(|e| Violation(format!("a joining server was refused: {e}")))?;
+                let s = self.new_server(r.id, 0, self.coord.engine.epochs().served());
+                self.servers.insert(r.id, s);
+                self.new_epoch();
                 Ok(())
             }
-            Msg::Replace => {
-                // a running worker is declared lost (its heartbeats stopped reaching the
-                // coordinator) and its rank goes to a replacement with a newer node id, which
-                // goes on from the lost one's progress record: the record lags a little, so
-                // the replacement sends some pushes again
-                let running: Vec<usize> = (0..self.workers.len()).filter(|&i| !self.workers[i].lost && !self.workers[i].done).collect();
-                if running.is_empty() {
-                    return Ok(());
-                }
-                let old = running[self.rng.below(running.len() as u64) as usize];
-                self.workers[old].lost = true;
-                let rank = self.workers[old].rank;
-                let node = self.coord.next_worker_node;
-                self.coord.next_worker_node += 1;
-                self.coord.holders[rank as usize] = node;
-                self.out.replaced += 1;
-                let record = self.workers[old].next.saturating_sub(self.rng.below(3) as usize);
-                let slot = self.workers.len() as u32;
-                let routing = (self.coord.served_epoch, self.coord.epochs.served().to_vec());
-                self.workers.push(Worker::new(rank, node, self.workers[old].pushes.clone(), routing, record));
-                let start = self.now + 1 + self.rng.below(DETECT);
-                self.schedule(start, Node::Coordinator, Node::Worker(slot), Msg::Start);
-                // heartbeat answers name the new holder; a server may miss it (then the
-                // replacement's first push there fences the old worker)
-                let targets: Vec<u32> = self.servers.iter().filter(|(_, s)| s.alive).map(|(id, _)| *id).collect();
-                for id in targets {
-                    if !self.rng.chance(self.cfg.skip_served) {
-                        self.send(Node::Coordinator, Node::Server(id), Msg::Holders { nodes: self.coord.holders.clone() });
-                    }
-                }
-                Ok(())
-            }
+            Msg::Replace => self.replace_worker(),
             Msg::Detected { server } => {
-                self.coord.members.retain(|m| *m != server);
-                self.new_epoch(format!("server {server} lost"), true);
-                Ok(())
+                let now = self.clock();
+                match self.coord.engine.lose(server, format!("server node {server} lost"), now) {
+                    Lost::Removed { .. } => {
+                        self.new_epoch();
+                        Ok(())
+                    }
+                    other => Err(Violation(format!("the loss of server {server} did not remove it from the ring: {other:?}"))),
+                }
             }
             Msg::Ready { epoch, server } => {
-                // the production rule: served once every member of the newest epoch is ready
-                if let Ready::Served(s) = self.coord.epochs.ready(server, epoch, 0) {
-                    self.coord.served_epoch = s.epoch;
-                    for &m in &s.members {
-                        if self.rng.chance(self.cfg.skip_served) {
-                            continue;
+                let now = self.clock();
+                let ready = proto::EpochReady { epoch, keys_copied: 0, error: String::new() };
+                match self.coord.engine.epoch_ready(server, &ready, now) {
+                    EpochReadyOutcome::Served(r) => {
+                        self.coord.served_epoch = r.epoch;
+                        let members = self.coord.engine.epochs().served().to_vec();
+                        for &m in &members {
+                            if self.rng.chance(self.cfg.skip_served) {
+                                continue;
+                            }
+                            self.send(Node::Coordinator, Node::Server(m), Msg::Served { epoch, members: members.clone() });
                         }
-                        self.send(Node::Coordinator, Node::Server(m), Msg::Served { epoch, members: s.members.clone() });
+                        Ok(())
                     }
+                    EpochReadyOutcome::Failed(why) => Err(Violation(why)),
+                    EpochReadyOutcome::Waiting | EpochReadyOutcome::Ignored => Ok(()),
                 }
-                Ok(())
             }
             _ => Ok(()),
+        }
+    }
+
+    /// A running worker is declared lost (its heartbeats stopped reaching the coordinator):
+    /// the engine leaves its rank vacant, and the next worker registering takes it with the
+    /// progress record the engine kept (the last one the lost worker's heartbeats carried,
+    /// which lags: the replacement sends some pushes again).
+    fn replace_worker(&mut self) -> Result<(), Violation> {
+        let running: Vec<usize> = (0..self.workers.len()).filter(|&i| !self.workers[i].lost && !self.workers[i].done).collect();
+        if running.is_empty() {
+            return Ok(());
+        }
+        let old = running[self.rng.below(running.len() as u64) as usize];
+        let (rank, node) = (self.workers[old].rank, self.workers[old].node);
+        let now = self.clock();
+        match self.coord.engine.lose(node, format!("worker {rank} (node {node}) silent"), now) {
+            Lost::Vacant { rank: r } if r == rank => {}
+            other => return Err(Violation(format!("the loss of worker {rank} left no vacancy: {other:?}"))),
+        }
+        self.workers[old].lost = true;
+        let req = proto::RegisterRequest { role: "worker".into(), records_progress: true, ..Default::default() };
+        let r = self.coord.engine.register(&req, now).map_err(|e| Violation(format!("the replacement was refused: {e}")))?;
+        let record = r.restart.ok_or_else(|| Violation(format!("worker {rank}'s replacement got no progress record")))?;
+        if r.rank != rank {
+            return Err(Violation(format!("the replacement of worker {rank} got rank {}", r.rank)));
+        }
+        self.out.replaced += 1;
+        let slot = self.workers.len() as u32;
+        let routing = (self.coord.served_epoch, self.coord.engine.epochs().served().to_vec());
+        self.workers.push(Worker::new(rank, r.id, self.workers[old].pushes.clone(), routing, record.next_request as usize));
+        let start = self.now + 1 + self.rng.below(DETECT);
+        self.schedule(start, Node::Coordinator, Node::Worker(slot), Msg::Start);
+        // heartbeat answers name the new holder; a server may miss it (then the
+        // replacement's first push there fences the old worker)
+        let holders = self.coord.engine.worker_holders().to_vec();
+        let targets: Vec<u32> = self.servers.iter().filter(|(_, s)| s.alive).map(|(id, _)| *id).collect();
+        for id in targets {
+            if !self.rng.chance(self.cfg.skip_served) {
+                self.send(Node::Coordinator, Node::Server(id), Msg::Holders { nodes: holders.clone() });
+            }
+        }
+        Ok(())
+    }
+
+    /// Worker `w`'s heartbeat carries its progress record (every push before `next` was
+    /// acknowledged): the engine keeps it for a replacement. A worker declared lost is
+    /// refused, and stops (its call was answered that its rank went to a replacement).
+    /// (An unexpected refusal is the run's violation, reported after the event.)
+    pub(crate) fn record_progress(&mut self, w: u32) {
+        let wk = &self.workers[w as usize];
+        let record = proto::WorkerCheckpoint { rank: wk.rank, next_request: wk.next as u64, ..Default::default() };
+        match self.coord.engine.progress(wk.node, record) {
+            Ok(()) => {}
+            Err(downpour_coordinator::CoordError::LostNode { .. }) if wk.lost => self.workers[w as usize].done = true,
+            Err(e) => {
+                let v = Violation(format!("worker {} (node {})'s progress record was refused: {e}", wk.rank, wk.node));
+                self.violation.get_or_insert(v);
+            }
         }
     }
 
@@ -107,16 +197,14 @@ impl Sim {
     /// drain leaves at least K of them).
     fn live_members(&self) -> Vec<u32> {
         let alive = |m: &u32| self.servers.get(m).is_some_and(|s| s.alive) && !self.cut.contains(m);
-        self.coord.members.iter().copied().filter(alive).collect()
+        self.coord.members().into_iter().filter(alive).collect()
     }
 
-    /// The ring changed: a new epoch through `core::epochs` (what the coordinator's
-    /// `State::reconfigure` calls), sent to every live server.
-    pub(crate) fn new_epoch(&mut self, cause: String, failure: bool) {
-        let now = self.now;
-        self.coord.epochs.reconfigure(self.coord.members.clone(), cause, failure, now);
+    /// The engine prepared a new epoch (a loss, drain or join): every live server is told.
+    pub(crate) fn new_epoch(&mut self) {
         self.out.epochs += 1;
-        let (epoch, members, served) = (self.coord.epochs.epoch(), self.coord.members.clone(), self.coord.epochs.served().to_vec());
+        let (epoch, members, served) =
+            (self.coord.engine.epochs().epoch(), self.coord.members(), self.coord.engine.epochs().served().to_vec());
         let targets: Vec<u32> = self.servers.iter().filter(|(_, s)| s.alive).map(|(id, _)| *id).collect();
         for id in targets {
             let msg = Msg::Routing { epoch, members: members.clone(), served: served.clone() };

@@ -12,10 +12,12 @@
 //! frame breaks it silently, the sender's next send there fails (the request fails and, at a
 //! server, every forwarding connection of that incoming connection is replaced, as
 //! `Forwarding::reset` does), and a new connection starts fresh on both sides; frames of
-//! different connections overtake each other. And a model of the coordinator: crashed servers and servers cut off
-//! from it are replaced after a node timeout, joining servers are added, each change is a
-//! routing epoch, an epoch is served once every member has its copies, and a server may not
-//! hear that an epoch was served before the next change.
+//! different connections overtake each other. The coordinator is the production engine
+//! (`downpour_coordinator::engine::Engine`): servers and workers register through it; a
+//! crashed server or one cut off from it is lost after a detection delay, a joining server
+//! registers, a drain is its `drain`, and each change is its routing epoch, served by its
+//! `epoch_ready` once every member has its copies; a server may not hear that an epoch was
+//! served before the next change.
 //!
 //! A server reads a connection's next request only once it answered the one before (as the
 //! runtime's connection loop does), waits for its successors' acknowledgements for a bounded
@@ -26,18 +28,19 @@
 //! keep their routing until a refusal, a failed send or a wait without answers, then connect
 //! again to every server and send what is unfinished again in order under the newest served
 //! routing (as the client's recovery does), and sometimes do that while the pushes are still
-//! in flight. In replicated runs a running worker may be declared lost and replaced: the
-//! replacement (a newer node id, the same rank) goes on from a lagging progress record, the
-//! old worker goes on pushing until it next calls the coordinator or a server fences it,
+//! in flight. In replicated runs workers' heartbeats carry progress records to the engine
+//! now and then, and a running worker may be declared lost and replaced: the engine leaves
+//! its rank vacant, and the replacement registering (a newer node id, the same rank) goes on
+//! from the engine's record, which lags (it sends some pushes again); the old worker goes on pushing until it next calls the coordinator or a server fences it,
 //! through [`WorkerFence`], the type the servers' `repl::fence` uses. After the run the
 //! simulation checks: every worker finished (no hang), the last epoch was served, and every
 //! replica of every shard equals the sequential reference (no update lost or applied twice);
 //! while it runs, that no server takes a push from a worker after it heard of the node that
 //! replaced it.
 //!
-//! What it does not model yet: the coordinator's code beyond its routing epochs (which run
-//! `core::epochs`; detection, drains and worker replacement are modelled),
-//! the worker client's own journal (the workers here replay as it does), requests of several
+//! What it does not model yet: the coordinator's heartbeats and monitor (detection is a
+//! delay; the engine's timeouts are tested on their own), barriers and checkpoints, coordinator
+//! restarts, the worker client's own journal (the workers here replay as it does), requests of several
 //! chunks from workers (forwards of several frames are), `bsp` rounds
 //! (`core::chain_rounds`) with pauses or backup workers, and copies lost in transit (the
 //! runtime retries a failed move; here copies are delivered, late).
@@ -45,7 +48,6 @@
 use downpour_core::chain_epoch;
 use downpour_core::chain_push::{self, AfterFailure, Forwarder, PushKeys, PushMeta, Skip};
 use downpour_core::chain_rounds::{self, ChainRounds};
-use downpour_core::epochs::{Epochs, Ready};
 use downpour_core::fence::WorkerFence;
 use downpour_core::init::splitmix64;
 use downpour_core::ring::Ring;
@@ -192,12 +194,12 @@ pub struct Outcome {
 
 /// Runs the simulation of `seed` and checks its invariants.
 pub fn run(seed: u64) -> Result<Outcome, Violation> {
-    Sim::new(seed, SimConfig::from_seed(seed)).run()
+    Sim::new(seed, SimConfig::from_seed(seed))?.run()
 }
 
 /// Runs `seed` with the configuration `cfg` (for tests that pin one).
 pub fn run_with(seed: u64, cfg: SimConfig) -> Result<Outcome, Violation> {
-    Sim::new(seed, cfg).run()
+    Sim::new(seed, cfg)?.run()
 }
 
 /// Runs `seed` and returns every delivered frame, one line each, for reading a failure.
@@ -207,7 +209,10 @@ pub fn trace(seed: u64) -> (Result<Outcome, Violation>, Vec<String>) {
 
 /// As [`trace`], with the configuration `cfg`.
 pub fn trace_with(seed: u64, cfg: SimConfig) -> (Result<Outcome, Violation>, Vec<String>) {
-    let mut sim = Sim::new(seed, cfg);
+    let mut sim = match Sim::new(seed, cfg) {
+        Ok(sim) => sim,
+        Err(v) => return (Err(v), Vec::new()),
+    };
     sim.trace = Some(Vec::new());
     let (r, t) = sim.run_traced();
     (r, t)
@@ -511,19 +516,6 @@ impl Worker {
     }
 }
 
-struct Coordinator {
-    /// The live servers of the ring.
-    members: Vec<u32>,
-    /// The routing epochs: the production rule (`core::epochs`), driven by ticks.
-    epochs: Epochs<u64>,
-    /// The last served epoch (the simulation's workers take routing from it).
-    served_epoch: u64,
-    next_id: u32,
-    /// Per worker rank, the node that holds it, and the next worker node id.
-    holders: Vec<u32>,
-    next_worker_node: u32,
-}
-
 struct Sim {
     cfg: SimConfig,
     rng: Rng,
@@ -540,13 +532,15 @@ struct Sim {
     pub(crate) close_after_failure: bool,
     servers: BTreeMap<u32, Server>,
     workers: Vec<Worker>,
-    coord: Coordinator,
+    coord: coordinator::Coordinator,
     universe: Vec<u64>,
     out: Outcome,
     faults_over: bool,
     trace: Option<Vec<String>>,
     /// Servers cut off from the coordinator.
     cut: Vec<u32>,
+    /// A rule found broken where the event's handler cannot return it.
+    violation: Option<Violation>,
 }
 
 const TABLE: u32 = 1;
@@ -559,8 +553,6 @@ const HORIZON: u64 = 2_000_000;
 const MARKS_REQUEST: u64 = u64::MAX;
 /// Workers' clocks travel as requests `CLOCK_REQUEST + clock` (pushes have small ids).
 const CLOCK_REQUEST: u64 = 1 << 40;
-/// Worker node ids: rank r starts as node `FIRST_WORKER_NODE + r`; replacements come after.
-const FIRST_WORKER_NODE: u32 = 1000;
 
 /// The connection a frame travels on, as `(client, server, conn)`: a push from `client` to
 /// `server` on behalf of the client's incoming connection `conn` (a worker's own for its
@@ -593,7 +585,8 @@ fn node_code(n: Node) -> u64 {
 }
 
 impl Sim {
-    fn new(seed: u64, cfg: SimConfig) -> Sim {
+    fn new(seed: u64, cfg: SimConfig) -> Result<Sim, Violation> {
+        let (coord, worker_nodes) = coordinator::Coordinator::start(&cfg)?;
         let mut rng = Rng(splitmix64(seed));
         let stride = u64::MAX / cfg.universe as u64;
         let universe: Vec<u64> = (0..cfg.universe as u64).map(|i| i * stride + rng.below(stride / 2)).collect();
@@ -608,10 +601,10 @@ impl Sim {
                         ks
                     })
                     .collect();
-                Worker::new(rank, FIRST_WORKER_NODE + rank, pushes, (1, (1..=cfg.servers as u32).collect()), 0)
+                Worker::new(rank, worker_nodes[rank as usize], pushes, (1, coord.members()), 0)
             })
             .collect();
-        let members: Vec<u32> = (1..=cfg.servers as u32).collect();
+        let members = coord.members();
         let mut sim = Sim {
             rng,
             now: 0,
@@ -622,23 +615,13 @@ impl Sim {
             close_after_failure: true,
             servers: BTreeMap::new(),
             workers,
-            coord: Coordinator {
-                members: members.clone(),
-                epochs: {
-                    let mut e = Epochs::new();
-                    e.publish_first(members.clone());
-                    e
-                },
-                served_epoch: 1,
-                next_id: cfg.servers as u32 + 1,
-                holders: (0..cfg.workers as u32).map(|r| FIRST_WORKER_NODE + r).collect(),
-                next_worker_node: FIRST_WORKER_NODE + cfg.workers as u32,
-            },
+            coord,
             universe,
             out: Outcome { epochs: 1, ..Default::default() },
             faults_over: false,
             trace: None,
             cut: Vec::new(),
+            violation: None,
             cfg,
         };
         for &id in &members {
@@ -660,7 +643,7 @@ impl Sim {
                 sim.schedule(at, Node::Coordinator, Node::Coordinator, fault.clone());
             }
         }
-        sim
+        Ok(sim)
     }
 
     fn map_of(&self, members: &[u32]) -> ShardMap {
@@ -765,6 +748,9 @@ impl Sim {
                 t.push(format!("t={} {:?} -> {:?}: {m}", ev.at, ev.from, ev.to));
             }
             self.deliver(ev)?;
+            if let Some(v) = self.violation.take() {
+                return Err(v);
+            }
         }
         self.check()
     }

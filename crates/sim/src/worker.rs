@@ -16,6 +16,7 @@ impl Sim {
         }
         let wi = w as usize;
         let wk = &mut self.workers[wi];
+        let before = wk.next;
         while wk.next < wk.pushes.len() && wk.waiting.get(&wk.next).is_some_and(|h| h.is_empty()) {
             wk.waiting.remove(&wk.next);
             wk.next += 1;
@@ -23,6 +24,13 @@ impl Sim {
         if wk.next >= wk.pushes.len() {
             wk.done = true;
             return;
+        }
+        // replicated runs: a heartbeat carries the progress record now and then
+        if self.workers[wi].next > before && self.cfg.replacements > 0 && self.rng.chance(0.5) {
+            self.record_progress(w);
+            if self.workers[wi].done {
+                return;
+            }
         }
         let window = self.cfg.window.max(1);
         while !self.workers[wi].paused
@@ -98,7 +106,7 @@ impl Sim {
             return;
         }
         self.out.retries += 1;
-        self.workers[wi].routing = (self.coord.served_epoch, self.coord.epochs.served().to_vec());
+        self.workers[wi].routing = (self.coord.served_epoch, self.coord.engine.epochs().served().to_vec());
         self.workers[wi].attempt += 1;
         self.workers[wi].gen += 1;
         self.workers[wi].paused = false;
