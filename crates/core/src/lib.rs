@@ -27,6 +27,7 @@ pub mod filter;
 pub mod gradcode;
 pub mod hashstore;
 pub mod init;
+pub mod journal;
 pub mod keys;
 pub mod msg;
 pub mod partition;

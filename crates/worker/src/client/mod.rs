@@ -31,6 +31,7 @@ pub use deps::After;
 pub use error::ClientError;
 pub use tracker::Timestamp;
 
+pub(crate) use tables::TableInfo;
 pub(crate) use tracker::Lent;
 
 use crate::failover::Failover;
@@ -45,7 +46,6 @@ use downpour_transport::{Connection, TrafficStats, Transport, TransportError};
 use recv::Inflight;
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
-use tables::TableInfo;
 use tracker::OpState;
 
 /// Client settings.

@@ -4,7 +4,6 @@
 
 use super::filters::Resend;
 use super::{ClientError, KvClient, Lent, MAX_STALENESS};
-use downpour_core::consistency::Consistency;
 use downpour_core::filter::Message as FilterMessage;
 use downpour_core::msg::Status;
 use downpour_transport::{key_bytes_mut, value_bytes_mut, TransportError};
@@ -221,11 +220,7 @@ impl KvClient {
                 }
                 if o.parts_left == 0 {
                     if let Some(f) = self.failover.as_mut() {
-                        if let Some(r) = f.journal.remove(&ts) {
-                            f.journal_bytes -= r.bytes();
-                            let tables = &self.tables;
-                            f.settle(ts, r, o.error.is_none(), |t| tables.get(&t).is_some_and(|t| t.def.consistency == Consistency::Bsp));
-                        }
+                        f.settle(ts, o.error.is_none(), &self.tables);
                     }
                 }
                 // A finished request with nothing to hand back is forgotten at once, so

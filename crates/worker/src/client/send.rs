@@ -259,13 +259,18 @@ impl KvClient {
             clock,
             after,
         });
-        let out_len = range.len() as usize * vl;
         if let Some(l) = lent.as_deref_mut() {
             l.ts = ts;
         } else if op != Op::PushRange {
+            // the values handed back in one buffer (a sparse pull of a whole domain, whose
+            // length overflows, is answered in parts instead)
+            let out_len = (dense || op == Op::PushPullRange).then(|| (range.len() as usize).checked_mul(vl));
             if let Some(o) = self.ops.get_mut(&ts) {
-                if dense || op == Op::PushPullRange {
-                    o.values = vec![0.0; out_len];
+                if let Some(n) = out_len {
+                    let n = n.ok_or_else(|| {
+                        CoreError::Limit(format!("a range of {} keys of {vl} values does not fit in memory", range.len()))
+                    })?;
+                    o.values = vec![0.0; n];
                 }
                 o.range_parts = vec![(Vec::new(), Vec::new()); parts.len()];
             }

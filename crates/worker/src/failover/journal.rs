@@ -1,11 +1,14 @@
-//! The fail-over journal: what an unfinished request needs to be sent again ([`Redo`]),
-//! journaling a request as it is issued, and what happens to an entry when its request
-//! finishes (dropped, or retained until its `bsp` round is replicated).
+//! The fail-over journal's entries: what an unfinished request needs to be sent again
+//! ([`Redo`]), and journaling a request as it is issued. The journal's rules (what is kept,
+//! retained, released and sent again, in which order) are `core::journal::Journal`.
 
 use super::Failover;
-use crate::client::KvClient;
+use crate::client::{KvClient, TableInfo};
+use downpour_core::consistency::Consistency;
+use downpour_core::journal::Entry;
 use downpour_core::msg::Op;
 use downpour_core::KeyRange;
+use std::collections::HashMap;
 
 /// What an unfinished request needs to be sent again.
 pub(crate) enum Redo {
@@ -14,40 +17,46 @@ pub(crate) enum Redo {
     Clock { clock: u64, pause: bool },
 }
 
-impl Redo {
-    /// The clock (round) the request was issued at.
-    fn clock(&self) -> u64 {
-        match self {
-            Redo::Keyed { clock, .. } | Redo::Ranged { clock, .. } | Redo::Clock { clock, .. } => *clock,
-        }
-    }
-
-    pub(crate) fn bytes(&self) -> usize {
+impl Entry for Redo {
+    fn bytes(&self) -> usize {
         match self {
             Redo::Keyed { keys, values, .. } => keys.len() * 8 + values.len() * 4,
             Redo::Ranged { values, .. } => values.len() * 4,
             Redo::Clock { .. } => 0,
         }
     }
+
+    fn clock(&self) -> u64 {
+        match self {
+            Redo::Keyed { clock, .. } | Redo::Ranged { clock, .. } | Redo::Clock { clock, .. } => *clock,
+        }
+    }
+
+    fn completes_rounds(&self) -> bool {
+        matches!(self, Redo::Clock { pause: false, .. })
+    }
+}
+
+impl Redo {
+    /// Whether the request is a push to a `bsp` table (`bsp` says which tables are): kept
+    /// once acknowledged until its round is replicated.
+    pub(crate) fn retained_when_acknowledged(&self, bsp: impl Fn(u32) -> bool) -> bool {
+        match self {
+            Redo::Keyed { op, table, .. } | Redo::Ranged { op, table, .. } => matches!(op, Op::Push | Op::PushRange) && bsp(*table),
+            Redo::Clock { .. } => false,
+        }
+    }
+}
+
+/// Whether table `t` of `tables` is a `bsp` table.
+pub(crate) fn is_bsp(tables: &HashMap<u32, TableInfo>, t: u32) -> bool {
+    tables.get(&t).is_some_and(|t| t.def.consistency == Consistency::Bsp)
 }
 
 impl Failover {
-    /// A journaled request finished (`ok`: without error): a push to a `bsp` table (`bsp`
-    /// says which are) is retained until its round is replicated; a clock that completes
-    /// rounds releases the pushes retained for them.
-    pub(crate) fn settle(&mut self, ts: u64, redo: Redo, ok: bool, bsp: impl Fn(u32) -> bool) {
-        match &redo {
-            Redo::Keyed { op, table, .. } | Redo::Ranged { op, table, .. }
-                if ok && matches!(op, Op::Push | Op::PushRange) && bsp(*table) =>
-            {
-                self.retained.insert(ts, redo);
-            }
-            Redo::Clock { clock, pause: false } if ok => {
-                let c = *clock;
-                self.retained.retain(|_, r| r.clock() >= c);
-            }
-            _ => {}
-        }
+    /// Journaled request `ts` finished (`ok`: without error); `tables` tells the `bsp` ones.
+    pub(crate) fn settle(&mut self, ts: u64, ok: bool, tables: &HashMap<u32, TableInfo>) {
+        self.journal.settle(ts, ok, |r| r.retained_when_acknowledged(|t| is_bsp(tables, t)));
     }
 }
 
@@ -62,11 +71,7 @@ impl KvClient {
             return;
         }
         if let Some(f) = self.failover.as_mut() {
-            let r = redo();
-            f.journal_bytes += r.bytes();
-            if let Some(old) = f.journal.insert(ts, r) {
-                f.journal_bytes -= old.bytes();
-            }
+            f.journal.record(ts, redo());
         }
     }
 }

@@ -2,7 +2,8 @@
 //! another routing epoch, the client gets the new routing, reconnects, and sends its
 //! unfinished requests again under their original ids (servers apply them at most once).
 //!
-//! * `journal`: what is kept for that, and when it is released;
+//! * `journal`: the entries kept for that (the journal's rules, what is kept, retained,
+//!   released and sent again in which order, are `core::journal`, without I/O);
 //! * `recover`: reconnecting under a new routing and sending the journal again.
 //!
 //! The client marks itself broken where a send or a reply fails (`client::send`,
@@ -20,10 +21,10 @@ pub(crate) mod journal;
 mod recover;
 
 use crate::client::{ClientError, KvClient};
+use downpour_core::journal::Journal;
 use downpour_core::proto;
 use downpour_transport::Transport;
 use journal::{Redo, JOURNAL_BYTES};
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -42,16 +43,10 @@ pub(crate) struct Failover {
     source: Box<dyn RoutingSource>,
     credential: Option<Vec<u8>>,
     /// Unfinished requests by timestamp (request id), sent again, with the same id, after a
-    /// routing change: servers apply a push's keys at most once per id.
-    pub(crate) journal: BTreeMap<u64, Redo>,
-    /// Bytes the journal holds; past [`JOURNAL_BYTES`] the client waits for old requests.
-    pub(crate) journal_bytes: usize,
-    /// Acknowledged pushes to replicated `bsp` tables, by timestamp: a head acknowledges a
-    /// push when it buffers it, and the buffer dies with the head, so each is kept (and
-    /// sent again after a routing change, like the journal) until every server has
-    /// acknowledged this worker's clock that completes its round, which a server does only
-    /// once the round's aggregate is replicated.
-    retained: BTreeMap<u64, Redo>,
+    /// routing change (servers apply a push's keys at most once per id), and acknowledged
+    /// pushes to `bsp` tables retained until their round is replicated: the rules are
+    /// `core::journal`. Past [`JOURNAL_BYTES`] the client waits for old requests.
+    pub(crate) journal: Journal<Redo>,
     /// How long to keep trying to reach a working routing table.
     give_up_after: Duration,
     /// Routing changes this client went through, and the time spent in them.
@@ -77,9 +72,7 @@ impl KvClient {
             transport,
             source,
             credential,
-            journal: BTreeMap::new(),
-            journal_bytes: 0,
-            retained: BTreeMap::new(),
+            journal: Journal::new(JOURNAL_BYTES),
             give_up_after,
             recoveries: 0,
             recovery_time: Duration::ZERO,
@@ -110,19 +103,12 @@ impl KvClient {
         if self.broken {
             self.recover(None)?;
         }
-        loop {
-            let oldest = match &self.failover {
-                Some(f) if f.journal_bytes > JOURNAL_BYTES => f.journal.keys().next().copied(),
-                _ => None,
-            };
-            let Some(ts) = oldest else { break };
+        while let Some(ts) = self.failover.as_ref().and_then(|f| f.journal.over_budget()) {
             self.drive(ts, None)?;
             // an op not finished by driving (none in line: e.g. failed) leaves the journal
             if let Some(f) = self.failover.as_mut() {
                 if self.ops.get(&ts).is_none_or(|o| o.parts_left == 0) {
-                    if let Some(r) = f.journal.remove(&ts) {
-                        f.journal_bytes -= r.bytes();
-                    }
+                    f.journal.forget(ts);
                 }
             }
         }

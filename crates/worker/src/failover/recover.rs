@@ -2,11 +2,11 @@
 //! recomputing the tables' partitions, failing what cannot go again and replaying the
 //! journal under the original request ids.
 
-use super::journal::Redo;
+use super::journal::{is_bsp, Redo};
 use super::unreachable_failover;
 use crate::client::{ClientError, KvClient, Lent};
-use downpour_core::consistency::Consistency;
-use std::time::{Duration, Instant};
+use downpour_core::journal::RoutingWait;
+use std::time::Instant;
 
 impl KvClient {
     /// After a connection failed or a server answered for another epoch: waits for a newer
@@ -22,24 +22,21 @@ impl KvClient {
         let started = Instant::now();
         let deadline = started + give_up;
         loop {
-            // A dead connection needs a newer epoch. A server that answered for another
-            // epoch is about to move (or this client is behind): prefer a newer epoch, but
-            // take the current one again after a short wait.
-            let min = if self.broken_conn { self.epoch + 1 } else { self.epoch };
+            // which epoch to wait for: `core::journal::RoutingWait`
             let left = deadline.saturating_duration_since(Instant::now());
+            let want = RoutingWait::after_failure(self.broken_conn, self.epoch, left);
             if left.is_zero() {
                 return Err(ClientError::Failover(format!(
-                    "no working routing table within {give_up:?} after a server failed (epoch {min} or later needed)"
+                    "no working routing table within {give_up:?} after a server failed (epoch {} or later needed)",
+                    want.min_epoch
                 )));
             }
-            let wait = if self.broken_conn { left.min(Duration::from_secs(2)) } else { left.min(Duration::from_millis(200)) };
-            let ask = if self.broken_conn { min } else { self.epoch + 1 };
-            let routing = match self.failover.as_mut().map(|f| f.source.routing(ask, wait)) {
+            let routing = match self.failover.as_mut().map(|f| f.source.routing(want.ask, want.wait)) {
                 Some(Ok(r)) => r,
                 Some(Err(e)) => return Err(ClientError::Failover(format!("asking the coordinator for the routing: {e}"))),
                 None => unreachable_failover()?,
             };
-            if !routing.active || routing.epoch < min {
+            if !want.accepts(routing.epoch, routing.active) {
                 continue;
             }
             let Some((transport, credential)) = self.failover.as_ref().map(|f| (f.transport.clone(), f.credential.clone())) else {
@@ -74,9 +71,7 @@ impl KvClient {
             }
             // requests that cannot go again fail; the journaled ones are sent again in order
             // (pushes retained for rounds not yet replicated go again too)
-            let mut journaled: Vec<u64> =
-                self.failover.as_ref().map(|f| f.journal.keys().chain(f.retained.keys()).copied().collect()).unwrap_or_default();
-            journaled.sort_unstable();
+            let journaled: Vec<u64> = self.failover.as_ref().map(|f| f.journal.replay_order()).unwrap_or_default();
             for (ts, o) in self.ops.iter_mut() {
                 if o.parts_left > 0 && !o.deferred && journaled.binary_search(ts).is_err() {
                     o.parts_left = 0;
@@ -103,13 +98,7 @@ impl KvClient {
             if self.broken {
                 return Ok(());
             }
-            let Some(redo) = self.failover.as_mut().and_then(|f| {
-                f.journal.remove(&ts).or_else(|| {
-                    let r = f.retained.remove(&ts)?;
-                    f.journal_bytes += r.bytes();
-                    Some(r)
-                })
-            }) else {
+            let Some(redo) = self.failover.as_mut().and_then(|f| f.journal.take(ts)) else {
                 continue;
             };
             let mine = lent.as_deref_mut().filter(|l| l.ts == ts);
@@ -132,13 +121,12 @@ impl KvClient {
             self.reuse_ts = None;
             if self.ops.get(&ts).is_some_and(|o| o.parts_left > 0) {
                 if let Some(f) = self.failover.as_mut() {
-                    f.journal.insert(ts, redo);
+                    f.journal.put_back(ts, redo);
                 }
             } else if let Some(f) = self.failover.as_mut() {
-                f.journal_bytes -= redo.bytes();
                 let ok = r.is_ok() && self.ops.get(&ts).is_none_or(|o| o.error.is_none());
                 let tables = &self.tables;
-                f.settle(ts, redo, ok, |t| tables.get(&t).is_some_and(|t| t.def.consistency == Consistency::Bsp));
+                f.journal.settle_taken(ts, redo, ok, |r| r.retained_when_acknowledged(|t| is_bsp(tables, t)));
             }
             r?;
         }
