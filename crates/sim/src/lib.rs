@@ -50,6 +50,7 @@ use downpour_core::chain_push::{self, AfterFailure, Forwarder, PushKeys, PushMet
 use downpour_core::chain_rounds::{self, ChainRounds};
 use downpour_core::fence::WorkerFence;
 use downpour_core::init::splitmix64;
+use downpour_core::journal::{self, Journal};
 use downpour_core::ring::Ring;
 use downpour_core::rounds::Aggregate;
 use downpour_core::rule::RuleRegistry;
@@ -492,6 +493,27 @@ struct Worker {
     /// it recovers).
     paused: bool,
     done: bool,
+    /// Async runs: the pushes sent and not yet acknowledged by every head, by request id:
+    /// the client's fail-over journal (the production type, `core::journal::Journal`),
+    /// which decides what a replay sends again and in which order.
+    journal: Journal<Sent>,
+}
+
+/// A journaled push of the simulation's worker (its keys are the worker's `pushes`).
+struct Sent {
+    keys: usize,
+}
+
+impl journal::Entry for Sent {
+    fn bytes(&self) -> usize {
+        self.keys * 12
+    }
+    fn clock(&self) -> u64 {
+        0
+    }
+    fn completes_rounds(&self) -> bool {
+        false
+    }
 }
 
 impl Worker {
@@ -512,6 +534,7 @@ impl Worker {
             gen: 0,
             paused: false,
             done: false,
+            journal: Journal::new(usize::MAX),
         }
     }
 }

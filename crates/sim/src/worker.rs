@@ -39,6 +39,8 @@ impl Sim {
         {
             let i = self.workers[wi].sent;
             self.workers[wi].sent += 1;
+            let keys = self.workers[wi].pushes[i].len();
+            self.workers[wi].journal.record(i as u64 + 1, Sent { keys });
             if !self.send_one(w, i, true) {
                 self.replay_soon(w);
             }
@@ -117,9 +119,11 @@ impl Sim {
             self.workers[wi].clocking = false;
             return self.bsp_step(w);
         }
-        let (from, to) = (self.workers[wi].next, self.workers[wi].sent);
-        for i in from..to {
-            if self.workers[wi].waiting.get(&i).is_some_and(|h| !h.is_empty()) && !self.send_one(w, i, false) {
+        // what goes again, in order: the journal's (the client's recovery asks the same)
+        for ts in self.workers[wi].journal.replay_order() {
+            let Some(entry) = self.workers[wi].journal.take(ts) else { continue };
+            self.workers[wi].journal.put_back(ts, entry);
+            if !self.send_one(w, ts as usize - 1, false) {
                 self.replay_soon(w);
                 return;
             }
@@ -203,6 +207,10 @@ impl Sim {
                     Ok(()) => {
                         if let Some(h) = self.workers[wi].waiting.get_mut(&i) {
                             h.retain(|x| *x != head);
+                            // every head acknowledged: the request finished
+                            if h.is_empty() && !self.cfg.bsp {
+                                self.workers[wi].journal.settle(meta.request_id, true, |_| false);
+                            }
                         }
                         let wk = &mut self.workers[wi];
                         wk.progress += 1;
