@@ -2,27 +2,31 @@
 //! workers done, and a node's loss. The rules are the engine's (`engine/membership.rs`,
 //! `engine/vacancies.rs`); here the calls wait, persist, wake the waiters and log.
 
-use crate::engine::{Done, Gate, Lost};
+use crate::engine::{Done, Engine, Gate, Lost};
 use crate::error::CoordError;
 use crate::service::Coordinator;
 use downpour_core::proto;
+use parking_lot::MutexGuard;
 use std::time::{Duration, Instant};
 
 impl Coordinator {
     /// A node was lost: see [`crate::engine::Engine::lose`].
     pub(crate) fn lost(&self, id: u32, reason: String) {
         let mut st = self.state.lock();
+        self.lose_locked(&mut st, id, reason);
+    }
+
+    /// [`Coordinator::lost`] under the lock already taken.
+    fn lose_locked(&self, st: &mut MutexGuard<'_, Engine>, id: u32, reason: String) {
         let now = self.now();
         match st.lose(id, reason, now) {
             Lost::Ignored => return,
             Lost::Failed(reason) => {
-                drop(st);
-                self.failed(reason);
-                return;
+                tracing::error!("job failed: {reason}");
+                self.persist(st, true);
             }
-            Lost::Removed { .. } | Lost::Vacant { .. } => {}
+            Lost::Removed { .. } | Lost::Vacant { .. } => self.persist(st, true),
         }
-        self.persist(&mut st, true);
         self.cv.notify_all();
         self.sched_cv.notify_all();
     }
@@ -137,11 +141,19 @@ impl Coordinator {
 
     /// Node `node`'s heartbeat connection closed: lost, unless that was expected.
     pub(crate) fn disconnected(&self, node: u32) {
-        let lost = self.state.lock().disconnected(node);
-        self.cv.notify_all();
-        if let Some(reason) = lost {
-            self.lost(node, reason);
+        let mut st = self.state.lock();
+        if let Some(reason) = st.disconnected(node) {
+            self.lose_locked(&mut st, node, reason);
         }
+        drop(st);
+        self.cv.notify_all();
+    }
+
+    /// Whether node `node`'s heartbeat connection is open: its heartbeat was heard and the
+    /// connection has not closed since (or, once it closed, its loss was dealt with). Tests
+    /// wait on it; a monitor can show it.
+    pub fn heartbeat_open(&self, node: u32) -> bool {
+        self.state.lock().heartbeat_open(node)
     }
 
     /// A worker's progress record: kept for a replacement should the worker be lost.

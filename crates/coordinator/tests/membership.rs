@@ -128,10 +128,14 @@ fn a_drained_server_leaves_the_ring_and_hears_it_while_refused_drains_change_not
     s0.epoch_ready(2, 3, "").unwrap();
     s2.epoch_ready(2, 4, "").unwrap();
     assert!(job.routing().active);
-    // the drained server's disconnection is not a failure
+    // the drained server's disconnection is not a failure: once the coordinator dealt with
+    // it, the job still runs at the served epoch
     drop(s1);
-    std::thread::sleep(Duration::from_millis(200));
+    wait_until(|| !job.coord.heartbeat_open(r1.node_id), "the drained server's disconnection is handled");
     assert!(job.routing().active);
+    assert_eq!(job.routing().epoch, 2);
+    let hb = s0.heartbeat(None).unwrap();
+    assert!(!hb.job_failed, "{}", hb.reason);
     assert_eq!(job.coord.recoveries().len(), 1);
 }
 
@@ -181,7 +185,7 @@ fn a_server_dying_while_its_heartbeat_is_long_polled_is_removed_before_the_answe
     let mut h = msg::request(Op::Heartbeat, dying, 1, 0, 0);
     h.meta = proto::HeartbeatRequest::default().encode_to_vec().into();
     conn.send(&mut h, &[], &[]).unwrap();
-    std::thread::sleep(Duration::from_millis(100));
+    wait_until(|| coord.heartbeat_open(dying), "the dying server's heartbeat is heard (and long-polled)");
     let died = std::time::Instant::now();
     drop(conn);
     let mut c = connect();
@@ -204,4 +208,13 @@ fn a_server_dying_while_its_heartbeat_is_long_polled_is_removed_before_the_answe
     }
     drop(servers);
     let _ = serving.join();
+}
+
+/// Waits until `cond` holds (an event, not a sleep): fails the test after 10 s, naming `what`.
+fn wait_until(cond: impl Fn() -> bool, what: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(std::time::Instant::now() < deadline, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }

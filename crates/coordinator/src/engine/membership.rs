@@ -367,6 +367,11 @@ impl Engine {
         (!finished).then(|| format!("{} disconnected before the job finished", self.describe(node)))
     }
 
+    /// Whether node `node`'s heartbeat connection is open.
+    pub fn heartbeat_open(&self, node: u32) -> bool {
+        self.heartbeating.contains(&node)
+    }
+
     /// Whether a node still has its heartbeat connection open (the runtime's `serve` waits
     /// for the servers' to close at the end).
     pub fn heartbeats_open(&self) -> bool {
