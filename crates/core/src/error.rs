@@ -73,3 +73,12 @@ pub enum CoreError {
 
 /// Result with a [`CoreError`].
 pub type Result<T> = std::result::Result<T, CoreError>;
+
+impl From<downpour_wire::WireError> for CoreError {
+    fn from(e: downpour_wire::WireError) -> Self {
+        match e {
+            downpour_wire::WireError::Malformed(m) => CoreError::Malformed(m),
+            downpour_wire::WireError::Limit(m) => CoreError::Limit(m),
+        }
+    }
+}

@@ -18,7 +18,6 @@ pub mod chain_epoch;
 pub mod chain_push;
 pub mod chain_rounds;
 pub mod checkpoint;
-pub mod codec;
 pub mod consistency;
 pub mod epochs;
 pub mod error;
@@ -29,7 +28,6 @@ pub mod hashstore;
 pub mod init;
 pub mod journal;
 pub mod keys;
-pub mod msg;
 pub mod partition;
 pub mod pieces;
 pub mod ring;
@@ -41,11 +39,9 @@ pub mod table;
 pub mod tensor;
 pub mod vecops;
 
-/// Wire messages generated from `proto/downpour.proto`.
-#[allow(missing_docs, clippy::all)]
-pub mod proto {
-    include!(concat!(env!("OUT_DIR"), "/downpour.v1.rs"));
-}
+/// The wire contract (`downpour-wire`): the protobuf messages, the frame header's
+/// operations and statuses, and the frame codec.
+pub use downpour_wire::{codec, msg, proto};
 
 pub use error::{CoreError, Result};
 pub use keys::KeyRange;

@@ -297,7 +297,7 @@ impl Connection for GrpcConnection {
         };
         let mut h = frame.header.ok_or_else(|| TransportError::Protocol {
             peer: self.peer.clone(),
-            source: downpour_core::CoreError::Malformed("frame without header".into()),
+            source: downpour_wire::WireError::Malformed("frame without header".into()),
         })?;
         h.keys_len = frame.keys.len() as u64;
         h.values_len = frame.values.len() as u64;

@@ -29,7 +29,7 @@ pub mod tcp;
 pub use security::{AuthToken, TlsConfig};
 
 use downpour_core::proto::FrameHeader;
-use downpour_core::CoreError;
+use downpour_wire::WireError;
 use std::sync::Arc;
 use std::time::Duration;
 use thiserror::Error;
@@ -89,7 +89,7 @@ pub enum TransportError {
         /// The peer.
         peer: String,
         /// What was wrong.
-        source: CoreError,
+        source: WireError,
     },
 }
 
@@ -260,7 +260,7 @@ pub(crate) fn fill_payload(peer: &str, k: &[u8], v: &[u8], keys: &mut [u8], valu
     if k.len() != keys.len() || v.len() != values.len() {
         return Err(TransportError::Protocol {
             peer: peer.to_string(),
-            source: CoreError::Malformed(format!(
+            source: WireError::Malformed(format!(
                 "payload buffers of {}+{} bytes for a frame of {}+{} bytes",
                 keys.len(),
                 values.len(),

@@ -359,7 +359,7 @@ impl TcpConnection {
         if keys.len() as u64 != k || values.len() as u64 != v {
             return Err(TransportError::Protocol {
                 peer: self.peer.clone(),
-                source: downpour_core::CoreError::Malformed(format!(
+                source: downpour_wire::WireError::Malformed(format!(
                     "payload buffers of {}+{} bytes for a frame of {k}+{v} bytes",
                     keys.len(),
                     values.len()

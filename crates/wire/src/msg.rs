@@ -65,17 +65,17 @@ pub enum Op {
     /// number of non-zero x (u64), 16 bytes a column, little-endian, sent as the values
     /// payload (4 f32 slots a column). For norms and sparsity without reading the model.
     Summarize = 28,
-    /// Run a vector program (`VecProgram` in `meta`, see [`crate::vecops`]) on this
+    /// Run a vector program (`VecProgram` in `meta`, see `downpour_core::vecops`) on this
     /// server's part of the named dense tables; the reply's values payload holds one f64
     /// (2 f32 slots, little-endian) per `dot`, in program order.
     VecOps = 29,
     /// Sandblaster's piece hand-out on the coordinator. Body: `PieceRequest`; reply body:
-    /// `PieceReply` (see [`crate::pieces`]).
+    /// `PieceReply` (see `downpour_core::pieces`).
     Pieces = 30,
     /// Server to server (replicated tables): the rows of one table in
     /// `[range_begin, range_end)` — keys, then per key its values and update-rule state in
     /// the values payload — and, in `meta`, the exactly-once watermarks of the range's
-    /// shards ([`crate::shards::Watermarks`]). Sent by a shard's surviving holder to a new
+    /// shards (`downpour_core::shards::Watermarks`). Sent by a shard's surviving holder to a new
     /// chain member while an epoch is being prepared; the receiver replaces its rows of the
     /// range. `last` ends the copy, which is then acknowledged.
     ShardCopy = 31,

@@ -10,7 +10,9 @@
 //! against its limits, and only then reads (or allocates for) the payloads.
 
 use crate::proto::FrameHeader;
-use crate::{CoreError, Result};
+use crate::WireError;
+
+type Result<T> = std::result::Result<T, WireError>;
 use prost::Message;
 
 /// Largest encoded header accepted (headers are small; `meta` bodies are table specs and
@@ -44,14 +46,14 @@ pub fn encode_header(h: &FrameHeader, out: &mut Vec<u8>) {
 pub fn check_header_len(len: u32) -> Result<usize> {
     let len = len as usize;
     if len == 0 || len > MAX_HEADER_BYTES {
-        return Err(CoreError::Malformed(format!("frame header length {len} is outside 1..={MAX_HEADER_BYTES}")));
+        return Err(WireError::Malformed(format!("frame header length {len} is outside 1..={MAX_HEADER_BYTES}")));
     }
     Ok(len)
 }
 
 /// Decodes a header and checks its payload sizes against `limits`.
 pub fn decode_header(bytes: &[u8], limits: &FrameLimits) -> Result<FrameHeader> {
-    let h = FrameHeader::decode(bytes).map_err(|e| CoreError::Malformed(format!("frame header does not decode: {e}")))?;
+    let h = FrameHeader::decode(bytes).map_err(|e| WireError::Malformed(format!("frame header does not decode: {e}")))?;
     check_payload(&h, limits)?;
     Ok(h)
 }
@@ -60,9 +62,9 @@ pub fn decode_header(bytes: &[u8], limits: &FrameLimits) -> Result<FrameHeader> 
 pub fn check_payload(h: &FrameHeader, limits: &FrameLimits) -> Result<()> {
     // A filtered payload (compressed, low-precision) has any length; its filters check it.
     if h.encoding.is_some() {
-        let total = h.keys_len.checked_add(h.values_len).ok_or_else(|| CoreError::Malformed("payload size overflows".into()))?;
+        let total = h.keys_len.checked_add(h.values_len).ok_or_else(|| WireError::Malformed("payload size overflows".into()))?;
         if total > limits.max_payload_bytes {
-            return Err(CoreError::Limit(format!(
+            return Err(WireError::Limit(format!(
                 "frame payload of {total} bytes exceeds the limit of {} bytes",
                 limits.max_payload_bytes
             )));
@@ -70,14 +72,14 @@ pub fn check_payload(h: &FrameHeader, limits: &FrameLimits) -> Result<()> {
         return Ok(());
     }
     if !h.keys_len.is_multiple_of(8) {
-        return Err(CoreError::Malformed(format!("keys payload of {} bytes is not a whole number of u64 keys", h.keys_len)));
+        return Err(WireError::Malformed(format!("keys payload of {} bytes is not a whole number of u64 keys", h.keys_len)));
     }
     if !h.values_len.is_multiple_of(4) {
-        return Err(CoreError::Malformed(format!("values payload of {} bytes is not a whole number of f32 values", h.values_len)));
+        return Err(WireError::Malformed(format!("values payload of {} bytes is not a whole number of f32 values", h.values_len)));
     }
-    let total = h.keys_len.checked_add(h.values_len).ok_or_else(|| CoreError::Malformed("payload size overflows".into()))?;
+    let total = h.keys_len.checked_add(h.values_len).ok_or_else(|| WireError::Malformed("payload size overflows".into()))?;
     if total > limits.max_payload_bytes {
-        return Err(CoreError::Limit(format!("frame payload of {total} bytes exceeds the limit of {} bytes", limits.max_payload_bytes)));
+        return Err(WireError::Limit(format!("frame payload of {total} bytes exceeds the limit of {} bytes", limits.max_payload_bytes)));
     }
     Ok(())
 }
@@ -112,7 +114,7 @@ pub fn decode_frame(buf: &[u8], limits: &FrameLimits) -> Result<Option<DecodedFr
     }
     let h = decode_header(&buf[4..4 + hlen], limits)?;
     if h.encoding.is_some() {
-        return Err(CoreError::Malformed("a filtered frame has no typed keys and values: decode it with its table's filters".into()));
+        return Err(WireError::Malformed("a filtered frame has no typed keys and values: decode it with its table's filters".into()));
     }
     let start = 4 + hlen;
     let (kl, vl) = (h.keys_len as usize, h.values_len as usize);
@@ -194,7 +196,7 @@ mod tests {
     fn huge_length_prefix_is_rejected_before_allocation() {
         let mut buf = (u32::MAX).to_le_bytes().to_vec();
         buf.extend_from_slice(&[0; 16]);
-        assert!(matches!(decode_frame(&buf, &FrameLimits::default()), Err(CoreError::Malformed(_))));
+        assert!(matches!(decode_frame(&buf, &FrameLimits::default()), Err(WireError::Malformed(_))));
     }
 
     #[test]
@@ -202,8 +204,8 @@ mod tests {
         let h = FrameHeader { keys_len: 8, values_len: 2u64 << 30, ..Default::default() };
         let mut buf = Vec::new();
         encode_header(&h, &mut buf);
-        assert!(matches!(decode_frame(&buf, &FrameLimits::default()), Err(CoreError::Limit(_))));
+        assert!(matches!(decode_frame(&buf, &FrameLimits::default()), Err(WireError::Limit(_))));
         let odd = FrameHeader { keys_len: 7, ..Default::default() };
-        assert!(matches!(check_payload(&odd, &FrameLimits::default()), Err(CoreError::Malformed(_))));
+        assert!(matches!(check_payload(&odd, &FrameLimits::default()), Err(WireError::Malformed(_))));
     }
 }
