@@ -70,7 +70,7 @@ impl Coordinator {
             tracing::info!("the state in {} is of a job that ended: starting a new job", dir.display());
             return Ok(Self::new(cfg));
         }
-        let st = persist::from_proto(p, &cfg, &dir)?;
+        let st = Engine::restore(&cfg, p, &dir)?;
         tracing::info!(
             "coordinator restarted: took back the job from {} ({} servers, {} workers registered, routing epoch {}, {} done, {} checkpoints)",
             dir.display(),
@@ -104,7 +104,7 @@ impl Coordinator {
     /// A failed write fails the job: a restart would lose what was not written.
     pub(crate) fn persist(&self, st: &mut Engine, sync: bool) {
         let Some(dir) = &self.cfg.state_dir else { return };
-        if let Err(e) = persist::write(dir, &persist::to_proto(st, &self.cfg), sync) {
+        if let Err(e) = persist::write(dir, &st.snapshot(), sync) {
             if !self.persist_error.swap(true, Ordering::SeqCst) {
                 let reason = CoordError::io("write the coordinator state to", dir, e).to_string();
                 tracing::error!("job failed: {reason}");

@@ -18,6 +18,8 @@ pub(crate) struct Coordinator {
     pub(crate) engine: Engine,
     /// The last served epoch (the workers take their routing from it).
     pub(crate) served_epoch: u64,
+    /// When the engine (re)started: its time counts from there.
+    started: u64,
 }
 
 impl Coordinator {
@@ -44,7 +46,7 @@ impl Coordinator {
             let req = proto::RegisterRequest { role: "worker".into(), records_progress: true, ..Default::default() };
             workers.push(engine.register(&req, Duration::ZERO).map_err(err)?.id);
         }
-        Ok((Coordinator { engine, served_epoch: 1 }, workers))
+        Ok((Coordinator { engine, served_epoch: 1, started: 0 }, workers))
     }
 
     /// The servers of the ring (the newest epoch's members).
@@ -56,7 +58,7 @@ impl Coordinator {
 impl Sim {
     /// The engine's time now.
     fn clock(&self) -> Duration {
-        Duration::from_millis(self.now)
+        Duration::from_millis(self.now - self.coord.started)
     }
 
     pub(crate) fn at_coordinator(&mut self, _from: Node, msg: Msg) -> Result<(), Violation> {
@@ -102,6 +104,18 @@ impl Sim {
                 Ok(())
             }
             Msg::Replace => self.replace_worker(),
+            Msg::Restart => {
+                // the coordinator dies and is started again on its state directory: the
+                // engine comes back from its snapshot alone (nothing in flight to it is lost
+                // here; its nodes' calls would be retried)
+                let snapshot = self.coord.engine.snapshot();
+                let cfg = self.coord.engine.config().clone();
+                self.coord.engine = Engine::restore(&cfg, snapshot, std::path::Path::new("(simulated state directory)"))
+                    .map_err(|e| Violation(format!("the coordinator could not take its job back: {e}")))?;
+                self.coord.started = self.now;
+                self.out.coordinator_restarts += 1;
+                Ok(())
+            }
             Msg::Detected { server } => {
                 let now = self.clock();
                 match self.coord.engine.lose(server, format!("server node {server} lost"), now) {

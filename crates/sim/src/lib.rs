@@ -17,7 +17,8 @@
 //! crashed server or one cut off from it is lost after a detection delay, a joining server
 //! registers, a drain is its `drain`, and each change is its routing epoch, served by its
 //! `epoch_ready` once every member has its copies; a server may not hear that an epoch was
-//! served before the next change.
+//! served before the next change. The coordinator restarts: its engine is taken back from
+//! its snapshot (what the runtime writes to its state directory).
 //!
 //! A server reads a connection's next request only once it answered the one before (as the
 //! runtime's connection loop does), waits for its successors' acknowledgements for a bounded
@@ -39,11 +40,12 @@
 //! replaced it.
 //!
 //! What it does not model yet: the coordinator's heartbeats and monitor (detection is a
-//! delay; the engine's timeouts are tested on their own), barriers and checkpoints, coordinator
-//! restarts, the worker client's own journal (the workers here replay as it does), requests of several
-//! chunks from workers (forwards of several frames are), `bsp` rounds
-//! (`core::chain_rounds`) with pauses or backup workers, and copies lost in transit (the
-//! runtime retries a failed move; here copies are delivered, late).
+//! delay; the engine's timeouts are tested on their own), barriers and checkpoints, calls
+//! lost to a coordinator restart, the journal's retention of `bsp` rounds (async workers
+//! replay through `core::journal`), requests of several chunks from workers (forwards of
+//! several frames are), `bsp` rounds (`core::chain_rounds`) with pauses or backup workers,
+//! and copies lost in transit (the runtime retries a failed move; here copies are
+//! delivered, late).
 
 use downpour_core::chain_epoch;
 use downpour_core::chain_push::{self, AfterFailure, Forwarder, PushKeys, PushMeta, Skip};
@@ -118,6 +120,10 @@ pub struct SimConfig {
     /// A drained server stops holding its copies before the new ones are made, so it counts
     /// against the K − 1 faults with crashes and cut-offs.
     pub drains: usize,
+    /// Coordinator restarts during the run: the coordinator's engine is taken back from its
+    /// snapshot (what the runtime writes to its state directory), as a coordinator restarted
+    /// with `--state-dir` does; its time starts again at 0.
+    pub coordinator_restarts: usize,
 }
 
 impl SimConfig {
@@ -146,6 +152,7 @@ impl SimConfig {
             replacements: 0,
             bsp: false,
             drains: 0,
+            coordinator_restarts: 0,
         };
         // crashes and cut-offs together leave at least one copy of every key
         cfg.cutoffs = r.below((k - cfg.crashes) as u64) as usize;
@@ -158,6 +165,7 @@ impl SimConfig {
             cfg.replacements = 0;
         }
         cfg.drains = if cfg.crashes + cfg.cutoffs + 1 < k { r.below(2) as usize } else { 0 };
+        cfg.coordinator_restarts = r.below(3) as usize;
         cfg
     }
 }
@@ -191,6 +199,8 @@ pub struct Outcome {
     pub drained: u64,
     /// Pushes of replaced workers that a server refused (fenced).
     pub fenced: u64,
+    /// Coordinator restarts.
+    pub coordinator_restarts: u64,
 }
 
 /// Runs the simulation of `seed` and checks its invariants.
@@ -325,6 +335,8 @@ enum Msg {
     Replace,
     /// `admin drain` of a server.
     Drain,
+    /// The coordinator restarts from its snapshot.
+    Restart,
     /// A replacement worker starts (it registered with the coordinator).
     Start,
 }
@@ -659,6 +671,7 @@ impl Sim {
             (sim.cfg.joins, Msg::Join),
             (sim.cfg.replacements, Msg::Replace),
             (sim.cfg.drains, Msg::Drain),
+            (sim.cfg.coordinator_restarts, Msg::Restart),
         ];
         for (count, fault) in faults {
             for _ in 0..count {

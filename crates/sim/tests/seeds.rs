@@ -44,6 +44,7 @@ fn every_seed_keeps_every_replica_equal_to_the_sequential_run() {
                 totals.replaced += o.replaced;
                 totals.drained += o.drained;
                 totals.fenced += o.fenced;
+                totals.coordinator_restarts += o.coordinator_restarts;
                 by_k[cfg.k] += 1;
                 pipelined += u64::from(cfg.window > 1);
                 bsp += u64::from(cfg.bsp);
@@ -55,7 +56,7 @@ fn every_seed_keeps_every_replica_equal_to_the_sequential_run() {
         }
     }
     eprintln!(
-        "{count} seeds from {first} in {:.1}s: K=1/2/3 {}/{}/{}, {pipelined} with pipelined workers, {bsp} with a replicated bsp table, {} frames delivered, {} lost, {} duplicated, {} epochs, {} retried pushes, {} workers replaced while running, {} pushes of replaced workers fenced, {} servers drained",
+        "{count} seeds from {first} in {:.1}s: K=1/2/3 {}/{}/{}, {pipelined} with pipelined workers, {bsp} with a replicated bsp table, {} frames delivered, {} lost, {} duplicated, {} epochs, {} retried pushes, {} workers replaced while running, {} pushes of replaced workers fenced, {} servers drained, {} coordinator restarts",
         t0.elapsed().as_secs_f64(),
         by_k[1],
         by_k[2],
@@ -67,7 +68,8 @@ fn every_seed_keeps_every_replica_equal_to_the_sequential_run() {
         totals.retries,
         totals.replaced,
         totals.fenced,
-        totals.drained
+        totals.drained,
+        totals.coordinator_restarts
     );
     // the runs must have exercised what they claim to
     if count >= 500 {
@@ -76,6 +78,7 @@ fn every_seed_keeps_every_replica_equal_to_the_sequential_run() {
         assert!(totals.lost > 0 && totals.duplicated > 0 && totals.retries > 0, "faults were injected");
         assert!(totals.epochs > count, "epochs changed");
         assert!(totals.replaced > 0 && totals.fenced > 0, "running workers were replaced and fenced");
+        assert!(totals.coordinator_restarts > 0, "the coordinator restarted from its snapshot");
         assert!(bsp > 0 && bsp < count, "async and bsp tables");
         assert!(totals.drained > 0, "servers were drained");
     }

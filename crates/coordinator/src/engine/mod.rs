@@ -15,6 +15,7 @@ mod checkpoints;
 mod epochs;
 mod membership;
 mod monitor;
+mod snapshot;
 mod vacancies;
 
 pub use barriers::BarrierStep;
