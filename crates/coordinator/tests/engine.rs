@@ -63,6 +63,25 @@ fn a_silent_node_is_declared_dead_after_the_node_timeout_and_not_before() {
 }
 
 #[test]
+fn a_drained_server_that_went_quiet_does_not_hide_a_silent_one() {
+    // found by the simulation: a drained server stays in the monitor's view after it
+    // exits; each look found it silent and lost() ignored it, so a server cut off later
+    // (whose connection did not close) was never declared dead
+    let (mut e, s, w) = job(4, 1, 2);
+    e.drain(0, 10 * MS).unwrap();
+    for t in [500, 1200] {
+        for id in [s[1], s[2], w[0]] {
+            e.heartbeat_reply(id, t * MS);
+        }
+    }
+    // server 0 (drained, exited) and server 3 (cut off) are both silent since 0
+    let ticks = e.tick(1200 * MS);
+    assert_eq!(ticks.len(), 1, "{ticks:?}");
+    assert!(matches!(&ticks[0], Tick::Silent { node, .. } if *node == s[3]), "{ticks:?}");
+    assert!(matches!(e.lose(s[3], "cut off".into(), 1200 * MS), Lost::Removed { .. }));
+}
+
+#[test]
 fn registration_that_takes_longer_than_the_timeout_fails_the_job() {
     let mut e = Engine::new(CoordinatorConfig { register_timeout: 500 * MS, ..cfg(2, 1, 1) });
     server(&mut e, 7000, Duration::ZERO);

@@ -34,7 +34,16 @@ impl Sim {
                 )));
             }
         }
-        if !self.coord.engine.epochs().active() {
+        // the last epoch must be served, unless the job ended while a member it waits for
+        // was dead or cut off and not yet declared lost (the monitor stops with the job)
+        let blocked = self
+            .coord
+            .engine
+            .routing()
+            .servers
+            .iter()
+            .any(|m| self.servers.get(&m.node_id).is_none_or(|s| !s.alive) || self.cut.contains(&m.node_id));
+        if !self.coord.engine.epochs().active() && !blocked {
             return Err(Violation(format!(
                 "epoch {} was never served (served: {})",
                 self.coord.engine.epochs().epoch(),
@@ -54,8 +63,14 @@ impl Sim {
         for &key in &self.universe {
             let Some(shard) = map.shard_of(key) else { continue };
             let want = reference.get(&key).copied().unwrap_or(0.0);
+            if map.chain(shard).iter().all(|n| self.servers.get(n).is_none_or(|s| !s.alive)) {
+                return Err(Violation(format!("every copy of shard {shard} died (chain {:?})", map.chain(shard))));
+            }
             for &node in map.chain(shard) {
                 let s = self.servers.get_mut(&node).ok_or_else(|| Violation(format!("server {node} of the final chain is gone")))?;
+                if !s.alive {
+                    continue; // it died after the job's last epoch was served: its copy died with it
+                }
                 let mut got = [0f32];
                 s.table.pull(&[key], &mut got).map_err(|e| Violation(e.to_string()))?;
                 if got[0] != want {

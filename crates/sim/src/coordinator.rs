@@ -1,14 +1,16 @@
 //! The coordinator of the simulation: the production engine
 //! (`downpour_coordinator::engine::Engine`, which the coordinator's runtime drives) decides
-//! every change: servers and workers register through it, a crash or cut-off detected, a
-//! drain, a join and a replaced worker are its `lose`, `drain` and `register` calls, workers'
-//! progress records go to its `progress`, every routing epoch is its own and is served by its
-//! `epoch_ready`. The simulation adds what the runtime adds: the time (a virtual clock),
-//! detection after a delay (instead of heartbeats), and the messages to the nodes (which may
-//! be missed, as a heartbeat answer that came with the next change already).
+//! every change: servers and workers register through it and heartbeat to it, its monitor's
+//! `tick` declares silent nodes (a crashed or cut-off server, a worker whose heartbeats stop)
+//! lost through its `lose`, drains and joins are its `drain` and `register`, workers'
+//! progress records go to its `progress` and their end to its `done`, every routing epoch is
+//! its own and is served by its `epoch_ready`, and a restart takes it back from its
+//! snapshot. The simulation adds what the runtime adds: the time (a virtual clock), the
+//! heartbeats' arrival, and the messages to the nodes (which may be missed, as a heartbeat
+//! answer that came with the next change already).
 
 use super::*;
-use downpour_coordinator::engine::{Engine, EpochReadyOutcome, Lost};
+use downpour_coordinator::engine::{Engine, EpochReadyOutcome, Lost, Tick};
 use downpour_coordinator::CoordinatorConfig;
 use downpour_core::proto;
 use std::time::Duration;
@@ -34,6 +36,9 @@ impl Coordinator {
             replication: cfg.k.max(2),
             vnodes: cfg.vnodes,
             shards: cfg.shards,
+            heartbeat: Duration::from_millis(TICK),
+            node_timeout: Duration::from_millis(DETECT),
+            reassign_after: Duration::ZERO,
             ..Default::default()
         });
         let err = |e: downpour_coordinator::CoordError| Violation(format!("the coordinator refused: {e}"));
@@ -62,10 +67,14 @@ impl Sim {
     }
 
     pub(crate) fn at_coordinator(&mut self, _from: Node, msg: Msg) -> Result<(), Violation> {
+        let fault = matches!(msg, Msg::Crash | Msg::Cut | Msg::Drain | Msg::Join | Msg::Replace | Msg::Restart);
+        if fault && self.coord.engine.ended() {
+            return Ok(()); // the job is over: a fault drawn for later finds nothing to break
+        }
         match msg {
             Msg::Crash | Msg::Cut => {
-                // a live member dies (or is cut off); the coordinator notices after its node
-                // timeout and replaces it
+                // a live member dies (or is cut off): its heartbeats stop, and the engine's
+                // monitor declares it lost after the node timeout
                 let live = self.live_members();
                 if live.len() <= self.cfg.k {
                     return Ok(());
@@ -76,9 +85,9 @@ impl Sim {
                 } else if let Some(s) = self.servers.get_mut(&victim) {
                     s.alive = false; // its state is gone with it
                 }
-                self.schedule(self.now + DETECT, Node::Coordinator, Node::Coordinator, Msg::Detected { server: victim });
                 Ok(())
             }
+            Msg::Tick => self.monitor(),
             Msg::Drain => {
                 // `admin drain`: off the ring in a new epoch at once (the engine refuses to
                 // leave fewer than K servers; so does the simulation, counting live ones)
@@ -103,7 +112,16 @@ impl Sim {
                 self.new_epoch();
                 Ok(())
             }
-            Msg::Replace => self.replace_worker(),
+            Msg::Replace => {
+                // a running worker's heartbeats stop reaching the coordinator (it runs on)
+                let running: Vec<u32> =
+                    self.workers.iter().filter(|w| !w.lost && !w.done && !self.silenced.contains(&w.node)).map(|w| w.node).collect();
+                if !running.is_empty() {
+                    let node = running[self.rng.below(running.len() as u64) as usize];
+                    self.silenced.push(node);
+                }
+                Ok(())
+            }
             Msg::Restart => {
                 // the coordinator dies and is started again on its state directory: the
                 // engine comes back from its snapshot alone (nothing in flight to it is lost
@@ -115,16 +133,6 @@ impl Sim {
                 self.coord.started = self.now;
                 self.out.coordinator_restarts += 1;
                 Ok(())
-            }
-            Msg::Detected { server } => {
-                let now = self.clock();
-                match self.coord.engine.lose(server, format!("server node {server} lost"), now) {
-                    Lost::Removed { .. } => {
-                        self.new_epoch();
-                        Ok(())
-                    }
-                    other => Err(Violation(format!("the loss of server {server} did not remove it from the ring: {other:?}"))),
-                }
             }
             Msg::Ready { epoch, server } => {
                 let now = self.clock();
@@ -149,19 +157,62 @@ impl Sim {
         }
     }
 
-    /// A running worker is declared lost (its heartbeats stopped reaching the coordinator):
-    /// the engine leaves its rank vacant, and the next worker registering takes it with the
-    /// progress record the engine kept (the last one the lost worker's heartbeats carried,
-    /// which lags: the replacement sends some pushes again).
-    fn replace_worker(&mut self) -> Result<(), Violation> {
-        let running: Vec<usize> = (0..self.workers.len()).filter(|&i| !self.workers[i].lost && !self.workers[i].done).collect();
-        if running.is_empty() {
-            return Ok(());
-        }
-        let old = running[self.rng.below(running.len() as u64) as usize];
-        let (rank, node) = (self.workers[old].rank, self.workers[old].node);
+    /// The monitor's look: the heartbeats of every node that reaches the coordinator arrive
+    /// (a worker declared lost is answered so, and stops), then the engine's `tick`: a node
+    /// silent for the node timeout is lost (`Engine::lose`): a server leaves the ring in a
+    /// new epoch, a worker's rank goes to a replacement. The monitor looks until the job
+    /// ends.
+    fn monitor(&mut self) -> Result<(), Violation> {
         let now = self.clock();
-        match self.coord.engine.lose(node, format!("worker {rank} (node {node}) silent"), now) {
+        let servers: Vec<u32> = self.servers.iter().filter(|(id, s)| s.alive && !self.cut.contains(id)).map(|(id, _)| *id).collect();
+        for id in servers {
+            if self.coord.engine.heartbeat_seen(id, now).is_none() {
+                self.coord.engine.heartbeat_reply(id, now);
+            }
+        }
+        for w in 0..self.workers.len() {
+            let wk = &self.workers[w];
+            if wk.done || self.silenced.contains(&wk.node) {
+                continue;
+            }
+            match self.coord.engine.heartbeat_seen(wk.node, now) {
+                // declared lost while it ran: it stops
+                Some(_) => self.workers[w].done = true,
+                None => {
+                    self.coord.engine.heartbeat_reply(wk.node, now);
+                }
+            }
+        }
+        for tick in self.coord.engine.tick(now) {
+            match tick {
+                Tick::Silent { node, reason } => self.silent(node, reason)?,
+                Tick::Failed(why) => return Err(Violation(format!("the coordinator failed the job: {why}"))),
+                Tick::CheckpointAsked(_) | Tick::Adopted { .. } => {}
+            }
+        }
+        if !self.coord.engine.ended() {
+            self.schedule(self.now + TICK, Node::Coordinator, Node::Coordinator, Msg::Tick);
+        }
+        Ok(())
+    }
+
+    /// Node `node` was silent for the node timeout: the engine loses it. A server leaves the
+    /// ring in a new epoch; a worker's rank is left vacant, and the next worker registering
+    /// takes it with the progress record the engine kept (the last one the lost worker's
+    /// heartbeats carried, which lags: the replacement sends some pushes again).
+    fn silent(&mut self, node: u32, reason: String) -> Result<(), Violation> {
+        let now = self.clock();
+        let Some(old) = self.workers.iter().position(|w| w.node == node) else {
+            return match self.coord.engine.lose(node, reason, now) {
+                Lost::Removed { .. } => {
+                    self.new_epoch();
+                    Ok(())
+                }
+                other => Err(Violation(format!("the loss of server {node} did not remove it from the ring: {other:?}"))),
+            };
+        };
+        let rank = self.workers[old].rank;
+        match self.coord.engine.lose(node, reason, now) {
             Lost::Vacant { rank: r } if r == rank => {}
             other => return Err(Violation(format!("the loss of worker {rank} left no vacancy: {other:?}"))),
         }

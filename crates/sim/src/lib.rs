@@ -13,9 +13,12 @@
 //! server, every forwarding connection of that incoming connection is replaced, as
 //! `Forwarding::reset` does), and a new connection starts fresh on both sides; frames of
 //! different connections overtake each other. The coordinator is the production engine
-//! (`downpour_coordinator::engine::Engine`): servers and workers register through it; a
-//! crashed server or one cut off from it is lost after a detection delay, a joining server
-//! registers, a drain is its `drain`, and each change is its routing epoch, served by its
+//! (`downpour_coordinator::engine::Engine`): servers and workers register through it and
+//! heartbeat to it (every `TICK`, the heartbeats of the nodes that reach it arrive and its
+//! monitor's `tick` looks); a crashed server, one cut off from it, or a worker whose
+//! heartbeats stop is declared lost by that `tick` after the node timeout and lost through
+//! its `lose`; workers report done; a joining server registers, a drain is its `drain`,
+//! and each change is its routing epoch, served by its
 //! `epoch_ready` once every member has its copies; a server may not hear that an epoch was
 //! served before the next change. The coordinator restarts: its engine is taken back from
 //! its snapshot (what the runtime writes to its state directory).
@@ -39,8 +42,8 @@
 //! while it runs, that no server takes a push from a worker after it heard of the node that
 //! replaced it.
 //!
-//! What it does not model yet: the coordinator's heartbeats and monitor (detection is a
-//! delay; the engine's timeouts are tested on their own), barriers and checkpoints, calls
+//! What it does not model yet: heartbeat connections that close (the runtime also loses a
+//! node whose connection closed; here only silence is noticed), barriers and checkpoints, calls
 //! lost to a coordinator restart, the journal's retention of `bsp` rounds (async workers
 //! replay through `core::journal`), requests of several chunks from workers (forwards of
 //! several frames are), `bsp` rounds (`core::chain_rounds`) with pauses or backup workers,
@@ -106,10 +109,11 @@ pub struct SimConfig {
     pub skip_served: f64,
     /// Servers that join during the run.
     pub joins: usize,
-    /// Workers declared lost while still running and replaced (replicated runs only, as in
-    /// production): the replacement goes on from the lost worker's progress record under the
-    /// same rank; the lost one goes on pushing until a server fences it or it next calls
-    /// the coordinator.
+    /// Workers whose heartbeats stop reaching the coordinator while they run (replicated
+    /// runs only, as in production): the engine declares each lost after its node timeout
+    /// and its replacement goes on from the lost worker's progress record under the same
+    /// rank; the lost one goes on pushing until a server fences it or it next calls the
+    /// coordinator.
     pub replacements: usize,
     /// A replicated `bsp` table instead of an async one: workers push one round at a time
     /// and clock every server; heads buffer the round and forward its aggregate once every
@@ -326,10 +330,9 @@ enum Msg {
     Crash,
     /// A server is cut off from the coordinator (not from the others).
     Cut,
-    /// The coordinator noticed a crash (its node timeout passed).
-    Detected {
-        server: u32,
-    },
+    /// The coordinator's monitor looks (every `TICK`): the heartbeats that reached it since
+    /// are counted, and the engine's `tick` declares silent nodes lost.
+    Tick,
     Join,
     /// A worker is declared lost while still running, and replaced.
     Replace,
@@ -574,6 +577,8 @@ struct Sim {
     trace: Option<Vec<String>>,
     /// Servers cut off from the coordinator.
     cut: Vec<u32>,
+    /// Worker node ids whose heartbeats no longer reach the coordinator (they still run).
+    silenced: Vec<u32>,
     /// A rule found broken where the event's handler cannot return it.
     violation: Option<Violation>,
 }
@@ -582,6 +587,9 @@ const TABLE: u32 = 1;
 const TIMEOUT: u64 = 400;
 /// How long a server waits for its successors' acknowledgements.
 const FWD_TIMEOUT: u64 = 300;
+/// How often nodes' heartbeats reach the coordinator and its monitor looks.
+const TICK: u64 = 10;
+/// The engine's node timeout: a node silent this long is declared lost.
 const DETECT: u64 = 60;
 const HORIZON: u64 = 2_000_000;
 /// The request id of a round watermarks frame (the runtime's `ROUND_MARKS_REQUEST`).
@@ -656,6 +664,7 @@ impl Sim {
             faults_over: false,
             trace: None,
             cut: Vec::new(),
+            silenced: Vec::new(),
             violation: None,
             cfg,
         };
@@ -765,6 +774,7 @@ impl Sim {
         for w in 0..self.workers.len() {
             self.send_push(w as u32);
         }
+        self.schedule(TICK, Node::Coordinator, Node::Coordinator, Msg::Tick);
         while let Some(ev) = self.queue.pop() {
             self.now = ev.at;
             if self.now > HORIZON {

@@ -6,6 +6,8 @@
 //! pushes are still in flight.
 
 use super::*;
+use downpour_coordinator::engine::Done;
+use downpour_core::proto;
 
 impl Sim {
     /// Sends pushes until `window` are in flight; the worker is done when all were
@@ -22,8 +24,7 @@ impl Sim {
             wk.next += 1;
         }
         if wk.next >= wk.pushes.len() {
-            wk.done = true;
-            return;
+            return self.finished(w);
         }
         // replicated runs: a heartbeat carries the progress record now and then
         if self.workers[wi].next > before && self.cfg.replacements > 0 && self.rng.chance(0.5) {
@@ -153,8 +154,7 @@ impl Sim {
             None => {}
         }
         if wk.next >= wk.pushes.len() {
-            wk.done = true;
-            return;
+            return self.finished(w);
         }
         if wk.paused {
             return;
@@ -163,6 +163,20 @@ impl Sim {
         let ok = if wk.clocking { self.send_clock(w, r as u64 + 1) } else { self.send_one(w, r, true) };
         if !ok {
             self.replay_soon(w);
+        }
+    }
+
+    /// Worker `w` has every push acknowledged: it tells the coordinator it is done (a worker
+    /// declared lost is answered that its rank was taken, and changes nothing).
+    fn finished(&mut self, w: u32) {
+        let wk = &mut self.workers[w as usize];
+        wk.done = true;
+        if !wk.lost {
+            let node = wk.node;
+            let done = proto::DoneRequest { ok: true, message: String::new() };
+            if let Done::Failed(why) = self.coord.engine.done(node, &done) {
+                self.violation.get_or_insert(Violation(why));
+            }
         }
     }
 

@@ -1,5 +1,5 @@
 //! The simulation's seeds: every one must keep every invariant. `SIM_SEEDS=N` runs N seeds
-//! (default 10,000, about 21 s: the soak mode is `SIM_SEEDS=1000000`, with `-- --nocapture` for
+//! (default 10,000, about 40 s: the soak mode is `SIM_SEEDS=1000000`, with `-- --nocapture` for
 //! a progress line every 30 s), `SIM_SEED=S` runs seed S alone
 //! (what a failure prints), `SIM_FIRST=F` starts at seed F.
 

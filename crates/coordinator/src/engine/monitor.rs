@@ -70,13 +70,21 @@ impl Engine {
             out.push(Tick::Failed(reason));
             return out;
         }
-        let dead = self
+        // every silent node still in the job (a drained server that exited, or a lost node,
+        // is not: it must not hide one that is)
+        let mut dead: Vec<u32> = self
             .last_seen
             .iter()
-            .filter(|(id, t)| !self.done.contains(id) && now.saturating_sub(**t) > self.cfg.node_timeout)
+            .filter(|(id, t)| {
+                !self.done.contains(id)
+                    && !self.removed.contains(id)
+                    && !self.lost_workers.contains(id)
+                    && now.saturating_sub(**t) > self.cfg.node_timeout
+            })
             .map(|(id, _)| *id)
-            .min();
-        if let Some(node) = dead {
+            .collect();
+        dead.sort_unstable();
+        for node in dead {
             let reason = format!("{} sent no heartbeat for {:?}: declared dead", self.describe(node), self.cfg.node_timeout);
             out.push(Tick::Silent { node, reason });
         }
