@@ -1,8 +1,9 @@
 //! The coordinator of the simulation: the production engine
 //! (`downpour_coordinator::engine::Engine`, which the coordinator's runtime drives) decides
-//! every change: servers and workers register through it and heartbeat to it, its monitor's
-//! `tick` declares silent nodes (a crashed or cut-off server, a worker whose heartbeats stop)
-//! lost through its `lose`, drains and joins are its `drain` and `register`, workers'
+//! every change: servers and workers register through it and heartbeat to it, a killed
+//! server's closed heartbeat connection is its `disconnected`, its monitor's `tick` declares
+//! silent nodes (a vanished or cut-off server, a worker whose heartbeats stop) lost through
+//! its `lose`, drains and joins are its `drain` and `register`, workers'
 //! progress records go to its `progress` and their end to its `done`, every routing epoch is
 //! its own and is served by its `epoch_ready`, and a restart takes it back from its
 //! snapshot. The simulation adds what the runtime adds: the time (a virtual clock), the
@@ -82,8 +83,24 @@ impl Sim {
                 let victim = live[self.rng.below(live.len() as u64) as usize];
                 if matches!(msg, Msg::Cut) {
                     self.cut.push(victim); // alive, at its epoch, serving whoever reaches it
-                } else if let Some(s) = self.servers.get_mut(&victim) {
+                    return Ok(());
+                }
+                if let Some(s) = self.servers.get_mut(&victim) {
                     s.alive = false; // its state is gone with it
+                }
+                // a killed process's heartbeat connection closes at once (the runtime then
+                // loses it without waiting for the timeout); a machine that vanished leaves
+                // it to the monitor
+                if self.rng.chance(0.5) {
+                    if let Some(reason) = self.coord.engine.disconnected(victim) {
+                        let now = self.clock();
+                        match self.coord.engine.lose(victim, reason, now) {
+                            Lost::Removed { .. } => self.new_epoch(),
+                            other => {
+                                return Err(Violation(format!("the loss of server {victim} did not remove it from the ring: {other:?}")))
+                            }
+                        }
+                    }
                 }
                 Ok(())
             }

@@ -15,9 +15,10 @@
 //! different connections overtake each other. The coordinator is the production engine
 //! (`downpour_coordinator::engine::Engine`): servers and workers register through it and
 //! heartbeat to it (every `TICK`, the heartbeats of the nodes that reach it arrive and its
-//! monitor's `tick` looks); a crashed server, one cut off from it, or a worker whose
-//! heartbeats stop is declared lost by that `tick` after the node timeout and lost through
-//! its `lose`; workers report done; a joining server registers, a drain is its `drain`,
+//! monitor's `tick` looks); a killed server's heartbeat connection closes at once (half
+//! the crashes: its `disconnected`), a vanished one, one cut off from it, or a worker whose
+//! heartbeats stop is declared lost by that `tick` after the node timeout, and either way
+//! lost through its `lose`; workers report done; a joining server registers, a drain is its `drain`,
 //! and each change is its routing epoch, served by its
 //! `epoch_ready` once every member has its copies; a server may not hear that an epoch was
 //! served before the next change. The coordinator restarts: its engine is taken back from
@@ -42,8 +43,7 @@
 //! while it runs, that no server takes a push from a worker after it heard of the node that
 //! replaced it.
 //!
-//! What it does not model yet: heartbeat connections that close (the runtime also loses a
-//! node whose connection closed; here only silence is noticed), barriers and checkpoints, calls
+//! What it does not model yet: barriers and checkpoints, calls
 //! lost to a coordinator restart, the journal's retention of `bsp` rounds (async workers
 //! replay through `core::journal`), requests of several chunks from workers (forwards of
 //! several frames are), `bsp` rounds (`core::chain_rounds`) with pauses or backup workers,
