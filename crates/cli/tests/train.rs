@@ -321,6 +321,48 @@ fn large_feature_values_are_scaled_automatically_and_the_exported_model_takes_ra
 }
 
 #[test]
+fn per_feature_scaling_divides_each_feature_by_its_own_largest_value_and_the_model_takes_raw_values() {
+    let d = tempfile::tempdir().unwrap();
+    let (tr, te, out, model, preds) =
+        (d.path().join("tr.svm"), d.path().join("te.svm"), d.path().join("m.json"), d.path().join("w.safetensors"), d.path().join("p.txt"));
+    write_data(&tr, 8_000, 15);
+    write_data(&te, 2_000, 16);
+    // tabular columns of very different scales: feature k's values are 1, 40 or 3000
+    // depending on k (a global divisor would shrink the first kind to nothing)
+    for p in [&tr, &te] {
+        let s = std::fs::read_to_string(p).unwrap();
+        let scaled: String = s
+            .lines()
+            .map(|l| {
+                let mut parts = l.split(' ');
+                let mut out = parts.next().unwrap().to_string();
+                for kv in parts {
+                    let k: u64 = kv.split(':').next().unwrap().parse().unwrap();
+                    out.push_str(&format!(" {k}:{}", [1, 40, 3000][(k % 3) as usize]));
+                }
+                out + "\n"
+            })
+            .collect();
+        std::fs::write(p, scaled).unwrap();
+    }
+    let o = downpour()
+        .env("DOWNPOUR_LOG", "info")
+        .args(["train", "linear", "--train", tr.to_str().unwrap(), "--test", te.to_str().unwrap(), "--workers", "1"])
+        .args(["--scale", "per-feature", "--out", out.to_str().unwrap(), "--model-out", model.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{log}");
+    assert!(log.contains("features above 1 are divided by their largest |value|") && log.contains("up to 3000"), "{log}");
+    let m = metrics(&out);
+    assert!(m["test_auc"].as_f64().unwrap() > 0.75, "{m}");
+    // each weight divided by its own feature's divisor applies to the raw values
+    let ll = predict_logloss(&model, &te, &preds);
+    let trained = m["test_logloss"].as_f64().unwrap();
+    assert!((ll - trained).abs() < 1e-5, "predict logloss {ll} vs training-time {trained}");
+}
+
+#[test]
 fn bounded_staleness_is_never_exceeded_on_a_live_cluster() {
     let d = tempfile::tempdir().unwrap();
     let (tr, te) = (d.path().join("tr.svm"), d.path().join("te.svm"));

@@ -19,12 +19,13 @@ use downpour_core::rounds::Aggregate;
 use downpour_core::table::{Storage, TableDef};
 use downpour_data::batch::Batch;
 use downpour_data::libsvm::DataError;
-use downpour_data::share::{max_abs_value, ShareReader};
+use downpour_data::share::{Scaling, ShareReader};
 use downpour_data::text::TextOptions;
 use downpour_data::Format;
 use downpour_worker::{KvClient, Timestamp, WorkerSession};
 use std::path::PathBuf;
 use std::sync::mpsc::{sync_channel, Receiver};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Server-side update rule of the linear model.
@@ -145,9 +146,12 @@ pub struct LinearConfig {
     #[cfg_attr(feature = "cli", arg(long, default_value_t = 0.0))]
     pub l2: f32,
     /// Feature value scale: `auto` divides every value by the largest |value| among the first
-    /// 10,000 training examples when that exceeds 1 (raw pixel or count features), `none`
-    /// keeps values as they are, a number divides by that number. The exported model is in
-    /// the unscaled units, so `predict` takes the original files.
+    /// 10,000 training examples when that exceeds 1 (raw pixels); `per-feature` divides each
+    /// feature's values by that feature's own largest |value| there when it exceeds 1 (counts
+    /// in the thousands beside ratios below 1 each end up in [−1, 1]; features already within
+    /// it, binary or hashed text, are unchanged; a feature not seen there is not scaled);
+    /// `none` keeps values as they are; a number divides every value by that number. The
+    /// exported model is in the unscaled units, so `predict` takes the original files.
     #[cfg_attr(feature = "cli", arg(long, default_value = "auto", value_parser = parse_scale))]
     pub scale: Scale,
     /// Examples are shuffled within a window of this many per epoch (0 or 1: file order).
@@ -214,8 +218,12 @@ impl Default for LinearConfig {
 /// How feature values are scaled before training (`--scale`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Scale {
-    /// Divide by max(1, the largest |value| of the first 10,000 training examples).
+    /// Divide every value by max(1, the largest |value| of the first 10,000 training
+    /// examples).
     Auto,
+    /// Divide each feature by max(1, its own largest |value| in the first 10,000 training
+    /// examples).
+    PerFeature,
     /// Divide by this.
     Fixed(f32),
 }
@@ -287,14 +295,15 @@ pub fn parse_aggregate(s: &str) -> Result<Aggregate, String> {
     s.parse().map_err(|e: downpour_core::CoreError| e.to_string())
 }
 
-/// Parses `--scale`: `auto`, `none` or a positive number.
+/// Parses `--scale`: `auto`, `per-feature`, `none` or a positive number.
 pub fn parse_scale(s: &str) -> Result<Scale, String> {
     match s {
         "auto" => Ok(Scale::Auto),
+        "per-feature" => Ok(Scale::PerFeature),
         "none" => Ok(Scale::Fixed(1.0)),
         x => match x.parse::<f32>() {
             Ok(v) if v.is_finite() && v > 0.0 => Ok(Scale::Fixed(v)),
-            _ => Err(format!("{x:?} is not auto, none or a positive number")),
+            _ => Err(format!("{x:?} is not auto, per-feature, none or a positive number")),
         },
     }
 }
@@ -364,7 +373,7 @@ struct Evaluator {
 }
 
 impl Evaluator {
-    fn spawn(mut kv: KvClient, test: PathBuf, format: Format, batch: usize, scale: f32, t0: Instant) -> Result<Evaluator> {
+    fn spawn(mut kv: KvClient, test: PathBuf, format: Format, batch: usize, scale: Arc<Scaling>, t0: Instant) -> Result<Evaluator> {
         let (tx, rx) = std::sync::mpsc::channel::<()>();
         let thread = std::thread::Builder::new()
             .name("evaluator".into())
@@ -372,7 +381,7 @@ impl Evaluator {
                 let mut out = Vec::new();
                 while rx.recv().is_ok() {
                     while rx.try_recv().is_ok() {}
-                    let m = evaluate(&mut kv, &test, &format, batch, scale)?;
+                    let m = evaluate(&mut kv, &test, &format, batch, &scale)?;
                     out.push((t0.elapsed().as_secs_f64(), m.logloss, m.auc));
                 }
                 Ok(out)
@@ -406,8 +415,8 @@ struct EpochMetrics {
 
 /// Scores the test set with the servers' current weights, read with `kv` (peeks: no key is
 /// created, nothing waits for clocks).
-fn evaluate(kv: &mut KvClient, test: &PathBuf, format: &Format, batch: usize, scale: f32) -> Result<EpochMetrics> {
-    let mut r = ShareReader::for_worker(std::slice::from_ref(test), format, 0, 1)?.with_key_map(scramble).with_value_scale(1.0 / scale);
+fn evaluate(kv: &mut KvClient, test: &PathBuf, format: &Format, batch: usize, scale: &Arc<Scaling>) -> Result<EpochMetrics> {
+    let mut r = ShareReader::for_worker(std::slice::from_ref(test), format, 0, 1)?.with_key_map(scramble).with_scaling(scale.clone());
     let (mut p, mut y) = (Vec::new(), Vec::new());
     let mut w = Vec::new();
     while let Some(b) = r.next_batch(batch.max(1000))? {
@@ -450,12 +459,22 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
     }
     let format = a.input.data_format();
     // Every worker reads the same first examples, so all agree on the scale.
-    let scale = match a.scale {
-        Scale::Fixed(v) => v,
-        Scale::Auto => max_abs_value(a.train.first().context("--train needs a file")?, &format, SCALE_SAMPLE)?.max(1.0),
-    };
-    if scale != 1.0 && s.rank == 0 && !a.quiet {
-        tracing::info!("feature values are divided by {scale} (--scale; the exported model is in the original units)");
+    let first = a.train.first().context("--train needs a file")?;
+    let scale = Arc::new(match a.scale {
+        Scale::Fixed(v) => Scaling::all(v),
+        Scale::Auto => Scaling::all(Scaling::per_feature_max(first, &format, SCALE_SAMPLE)?.largest().max(1.0)),
+        Scale::PerFeature => Scaling::per_feature_max(first, &format, SCALE_SAMPLE)?,
+    });
+    if !scale.is_identity() && s.rank == 0 && !a.quiet {
+        if scale.per_feature.is_empty() {
+            tracing::info!("feature values are divided by {} (--scale; the exported model is in the original units)", scale.all);
+        } else {
+            tracing::info!(
+                "{} features above 1 are divided by their largest |value| in the first {SCALE_SAMPLE} examples (up to {}; --scale per-feature; the exported model is in the original units)",
+                scale.per_feature.len(),
+                scale.largest()
+            );
+        }
     }
     if s.checkpointing() {
         ensure!(
@@ -497,7 +516,7 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
     let mut evaluator = match (s.reader.take(), &a.test) {
         (Some(mut kv), Some(test)) if a.eval_every > 0 => {
             kv.use_table(table_def(a));
-            Some(Evaluator::spawn(kv, test.clone(), format.clone(), a.batch, scale, t0)?)
+            Some(Evaluator::spawn(kv, test.clone(), format.clone(), a.batch, scale.clone(), t0)?)
         }
         _ => None,
     };
@@ -508,7 +527,7 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
         let reader = ShareReader::for_worker(&a.train, &format, s.rank, s.num_workers)?
             .with_shuffle(a.shuffle_buffer, shuffle_seed)
             .with_key_map(scramble)
-            .with_value_scale(1.0 / scale);
+            .with_scaling(scale.clone());
         let batches = spawn_reader(reader, a.batch)?;
         let mut progress = Progress::new(report, !a.quiet && s.rank == 0, format!("epoch {epoch}/{}", a.epochs));
         let (mut seen, mut loss_sum, mut loss_n) = (0usize, 0f64, 0usize);
@@ -623,7 +642,7 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
                         evals.extend(e.finish()?);
                     }
                 }
-                let m = evaluate(&mut s.kv, test, &format, a.batch, scale)?;
+                let m = evaluate(&mut s.kv, test, &format, a.batch, &scale)?;
                 if !a.quiet {
                     tracing::info!(
                         "epoch {epoch}: {seen} examples on this worker in {:.1}s ({:.0} ex/s)",
@@ -741,9 +760,15 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
             let (keys, values) = s.kv.pull_range(TABLE, downpour_core::KeyRange::FULL)?;
             // Back to feature ids, in id order. Zero weights (L1-zeroed keys) are left out:
             // `predict` reads an absent id as 0, so scores are unchanged.
-            // Weights learnt on values / scale apply to the original values divided by scale.
-            let mut pairs: Vec<(u64, f32)> =
-                keys.into_iter().map(unscramble).zip(values.into_iter().map(|w| w / scale)).filter(|(_, v)| *v != 0.0).collect();
+            // Weights learnt on values / d apply to the original values divided by d (each
+            // feature's own divisor).
+            let mut pairs: Vec<(u64, f32)> = keys
+                .into_iter()
+                .map(unscramble)
+                .zip(values)
+                .map(|(id, w)| (id, w / scale.divisor(id)))
+                .filter(|(_, v)| *v != 0.0)
+                .collect();
             pairs.sort_unstable_by_key(|p| p.0);
             let (keys, values): (Vec<u64>, Vec<f32>) = pairs.into_iter().unzip();
             crate::model::save(path, &keys, &values, 1)?;
