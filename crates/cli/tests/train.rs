@@ -321,7 +321,7 @@ fn large_feature_values_are_scaled_automatically_and_the_exported_model_takes_ra
 }
 
 #[test]
-fn per_feature_scaling_divides_each_feature_by_its_own_largest_value_and_the_model_takes_raw_values() {
+fn mixed_feature_scales_warn_and_per_feature_scaling_divides_each_by_its_own_largest_value() {
     let d = tempfile::tempdir().unwrap();
     let (tr, te, out, model, preds) =
         (d.path().join("tr.svm"), d.path().join("te.svm"), d.path().join("m.json"), d.path().join("w.safetensors"), d.path().join("p.txt"));
@@ -345,6 +345,14 @@ fn per_feature_scaling_divides_each_feature_by_its_own_largest_value_and_the_mod
             .collect();
         std::fs::write(p, scaled).unwrap();
     }
+    // the default (one global divisor) warns that the scales differ
+    let o = downpour()
+        .args(["train", "linear", "--train", tr.to_str().unwrap(), "--workers", "1", "--epochs", "1", "--quiet"])
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{log}");
+    assert!(log.contains("feature scales differ by 3000x") && log.contains("--scale per-feature"), "{log}");
     let o = downpour()
         .env("DOWNPOUR_LOG", "info")
         .args(["train", "linear", "--train", tr.to_str().unwrap(), "--test", te.to_str().unwrap(), "--workers", "1"])
@@ -352,6 +360,7 @@ fn per_feature_scaling_divides_each_feature_by_its_own_largest_value_and_the_mod
         .output()
         .unwrap();
     let log = String::from_utf8_lossy(&o.stderr);
+    assert!(!log.contains("feature scales differ"), "{log}");
     assert!(o.status.success(), "{log}");
     assert!(log.contains("features above 1 are divided by their largest |value|") && log.contains("up to 3000"), "{log}");
     let m = metrics(&out);

@@ -165,6 +165,24 @@ impl ShareReader {
     }
 }
 
+/// Each feature's largest |value| among the first `n` examples of `path` (features seen
+/// there only).
+pub fn feature_maxima(path: &std::path::Path, format: &Format, n: usize) -> Result<std::collections::HashMap<u64, f32>, DataError> {
+    let mut r = ExampleReader::open(path, format)?;
+    let mut ex = Example::default();
+    let mut max: std::collections::HashMap<u64, f32> = Default::default();
+    for _ in 0..n {
+        if !r.next_into(&mut ex)? {
+            break;
+        }
+        for (k, v) in ex.keys.iter().zip(&ex.values) {
+            let m = max.entry(*k).or_insert(0.0);
+            *m = m.max(v.abs());
+        }
+    }
+    Ok(max)
+}
+
 /// How feature values are divided before training: by one number for every feature, and
 /// each listed feature (by its id in the file) by its own number too. A model learnt on
 /// the divided values applies to the original ones once each weight is divided by its
@@ -193,20 +211,13 @@ impl Scaling {
     /// divided by that value (a count in the thousands and a ratio below 1 both end up in
     /// [−1, 1]); features within [−1, 1] there, or not seen there, unchanged.
     pub fn per_feature_max(path: &std::path::Path, format: &Format, n: usize) -> Result<Scaling, DataError> {
-        let mut r = ExampleReader::open(path, format)?;
-        let mut ex = Example::default();
-        let mut max: std::collections::HashMap<u64, f32> = Default::default();
-        for _ in 0..n {
-            if !r.next_into(&mut ex)? {
-                break;
-            }
-            for (k, v) in ex.keys.iter().zip(&ex.values) {
-                let m = max.entry(*k).or_insert(0.0);
-                *m = m.max(v.abs());
-            }
-        }
+        Ok(Scaling::from_maxima(feature_maxima(path, format, n)?))
+    }
+
+    /// [`Scaling::per_feature_max`] from the maxima [`feature_maxima`] found.
+    pub fn from_maxima(mut max: std::collections::HashMap<u64, f32>) -> Scaling {
         max.retain(|_, m| *m > 1.0 && m.is_finite());
-        Ok(Scaling { all: 1.0, per_feature: max })
+        Scaling { all: 1.0, per_feature: max }
     }
 
     /// The largest per-feature divisor (1 when none is listed): with [`Scaling::per_feature_max`],

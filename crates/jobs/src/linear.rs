@@ -19,7 +19,7 @@ use downpour_core::rounds::Aggregate;
 use downpour_core::table::{Storage, TableDef};
 use downpour_data::batch::Batch;
 use downpour_data::libsvm::DataError;
-use downpour_data::share::{Scaling, ShareReader};
+use downpour_data::share::{feature_maxima, Scaling, ShareReader};
 use downpour_data::text::TextOptions;
 use downpour_data::Format;
 use downpour_worker::{KvClient, Timestamp, WorkerSession};
@@ -308,6 +308,25 @@ pub fn parse_scale(s: &str) -> Result<Scale, String> {
     }
 }
 
+/// Above this ratio between the largest and the smallest feature maxima, one global divisor
+/// (`--scale auto`) shrinks the small features to nothing: the job warns.
+const SPREAD_WARNING: f32 = 1000.0;
+
+/// The warning for data whose features' scales differ by more than [`SPREAD_WARNING`]
+/// (`maxima`: each feature's largest |value| in the sample), naming the two extremes.
+fn unscaled_warning(maxima: &std::collections::HashMap<u64, f32>) -> Option<String> {
+    // (ties broken by feature id, so every run names the same features)
+    let mut nonzero: Vec<(u64, f32)> = maxima.iter().filter(|(_, m)| **m > 0.0 && m.is_finite()).map(|(k, m)| (*k, *m)).collect();
+    nonzero.sort_unstable_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
+    let (&(lo_id, lo), &(hi_id, hi)) = (nonzero.first()?, nonzero.last()?);
+    (hi / lo > SPREAD_WARNING).then(|| {
+        format!(
+            "feature scales differ by {:.0}x in the first {SCALE_SAMPLE} examples (feature {hi_id} up to {hi}, feature {lo_id} up to {lo}): --scale auto divides every value by one number and the small features nearly vanish; --scale per-feature divides each feature by its own largest value (see docs/experiments.md)",
+            hi / lo
+        )
+    })
+}
+
 /// Examples the automatic scale looks at.
 const SCALE_SAMPLE: usize = 10_000;
 
@@ -462,7 +481,15 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
     let first = a.train.first().context("--train needs a file")?;
     let scale = Arc::new(match a.scale {
         Scale::Fixed(v) => Scaling::all(v),
-        Scale::Auto => Scaling::all(Scaling::per_feature_max(first, &format, SCALE_SAMPLE)?.largest().max(1.0)),
+        Scale::Auto => {
+            let maxima = feature_maxima(first, &format, SCALE_SAMPLE)?;
+            if s.rank == 0 {
+                if let Some(w) = unscaled_warning(&maxima) {
+                    tracing::warn!("{w}");
+                }
+            }
+            Scaling::all(Scaling::from_maxima(maxima).largest())
+        }
         Scale::PerFeature => Scaling::per_feature_max(first, &format, SCALE_SAMPLE)?,
     });
     if !scale.is_identity() && s.rank == 0 && !a.quiet {
