@@ -327,6 +327,10 @@ fn unscaled_warning(maxima: &std::collections::HashMap<u64, f32>) -> Option<Stri
     })
 }
 
+/// A running training log loss above this (1.5 × ln 2: worse than predicting the base rate of
+/// balanced classes, by a margin) warns that the training diverges.
+const DIVERGED_LOSS: f64 = 1.5 * std::f64::consts::LN_2;
+
 /// Examples the automatic scale looks at.
 const SCALE_SAMPLE: usize = 10_000;
 
@@ -548,6 +552,7 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
         _ => None,
     };
 
+    let mut warned_divergence = false;
     for epoch in first_epoch..=a.epochs {
         let te = Instant::now();
         let shuffle_seed = a.seed ^ (epoch as u64).wrapping_mul(0x9E37_79B9) ^ (s.rank as u64).wrapping_mul(0x85EB_CA6B);
@@ -643,6 +648,16 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
         }
         progress.finish();
         total_examples += seen;
+        // A running loss worse than predicting the base rate means the steps are too large
+        // for the data (a learning rate too high, or columns of very different scales).
+        let running = loss_sum / loss_n.max(1) as f64;
+        if s.rank == 0 && !warned_divergence && loss_n > 0 && (running.is_nan() || running > DIVERGED_LOSS) {
+            warned_divergence = true;
+            tracing::warn!(
+                "epoch {epoch}: the running training log loss {running:.3} is worse than predicting the base rate ({:.3}): the steps are too large for this data (a smaller --lr, or --scale per-feature when the columns differ in scale)",
+                std::f64::consts::LN_2
+            );
+        }
         // Workers go from one epoch to the next without waiting for each other (their clocks
         // keep counting, so the consistency model still binds them); only the last epoch
         // ends at a barrier, so the final evaluation sees every worker's updates.
