@@ -15,15 +15,14 @@ impl Coordinator {
                 return;
             }
             let ticks = st.tick(self.now());
-            let describe: Vec<String> = ticks
-                .iter()
-                .map(|t| match t {
-                    Tick::Adopted { node, .. } => st.describe(*node).to_string(),
-                    _ => String::new(),
-                })
-                .collect();
+            for t in &ticks {
+                if let Tick::Adopted { rank, node } = t {
+                    let who = st.describe(*node);
+                    tracing::warn!("no replacement for worker {rank} within {:?}: {who} takes its share over", self.cfg.reassign_after);
+                }
+            }
             drop(st);
-            for (t, who) in ticks.into_iter().zip(describe) {
+            for t in ticks {
                 match t {
                     Tick::Failed(reason) => {
                         self.failed(reason);
@@ -34,8 +33,7 @@ impl Coordinator {
                             tracing::info!("checkpoint {seq} asked for (every {every:?})");
                         }
                     }
-                    Tick::Adopted { rank, .. } => {
-                        tracing::warn!("no replacement for worker {rank} within {:?}: {who} takes its share over", self.cfg.reassign_after);
+                    Tick::Adopted { .. } => {
                         self.cv.notify_all();
                     }
                     Tick::Silent { node, reason } => self.lost(node, reason),

@@ -163,11 +163,6 @@ impl Engine {
         self.failed.as_deref()
     }
 
-    /// Every worker is done: the job is shutting down.
-    pub fn shutting_down(&self) -> bool {
-        self.shutdown
-    }
-
     /// The job ended (failed or shutting down): nothing more changes it.
     pub fn ended(&self) -> bool {
         self.shutdown || self.failed.is_some()
@@ -201,10 +196,5 @@ impl Engine {
     /// The recoveries and reconfigurations so far (replicated jobs).
     pub fn recoveries(&self) -> &[Recovery] {
         &self.recoveries
-    }
-
-    /// How many servers and workers have registered.
-    pub fn registered(&self) -> (usize, usize) {
-        (self.servers.len(), self.workers.len())
     }
 }

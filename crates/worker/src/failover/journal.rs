@@ -49,7 +49,7 @@ impl Redo {
 }
 
 /// Whether table `t` of `tables` is a `bsp` table.
-pub(crate) fn is_bsp(tables: &HashMap<u32, TableInfo>, t: u32) -> bool {
+fn is_bsp(tables: &HashMap<u32, TableInfo>, t: u32) -> bool {
     tables.get(&t).is_some_and(|t| t.def.consistency == Consistency::Bsp)
 }
 
@@ -57,6 +57,12 @@ impl Failover {
     /// Journaled request `ts` finished (`ok`: without error); `tables` tells the `bsp` ones.
     pub(crate) fn settle(&mut self, ts: u64, ok: bool, tables: &HashMap<u32, TableInfo>) {
         self.journal.settle(ts, ok, |r| r.retained_when_acknowledged(|t| is_bsp(tables, t)));
+    }
+
+    /// Entry `ts`, taken from the journal and sent again, finished at once (as
+    /// [`Failover::settle`]).
+    pub(crate) fn settle_taken(&mut self, ts: u64, redo: Redo, ok: bool, tables: &HashMap<u32, TableInfo>) {
+        self.journal.settle_taken(ts, redo, ok, |r| r.retained_when_acknowledged(|t| is_bsp(tables, t)));
     }
 }
 

@@ -2,7 +2,7 @@
 //! recomputing the tables' partitions, failing what cannot go again and replaying the
 //! journal under the original request ids.
 
-use super::journal::{is_bsp, Redo};
+use super::journal::Redo;
 use super::unreachable_failover;
 use crate::client::{ClientError, KvClient, Lent};
 use downpour_core::journal::RoutingWait;
@@ -125,8 +125,7 @@ impl KvClient {
                 }
             } else if let Some(f) = self.failover.as_mut() {
                 let ok = r.is_ok() && self.ops.get(&ts).is_none_or(|o| o.error.is_none());
-                let tables = &self.tables;
-                f.journal.settle_taken(ts, redo, ok, |r| r.retained_when_acknowledged(|t| is_bsp(tables, t)));
+                f.settle_taken(ts, redo, ok, &self.tables);
             }
             r?;
         }
