@@ -54,8 +54,14 @@ def vw(Xtr, ytr, Xte, yte):
 
 
 def main():
-    from sklearn.datasets import load_breast_cancer
-    from sklearn.model_selection import train_test_split
+    try:
+        from sklearn.datasets import load_breast_cancer
+        from sklearn.model_selection import train_test_split
+        import liblinear, vowpalwabbit  # noqa: F401 (checked here, used below)
+    except ImportError as e:
+        sys.exit(f"tabular_defaults.py: {e}: pip install scikit-learn liblinear-official vowpalwabbit")
+    if not os.path.exists(BIN):
+        sys.exit(f"tabular_defaults.py: no {BIN}: cargo build --release (or set DOWNPOUR)")
     X, y = load_breast_cancer(return_X_y=True)
     y = [bool(t) for t in y]
     split = int(os.environ.get("SPLIT", "1"))
