@@ -57,7 +57,7 @@ def main():
     try:
         from sklearn.datasets import load_breast_cancer
         from sklearn.model_selection import train_test_split
-        import liblinear, vowpalwabbit  # noqa: F401 (checked here, used below)
+        import liblinear.liblinearutil as _ll, vowpalwabbit as _vw  # noqa: F401 (checked here, used below)
     except ImportError as e:
         sys.exit(f"tabular_defaults.py: {e}: pip install scikit-learn liblinear-official vowpalwabbit")
     if not os.path.exists(BIN):
