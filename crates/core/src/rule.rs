@@ -54,20 +54,50 @@ macro_rules! with_step {
                 $body
             }
             Rule::Ftrl { alpha, beta, l1, l2 } => {
-                let $step = |w: &mut f32, s: &mut [f32], g: f32| {
-                    let (z, n) = (s[0], s[1]);
-                    let n_new = n + g * g;
-                    let sigma = (n_new.sqrt() - n.sqrt()) / alpha;
-                    let z = z + g - sigma * *w;
-                    s[0] = z;
-                    s[1] = n_new;
-                    *w = if z.abs() <= l1 { 0.0 } else { -(z - z.signum() * l1) / ((beta + n_new.sqrt()) / alpha + l2) };
-                };
+                let $step = |w: &mut f32, s: &mut [f32], g: f32| *w = ftrl_step(*w, s, g, alpha, beta, l1, l2);
                 $body
             }
-            Rule::Custom(..) | Rule::Bpg { .. } => {}
+            Rule::Custom(..) | Rule::Bpg { .. } | Rule::AdagradNorm { .. } | Rule::FtrlNorm { .. } => {}
         }
     };
+}
+
+/// One row `(w, N)` of a normalised rule with the pushed row `(g, m)`: g the gradient of
+/// the weight w, m the largest |x| of the feature among the examples that produced g, N the
+/// largest |x| seen so far. The rule runs its adaptive step on the feature divided by N
+/// (gradient `g / N`, weight `w · N`), so the step in w is divided by the feature's scale.
+/// A new scale (m > N) leaves the normalised weight, so `w` shrinks by N_old/N_new as Vowpal
+/// Wabbit's `--normalized` does. `step(w', g', state)` updates the normalised weight.
+#[inline]
+fn normalised_step(row: &mut [f32], pushed: &[f32], state: &mut [f32], step: impl Fn(f32, f32, &mut [f32]) -> f32) {
+    let (w, n_old) = (row[0], row[1]);
+    let (g, m) = (pushed[0], pushed[1].abs());
+    let n = if m > n_old && m.is_finite() { m } else { n_old };
+    if n <= 0.0 {
+        // the feature was never non-zero: its gradient is 0 too
+        return;
+    }
+    let w_norm = w * n_old;
+    let w_norm = step(w_norm, g / n, state);
+    row[0] = w_norm / n;
+    row[1] = n;
+}
+
+/// One FTRL-Proximal step of weight `w` with state `s = (z, n)` and gradient `g`; returns
+/// the new weight.
+#[inline]
+fn ftrl_step(w: f32, s: &mut [f32], g: f32, alpha: f32, beta: f32, l1: f32, l2: f32) -> f32 {
+    let (z, n) = (s[0], s[1]);
+    let n_new = n + g * g;
+    let sigma = (n_new.sqrt() - n.sqrt()) / alpha;
+    let z = z + g - sigma * w;
+    s[0] = z;
+    s[1] = n_new;
+    if z.abs() <= l1 {
+        0.0
+    } else {
+        -(z - z.signum() * l1) / ((beta + n_new.sqrt()) / alpha + l2)
+    }
 }
 
 /// The largest trust region of the BPG step (δ_max).
@@ -171,6 +201,29 @@ pub enum Rule {
         /// λ, the L1 strength.
         l1: f32,
     },
+    /// AdaGrad on each feature divided by the largest |value| seen for it (scale-free
+    /// updates; Vowpal Wabbit's `--adaptive --normalized`): rows of 2 values `(w, N)`,
+    /// pushed rows `(g, m)` with m the feature's largest |value| behind g; value length 2.
+    /// `N ← max(N, m); G ← G + (g/N)²; w·N ← w·N − lr · (g/N) / (√G + ε)`.
+    AdagradNorm {
+        /// Learning rate.
+        lr: f32,
+        /// ε.
+        eps: f32,
+    },
+    /// FTRL-Proximal on each feature divided by the largest |value| seen for it: rows and
+    /// pushes as [`Rule::AdagradNorm`]; state `(z, n)` of the normalised weight `w·N`, whose
+    /// L1/L2 strengths are those of the normalised weight.
+    FtrlNorm {
+        /// α (learning rate).
+        alpha: f32,
+        /// β.
+        beta: f32,
+        /// L1 strength λ₁.
+        l1: f32,
+        /// L2 strength λ₂.
+        l2: f32,
+    },
     /// A user-defined rule.
     Custom(String, Arc<dyn UpdateRule>),
 }
@@ -187,6 +240,8 @@ impl fmt::Debug for Rule {
             Rule::Adam { lr, b1, b2, eps } => write!(f, "Adam {{ lr: {lr}, b1: {b1}, b2: {b2}, eps: {eps} }}"),
             Rule::Ftrl { alpha, beta, l1, l2 } => write!(f, "Ftrl {{ alpha: {alpha}, beta: {beta}, l1: {l1}, l2: {l2} }}"),
             Rule::Bpg { l1 } => write!(f, "Bpg {{ l1: {l1} }}"),
+            Rule::AdagradNorm { lr, eps } => write!(f, "AdagradNorm {{ lr: {lr}, eps: {eps} }}"),
+            Rule::FtrlNorm { alpha, beta, l1, l2 } => write!(f, "FtrlNorm {{ alpha: {alpha}, beta: {beta}, l1: {l1}, l2: {l2} }}"),
         }
     }
 }
@@ -196,7 +251,7 @@ impl Rule {
     pub fn state_per_element(&self) -> usize {
         match self {
             Rule::Assign | Rule::Add | Rule::Sgd { .. } | Rule::Bpg { .. } => 0,
-            Rule::Momentum { .. } | Rule::Adagrad { .. } => 1,
+            Rule::Momentum { .. } | Rule::Adagrad { .. } | Rule::AdagradNorm { .. } | Rule::FtrlNorm { .. } => 1,
             Rule::Ftrl { .. } => 2,
             Rule::Adam { .. } => 3,
             Rule::Custom(_, r) => r.state_per_element(),
@@ -219,6 +274,22 @@ impl Rule {
                 // rows of 3, never split by the table
                 for (row, g) in w.chunks_exact_mut(3).zip(grad.chunks_exact(3)) {
                     bpg_step(row, g, l1);
+                }
+                return;
+            }
+            Rule::AdagradNorm { lr, eps } => {
+                // rows of 2, state 2 per row (G, unused)
+                for ((row, p), s) in w.chunks_exact_mut(2).zip(grad.chunks_exact(2)).zip(state.chunks_exact_mut(2)) {
+                    normalised_step(row, p, s, |w, g, s| {
+                        s[0] += g * g;
+                        w - lr * g / (s[0].sqrt() + eps)
+                    });
+                }
+                return;
+            }
+            Rule::FtrlNorm { alpha, beta, l1, l2 } => {
+                for ((row, p), s) in w.chunks_exact_mut(2).zip(grad.chunks_exact(2)).zip(state.chunks_exact_mut(2)) {
+                    normalised_step(row, p, s, |w, g, s| ftrl_step(w, s, g, alpha, beta, l1, l2));
                 }
                 return;
             }
@@ -245,8 +316,8 @@ impl Rule {
             }
             return;
         }
-        if let Rule::Bpg { .. } = self {
-            // value length 3 only (checked by Table::new); never called for it
+        if let Rule::Bpg { .. } | Rule::AdagradNorm { .. } | Rule::FtrlNorm { .. } = self {
+            // value length 3 or 2 only (checked by Table::new); never called for them
             return;
         }
         with_step!(self, step => {
@@ -268,6 +339,8 @@ impl Rule {
             Rule::Adam { lr, b1, b2, eps } => (p.name, p.lr, p.beta1, p.beta2, p.eps) = ("adam".into(), lr, b1, b2, eps),
             Rule::Ftrl { alpha, beta, l1, l2 } => (p.name, p.lr, p.ftrl_beta, p.l1, p.l2) = ("ftrl".into(), alpha, beta, l1, l2),
             Rule::Bpg { l1 } => (p.name, p.l1) = ("bpg".into(), l1),
+            Rule::AdagradNorm { lr, eps } => (p.name, p.lr, p.eps) = ("adagrad-norm".into(), lr, eps),
+            Rule::FtrlNorm { alpha, beta, l1, l2 } => (p.name, p.lr, p.ftrl_beta, p.l1, p.l2) = ("ftrl-norm".into(), alpha, beta, l1, l2),
             Rule::Custom(ref name, _) => p.name = name.clone(),
         }
         p
@@ -332,6 +405,13 @@ impl RuleRegistry {
                 l2: nonneg("l2", p.l2)?,
             },
             "bpg" => Rule::Bpg { l1: nonneg("l1", p.l1)? },
+            "adagrad-norm" => Rule::AdagradNorm { lr: finite_pos("lr", p.lr)?, eps: finite_pos("eps", or(p.eps, 1e-8))? },
+            "ftrl-norm" => Rule::FtrlNorm {
+                alpha: finite_pos("alpha (lr)", p.lr)?,
+                beta: nonneg("beta", or(p.ftrl_beta, 1.0))?,
+                l1: nonneg("l1", p.l1)?,
+                l2: nonneg("l2", p.l2)?,
+            },
             name => match self.custom.get(name) {
                 Some(r) => Rule::Custom(name.to_string(), r.clone()),
                 None => {
@@ -346,7 +426,7 @@ impl RuleRegistry {
 }
 
 /// Names of the built-in rules.
-pub const BUILTIN: [&str; 8] = ["assign", "add", "sgd", "momentum", "adagrad", "adam", "ftrl", "bpg"];
+pub const BUILTIN: [&str; 10] = ["assign", "add", "sgd", "momentum", "adagrad", "adam", "ftrl", "bpg", "adagrad-norm", "ftrl-norm"];
 
 #[cfg(test)]
 mod tests {
@@ -414,6 +494,43 @@ mod tests {
         assert!(close(w, expect), "{w} vs {expect}");
     }
 
+    #[test]
+    fn adagrad_norm_divides_the_step_by_the_feature_scale_and_rescales_on_a_new_maximum() {
+        let r = Rule::AdagradNorm { lr: 0.5, eps: 0.0 };
+        let (mut row, mut s) = ([0f32, 0.0], [0f32; 2]);
+        // g = 4 from values up to 2: N = 2, g' = 2, G = 4, w' = -0.5 * 2 / 2 = -0.5, w = -0.25
+        r.apply(&mut row, &mut s, &[4.0, 2.0]);
+        assert!(close(row[0], -0.25) && row[1] == 2.0 && close(s[0], 4.0), "{row:?} {s:?}");
+        // a value of 8 arrives: N = 8, w' stays -0.5 before the step; g = 0 leaves it there
+        r.apply(&mut row, &mut s, &[0.0, 8.0]);
+        assert!(close(row[0], -0.5 / 8.0) && row[1] == 8.0, "{row:?}");
+        // a feature that was never non-zero is left alone
+        let (mut row, mut s) = ([0.3f32, 0.0], [0f32; 2]);
+        r.apply(&mut row, &mut s, &[0.0, 0.0]);
+        assert_eq!((row, s), ([0.3, 0.0], [0.0; 2]));
+    }
+
+    proptest::proptest! {
+        // Multiplying a feature's values by c multiplies its gradients and maxima by c: the
+        // normalised rules then learn exactly the weight divided by c (scale-free), whatever
+        // the sequence of pushes.
+        #[test]
+        fn normalised_rules_learn_the_same_model_whatever_the_feature_scale(
+            pushes in proptest::collection::vec((-3.0f32..3.0, 0.01f32..4.0), 1..12),
+            c in proptest::sample::select(vec![1e-3f32, 0.5, 7.0, 1e3, 1e4]),
+        ) {
+            for rule in [Rule::AdagradNorm { lr: 0.3, eps: 1e-8 }, Rule::FtrlNorm { alpha: 0.5, beta: 1.0, l1: 0.1, l2: 0.2 }] {
+                let (mut a, mut sa) = ([0f32; 2], [0f32; 2]);
+                let (mut b, mut sb) = ([0f32; 2], [0f32; 2]);
+                for &(g, m) in &pushes {
+                    rule.apply(&mut a, &mut sa, &[g, m]);
+                    rule.apply(&mut b, &mut sb, &[g * c, m * c]);
+                }
+                proptest::prop_assert!((a[0] - b[0] * c).abs() <= 1e-4 * (1.0 + a[0].abs()), "{:?}: {} vs {} * {}", rule, a[0], b[0], c);
+            }
+        }
+    }
+
     fn all_rules() -> Vec<Rule> {
         vec![
             Rule::Assign,
@@ -471,5 +588,10 @@ mod tests {
         // round trip through the wire form
         let back = reg.resolve(&ftrl.to_proto()).unwrap();
         assert_eq!(format!("{back:?}"), format!("{ftrl:?}"));
+        for name in ["adagrad-norm", "ftrl-norm"] {
+            let r = reg.resolve(&proto::Rule { name: name.into(), lr: 0.2, l2: 0.5, ..Default::default() }).unwrap();
+            assert_eq!(format!("{:?}", reg.resolve(&r.to_proto()).unwrap()), format!("{r:?}"));
+            assert!(reg.resolve(&proto::Rule { name: name.into(), lr: 0.0, ..Default::default() }).is_err());
+        }
     }
 }

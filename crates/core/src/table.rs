@@ -202,6 +202,12 @@ impl Table {
         if matches!(rule, crate::rule::Rule::Bpg { .. }) && vl != 3 {
             return Err(CoreError::InvalidRule(format!("table {}: the bpg rule needs value length 3 (w, δ, inactive), not {vl}", def.id)));
         }
+        if matches!(rule, crate::rule::Rule::AdagradNorm { .. } | crate::rule::Rule::FtrlNorm { .. }) && vl != 2 {
+            return Err(CoreError::InvalidRule(format!(
+                "table {}: the {} rule needs value length 2 (w, the feature's largest |x|), not {vl}",
+                def.id, def.rule.name
+            )));
+        }
         let sl = vl * rule.state_per_element();
         let owned = owned.intersect(&def.domain());
         let store = match def.storage {

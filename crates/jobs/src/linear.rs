@@ -40,6 +40,21 @@ pub enum Optimizer {
     Sgd,
 }
 
+/// How `train linear` learns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
+pub enum Algorithm {
+    /// `lbfgs` when the training files total at most 256 MiB (gzip counted 4 times) and no
+    /// option of the streaming learner differs from its default; `sgd` otherwise.
+    Auto,
+    /// Asynchronous minibatch updates applied by the servers' rule (`--optimizer`), streaming
+    /// the data `--epochs` times.
+    Sgd,
+    /// Full-batch L-BFGS on liblinear's L2 objective (`--c`), the examples held in the
+    /// workers' memory, until the relative gradient norm is below `--epsilon`.
+    Lbfgs,
+}
+
 /// Input formats of `train linear`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
@@ -105,6 +120,22 @@ pub struct LinearConfig {
     pub test: Option<PathBuf>,
     #[cfg_attr(feature = "cli", command(flatten))]
     pub input: InputConfig,
+    /// `auto` (the batch solver for files up to 256 MiB unless a streaming option is set,
+    /// see docs/experiments.md), `sgd` or `lbfgs`.
+    #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t = Algorithm::Auto))]
+    pub algorithm: Algorithm,
+    /// `lbfgs`: the inverse regularisation strength C of `½‖w‖² + C Σ loss` (liblinear's `-c`).
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 1.0))]
+    pub c: f32,
+    /// `lbfgs`: stop once ‖∇f‖ ≤ ε · max(min(#pos, #neg), 1) / n · ‖∇f(0)‖ (liblinear's `-e`).
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 0.01))]
+    pub epsilon: f32,
+    /// `lbfgs`: history pairs kept (each is two vectors over the feature ids on the servers).
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 10))]
+    pub lbfgs_memory: usize,
+    /// `lbfgs`: at most this many iterations.
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 1000))]
+    pub max_iter: usize,
     /// Passes over the training data (for millions of examples, 1 is usually enough).
     #[cfg_attr(feature = "cli", arg(long, default_value_t = 5))]
     pub epochs: usize,
@@ -136,6 +167,12 @@ pub struct LinearConfig {
     /// Update rule on the servers.
     #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t = Optimizer::Ftrl))]
     pub optimizer: Optimizer,
+    /// Scale-free updates (FTRL and AdaGrad): the servers keep each feature's largest |value|
+    /// seen and divide its steps by it, as Vowpal Wabbit's `--normalized` does, so raw columns
+    /// in the thousands beside ratios below 1 need no rescaling. Each pushed and pulled row
+    /// carries that maximum beside the weight. `false`: the plain rules.
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL"))]
+    pub normalize: bool,
     /// Learning rate (α for FTRL; 0.1 suits millions of examples and one epoch).
     #[cfg_attr(feature = "cli", arg(long, default_value_t = 0.5))]
     pub lr: f32,
@@ -145,13 +182,14 @@ pub struct LinearConfig {
     /// L2 strength (FTRL).
     #[cfg_attr(feature = "cli", arg(long, default_value_t = 0.0))]
     pub l2: f32,
-    /// Feature value scale: `auto` divides every value by the largest |value| among the first
-    /// 10,000 training examples when that exceeds 1 (raw pixels); `per-feature` divides each
-    /// feature's values by that feature's own largest |value| there when it exceeds 1 (counts
-    /// in the thousands beside ratios below 1 each end up in [−1, 1]; features already within
+    /// Feature value scale: `per-feature` divides each feature's values by that feature's own
+    /// largest |value| among the first 10,000 training examples when it exceeds 1 (counts in
+    /// the thousands beside ratios below 1 each end up in [−1, 1]; features already within
     /// it, binary or hashed text, are unchanged; a feature not seen there is not scaled);
-    /// `none` keeps values as they are; a number divides every value by that number. The
-    /// exported model is in the unscaled units, so `predict` takes the original files.
+    /// `auto` is `none` with the scale-free updates (`--normalize true`, FTRL or AdaGrad),
+    /// which need no scaling, and `per-feature` otherwise; `none` keeps values as they are; a
+    /// number divides every value by that number. The exported model is in the unscaled
+    /// units, so `predict` takes the original files.
     #[cfg_attr(feature = "cli", arg(long, default_value = "auto", value_parser = parse_scale))]
     pub scale: Scale,
     /// Examples are shuffled within a window of this many per epoch (0 or 1: file order).
@@ -192,6 +230,11 @@ impl Default for LinearConfig {
             train: Vec::new(),
             test: None,
             input: InputConfig::default(),
+            algorithm: Algorithm::Auto,
+            c: 1.0,
+            epsilon: 0.01,
+            lbfgs_memory: 10,
+            max_iter: 1000,
             epochs: 5,
             batch: 100,
             consistency: Consistency::Async,
@@ -199,6 +242,7 @@ impl Default for LinearConfig {
             backup_workers: 0,
             filters: FilterSpec::default(),
             optimizer: Optimizer::Ftrl,
+            normalize: true,
             lr: 0.5,
             l1: 0.0,
             l2: 0.0,
@@ -218,8 +262,8 @@ impl Default for LinearConfig {
 /// How feature values are scaled before training (`--scale`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Scale {
-    /// Divide every value by max(1, the largest |value| of the first 10,000 training
-    /// examples).
+    /// No scaling under the scale-free updates ([`LinearConfig::normalize`] with FTRL or
+    /// AdaGrad), [`Scale::PerFeature`] otherwise.
     Auto,
     /// Divide each feature by max(1, its own largest |value| in the first 10,000 training
     /// examples).
@@ -308,8 +352,9 @@ pub fn parse_scale(s: &str) -> Result<Scale, String> {
     }
 }
 
-/// Above this ratio between the largest and the smallest feature maxima, one global divisor
-/// (`--scale auto`) shrinks the small features to nothing: the job warns.
+/// Above this ratio between the largest and the smallest feature maxima, unscaled values under
+/// a rule that is not scale-free take steps far too large for the big features or far too
+/// small for the others: the job warns.
 const SPREAD_WARNING: f32 = 1000.0;
 
 /// The warning for data whose features' scales differ by more than [`SPREAD_WARNING`]
@@ -321,7 +366,7 @@ fn unscaled_warning(maxima: &std::collections::HashMap<u64, f32>) -> Option<Stri
     let (&(lo_id, lo), &(hi_id, hi)) = (nonzero.first()?, nonzero.last()?);
     (hi / lo > SPREAD_WARNING).then(|| {
         format!(
-            "feature scales differ by {:.0}x in the first {SCALE_SAMPLE} examples (feature {hi_id} up to {hi}, feature {lo_id} up to {lo}): --scale auto divides every value by one number and the small features nearly vanish; --scale per-feature divides each feature by its own largest value (see docs/experiments.md)",
+            "feature scales differ by {:.0}x in the first {SCALE_SAMPLE} examples (feature {hi_id} up to {hi}, feature {lo_id} up to {lo}): with --scale none and a rule that is not scale-free one step size cannot suit both; drop --normalize false (the scale-free updates) or use --scale per-feature (see docs/experiments.md)",
             hi / lo
         )
     })
@@ -341,16 +386,95 @@ const STATS: u32 = 11;
 /// model spreads evenly over the servers' key ranges whatever range the ids come from.
 pub const TABLE: u32 = 10;
 
+/// `--algorithm auto` takes the batch solver for training files up to this many bytes.
+pub const AUTO_BATCH_BYTES: u64 = 256 << 20;
+
+impl LinearConfig {
+    /// The streaming options that differ from their defaults (they choose `sgd` under
+    /// `--algorithm auto`, and the batch solver refuses them).
+    pub fn streaming_options(&self) -> Vec<&'static str> {
+        let d = LinearConfig::default();
+        let mut v = Vec::new();
+        let mut check = |set: bool, name: &'static str| {
+            if set {
+                v.push(name)
+            }
+        };
+        check(self.epochs != d.epochs, "--epochs");
+        check(self.batch != d.batch, "--batch");
+        check(self.consistency != d.consistency, "--consistency");
+        check(self.aggregate != d.aggregate, "--aggregate");
+        check(self.backup_workers != d.backup_workers, "--backup-workers");
+        check(self.filters != d.filters, "--filters");
+        check(self.optimizer != d.optimizer, "--optimizer");
+        check(self.normalize != d.normalize, "--normalize");
+        check(self.lr != d.lr, "--lr");
+        check(self.l1 != d.l1, "--l1");
+        check(self.l2 != d.l2, "--l2");
+        check(self.shuffle_buffer != d.shuffle_buffer, "--shuffle-buffer");
+        check(self.straggler.is_some(), "--straggler");
+        check(self.straggler_tail.is_some(), "--straggler-tail");
+        check(self.eval_every != d.eval_every, "--eval-every");
+        v
+    }
+
+    /// The algorithm `--algorithm` means for these files: `auto` resolved by the size of the
+    /// training files and the streaming options (see [`Algorithm::Auto`]); `checkpointing`
+    /// jobs stream (the batch solver does not resume).
+    pub fn resolved_algorithm(&self, checkpointing: bool) -> Algorithm {
+        match self.algorithm {
+            Algorithm::Auto => {
+                let bytes: u64 = self
+                    .train
+                    .iter()
+                    .map(|f| {
+                        let len = std::fs::metadata(f).map_or(u64::MAX / 8, |m| m.len());
+                        if f.extension().is_some_and(|e| e == "gz") {
+                            len.saturating_mul(4)
+                        } else {
+                            len
+                        }
+                    })
+                    .fold(0u64, u64::saturating_add);
+                if bytes <= AUTO_BATCH_BYTES && self.streaming_options().is_empty() && !checkpointing {
+                    Algorithm::Lbfgs
+                } else {
+                    Algorithm::Sgd
+                }
+            }
+            a => a,
+        }
+    }
+
+    /// Whether the servers run a scale-free rule (`--normalize` with FTRL or AdaGrad): rows
+    /// are then `(w, the feature's largest |value|)`.
+    pub fn normalized(&self) -> bool {
+        self.normalize && self.optimizer != Optimizer::Sgd
+    }
+}
+
+/// Values per row of the model table: the weight, and with the scale-free rules the
+/// feature's largest |value|.
+fn row_len(a: &LinearConfig) -> usize {
+    if a.normalized() {
+        2
+    } else {
+        1
+    }
+}
+
 fn table_def(a: &LinearConfig) -> TableDef {
-    let name = match a.optimizer {
-        Optimizer::Ftrl => "ftrl",
-        Optimizer::Adagrad => "adagrad",
-        Optimizer::Sgd => "sgd",
+    let name = match (a.optimizer, a.normalized()) {
+        (Optimizer::Ftrl, false) => "ftrl",
+        (Optimizer::Ftrl, true) => "ftrl-norm",
+        (Optimizer::Adagrad, false) => "adagrad",
+        (Optimizer::Adagrad, true) => "adagrad-norm",
+        (Optimizer::Sgd, _) => "sgd",
     };
     TableDef {
         id: TABLE,
         name: "linear".into(),
-        value_len: 1,
+        value_len: row_len(a),
         storage: Storage::Sparse,
         init: Init::Zeros,
         rule: proto::Rule { name: name.into(), lr: a.lr, l1: a.l1, l2: a.l2, ftrl_beta: 1.0, ..Default::default() },
@@ -396,7 +520,7 @@ struct Evaluator {
 }
 
 impl Evaluator {
-    fn spawn(mut kv: KvClient, test: PathBuf, format: Format, batch: usize, scale: Arc<Scaling>, t0: Instant) -> Result<Evaluator> {
+    fn spawn(mut kv: KvClient, test: PathBuf, format: Format, batch: usize, scale: Arc<Scaling>, row: usize, t0: Instant) -> Result<Evaluator> {
         let (tx, rx) = std::sync::mpsc::channel::<()>();
         let thread = std::thread::Builder::new()
             .name("evaluator".into())
@@ -404,7 +528,7 @@ impl Evaluator {
                 let mut out = Vec::new();
                 while rx.recv().is_ok() {
                     while rx.try_recv().is_ok() {}
-                    let m = evaluate(&mut kv, &test, &format, batch, &scale)?;
+                    let m = evaluate(&mut kv, &test, &format, batch, &scale, row)?;
                     out.push((t0.elapsed().as_secs_f64(), m.logloss, m.auc));
                 }
                 Ok(out)
@@ -436,16 +560,41 @@ struct EpochMetrics {
     examples: usize,
 }
 
+/// The weights of pulled rows of `row` values (the weight first), into `w`.
+fn weights_of(rows: &[f32], row: usize, w: &mut Vec<f32>) {
+    w.clear();
+    w.extend(rows.iter().step_by(row));
+}
+
+/// The rows to push for a minibatch's summed gradient `grad`: the gradient alone, or with
+/// the scale-free rules `(gradient, the feature's largest |value| in the minibatch)`.
+fn pushed_rows(b: &Batch, grad: &[f32], row: usize, out: &mut Vec<f32>) {
+    out.clear();
+    if row == 1 {
+        out.extend_from_slice(grad);
+        return;
+    }
+    out.resize(grad.len() * 2, 0.0);
+    for (o, g) in out.chunks_exact_mut(2).zip(grad) {
+        o[0] = *g;
+    }
+    for (&j, v) in b.index.iter().zip(&b.values) {
+        let m = &mut out[j as usize * 2 + 1];
+        *m = m.max(v.abs());
+    }
+}
+
 /// Scores the test set with the servers' current weights, read with `kv` (peeks: no key is
 /// created, nothing waits for clocks).
-fn evaluate(kv: &mut KvClient, test: &PathBuf, format: &Format, batch: usize, scale: &Arc<Scaling>) -> Result<EpochMetrics> {
+fn evaluate(kv: &mut KvClient, test: &PathBuf, format: &Format, batch: usize, scale: &Arc<Scaling>, row: usize) -> Result<EpochMetrics> {
     let mut r = ShareReader::for_worker(std::slice::from_ref(test), format, 0, 1)?.with_key_map(scramble).with_scaling(scale.clone());
     let (mut p, mut y) = (Vec::new(), Vec::new());
-    let mut w = Vec::new();
+    let (mut rows, mut w) = (Vec::new(), Vec::new());
     while let Some(b) = r.next_batch(batch.max(1000))? {
-        w.resize(b.keys.len(), 0.0);
+        rows.resize(b.keys.len() * row, 0.0);
         // A read-only pull: test-only keys are not created on the servers.
-        kv.peek_into(TABLE, &b.keys, &mut w)?;
+        kv.peek_into(TABLE, &b.keys, &mut rows)?;
+        weights_of(&rows, row, &mut w);
         for i in 0..b.len() {
             p.push(linear::sigmoid(linear::margin(&b, &w, i)));
             y.push(b.labels[i]);
@@ -483,19 +632,50 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
     let format = a.input.data_format();
     // Every worker reads the same first examples, so all agree on the scale.
     let first = a.train.first().context("--train needs a file")?;
+    if a.resolved_algorithm(s.checkpointing()) == Algorithm::Lbfgs {
+        let streaming = a.streaming_options();
+        ensure!(
+            streaming.is_empty(),
+            "--algorithm lbfgs is full-batch: {} belong to --algorithm sgd",
+            streaming.join(", ")
+        );
+        ensure!(!s.checkpointing(), "--algorithm lbfgs does not resume from checkpoints: use --algorithm sgd with --checkpoint-every");
+        if s.rank == 0 && !a.quiet && a.algorithm == Algorithm::Auto {
+            tracing::info!("--algorithm auto: the batch solver (lbfgs, C = {}) for training files up to {} MiB; --algorithm sgd streams them", a.c, AUTO_BATCH_BYTES >> 20);
+        }
+        // The batch solver's preconditioner: each feature divided by its largest value
+        // (the objective stays the one on the raw values).
+        let scale = Arc::new(match a.scale {
+            Scale::Fixed(v) => Scaling::all(v),
+            Scale::Auto | Scale::PerFeature => Scaling::per_feature_max(first, &format, SCALE_SAMPLE)?,
+        });
+        return crate::linear_lbfgs::run(a, s, report, &format, scale);
+    }
     let scale = Arc::new(match a.scale {
-        Scale::Fixed(v) => Scaling::all(v),
-        Scale::Auto => {
-            let maxima = feature_maxima(first, &format, SCALE_SAMPLE)?;
-            if s.rank == 0 {
-                if let Some(w) = unscaled_warning(&maxima) {
+        Scale::Fixed(v) => {
+            if v == 1.0 && !a.normalized() && s.rank == 0 {
+                // Unscaled values under a rule that is not scale-free: warn when they differ.
+                if let Some(w) = unscaled_warning(&feature_maxima(first, &format, SCALE_SAMPLE)?) {
                     tracing::warn!("{w}");
                 }
             }
-            Scaling::all(Scaling::from_maxima(maxima).largest())
+            Scaling::all(v)
         }
-        Scale::PerFeature => Scaling::per_feature_max(first, &format, SCALE_SAMPLE)?,
+        Scale::Auto if a.normalized() => Scaling::all(1.0),
+        Scale::Auto | Scale::PerFeature => Scaling::per_feature_max(first, &format, SCALE_SAMPLE)?,
     });
+    let row = row_len(a);
+    if a.normalized() {
+        ensure!(
+            a.aggregate == Aggregate::None,
+            "--aggregate {} adds the workers' pushed rows, which would add the features' largest values too: use --normalize false with it",
+            a.aggregate
+        );
+        ensure!(
+            a.filters.sigmod.is_none(),
+            "the sigmod filter adds held-back pushes, which would add the features' largest values too: use --normalize false with it"
+        );
+    }
     if !scale.is_identity() && s.rank == 0 && !a.quiet {
         if scale.per_feature.is_empty() {
             tracing::info!("feature values are divided by {} (--scale; the exported model is in the original units)", scale.all);
@@ -547,7 +727,7 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
     let mut evaluator = match (s.reader.take(), &a.test) {
         (Some(mut kv), Some(test)) if a.eval_every > 0 => {
             kv.use_table(table_def(a));
-            Some(Evaluator::spawn(kv, test.clone(), format.clone(), a.batch, scale.clone(), t0)?)
+            Some(Evaluator::spawn(kv, test.clone(), format.clone(), a.batch, scale.clone(), row, t0)?)
         }
         _ => None,
     };
@@ -565,7 +745,7 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
         let (mut seen, mut loss_sum, mut loss_n) = (0usize, 0f64, 0usize);
         let mut slowdown = Slowdown::new(a, s.rank);
         let (mut mark, mut held_mark) = (Instant::now(), s.kv.held());
-        let mut grad = Vec::new();
+        let (mut grad, mut w, mut pushed) = (Vec::new(), Vec::new(), Vec::new());
         let next_batch = || -> Result<Option<(Batch, Option<f64>)>> {
             match batches.recv() {
                 Ok(msg) => Ok(msg?),
@@ -608,7 +788,8 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
                 Some((nb, _)) => Some(s.kv.pull(TABLE, &nb.keys)?),
                 None => None,
             };
-            let w = s.kv.wait_values(ts)?;
+            let rows = s.kv.wait_values(ts)?;
+            weights_of(&rows, row, &mut w);
             grad.resize(b.keys.len(), 0.0);
             let l = linear::loss_and_gradient(&b, &w, &mut grad);
             // Push the sum of the examples' gradients: the per-coordinate adaptive rules
@@ -621,7 +802,8 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
             let held = s.kv.held();
             slowdown.apply(mark.elapsed().saturating_sub(held - held_mark));
             (mark, held_mark) = (Instant::now(), held);
-            s.kv.push(TABLE, &b.keys, &grad)?;
+            pushed_rows(&b, &grad, row, &mut pushed);
+            s.kv.push(TABLE, &b.keys, &pushed)?;
             s.kv.clock()?;
             in_epoch += 1;
             s.checkpoint_point(|| format!("{epoch}:{in_epoch}"))?;
@@ -654,7 +836,7 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
         if s.rank == 0 && !warned_divergence && loss_n > 0 && (running.is_nan() || running > DIVERGED_LOSS) {
             warned_divergence = true;
             tracing::warn!(
-                "epoch {epoch}: the running training log loss {running:.3} is worse than predicting the base rate ({:.3}): the steps are too large for this data (a smaller --lr, or --scale per-feature when the columns differ in scale)",
+                "epoch {epoch}: the running training log loss {running:.3} is worse than predicting the base rate ({:.3}): the steps are too large for this data (a smaller --lr; with --normalize false, --scale per-feature when the columns differ in scale)",
                 std::f64::consts::LN_2
             );
         }
@@ -684,7 +866,7 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
                         evals.extend(e.finish()?);
                     }
                 }
-                let m = evaluate(&mut s.kv, test, &format, a.batch, &scale)?;
+                let m = evaluate(&mut s.kv, test, &format, a.batch, &scale, row)?;
                 if !a.quiet {
                     tracing::info!(
                         "epoch {epoch}: {seen} examples on this worker in {:.1}s ({:.0} ex/s)",
@@ -799,7 +981,9 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
             })).collect::<Vec<_>>(),
         });
         if let Some(path) = &a.model_out {
-            let (keys, values) = s.kv.pull_range(TABLE, downpour_core::KeyRange::FULL)?;
+            let (keys, rows) = s.kv.pull_range(TABLE, downpour_core::KeyRange::FULL)?;
+            let mut values = Vec::new();
+            weights_of(&rows, row, &mut values);
             // Back to feature ids, in id order. Zero weights (L1-zeroed keys) are left out:
             // `predict` reads an absent id as 0, so scores are unchanged.
             // Weights learnt on values / d apply to the original values divided by d (each

@@ -1,0 +1,378 @@
+//! `train linear --algorithm lbfgs`: L2-regularised logistic regression solved full-batch,
+//! for when quality matters more than passes (and, by `--algorithm auto`, for every
+//! training set small enough to hold in the workers' memory).
+//!
+//! The objective is liblinear's `-s 0`: `½‖w‖² + C Σᵢ log(1 + exp(−yᵢ wᵀxᵢ))`, with no
+//! intercept. It is minimised by Sandblaster L-BFGS (`downpour_nn::lbfgs`, the driver the
+//! `dnn` job runs): the parameters, the batch gradient, the direction and the history are
+//! co-partitioned dense tables over the feature ids on the servers, worker 0 drives them with
+//! vector programs and gets back only dot products. Every worker holds its share of the
+//! examples in memory; one evaluation of the loss and gradient is a round in which every
+//! worker pulls the parameters, pushes its share's gradient sum into the gradient table and
+//! writes its loss into its slot of a loss table, between two barriers.
+//!
+//! The solver works on each feature divided by its largest |value| in the first examples
+//! (`--scale`, a diagonal preconditioner: raw columns in the thousands beside ratios below 1
+//! make the plain problem badly conditioned), with the regulariser written in the original
+//! units, so the minimiser is the same whatever the scaling. It stops, like liblinear's
+//! `-e`, once `‖∇f‖ ≤ ε · max(min(#pos, #neg), 1) / n · ‖∇f(0)‖`.
+
+use crate::linear::{LinearConfig, TABLE};
+use crate::report::Report;
+use anyhow::{bail, ensure, Context, Result};
+use downpour_apps::{linear, metrics};
+use downpour_core::consistency::Consistency;
+use downpour_core::proto;
+use downpour_core::vecops::VecInstr;
+use downpour_data::batch::Batch;
+use downpour_data::share::{Scaling, ShareReader};
+use downpour_data::Format;
+use downpour_nn::lbfgs::{Lbfgs, Outcome, Tables, VectorStore};
+use downpour_worker::{ClientError, KvClient, WorkerSession};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// The largest feature id + 1 the solver takes: its 3 + 2·memory dense vectors over the ids
+/// live on the servers (23 vectors of 64 MiB at the default memory).
+pub const MAX_DIM: u64 = 1 << 24;
+
+/// Table of every worker's share facts: examples, positives, largest feature id + 1.
+const INFO: u32 = 12;
+/// Table of every worker's loss of the current evaluation (two f32 per worker).
+const LOSSES: u32 = 13;
+/// Table of the driver's word to the others: the evaluation's number, or −1 to stop.
+const CONTROL: u32 = 14;
+/// First id of the driver's scratch tables (gradient, previous gradient, direction, history).
+const SCRATCH: u32 = 50;
+/// Facts per worker in [`INFO`], three f32 each.
+const FACTS: usize = 3;
+
+/// The servers as the driver's vector store.
+struct Servers<'a>(&'a mut KvClient);
+
+impl VectorStore for Servers<'_> {
+    type Error = ClientError;
+    fn run(&mut self, program: &[VecInstr]) -> Result<Vec<f64>, ClientError> {
+        self.0.vec_ops(program)
+    }
+}
+
+/// A count as three f32 of 21 bits each (exact in f32's 24-bit mantissa).
+fn split_count(n: u64) -> [f32; 3] {
+    [(n & 0x1F_FFFF) as f32, ((n >> 21) & 0x1F_FFFF) as f32, (n >> 42) as f32]
+}
+
+fn join_count(p: &[f32]) -> u64 {
+    p[0] as u64 | (p[1] as u64) << 21 | (p[2] as u64) << 42
+}
+
+/// An f64 as two f32 (the value and its rounding error): about 48 bits of mantissa.
+fn split_f64(x: f64) -> [f32; 2] {
+    let hi = x as f32;
+    [hi, (x - hi as f64) as f32]
+}
+
+/// One worker's share in memory.
+struct Share {
+    batches: Vec<Batch>,
+    examples: u64,
+    positives: u64,
+    /// Largest feature id + 1 (0 without features).
+    dim: u64,
+}
+
+fn load(a: &LinearConfig, s: &WorkerSession, format: &Format, scale: &Arc<Scaling>) -> Result<Share> {
+    let mut r = ShareReader::for_worker(&a.train, format, s.rank, s.num_workers)?.with_scaling(scale.clone());
+    let mut sh = Share { batches: Vec::new(), examples: 0, positives: 0, dim: 0 };
+    while let Some(b) = r.next_batch(1000)? {
+        sh.examples += b.len() as u64;
+        sh.positives += b.labels.iter().filter(|&&y| y > 0.5).count() as u64;
+        if let Some(&k) = b.keys.last() {
+            sh.dim = sh.dim.max(k.saturating_add(1));
+        }
+        sh.batches.push(b);
+    }
+    Ok(sh)
+}
+
+/// This worker's loss sum and gradient sum over its share at the (scaled) parameters `v`,
+/// the gradient written into `grad` (length `v.len()`).
+fn share_loss_and_gradient(sh: &Share, v: &[f32], grad: &mut [f64]) -> f64 {
+    grad.iter_mut().for_each(|g| *g = 0.0);
+    let (mut w, mut g) = (Vec::new(), Vec::new());
+    let mut total = 0.0;
+    for b in &sh.batches {
+        w.clear();
+        w.extend(b.keys.iter().map(|&k| v[k as usize]));
+        g.resize(b.keys.len(), 0.0);
+        let n = b.len() as f64;
+        total += linear::loss_and_gradient(b, &w, &mut g) * n;
+        for (&k, &gk) in b.keys.iter().zip(&g) {
+            grad[k as usize] += gk as f64 * n;
+        }
+    }
+    total
+}
+
+/// The regulariser `½‖w‖² / C` with `w_i = v_i / d_i` (d the feature's divisor), added to
+/// the gradient sum `grad`; returns its value.
+fn add_regulariser(v: &[f32], scale: &Scaling, c: f64, grad: &mut [f64]) -> f64 {
+    let mut r = 0.0;
+    for (i, (&vi, g)) in v.iter().zip(grad.iter_mut()).enumerate() {
+        let d = scale.divisor(i as u64) as f64;
+        let w = vi as f64 / d;
+        r += w * w;
+        *g += w / (d * c);
+    }
+    0.5 * r / c
+}
+
+/// What one evaluation round gives the driver.
+struct Round<'a> {
+    sh: &'a Share,
+    scale: &'a Scaling,
+    c: f64,
+    n: f64,
+    round: i64,
+    v: Vec<f32>,
+    grad: Vec<f64>,
+    grad32: Vec<f32>,
+}
+
+impl Round<'_> {
+    /// Every worker's part of one evaluation at the servers' parameters: pull them, push the
+    /// share's gradient sum (worker 0 adds the regulariser's) and write the loss sum.
+    fn work(&mut self, s: &mut WorkerSession, g: u32) -> Result<()> {
+        s.kv.pull_range_into(TABLE, 0, &mut self.v)?;
+        let mut loss = share_loss_and_gradient(self.sh, &self.v, &mut self.grad);
+        if s.rank == 0 {
+            loss += add_regulariser(&self.v, self.scale, self.c, &mut self.grad);
+        }
+        self.grad32.clear();
+        self.grad32.extend(self.grad.iter().map(|&x| x as f32));
+        let t1 = s.kv.push_range(g, 0, &self.grad32)?;
+        let t2 = s.kv.push_range(LOSSES, 2 * s.rank as u64, &split_f64(loss))?;
+        s.kv.wait(t1)?;
+        s.kv.wait(t2)?;
+        Ok(())
+    }
+
+    /// Worker 0: one evaluation of `f = (Σ loss + ½‖w‖²/C) / n` and its gradient (into `g`)
+    /// at the servers' parameters.
+    fn evaluate(&mut self, s: &mut WorkerSession, g: u32) -> Result<f64> {
+        self.round += 1;
+        s.kv.vec_ops(&[VecInstr::Fill { x: g, value: 0.0 }])?;
+        let t = s.kv.push_range(CONTROL, 0, &[self.round as f32])?;
+        s.kv.wait(t)?;
+        s.barrier("lbfgs-eval")?;
+        self.work(s, g)?;
+        s.barrier("lbfgs-evaluated")?;
+        let mut l = vec![0f32; 2 * s.num_workers];
+        s.kv.pull_range_into(LOSSES, 0, &mut l)?;
+        let total: f64 = l.chunks_exact(2).map(|p| p[0] as f64 + p[1] as f64).sum();
+        s.kv.vec_ops(&[VecInstr::Scale { x: g, alpha: 1.0 / self.n }])?;
+        Ok(total / self.n)
+    }
+}
+
+/// Test metrics of the weights `w` (original units, indexed by feature id).
+fn evaluate_test(path: &Path, format: &Format, w: &[f32]) -> Result<(Option<f64>, f64, f64, usize)> {
+    let mut r = ShareReader::for_worker(&[path.to_path_buf()], format, 0, 1)?;
+    let (mut p, mut y, mut wb) = (Vec::new(), Vec::new(), Vec::new());
+    while let Some(b) = r.next_batch(1000)? {
+        wb.clear();
+        wb.extend(b.keys.iter().map(|&k| w.get(k as usize).copied().unwrap_or(0.0)));
+        for i in 0..b.len() {
+            p.push(linear::sigmoid(linear::margin(&b, &wb, i)));
+            y.push(b.labels[i]);
+        }
+    }
+    Ok((metrics::auc(&p, &y), metrics::logloss(&p, &y), metrics::accuracy(&p, &y), p.len()))
+}
+
+/// Runs `train linear --algorithm lbfgs` on one worker (worker 0 drives). `scale` is the
+/// preconditioner (each feature's divisor); `started` when the job began.
+pub(crate) fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report, format: &Format, scale: Arc<Scaling>) -> Result<()> {
+    ensure!(a.c.is_finite() && a.c > 0.0, "--c must be a positive number");
+    ensure!(a.epsilon.is_finite() && a.epsilon > 0.0, "--epsilon must be a positive number");
+    ensure!(a.lbfgs_memory >= 1, "--lbfgs-memory must be at least 1");
+    let t0 = Instant::now();
+    let sh = load(a, s, format, &scale).context("reading the training share")?;
+    // Every worker's facts, so all agree on n and the dimension.
+    let w = s.num_workers;
+    s.kv.create_table(crate::dnn::table(INFO, "lbfgs-info", w * FACTS * 3, assign(), Consistency::Async))?;
+    let mine: Vec<f32> = [sh.examples, sh.positives, sh.dim].iter().flat_map(|&x| split_count(x)).collect();
+    let ts = s.kv.push_range(INFO, (s.rank * FACTS * 3) as u64, &mine)?;
+    s.kv.wait(ts)?;
+    s.barrier("lbfgs-info")?;
+    let mut facts = vec![0f32; w * FACTS * 3];
+    s.kv.pull_range_into(INFO, 0, &mut facts)?;
+    let (mut n, mut pos, mut dim) = (0u64, 0u64, 0u64);
+    for f in facts.chunks_exact(FACTS * 3) {
+        n += join_count(&f[0..3]);
+        pos += join_count(&f[3..6]);
+        dim = dim.max(join_count(&f[6..9]));
+    }
+    ensure!(n > 0, "the training files hold no example");
+    if dim > MAX_DIM {
+        bail!(
+            "feature ids go up to {}: the batch solver keeps dense vectors over the ids, at most {MAX_DIM}; use --algorithm sgd (sparse, any ids) or fold text features with --hash-bits",
+            dim - 1
+        );
+    }
+    let dim = dim.max(1) as usize;
+    let tables = Tables::new(TABLE, SCRATCH, a.lbfgs_memory);
+    let add = proto::Rule { name: "add".into(), ..Default::default() };
+    s.kv.create_table(crate::dnn::table(TABLE, "linear", dim, add.clone(), Consistency::Async))?;
+    for id in tables.scratch() {
+        s.kv.create_table(crate::dnn::table(id, "lbfgs", dim, add.clone(), Consistency::Async))?;
+    }
+    s.kv.create_table(crate::dnn::table(LOSSES, "lbfgs-losses", 2 * w, assign(), Consistency::Async))?;
+    s.kv.create_table(crate::dnn::table(CONTROL, "lbfgs-control", 1, assign(), Consistency::Async))?;
+    s.barrier("lbfgs-start")?;
+    let c = a.c as f64;
+    let mut round = Round { sh: &sh, scale: &scale, c, n: n as f64, round: 0, v: vec![0f32; dim], grad: vec![0f64; dim], grad32: Vec::new() };
+    if s.rank != 0 {
+        let mut ctl = [0f32];
+        loop {
+            s.barrier("lbfgs-eval")?;
+            s.kv.pull_range_into(CONTROL, 0, &mut ctl)?;
+            if ctl[0] < 0.0 {
+                break;
+            }
+            round.work(s, tables.g)?;
+            s.barrier("lbfgs-evaluated")?;
+        }
+        s.barrier("lbfgs-done")?;
+        return Ok(());
+    }
+    let quiet = a.quiet;
+    let objective = |f: f64| f * n as f64 * c;
+    let mut lb = Lbfgs::new(tables.clone());
+    let mut f = round.evaluate(s, tables.g)?;
+    let g0 = s.kv.vec_ops(&[VecInstr::Dot { a: tables.g, b: tables.g }])?[0].sqrt();
+    let goal = a.epsilon as f64 * (pos.min(n - pos).max(1) as f64 / n as f64) * g0;
+    if !quiet {
+        tracing::info!(
+            "lbfgs: {n} examples ({pos} positive), {dim} feature ids, C = {}, objective {:.6} at w = 0, stop at |g| <= {goal:.3e}",
+            a.c,
+            objective(f)
+        );
+    }
+    let (mut iterations, mut evaluations, mut stalls) = (0usize, 1usize, 0usize);
+    let mut gnorm = g0;
+    let mut converged = g0 <= goal;
+    if !converged {
+        lb.begin(&mut Servers(&mut s.kv), f)?;
+    }
+    while !converged && iterations < a.max_iter {
+        let trial = round.evaluate(s, tables.g)?;
+        evaluations += 1;
+        match lb.evaluated(&mut Servers(&mut s.kv), trial)? {
+            Outcome::Accepted { loss, .. } => {
+                iterations += 1;
+                stalls = 0;
+                f = loss;
+                gnorm = s.kv.vec_ops(&[VecInstr::Dot { a: tables.g, b: tables.g }])?[0].sqrt();
+                if !quiet {
+                    tracing::info!("lbfgs iteration {iterations}: objective {:.6}, |g|/|g0| {:.3e}", objective(f), gnorm / g0.max(f64::MIN_POSITIVE));
+                }
+                converged = gnorm <= goal;
+                if !converged && iterations < a.max_iter {
+                    lb.begin(&mut Servers(&mut s.kv), f)?;
+                }
+            }
+            Outcome::Backtracked { .. } => {}
+            Outcome::Stalled => {
+                stalls += 1;
+                if stalls >= 2 {
+                    tracing::info!("lbfgs: no step lowers the objective {:.6}: stopping after {iterations} iterations", objective(f));
+                    break;
+                }
+                lb.begin(&mut Servers(&mut s.kv), f)?;
+            }
+        }
+    }
+    if !converged && iterations >= a.max_iter {
+        tracing::warn!(
+            "lbfgs: stopped at --max-iter {} with |g|/|g0| {:.3e} above the goal {:.3e} (--epsilon {})",
+            a.max_iter,
+            gnorm / g0.max(f64::MIN_POSITIVE),
+            goal / g0.max(f64::MIN_POSITIVE),
+            a.epsilon
+        );
+    }
+    // The others stop.
+    let t = s.kv.push_range(CONTROL, 0, &[-1.0])?;
+    s.kv.wait(t)?;
+    s.barrier("lbfgs-eval")?;
+    s.barrier("lbfgs-done")?;
+    let wall = t0.elapsed().as_secs_f64();
+    // The weights in the original units.
+    let mut v = vec![0f32; dim];
+    s.kv.pull_range_into(TABLE, 0, &mut v)?;
+    let weights: Vec<f32> = v.iter().enumerate().map(|(i, &x)| x / scale.divisor(i as u64)).collect();
+    let test = match &a.test {
+        Some(t) => Some(evaluate_test(t, format, &weights)?),
+        None => None,
+    };
+    if let Some(path) = &a.model_out {
+        let (keys, values): (Vec<u64>, Vec<f32>) = weights.iter().enumerate().filter(|(_, &x)| x != 0.0).map(|(i, &x)| (i as u64, x)).unzip();
+        crate::model::save(path, &keys, &values, 1)?;
+        if !quiet {
+            tracing::info!("model with {} keys written to {}", keys.len(), path.display());
+        }
+    }
+    let traffic = s.kv.traffic();
+    let json = serde_json::json!({
+        "algorithm": "lbfgs",
+        "test_auc": test.as_ref().and_then(|t| t.0),
+        "test_logloss": test.as_ref().map(|t| t.1),
+        "test_accuracy": test.as_ref().map(|t| t.2),
+        "train_examples": n,
+        "objective": objective(f),
+        "c": a.c,
+        "iterations": iterations,
+        "evaluations": evaluations,
+        "converged": converged,
+        "gradient_ratio": gnorm / g0.max(f64::MIN_POSITIVE),
+        "wall_s": wall,
+        "bytes_sent": traffic.bytes_sent,
+        "bytes_received": traffic.bytes_received,
+        "epochs": test.as_ref().map(|t| vec![serde_json::json!({"epoch": iterations, "test_auc": t.0, "test_logloss": t.1, "wall_s": wall})]).unwrap_or_default(),
+    });
+    report.metrics("linear", &json);
+    if let Some(out) = &a.out {
+        std::fs::write(out, serde_json::to_string_pretty(&json)?).with_context(|| format!("cannot write {}", out.display()))?;
+    }
+    match &test {
+        Some((auc, ll, acc, _)) => report.line(&format!(
+            "train linear: test_auc={} test_logloss={ll:.5} test_accuracy={acc:.4} examples={n} wall_s={wall:.2} (lbfgs, {iterations} iterations, objective {:.6})",
+            auc.map(|x| format!("{x:.5}")).unwrap_or_else(|| "n/a".into()),
+            objective(f)
+        )),
+        None => report.line(&format!("train linear: done, examples={n} wall_s={wall:.2} (lbfgs, {iterations} iterations, objective {:.6})", objective(f))),
+    }
+    Ok(())
+}
+
+fn assign() -> proto::Rule {
+    proto::Rule { name: "assign".into(), ..Default::default() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_and_losses_survive_their_f32_encoding() {
+        for n in [0u64, 1, 123_456_789, (1 << 50) + 17] {
+            assert_eq!(join_count(&split_count(n)), n);
+        }
+        for x in [0.0, 1234.56789012345, 9.87654321e7] {
+            let p = split_f64(x);
+            assert!((p[0] as f64 + p[1] as f64 - x).abs() <= 1e-12 * x.abs().max(1.0), "{x}");
+        }
+    }
+}
