@@ -1,75 +1,183 @@
 #!/usr/bin/env python3
-"""Quality baselines on exactly the features Downpour trains on (docs/benchmarks.md).
+"""`train linear` with its defaults against liblinear and Vowpal Wabbit with theirs, on the same
+files and splits (issue 26; docs/experiments.md "Linear models with their defaults").
 
-Featurizes the committed SpamAssassin subset with `downpour data featurize` (text-jsonl,
---hash-bits 24), then trains and evaluates on the same split:
-  - Downpour `train linear` (FTRL, embedded 2 servers + 2 workers) on the LIBSVM files;
-  - liblinear (Debian liblinear-tools) L2-regularised logistic regression, C in {1, 10, 100};
-  - Vowpal Wabbit (PyPI vowpalwabbit) logistic loss, -b 24, several passes.
-Prints one JSON line per system: test AUC, test logloss, train seconds.
-Needs: apt-get install liblinear-tools; pip install vowpalwabbit.
+Data sets (SETS=comma list to pick; default all):
+  breast-cancer  scikit-learn's bundled set: 569 examples, 30 dense features from ~0.001 to ~4,000
+                 (nobody normalised them); split 70/30, stratified, seed SPLIT (default 1).
+  spam           the committed SpamAssassin subset (data/spamassassin), featurized with
+                 `downpour data featurize --hash-bits 24`; its train/test split.
+  mnist          MNIST raw pixels 0..255, digit DIGIT (default 3) against the rest; the standard
+                 split; MNIST from $MNIST (default ../shared/data/mnist, else data/mnist-sample).
+  synth-ctr      `downpour data synth-ctr` (40 features a row over 2^20 keys, Zipf 1.1): $CTR
+                 training examples (default 400,000: a file above 256 MiB, so the defaults
+                 stream it with sgd) and 100,000 test examples of the same hidden model.
+Learners, each with its defaults:
+  downpour       what the issue's check runs: `downpour launch --servers 2 --workers 2 -- train
+                 linear --train T --test E --format libsvm --out m.json`;
+  liblinear      `-s 0` (L2 logistic regression, C = 1, -e 0.01, no bias), PyPI liblinear-official;
+                 and `-s 0 -B 1` (an intercept, as Downpour's default `--bias`) for the objective;
+  vw             logistic loss, one pass, its default -b 18 and adaptive/normalised/invariant
+                 updates, PyPI vowpalwabbit (`python -m vowpalwabbit`).
+Prints one JSON line per (set, learner): test AUC, test log loss, train seconds; and per set the
+objective `½‖w‖² + C Σ log(1 + e^(−y wᵀx))` that `--algorithm lbfgs` and liblinear reach
+with an intercept (liblinear -B 1, also at -e 0.0001, nearly the optimum), with their wall times.
+Needs: pip install scikit-learn scipy liblinear-official vowpalwabbit; a release build (DOWNPOUR
+overrides the binary's path).
 """
-import json, os, subprocess, sys, tempfile, time
-from evalmetrics import auc, logloss
+import gzip, json, os, struct, subprocess, sys, tempfile, time
 
 BIN = os.environ.get("DOWNPOUR", "target/release/downpour")
-D = tempfile.mkdtemp()
+D = os.environ.get("DIR") or tempfile.mkdtemp()
+os.makedirs(D, exist_ok=True)
 
 
-def run(*a, **kw):
-    return subprocess.run(a, check=True, capture_output=True, text=True, **kw)
+def run(*a):
+    r = subprocess.run(a, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"baselines.py: {' '.join(map(str, a))} failed:\n{r.stderr[-3000:]}")
+    return r
 
 
-def labels(path):
-    return [l.startswith("+1") for l in open(path)]
+def write_svm(path, rows, labels):
+    with open(path, "w") as f:
+        for row, t in zip(rows, labels):
+            f.write(("1 " if t else "0 ") + " ".join(f"{j}:{v:.6g}" for j, v in row) + "\n")
 
 
-def report(name, p, y, secs, **extra):
-    print(json.dumps({"system": name, "test_auc": round(auc(p, y), 5), "test_logloss": round(logloss(p, y), 5), "train_s": round(secs, 2), **extra}))
+def breast_cancer():
+    from sklearn.datasets import load_breast_cancer
+    from sklearn.model_selection import train_test_split
+    X, y = load_breast_cancer(return_X_y=True)
+    Xtr, Xte, ytr, yte = train_test_split(X.tolist(), [bool(t) for t in y], test_size=0.3, random_state=int(os.environ.get("SPLIT", "1")), stratify=y)
+    tr, te = f"{D}/bc-train.svm", f"{D}/bc-test.svm"
+    write_svm(tr, [[(j + 1, v) for j, v in enumerate(r) if v != 0] for r in Xtr], ytr)
+    write_svm(te, [[(j + 1, v) for j, v in enumerate(r) if v != 0] for r in Xte], yte)
+    return tr, te
 
 
-tr, te = f"{D}/tr.svm", f"{D}/te.svm"
-for src, dst in (("data/spamassassin/train.jsonl.gz", tr), ("data/spamassassin/test.jsonl.gz", te)):
-    run(BIN, "data", "featurize", "--format", "text-jsonl", "--hash-bits", "24", "--in", src, "--out", dst)
-y = labels(te)
+def spam():
+    tr, te = f"{D}/spam-train.svm", f"{D}/spam-test.svm"
+    for src, dst in (("data/spamassassin/train.jsonl.gz", tr), ("data/spamassassin/test.jsonl.gz", te)):
+        if not os.path.exists(dst):
+            run(BIN, "data", "featurize", "--format", "text-jsonl", "--hash-bits", "24", "--in", src, "--out", dst)
+    return tr, te
 
-# Downpour: the demo's settings, then the tuned ones (per-example FTRL steps, α = 8).
-for batch, lr, epochs in ((10, 4, 10), (1, 8, 20)):
+
+def mnist():
+    src = os.environ.get("MNIST") or ("../shared/data/mnist" if os.path.isdir("../shared/data/mnist") else "data/mnist-sample")
+    digit = int(os.environ.get("DIGIT", "3"))
+    out = []
+    for split, prefix in (("train", "train"), ("test", "t10k")):
+        img = gzip.open(f"{src}/{prefix}-images-idx3-ubyte.gz").read()
+        lab = gzip.open(f"{src}/{prefix}-labels-idx1-ubyte.gz").read()[8:]
+        n, r, c = struct.unpack(">III", img[4:16])
+        px, sz = img[16:], r * c
+        path = f"{D}/mnist{digit}-{split}.svm"
+        write_svm(path, [[(j + 1, v) for j, v in enumerate(px[i * sz:(i + 1) * sz]) if v] for i in range(n)], [lab[i] == digit for i in range(n)])
+        out.append(path)
+    return tuple(out)
+
+
+def synth_ctr():
+    n = int(os.environ.get("CTR", "400000"))
+    tr, te = f"{D}/ctr{n}-train.svm", f"{D}/ctr{n}-test.svm"
+    gen = ("data", "synth-ctr", "--nnz", "40", "--key-space", str(1 << 20), "--zipf", "1.1", "--seed", "7")
+    if not os.path.exists(tr):
+        # synth-ctr writes binary features as bare 0-based ids: standard `id:1` with 1-based
+        # ids for every learner
+        for dst, extra in ((tr, ("--examples", str(n))), (te, ("--examples", "100000", "--start", str(n)))):
+            run(BIN, *gen, *extra, "--out", dst + ".raw")
+            with open(dst + ".raw") as f, open(dst, "w") as g:
+                for l in f:
+                    p = l.split()
+                    g.write(p[0] + "".join(f" {int(k) + 1}:1" for k in p[1:]) + "\n")
+            os.remove(dst + ".raw")
+    return tr, te
+
+
+SETS = {"breast-cancer": breast_cancer, "spam": spam, "mnist": mnist, "synth-ctr": synth_ctr}
+
+
+def downpour(tr, te, *extra):
+    out = f"{D}/m.json"
     t = time.time()
-    run(BIN, "--log", "warn", "train", "linear", "--train", tr, "--test", te, "--epochs", str(epochs), "--lr", str(lr), "--batch", str(batch),
-        "--quiet", "--out", f"{D}/m.json", "--model-out", f"{D}/w.safetensors")
+    run(BIN, "--log", "warn", "launch", "--servers", "2", "--workers", "2", "--", "train", "linear", "--train", tr, "--test", te,
+        "--format", "libsvm", "--quiet", "--out", out, *extra)
     secs = time.time() - t
-    run(BIN, "predict", "--model", f"{D}/w.safetensors", "--data", te, "--out", f"{D}/dp.pred")
-    report(f"downpour ftrl batch {batch} lr {lr} (2 servers, 2 workers, embedded)", [float(l) for l in open(f"{D}/dp.pred")], y, secs, epochs=epochs)
+    return json.load(open(out)), secs
 
-for c in ("1", "10", "100"):
+
+def objective(w, b, X, y, c=1.0):
+    import numpy as np
+    z = X @ w + b
+    s = np.where(y, 1.0, -1.0)
+    return 0.5 * (float(w @ w) + b * b) + c * float(np.logaddexp(0, -s * z).sum())
+
+
+def run_liblinear(tr, te, eps="0.01", bias=False):
+    import numpy as np
+    from sklearn.datasets import load_svmlight_file
+    from liblinear.liblinearutil import train
+    from evalmetrics import auc, logloss
+    Xtr, ytr = load_svmlight_file(tr, zero_based=False)
+    Xte, yte = load_svmlight_file(te, zero_based=False, n_features=Xtr.shape[1])
+    ytr, yte = ytr > 0, yte > 0
     t = time.time()
-    run("liblinear-train", "-q", "-s", "0", "-c", c, tr, f"{D}/ll.model")
+    m = train(np.where(ytr, 1, -1), Xtr, f"-s 0 -c 1 -e {eps} -q" + (" -B 1" if bias else ""))
     secs = time.time() - t
-    run("liblinear-predict", "-b", "1", te, f"{D}/ll.model", f"{D}/ll.pred")
-    lines = open(f"{D}/ll.pred").read().split("\n")
-    order = lines[0].split()[1:]
-    pos_col = order.index("1")
-    p = [float(l.split()[1 + pos_col]) for l in lines[1:] if l.strip()]
-    report(f"liblinear L2-LR C={c}", p, y, secs)
-
-from vowpalwabbit import Workspace
+    w, b = m.get_decfun()
+    sign = 1 if m.get_labels()[0] == 1 else -1
+    w, b = np.array(w[:Xtr.shape[1]]) * sign, (b * sign if bias else 0.0)
+    p = 1 / (1 + np.exp(-(Xte @ w + b)))
+    return {"test_auc": auc(list(p), list(yte)), "test_logloss": logloss(list(p), list(yte)), "objective": objective(w, b, Xtr, ytr)}, secs
 
 
-def to_vw(line):
-    parts = line.split()
-    return ("1" if parts[0] == "+1" else "-1") + " |f " + " ".join(parts[1:])
-
-
-train_lines = [to_vw(l) for l in open(tr)]
-test_lines = [to_vw(l) for l in open(te)]
-for passes in (1, 5, 10):
+def run_vw(tr, te):
+    from evalmetrics import auc, logloss
+    for src in (tr, te):
+        with open(src) as f, open(src + ".vw", "w") as g:
+            for l in f:
+                p = l.split()
+                g.write(("1" if p[0] in ("1", "+1") else "-1") + " |f " + " ".join(p[1:]) + "\n")
     t = time.time()
-    vw = Workspace("--loss_function logistic --link logistic -b 24 --quiet")
-    for _ in range(passes):
-        for l in train_lines:
-            vw.learn(l)
+    run(sys.executable, "-m", "vowpalwabbit", "-d", tr + ".vw", "--loss_function", "logistic", "-f", f"{D}/vw.model", "--quiet")
     secs = time.time() - t
-    p = [vw.predict(l) for l in test_lines]
-    vw.finish()
-    report(f"vowpal wabbit logistic, {passes} pass(es)", p, y, secs)
+    run(sys.executable, "-m", "vowpalwabbit", "-d", te + ".vw", "-t", "-i", f"{D}/vw.model", "--link", "logistic", "-p", f"{D}/vw.pred", "--quiet")
+    p = [float(l.split()[0]) for l in open(f"{D}/vw.pred")]
+    y = [l.startswith("1") for l in open(te + ".vw")]
+    return {"test_auc": auc(p, y), "test_logloss": logloss(p, y)}, secs
+
+
+def main():
+    try:
+        import sklearn, scipy, liblinear.liblinearutil, vowpalwabbit  # noqa: F401 (checked here, used below)
+    except ImportError as e:
+        sys.exit(f"baselines.py: {e}: pip install scikit-learn scipy liblinear-official vowpalwabbit")
+    if not os.path.exists(BIN):
+        sys.exit(f"baselines.py: no {BIN}: cargo build --release (or set DOWNPOUR)")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    names = os.environ.get("SETS", ",".join(SETS)).split(",")
+    for name in names:
+        if name not in SETS:
+            sys.exit(f"baselines.py: unknown set {name!r} (sets: {', '.join(SETS)})")
+        tr, te = SETS[name]()
+        line = lambda learner, m, secs, **kw: print(json.dumps({"set": name, "learner": learner, "test_auc": round(m["test_auc"], 5),
+                                                                "test_logloss": round(m["test_logloss"], 5), "train_s": round(secs, 2), **kw}), flush=True)
+        m, secs = downpour(tr, te)
+        line("downpour defaults", m, secs, algorithm=m.get("algorithm", "sgd"), objective=m.get("objective"))
+        ll, secs = run_liblinear(tr, te)
+        line("liblinear -s 0", ll, secs, objective=round(ll["objective"], 6))
+        v, secs = run_vw(tr, te)
+        line("vw defaults", v, secs)
+        # the same objective (intercept as a regularised constant feature) by both solvers
+        if m.get("algorithm") != "lbfgs":
+            m, secs = downpour(tr, te, "--algorithm", "lbfgs")
+            line("downpour --algorithm lbfgs", m, secs, objective=m.get("objective"))
+        for eps in ("0.01", "0.0001"):
+            b, secs = run_liblinear(tr, te, eps, bias=True)
+            line(f"liblinear -s 0 -B 1 -e {eps}", b, secs, objective=round(b["objective"], 6))
+
+
+if __name__ == "__main__":
+    main()

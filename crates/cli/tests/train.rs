@@ -357,15 +357,19 @@ fn mixed_feature_scales_train_well_by_default_and_warn_only_under_a_rule_that_is
         assert!(o.status.success(), "{log}");
         log
     };
-    // the defaults (scale-free updates on the servers, no scaling) learn it and say nothing
-    let log = train(&[]);
-    assert!(!log.contains("feature scales differ") && !log.contains("worse than predicting") && !log.contains("are divided by"), "{log}");
-    let m = metrics(&out);
-    assert!(m["test_auc"].as_f64().unwrap() > 0.75, "{m}");
-    // the exported weights apply to the raw values
-    let ll = predict_logloss(&model, &te, &preds);
-    let trained = m["test_logloss"].as_f64().unwrap();
-    assert!((ll - trained).abs() < 1e-5, "predict logloss {ll} vs training-time {trained}");
+    // the defaults (a file this small: the batch solver, preconditioned) and the streaming
+    // learner (scale-free updates on the servers, no scaling) learn it and say nothing
+    for (extra, algorithm) in [(&[][..], "lbfgs"), (&["--epochs", "5"][..], "sgd")] {
+        let log = train(extra);
+        assert!(!log.contains("feature scales differ") && !log.contains("worse than predicting") && !log.contains("are divided by"), "{log}");
+        let m = metrics(&out);
+        assert_eq!(m["algorithm"], algorithm, "{m}");
+        assert!(m["test_auc"].as_f64().unwrap() > 0.75, "{m}");
+        // the exported weights (and intercept) apply to the raw values
+        let ll = predict_logloss(&model, &te, &preds);
+        let trained = m["test_logloss"].as_f64().unwrap();
+        assert!((ll - trained).abs() < 1e-5, "{algorithm}: predict logloss {ll} vs training-time {trained}");
+    }
     // the plain rule on unscaled values: the job warns that the scales differ and that the
     // steps are far too large
     let log = train(&["--normalize", "false", "--scale", "none", "--epochs", "1"]);

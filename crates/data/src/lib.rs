@@ -17,6 +17,11 @@
 
 #![warn(missing_docs)]
 
+/// The feature id of the constant feature (value 1) that `train linear --bias` adds to every
+/// example: its weight is the model's intercept. An input that uses this id itself is read as
+/// it is, and shares its weight.
+pub const BIAS_ID: u64 = u64::MAX - 1;
+
 pub mod batch;
 pub mod idx;
 pub mod libsvm;

@@ -24,6 +24,8 @@ pub struct ShareReader {
     key_map: Option<fn(u64) -> u64>,
     /// How values are divided as they are read (none: unchanged).
     scaling: Option<std::sync::Arc<Scaling>>,
+    /// Append the constant feature [`crate::BIAS_ID`] = 1 to every example.
+    bias: bool,
 }
 
 impl ShareReader {
@@ -47,6 +49,7 @@ impl ShareReader {
             done_bytes: 0,
             key_map: None,
             scaling: None,
+            bias: false,
         }
     }
 
@@ -72,6 +75,13 @@ impl ShareReader {
         self
     }
 
+    /// Appends the constant feature [`crate::BIAS_ID`] with value 1 to every example (an
+    /// intercept), before the scaling and the key map.
+    pub fn with_bias(mut self, bias: bool) -> Self {
+        self.bias = bias;
+        self
+    }
+
     /// The pieces this reader reads.
     pub fn pieces(&self) -> &[Piece] {
         &self.pieces
@@ -86,6 +96,10 @@ impl ShareReader {
             }
             if let Some(r) = self.reader.as_mut() {
                 if r.next_into(ex)? {
+                    if self.bias {
+                        ex.keys.push(crate::BIAS_ID);
+                        ex.values.push(1.0);
+                    }
                     if let Some(sc) = &self.scaling {
                         sc.apply(&ex.keys, &mut ex.values);
                     }

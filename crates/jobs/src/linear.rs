@@ -120,6 +120,11 @@ pub struct LinearConfig {
     pub test: Option<PathBuf>,
     #[cfg_attr(feature = "cli", command(flatten))]
     pub input: InputConfig,
+    /// Learn an intercept: every example gets the constant feature 1 (id
+    /// `downpour_data::BIAS_ID`, regularised like the others, as liblinear's `-B 1`); its
+    /// weight is in the exported model and `predict` adds it.
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL"))]
+    pub bias: bool,
     /// `auto` (the batch solver for files up to 256 MiB unless a streaming option is set,
     /// see docs/experiments.md), `sgd` or `lbfgs`.
     #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t = Algorithm::Auto))]
@@ -127,11 +132,13 @@ pub struct LinearConfig {
     /// `lbfgs`: the inverse regularisation strength C of `½‖w‖² + C Σ loss` (liblinear's `-c`).
     #[cfg_attr(feature = "cli", arg(long, default_value_t = 1.0))]
     pub c: f32,
-    /// `lbfgs`: stop once ‖∇f‖ ≤ ε · max(min(#pos, #neg), 1) / n · ‖∇f(0)‖ (liblinear's `-e`).
-    #[cfg_attr(feature = "cli", arg(long, default_value_t = 0.01))]
+    /// `lbfgs`: stop once ‖∇f‖ ≤ ε · max(min(#pos, #neg), 1) / n · ‖∇f(0)‖ (liblinear's `-e`;
+    /// a tenth of liblinear's default, as L-BFGS's gradient falls less steadily than Newton's:
+    /// it then reaches at least the objective liblinear reaches with its default).
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 0.001))]
     pub epsilon: f32,
     /// `lbfgs`: history pairs kept (each is two vectors over the feature ids on the servers).
-    #[cfg_attr(feature = "cli", arg(long, default_value_t = 10))]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 20))]
     pub lbfgs_memory: usize,
     /// `lbfgs`: at most this many iterations.
     #[cfg_attr(feature = "cli", arg(long, default_value_t = 1000))]
@@ -230,10 +237,11 @@ impl Default for LinearConfig {
             train: Vec::new(),
             test: None,
             input: InputConfig::default(),
+            bias: true,
             algorithm: Algorithm::Auto,
             c: 1.0,
-            epsilon: 0.01,
-            lbfgs_memory: 10,
+            epsilon: 0.001,
+            lbfgs_memory: 20,
             max_iter: 1000,
             epochs: 5,
             batch: 100,
@@ -520,7 +528,7 @@ struct Evaluator {
 }
 
 impl Evaluator {
-    fn spawn(mut kv: KvClient, test: PathBuf, format: Format, batch: usize, scale: Arc<Scaling>, row: usize, t0: Instant) -> Result<Evaluator> {
+    fn spawn(mut kv: KvClient, test: PathBuf, format: Format, batch: usize, scale: Arc<Scaling>, row: usize, bias: bool, t0: Instant) -> Result<Evaluator> {
         let (tx, rx) = std::sync::mpsc::channel::<()>();
         let thread = std::thread::Builder::new()
             .name("evaluator".into())
@@ -528,7 +536,7 @@ impl Evaluator {
                 let mut out = Vec::new();
                 while rx.recv().is_ok() {
                     while rx.try_recv().is_ok() {}
-                    let m = evaluate(&mut kv, &test, &format, batch, &scale, row)?;
+                    let m = evaluate(&mut kv, &test, &format, batch, &scale, row, bias)?;
                     out.push((t0.elapsed().as_secs_f64(), m.logloss, m.auc));
                 }
                 Ok(out)
@@ -586,8 +594,11 @@ fn pushed_rows(b: &Batch, grad: &[f32], row: usize, out: &mut Vec<f32>) {
 
 /// Scores the test set with the servers' current weights, read with `kv` (peeks: no key is
 /// created, nothing waits for clocks).
-fn evaluate(kv: &mut KvClient, test: &PathBuf, format: &Format, batch: usize, scale: &Arc<Scaling>, row: usize) -> Result<EpochMetrics> {
-    let mut r = ShareReader::for_worker(std::slice::from_ref(test), format, 0, 1)?.with_key_map(scramble).with_scaling(scale.clone());
+fn evaluate(kv: &mut KvClient, test: &PathBuf, format: &Format, batch: usize, scale: &Arc<Scaling>, row: usize, bias: bool) -> Result<EpochMetrics> {
+    let mut r = ShareReader::for_worker(std::slice::from_ref(test), format, 0, 1)?
+        .with_bias(bias)
+        .with_key_map(scramble)
+        .with_scaling(scale.clone());
     let (mut p, mut y) = (Vec::new(), Vec::new());
     let (mut rows, mut w) = (Vec::new(), Vec::new());
     while let Some(b) = r.next_batch(batch.max(1000))? {
@@ -643,13 +654,7 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
         if s.rank == 0 && !a.quiet && a.algorithm == Algorithm::Auto {
             tracing::info!("--algorithm auto: the batch solver (lbfgs, C = {}) for training files up to {} MiB; --algorithm sgd streams them", a.c, AUTO_BATCH_BYTES >> 20);
         }
-        // The batch solver's preconditioner: each feature divided by its largest value
-        // (the objective stays the one on the raw values).
-        let scale = Arc::new(match a.scale {
-            Scale::Fixed(v) => Scaling::all(v),
-            Scale::Auto | Scale::PerFeature => Scaling::per_feature_max(first, &format, SCALE_SAMPLE)?,
-        });
-        return crate::linear_lbfgs::run(a, s, report, &format, scale);
+        return crate::linear_lbfgs::run(a, s, report, &format);
     }
     let scale = Arc::new(match a.scale {
         Scale::Fixed(v) => {
@@ -727,7 +732,7 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
     let mut evaluator = match (s.reader.take(), &a.test) {
         (Some(mut kv), Some(test)) if a.eval_every > 0 => {
             kv.use_table(table_def(a));
-            Some(Evaluator::spawn(kv, test.clone(), format.clone(), a.batch, scale.clone(), row, t0)?)
+            Some(Evaluator::spawn(kv, test.clone(), format.clone(), a.batch, scale.clone(), row, a.bias, t0)?)
         }
         _ => None,
     };
@@ -738,6 +743,7 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
         let shuffle_seed = a.seed ^ (epoch as u64).wrapping_mul(0x9E37_79B9) ^ (s.rank as u64).wrapping_mul(0x85EB_CA6B);
         let reader = ShareReader::for_worker(&a.train, &format, s.rank, s.num_workers)?
             .with_shuffle(a.shuffle_buffer, shuffle_seed)
+            .with_bias(a.bias)
             .with_key_map(scramble)
             .with_scaling(scale.clone());
         let batches = spawn_reader(reader, a.batch)?;
@@ -866,7 +872,7 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
                         evals.extend(e.finish()?);
                     }
                 }
-                let m = evaluate(&mut s.kv, test, &format, a.batch, &scale, row)?;
+                let m = evaluate(&mut s.kv, test, &format, a.batch, &scale, row, a.bias)?;
                 if !a.quiet {
                     tracing::info!(
                         "epoch {epoch}: {seen} examples on this worker in {:.1}s ({:.0} ex/s)",
@@ -954,6 +960,7 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
         }
         let final_m = epochs.last().and_then(|e| e.1.as_ref());
         let json = serde_json::json!({
+            "algorithm": "sgd",
             "test_auc": final_m.and_then(|m| m.auc),
             "test_logloss": final_m.map(|m| m.logloss),
             "test_accuracy": final_m.map(|m| m.accuracy),

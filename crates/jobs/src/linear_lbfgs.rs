@@ -2,19 +2,22 @@
 //! for when quality matters more than passes (and, by `--algorithm auto`, for every
 //! training set small enough to hold in the workers' memory).
 //!
-//! The objective is liblinear's `-s 0`: `½‖w‖² + C Σᵢ log(1 + exp(−yᵢ wᵀxᵢ))`, with no
-//! intercept. It is minimised by Sandblaster L-BFGS (`downpour_nn::lbfgs`, the driver the
+//! The objective is liblinear's `-s 0`: `½‖w‖² + C Σᵢ log(1 + exp(−yᵢ wᵀxᵢ))`; with
+//! `--bias` (the default) every example has the constant feature 1, as liblinear's `-B 1`. It is minimised by Sandblaster L-BFGS (`downpour_nn::lbfgs`, the driver the
 //! `dnn` job runs): the parameters, the batch gradient, the direction and the history are
-//! co-partitioned dense tables over the feature ids on the servers, worker 0 drives them with
+//! co-partitioned dense tables on the servers, one entry per feature id present in the
+//! training files (the ids are numbered in order through a sparse table that every worker
+//! writes its share's ids into), worker 0 drives them with
 //! vector programs and gets back only dot products. Every worker holds its share of the
 //! examples in memory; one evaluation of the loss and gradient is a round in which every
 //! worker pulls the parameters, pushes its share's gradient sum into the gradient table and
 //! writes its loss into its slot of a loss table, between two barriers.
 //!
-//! The solver works on each feature divided by its largest |value| in the first examples
-//! (`--scale`, a diagonal preconditioner: raw columns in the thousands beside ratios below 1
-//! make the plain problem badly conditioned), with the regulariser written in the original
-//! units, so the minimiser is the same whatever the scaling. It stops, like liblinear's
+//! The solver works on each feature j multiplied by `1 / d_j`, `d_j = √(¼ Σᵢ xᵢⱼ² + 1/C)`
+//! the square root of the objective's Hessian diagonal at w = 0 (a Jacobi preconditioner:
+//! raw columns in the thousands beside ratios below 1 make the plain problem badly
+//! conditioned), with the regulariser written in the original units, so the minimiser is
+//! the same: `--scale` has no effect on it. It stops, like liblinear's
 //! `-e`, once `‖∇f‖ ≤ ε · max(min(#pos, #neg), 1) / n · ‖∇f(0)‖`.
 
 use crate::linear::{LinearConfig, TABLE};
@@ -23,30 +26,38 @@ use anyhow::{bail, ensure, Context, Result};
 use downpour_apps::{linear, metrics};
 use downpour_core::consistency::Consistency;
 use downpour_core::proto;
+use downpour_core::table::{Storage, TableDef};
+use downpour_core::KeyRange;
 use downpour_core::vecops::VecInstr;
 use downpour_data::batch::Batch;
-use downpour_data::share::{Scaling, ShareReader};
+use downpour_data::share::ShareReader;
 use downpour_data::Format;
 use downpour_nn::lbfgs::{Lbfgs, Outcome, Tables, VectorStore};
 use downpour_worker::{ClientError, KvClient, WorkerSession};
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Instant;
 
-/// The largest feature id + 1 the solver takes: its 3 + 2·memory dense vectors over the ids
-/// live on the servers (23 vectors of 64 MiB at the default memory).
-pub const MAX_DIM: u64 = 1 << 24;
+/// The most distinct feature ids the solver takes: its 4 + 2·memory dense vectors over them
+/// live on the servers (44 vectors of 64 MiB at the default memory, over all servers).
+pub const MAX_DIM: usize = 1 << 24;
 
-/// Table of every worker's share facts: examples, positives, largest feature id + 1.
+/// Table of every worker's share facts: examples, positives.
 const INFO: u32 = 12;
 /// Table of every worker's loss of the current evaluation (two f32 per worker).
 const LOSSES: u32 = 13;
 /// Table of the driver's word to the others: the evaluation's number, or −1 to stop.
 const CONTROL: u32 = 14;
+/// Table of Σᵢ xᵢⱼ² per feature j, summed over the workers (the preconditioner).
+const SQUARES: u32 = 15;
+/// Sparse table of the feature ids present in any share (their union, in id order, numbers
+/// them).
+const PRESENT: u32 = 16;
+/// Keys per request when writing the ids.
+const CHUNK: usize = 1 << 20;
 /// First id of the driver's scratch tables (gradient, previous gradient, direction, history).
 const SCRATCH: u32 = 50;
 /// Facts per worker in [`INFO`], three f32 each.
-const FACTS: usize = 3;
+const FACTS: usize = 2;
 
 /// The servers as the driver's vector store.
 struct Servers<'a>(&'a mut KvClient);
@@ -78,21 +89,21 @@ struct Share {
     batches: Vec<Batch>,
     examples: u64,
     positives: u64,
-    /// Largest feature id + 1 (0 without features).
-    dim: u64,
+    /// The distinct feature ids of the share, sorted.
+    ids: Vec<u64>,
 }
 
-fn load(a: &LinearConfig, s: &WorkerSession, format: &Format, scale: &Arc<Scaling>) -> Result<Share> {
-    let mut r = ShareReader::for_worker(&a.train, format, s.rank, s.num_workers)?.with_scaling(scale.clone());
-    let mut sh = Share { batches: Vec::new(), examples: 0, positives: 0, dim: 0 };
+fn load(a: &LinearConfig, s: &WorkerSession, format: &Format) -> Result<Share> {
+    let mut r = ShareReader::for_worker(&a.train, format, s.rank, s.num_workers)?.with_bias(a.bias);
+    let mut sh = Share { batches: Vec::new(), examples: 0, positives: 0, ids: Vec::new() };
     while let Some(b) = r.next_batch(1000)? {
         sh.examples += b.len() as u64;
         sh.positives += b.labels.iter().filter(|&&y| y > 0.5).count() as u64;
-        if let Some(&k) = b.keys.last() {
-            sh.dim = sh.dim.max(k.saturating_add(1));
-        }
+        sh.ids.extend_from_slice(&b.keys);
         sh.batches.push(b);
     }
+    sh.ids.sort_unstable();
+    sh.ids.dedup();
     Ok(sh)
 }
 
@@ -115,12 +126,12 @@ fn share_loss_and_gradient(sh: &Share, v: &[f32], grad: &mut [f64]) -> f64 {
     total
 }
 
-/// The regulariser `½‖w‖² / C` with `w_i = v_i / d_i` (d the feature's divisor), added to
+/// The regulariser `½‖w‖² / C` with `w_i = v_i / d_i` (d the features' divisors), added to
 /// the gradient sum `grad`; returns its value.
-fn add_regulariser(v: &[f32], scale: &Scaling, c: f64, grad: &mut [f64]) -> f64 {
+fn add_regulariser(v: &[f32], d: &[f32], c: f64, grad: &mut [f64]) -> f64 {
     let mut r = 0.0;
-    for (i, (&vi, g)) in v.iter().zip(grad.iter_mut()).enumerate() {
-        let d = scale.divisor(i as u64) as f64;
+    for ((&vi, g), &d) in v.iter().zip(grad.iter_mut()).zip(d) {
+        let d = d as f64;
         let w = vi as f64 / d;
         r += w * w;
         *g += w / (d * c);
@@ -131,7 +142,7 @@ fn add_regulariser(v: &[f32], scale: &Scaling, c: f64, grad: &mut [f64]) -> f64 
 /// What one evaluation round gives the driver.
 struct Round<'a> {
     sh: &'a Share,
-    scale: &'a Scaling,
+    d: &'a [f32],
     c: f64,
     n: f64,
     round: i64,
@@ -147,7 +158,7 @@ impl Round<'_> {
         s.kv.pull_range_into(TABLE, 0, &mut self.v)?;
         let mut loss = share_loss_and_gradient(self.sh, &self.v, &mut self.grad);
         if s.rank == 0 {
-            loss += add_regulariser(&self.v, self.scale, self.c, &mut self.grad);
+            loss += add_regulariser(&self.v, self.d, self.c, &mut self.grad);
         }
         self.grad32.clear();
         self.grad32.extend(self.grad.iter().map(|&x| x as f32));
@@ -176,13 +187,13 @@ impl Round<'_> {
     }
 }
 
-/// Test metrics of the weights `w` (original units, indexed by feature id).
-fn evaluate_test(path: &Path, format: &Format, w: &[f32]) -> Result<(Option<f64>, f64, f64, usize)> {
-    let mut r = ShareReader::for_worker(&[path.to_path_buf()], format, 0, 1)?;
+/// Test metrics of the weights `w` (original units) of the feature ids `ids` (sorted).
+fn evaluate_test(path: &Path, format: &Format, bias: bool, ids: &[u64], w: &[f32]) -> Result<(Option<f64>, f64, f64, usize)> {
+    let mut r = ShareReader::for_worker(&[path.to_path_buf()], format, 0, 1)?.with_bias(bias);
     let (mut p, mut y, mut wb) = (Vec::new(), Vec::new(), Vec::new());
     while let Some(b) = r.next_batch(1000)? {
         wb.clear();
-        wb.extend(b.keys.iter().map(|&k| w.get(k as usize).copied().unwrap_or(0.0)));
+        wb.extend(b.keys.iter().map(|k| ids.binary_search(k).map_or(0.0, |i| w[i])));
         for i in 0..b.len() {
             p.push(linear::sigmoid(linear::margin(&b, &wb, i)));
             y.push(b.labels[i]);
@@ -193,35 +204,51 @@ fn evaluate_test(path: &Path, format: &Format, w: &[f32]) -> Result<(Option<f64>
 
 /// Runs `train linear --algorithm lbfgs` on one worker (worker 0 drives). `scale` is the
 /// preconditioner (each feature's divisor); `started` when the job began.
-pub(crate) fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report, format: &Format, scale: Arc<Scaling>) -> Result<()> {
+pub(crate) fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report, format: &Format) -> Result<()> {
     ensure!(a.c.is_finite() && a.c > 0.0, "--c must be a positive number");
     ensure!(a.epsilon.is_finite() && a.epsilon > 0.0, "--epsilon must be a positive number");
     ensure!(a.lbfgs_memory >= 1, "--lbfgs-memory must be at least 1");
     let t0 = Instant::now();
-    let sh = load(a, s, format, &scale).context("reading the training share")?;
+    let mut sh = load(a, s, format).context("reading the training share")?;
     // Every worker's facts, so all agree on n and the dimension.
     let w = s.num_workers;
     s.kv.create_table(crate::dnn::table(INFO, "lbfgs-info", w * FACTS * 3, assign(), Consistency::Async))?;
-    let mine: Vec<f32> = [sh.examples, sh.positives, sh.dim].iter().flat_map(|&x| split_count(x)).collect();
+    let mine: Vec<f32> = [sh.examples, sh.positives].iter().flat_map(|&x| split_count(x)).collect();
     let ts = s.kv.push_range(INFO, (s.rank * FACTS * 3) as u64, &mine)?;
     s.kv.wait(ts)?;
+    // Every share's feature ids into one sparse table: its keys, in order, number them.
+    s.kv.create_table(TableDef { storage: Storage::Sparse, rule: assign(), ..TableDef::new(PRESENT, "lbfgs-ids") })?;
+    let ones = vec![1f32; CHUNK.min(sh.ids.len())];
+    for c in sh.ids.chunks(CHUNK) {
+        let ts = s.kv.push(PRESENT, c, &ones[..c.len()])?;
+        s.kv.wait(ts)?;
+    }
     s.barrier("lbfgs-info")?;
     let mut facts = vec![0f32; w * FACTS * 3];
     s.kv.pull_range_into(INFO, 0, &mut facts)?;
-    let (mut n, mut pos, mut dim) = (0u64, 0u64, 0u64);
+    let (mut n, mut pos) = (0u64, 0u64);
     for f in facts.chunks_exact(FACTS * 3) {
         n += join_count(&f[0..3]);
         pos += join_count(&f[3..6]);
-        dim = dim.max(join_count(&f[6..9]));
     }
     ensure!(n > 0, "the training files hold no example");
-    if dim > MAX_DIM {
+    let (mut ids, _) = s.kv.pull_range(PRESENT, KeyRange::FULL)?;
+    ids.sort_unstable();
+    ids.dedup();
+    if ids.len() > MAX_DIM {
         bail!(
-            "feature ids go up to {}: the batch solver keeps dense vectors over the ids, at most {MAX_DIM}; use --algorithm sgd (sparse, any ids) or fold text features with --hash-bits",
-            dim - 1
+            "{} distinct feature ids: the batch solver keeps dense vectors over them, at most {MAX_DIM}; use --algorithm sgd (sparse, any number of ids)",
+            ids.len()
         );
     }
-    let dim = dim.max(1) as usize;
+    // The share's batches over the numbered ids (the numbering keeps their order).
+    for b in &mut sh.batches {
+        for k in b.keys.iter_mut() {
+            *k = ids.binary_search(k).map_err(|_| anyhow::anyhow!("feature id {k} is missing from the union of the shares' ids"))? as u64;
+        }
+    }
+    sh.ids = Vec::new();
+    let dim = ids.len().max(1);
     let tables = Tables::new(TABLE, SCRATCH, a.lbfgs_memory);
     let add = proto::Rule { name: "add".into(), ..Default::default() };
     s.kv.create_table(crate::dnn::table(TABLE, "linear", dim, add.clone(), Consistency::Async))?;
@@ -230,9 +257,28 @@ pub(crate) fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report, form
     }
     s.kv.create_table(crate::dnn::table(LOSSES, "lbfgs-losses", 2 * w, assign(), Consistency::Async))?;
     s.kv.create_table(crate::dnn::table(CONTROL, "lbfgs-control", 1, assign(), Consistency::Async))?;
-    s.barrier("lbfgs-start")?;
+    s.kv.create_table(crate::dnn::table(SQUARES, "lbfgs-squares", dim, add.clone(), Consistency::Async))?;
     let c = a.c as f64;
-    let mut round = Round { sh: &sh, scale: &scale, c, n: n as f64, round: 0, v: vec![0f32; dim], grad: vec![0f64; dim], grad32: Vec::new() };
+    // The preconditioner: every feature's Σ x² over all shares.
+    let mut sq = vec![0f64; dim];
+    for b in &sh.batches {
+        for (&j, &x) in b.index.iter().zip(&b.values) {
+            sq[b.keys[j as usize] as usize] += x as f64 * x as f64;
+        }
+    }
+    let sq: Vec<f32> = sq.into_iter().map(|x| x as f32).collect();
+    let ts = s.kv.push_range(SQUARES, 0, &sq)?;
+    s.kv.wait(ts)?;
+    s.barrier("lbfgs-start")?;
+    let mut d = vec![0f32; dim];
+    s.kv.pull_range_into(SQUARES, 0, &mut d)?;
+    d.iter_mut().for_each(|x| *x = (0.25 * *x as f64 + 1.0 / c).sqrt() as f32);
+    for b in &mut sh.batches {
+        for (&j, x) in b.index.iter().zip(b.values.iter_mut()) {
+            *x /= d[b.keys[j as usize] as usize];
+        }
+    }
+    let mut round = Round { sh: &sh, d: &d, c, n: n as f64, round: 0, v: vec![0f32; dim], grad: vec![0f64; dim], grad32: Vec::new() };
     if s.rank != 0 {
         let mut ctl = [0f32];
         loop {
@@ -312,13 +358,13 @@ pub(crate) fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report, form
     // The weights in the original units.
     let mut v = vec![0f32; dim];
     s.kv.pull_range_into(TABLE, 0, &mut v)?;
-    let weights: Vec<f32> = v.iter().enumerate().map(|(i, &x)| x / scale.divisor(i as u64)).collect();
+    let weights: Vec<f32> = v.iter().zip(&d).map(|(&x, &d)| x / d).collect();
     let test = match &a.test {
-        Some(t) => Some(evaluate_test(t, format, &weights)?),
+        Some(t) => Some(evaluate_test(t, format, a.bias, &ids, &weights)?),
         None => None,
     };
     if let Some(path) = &a.model_out {
-        let (keys, values): (Vec<u64>, Vec<f32>) = weights.iter().enumerate().filter(|(_, &x)| x != 0.0).map(|(i, &x)| (i as u64, x)).unzip();
+        let (keys, values): (Vec<u64>, Vec<f32>) = ids.iter().zip(&weights).filter(|(_, &x)| x != 0.0).map(|(&id, &x)| (id, x)).unzip();
         crate::model::save(path, &keys, &values, 1)?;
         if !quiet {
             tracing::info!("model with {} keys written to {}", keys.len(), path.display());
@@ -338,6 +384,8 @@ pub(crate) fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report, form
         "converged": converged,
         "gradient_ratio": gnorm / g0.max(f64::MIN_POSITIVE),
         "wall_s": wall,
+        // every evaluation reads every example once
+        "examples_per_s": (n as f64 * evaluations as f64) / wall,
         "bytes_sent": traffic.bytes_sent,
         "bytes_received": traffic.bytes_received,
         "epochs": test.as_ref().map(|t| vec![serde_json::json!({"epoch": iterations, "test_auc": t.0, "test_logloss": t.1, "wall_s": wall})]).unwrap_or_default(),

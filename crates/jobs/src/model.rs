@@ -1,7 +1,8 @@
 //! Model files: safetensors with two tensors, `keys` (U64 [n], sorted) and `values`
 //! (F32 [n, d]), so `safetensors.numpy.load_file(path)` gives a Python user both arrays.
 //! `downpour predict` loads them and scores examples exactly as training-time evaluation
-//! does (same margin arithmetic; keys absent from the model weigh 0).
+//! does (same margin arithmetic; keys absent from the model weigh 0; the weight of
+//! [`downpour_data::BIAS_ID`], when present, is the intercept).
 
 use anyhow::{bail, Context, Result};
 use downpour_apps::linear;
@@ -73,6 +74,12 @@ impl LinearModel {
     pub fn weight(&self, key: u64) -> f32 {
         self.keys.binary_search(&key).map(|i| self.weights[i]).unwrap_or(0.0)
     }
+
+    /// The intercept: the weight of the constant feature [`downpour_data::BIAS_ID`] (0 for a
+    /// model trained without `--bias`).
+    pub fn bias(&self) -> f32 {
+        self.weight(downpour_data::BIAS_ID)
+    }
 }
 
 /// Flags of `downpour predict`.
@@ -103,6 +110,7 @@ pub fn predict(a: &PredictConfig) -> Result<()> {
     };
     let mut chunk = Vec::with_capacity(1000);
     let mut ex = Example::default();
+    let bias = m.bias() as f64;
     loop {
         let more = r.next_into(&mut ex)?;
         if more {
@@ -112,7 +120,7 @@ pub fn predict(a: &PredictConfig) -> Result<()> {
             let b = Batch::from_examples(&chunk);
             let w: Vec<f32> = b.keys.iter().map(|&k| m.weight(k)).collect();
             for i in 0..b.len() {
-                writeln!(out, "{}", linear::sigmoid(linear::margin(&b, &w, i))).context("cannot write predictions")?;
+                writeln!(out, "{}", linear::sigmoid(linear::margin(&b, &w, i) + bias)).context("cannot write predictions")?;
             }
             chunk.clear();
         }
