@@ -291,7 +291,7 @@ fn predict_with_the_exported_model_equals_training_time_evaluation() {
 }
 
 #[test]
-fn large_feature_values_are_scaled_automatically_and_the_exported_model_takes_raw_values() {
+fn large_feature_values_are_scaled_per_feature_under_a_rule_that_is_not_scale_free_and_the_exported_model_takes_raw_values() {
     let d = tempfile::tempdir().unwrap();
     let (tr, te, out, model, preds) =
         (d.path().join("tr.svm"), d.path().join("te.svm"), d.path().join("m.json"), d.path().join("w.safetensors"), d.path().join("p.txt"));
@@ -305,12 +305,14 @@ fn large_feature_values_are_scaled_automatically_and_the_exported_model_takes_ra
     let o = downpour()
         .env("DOWNPOUR_LOG", "info")
         .args(["train", "linear", "--train", tr.to_str().unwrap(), "--test", te.to_str().unwrap(), "--workers", "1"])
-        .args(["--out", out.to_str().unwrap(), "--model-out", model.to_str().unwrap()])
+        .args(["--out", out.to_str().unwrap(), "--model-out", model.to_str().unwrap(), "--normalize", "false"])
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("divided by 200"), "{}", String::from_utf8_lossy(&o.stderr));
+    let log = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{log}");
+    assert!(log.contains("features above 1 are divided by their largest |value|") && log.contains("up to 200"), "{log}");
     let m = metrics(&out);
+    assert_eq!(m["algorithm"], "sgd", "{m}");
     assert!(m["test_auc"].as_f64().unwrap() > 0.75, "{m}");
     let ll = predict_logloss(&model, &te, &preds);
     let trained = m["test_logloss"].as_f64().unwrap();
@@ -361,7 +363,10 @@ fn mixed_feature_scales_train_well_by_default_and_warn_only_under_a_rule_that_is
     // learner (scale-free updates on the servers, no scaling) learn it and say nothing
     for (extra, algorithm) in [(&[][..], "lbfgs"), (&["--epochs", "5"][..], "sgd")] {
         let log = train(extra);
-        assert!(!log.contains("feature scales differ") && !log.contains("worse than predicting") && !log.contains("are divided by"), "{log}");
+        assert!(
+            !log.contains("feature scales differ") && !log.contains("worse than predicting") && !log.contains("are divided by"),
+            "{log}"
+        );
         let m = metrics(&out);
         assert_eq!(m["algorithm"], algorithm, "{m}");
         assert!(m["test_auc"].as_f64().unwrap() > 0.75, "{m}");
@@ -523,6 +528,9 @@ fn backup_workers_and_aggregation_need_bsp_and_fewer_backups_than_workers() {
         (&["--aggregate", "avg"][..], "--consistency bsp"),
         (&["--backup-workers", "1", "--consistency", "ssp:2"][..], "--consistency bsp"),
         (&["--backup-workers", "2", "--consistency", "bsp"][..], "at least one of the 2 workers"),
+        // the scale-free rules' pushed maxima cannot be added up
+        (&["--normalize", "true", "--consistency", "bsp", "--aggregate", "sum"][..], "use --normalize false"),
+        (&["--algorithm", "lbfgs", "--consistency", "bsp"][..], "--consistency belong to --algorithm sgd"),
     ] {
         let o = run(args);
         assert!(

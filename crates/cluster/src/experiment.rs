@@ -6,6 +6,7 @@
 
 use anyhow::{bail, ensure, Context, Result};
 use downpour_core::consistency::Consistency;
+#[cfg(feature = "cli")]
 use downpour_jobs::linear;
 use plotters::prelude::*;
 use std::path::{Path, PathBuf};

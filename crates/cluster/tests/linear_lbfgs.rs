@@ -101,7 +101,8 @@ fn lbfgs_reaches_the_l2_objectives_minimiser_on_columns_of_very_different_scales
     write(&tr, &rows);
     write(&te, &data(200, 4));
     // the values as the solver reads them (the file's decimal text, as f32)
-    let read: Vec<(Vec<f64>, bool)> = rows.iter().map(|(x, y)| (x.iter().map(|&v| v.to_string().parse::<f32>().unwrap() as f64).collect(), *y)).collect();
+    let read: Vec<(Vec<f64>, bool)> =
+        rows.iter().map(|(x, y)| (x.iter().map(|&v| v.to_string().parse::<f32>().unwrap() as f64).collect(), *y)).collect();
     let best = newton(&read, 1.0);
     let cfg = LinearConfig {
         train: vec![tr],

@@ -143,9 +143,10 @@ pub struct LinearConfig {
     /// `lbfgs`: at most this many iterations.
     #[cfg_attr(feature = "cli", arg(long, default_value_t = 1000))]
     pub max_iter: usize,
-    /// Passes over the training data (for millions of examples, 1 is usually enough).
-    #[cfg_attr(feature = "cli", arg(long, default_value_t = 5))]
-    pub epochs: usize,
+    /// Passes over the training data (`sgd`). Default: 1 when the training files total more
+    /// than 256 MiB (millions of examples: more passes overfit), 5 otherwise.
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub epochs: Option<usize>,
     /// Examples per minibatch.
     #[cfg_attr(feature = "cli", arg(long, default_value_t = 100))]
     pub batch: usize,
@@ -177,9 +178,11 @@ pub struct LinearConfig {
     /// Scale-free updates (FTRL and AdaGrad): the servers keep each feature's largest |value|
     /// seen and divide its steps by it, as Vowpal Wabbit's `--normalized` does, so raw columns
     /// in the thousands beside ratios below 1 need no rescaling. Each pushed and pulled row
-    /// carries that maximum beside the weight. `false`: the plain rules.
-    #[cfg_attr(feature = "cli", arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL"))]
-    pub normalize: bool,
+    /// carries that maximum beside the weight. `false`: the plain rules. Default: true, but
+    /// false with `--aggregate sum|avg` or the `sigmod` filter, which add pushed rows and so
+    /// would add the maxima too.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "BOOL"))]
+    pub normalize: Option<bool>,
     /// Learning rate (α for FTRL; 0.1 suits millions of examples and one epoch).
     #[cfg_attr(feature = "cli", arg(long, default_value_t = 0.5))]
     pub lr: f32,
@@ -243,14 +246,14 @@ impl Default for LinearConfig {
             epsilon: 0.001,
             lbfgs_memory: 20,
             max_iter: 1000,
-            epochs: 5,
+            epochs: None,
             batch: 100,
             consistency: Consistency::Async,
             aggregate: Aggregate::None,
             backup_workers: 0,
             filters: FilterSpec::default(),
             optimizer: Optimizer::Ftrl,
-            normalize: true,
+            normalize: None,
             lr: 0.5,
             l1: 0.0,
             l2: 0.0,
@@ -408,14 +411,14 @@ impl LinearConfig {
                 v.push(name)
             }
         };
-        check(self.epochs != d.epochs, "--epochs");
+        check(self.epochs.is_some(), "--epochs");
         check(self.batch != d.batch, "--batch");
         check(self.consistency != d.consistency, "--consistency");
         check(self.aggregate != d.aggregate, "--aggregate");
         check(self.backup_workers != d.backup_workers, "--backup-workers");
         check(self.filters != d.filters, "--filters");
         check(self.optimizer != d.optimizer, "--optimizer");
-        check(self.normalize != d.normalize, "--normalize");
+        check(self.normalize.is_some(), "--normalize");
         check(self.lr != d.lr, "--lr");
         check(self.l1 != d.l1, "--l1");
         check(self.l2 != d.l2, "--l2");
@@ -426,25 +429,35 @@ impl LinearConfig {
         v
     }
 
+    /// Bytes of the training files (a gzip file counted 4 times its size, an unreadable one
+    /// as very large).
+    pub fn training_bytes(&self) -> u64 {
+        self.train
+            .iter()
+            .map(|f| {
+                let len = std::fs::metadata(f).map_or(u64::MAX / 8, |m| m.len());
+                if f.extension().is_some_and(|e| e == "gz") {
+                    len.saturating_mul(4)
+                } else {
+                    len
+                }
+            })
+            .fold(0u64, u64::saturating_add)
+    }
+
+    /// The passes `sgd` makes: `--epochs`, or by default 1 for training files above
+    /// [`AUTO_BATCH_BYTES`] and 5 for smaller ones.
+    pub fn epochs(&self) -> usize {
+        self.epochs.unwrap_or(if self.training_bytes() > AUTO_BATCH_BYTES { 1 } else { 5 })
+    }
+
     /// The algorithm `--algorithm` means for these files: `auto` resolved by the size of the
     /// training files and the streaming options (see [`Algorithm::Auto`]); `checkpointing`
     /// jobs stream (the batch solver does not resume).
     pub fn resolved_algorithm(&self, checkpointing: bool) -> Algorithm {
         match self.algorithm {
             Algorithm::Auto => {
-                let bytes: u64 = self
-                    .train
-                    .iter()
-                    .map(|f| {
-                        let len = std::fs::metadata(f).map_or(u64::MAX / 8, |m| m.len());
-                        if f.extension().is_some_and(|e| e == "gz") {
-                            len.saturating_mul(4)
-                        } else {
-                            len
-                        }
-                    })
-                    .fold(0u64, u64::saturating_add);
-                if bytes <= AUTO_BATCH_BYTES && self.streaming_options().is_empty() && !checkpointing {
+                if self.training_bytes() <= AUTO_BATCH_BYTES && self.streaming_options().is_empty() && !checkpointing {
                     Algorithm::Lbfgs
                 } else {
                     Algorithm::Sgd
@@ -457,7 +470,8 @@ impl LinearConfig {
     /// Whether the servers run a scale-free rule (`--normalize` with FTRL or AdaGrad): rows
     /// are then `(w, the feature's largest |value|)`.
     pub fn normalized(&self) -> bool {
-        self.normalize && self.optimizer != Optimizer::Sgd
+        let adds_rows = self.aggregate != Aggregate::None || self.filters.sigmod.is_some();
+        self.optimizer != Optimizer::Sgd && self.normalize.unwrap_or(!adds_rows)
     }
 }
 
@@ -528,7 +542,16 @@ struct Evaluator {
 }
 
 impl Evaluator {
-    fn spawn(mut kv: KvClient, test: PathBuf, format: Format, batch: usize, scale: Arc<Scaling>, row: usize, bias: bool, t0: Instant) -> Result<Evaluator> {
+    fn spawn(
+        mut kv: KvClient,
+        test: PathBuf,
+        format: Format,
+        batch: usize,
+        scale: Arc<Scaling>,
+        row: usize,
+        bias: bool,
+        t0: Instant,
+    ) -> Result<Evaluator> {
         let (tx, rx) = std::sync::mpsc::channel::<()>();
         let thread = std::thread::Builder::new()
             .name("evaluator".into())
@@ -594,7 +617,15 @@ fn pushed_rows(b: &Batch, grad: &[f32], row: usize, out: &mut Vec<f32>) {
 
 /// Scores the test set with the servers' current weights, read with `kv` (peeks: no key is
 /// created, nothing waits for clocks).
-fn evaluate(kv: &mut KvClient, test: &PathBuf, format: &Format, batch: usize, scale: &Arc<Scaling>, row: usize, bias: bool) -> Result<EpochMetrics> {
+fn evaluate(
+    kv: &mut KvClient,
+    test: &PathBuf,
+    format: &Format,
+    batch: usize,
+    scale: &Arc<Scaling>,
+    row: usize,
+    bias: bool,
+) -> Result<EpochMetrics> {
     let mut r = ShareReader::for_worker(std::slice::from_ref(test), format, 0, 1)?
         .with_bias(bias)
         .with_key_map(scramble)
@@ -622,7 +653,8 @@ fn evaluate(kv: &mut KvClient, test: &PathBuf, format: &Format, batch: usize, sc
 /// Runs `train linear` on one worker.
 pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<()> {
     ensure!(a.batch >= 1, "--batch must be at least 1");
-    ensure!(a.epochs >= 1, "--epochs must be at least 1");
+    let passes = a.epochs();
+    ensure!(passes >= 1, "--epochs must be at least 1");
     ensure!(a.lr.is_finite() && a.lr > 0.0, "--lr must be a positive number");
     if a.consistency != Consistency::Bsp {
         ensure!(a.aggregate == Aggregate::None, "--aggregate {} needs --consistency bsp (rounds to aggregate)", a.aggregate);
@@ -645,14 +677,14 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
     let first = a.train.first().context("--train needs a file")?;
     if a.resolved_algorithm(s.checkpointing()) == Algorithm::Lbfgs {
         let streaming = a.streaming_options();
-        ensure!(
-            streaming.is_empty(),
-            "--algorithm lbfgs is full-batch: {} belong to --algorithm sgd",
-            streaming.join(", ")
-        );
+        ensure!(streaming.is_empty(), "--algorithm lbfgs is full-batch: {} belong to --algorithm sgd", streaming.join(", "));
         ensure!(!s.checkpointing(), "--algorithm lbfgs does not resume from checkpoints: use --algorithm sgd with --checkpoint-every");
         if s.rank == 0 && !a.quiet && a.algorithm == Algorithm::Auto {
-            tracing::info!("--algorithm auto: the batch solver (lbfgs, C = {}) for training files up to {} MiB; --algorithm sgd streams them", a.c, AUTO_BATCH_BYTES >> 20);
+            tracing::info!(
+                "--algorithm auto: the batch solver (lbfgs, C = {}) for training files up to {} MiB; --algorithm sgd streams them",
+                a.c,
+                AUTO_BATCH_BYTES >> 20
+            );
         }
         return crate::linear_lbfgs::run(a, s, report, &format);
     }
@@ -670,7 +702,7 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
         Scale::Auto | Scale::PerFeature => Scaling::per_feature_max(first, &format, SCALE_SAMPLE)?,
     });
     let row = row_len(a);
-    if a.normalized() {
+    if a.normalize == Some(true) {
         ensure!(
             a.aggregate == Aggregate::None,
             "--aggregate {} adds the workers' pushed rows, which would add the features' largest values too: use --normalize false with it",
@@ -707,8 +739,8 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
             let (e, b) = w.state.split_once(':').ok_or_else(bad)?;
             let (e, b): (usize, usize) = (e.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?);
             ensure!(e >= 1, "{}", bad());
-            if e > a.epochs {
-                (a.epochs, usize::MAX)
+            if e > passes {
+                (passes, usize::MAX)
             } else {
                 tracing::info!("linear: worker {} resumes in epoch {e} after {b} minibatches", s.rank);
                 (e, b)
@@ -738,7 +770,7 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
     };
 
     let mut warned_divergence = false;
-    for epoch in first_epoch..=a.epochs {
+    for epoch in first_epoch..=passes {
         let te = Instant::now();
         let shuffle_seed = a.seed ^ (epoch as u64).wrapping_mul(0x9E37_79B9) ^ (s.rank as u64).wrapping_mul(0x85EB_CA6B);
         let reader = ShareReader::for_worker(&a.train, &format, s.rank, s.num_workers)?
@@ -747,7 +779,7 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
             .with_key_map(scramble)
             .with_scaling(scale.clone());
         let batches = spawn_reader(reader, a.batch)?;
-        let mut progress = Progress::new(report, !a.quiet && s.rank == 0, format!("epoch {epoch}/{}", a.epochs));
+        let mut progress = Progress::new(report, !a.quiet && s.rank == 0, format!("epoch {epoch}/{passes}"));
         let (mut seen, mut loss_sum, mut loss_n) = (0usize, 0f64, 0usize);
         let mut slowdown = Slowdown::new(a, s.rank);
         let (mut mark, mut held_mark) = (Instant::now(), s.kv.held());
@@ -849,7 +881,7 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
         // Workers go from one epoch to the next without waiting for each other (their clocks
         // keep counting, so the consistency model still binds them); only the last epoch
         // ends at a barrier, so the final evaluation sees every worker's updates.
-        let final_epoch = epoch == a.epochs;
+        let final_epoch = epoch == passes;
         if final_epoch {
             // What the filters held back (significantly-modified accumulations) goes now.
             s.kv.flush_filters(TABLE)?;
@@ -858,7 +890,7 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
             // Every push, clock and pause acknowledged: once all workers pass the barrier,
             // every round is applied and the model is final.
             s.kv.wait_all()?;
-            s.retire_from_checkpoints(|| format!("{}:0", a.epochs + 1))?;
+            s.retire_from_checkpoints(|| format!("{}:0", passes + 1))?;
             let waiting = Instant::now();
             s.barrier("linear-trained")?;
             idle += waiting.elapsed();

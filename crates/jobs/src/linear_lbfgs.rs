@@ -27,8 +27,8 @@ use downpour_apps::{linear, metrics};
 use downpour_core::consistency::Consistency;
 use downpour_core::proto;
 use downpour_core::table::{Storage, TableDef};
-use downpour_core::KeyRange;
 use downpour_core::vecops::VecInstr;
+use downpour_core::KeyRange;
 use downpour_data::batch::Batch;
 use downpour_data::share::ShareReader;
 use downpour_data::Format;
@@ -322,7 +322,11 @@ pub(crate) fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report, form
                 f = loss;
                 gnorm = s.kv.vec_ops(&[VecInstr::Dot { a: tables.g, b: tables.g }])?[0].sqrt();
                 if !quiet {
-                    tracing::info!("lbfgs iteration {iterations}: objective {:.6}, |g|/|g0| {:.3e}", objective(f), gnorm / g0.max(f64::MIN_POSITIVE));
+                    tracing::info!(
+                        "lbfgs iteration {iterations}: objective {:.6}, |g|/|g0| {:.3e}",
+                        objective(f),
+                        gnorm / g0.max(f64::MIN_POSITIVE)
+                    );
                 }
                 converged = gnorm <= goal;
                 if !converged && iterations < a.max_iter {
