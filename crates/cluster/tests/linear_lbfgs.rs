@@ -53,6 +53,7 @@ fn objective(rows: &[(Vec<f64>, bool)], w: &[f64], c: f64) -> f64 {
 }
 
 /// The minimiser by Newton's method (dense, small d), parsing the values exactly as written.
+#[allow(clippy::needless_range_loop)] // dense linear algebra reads best with indices
 fn newton(rows: &[(Vec<f64>, bool)], c: f64) -> Vec<f64> {
     let d = rows[0].0.len() + 1;
     let mut w = vec![0f64; d];
@@ -136,7 +137,7 @@ fn the_batch_solver_refuses_the_streaming_learners_options_by_name() {
     let dir = tempfile::tempdir().unwrap();
     let tr = dir.path().join("tr.svm");
     write(&tr, &data(50, 1));
-    let cfg = LinearConfig { train: vec![tr], algorithm: Algorithm::Lbfgs, epochs: 3, lr: 0.1, quiet: true, ..Default::default() };
+    let cfg = LinearConfig { train: vec![tr], algorithm: Algorithm::Lbfgs, epochs: Some(3), lr: 0.1, quiet: true, ..Default::default() };
     let err = run_embedded(&Settings::default(), 1, 1, &Job::Train(TrainModel::Linear(Box::new(cfg))), Collector::new()).unwrap_err();
     let msg = format!("{err:#}");
     assert!(msg.contains("--epochs, --lr belong to --algorithm sgd"), "{msg}");

@@ -542,16 +542,7 @@ struct Evaluator {
 }
 
 impl Evaluator {
-    fn spawn(
-        mut kv: KvClient,
-        test: PathBuf,
-        format: Format,
-        batch: usize,
-        scale: Arc<Scaling>,
-        row: usize,
-        bias: bool,
-        t0: Instant,
-    ) -> Result<Evaluator> {
+    fn spawn(mut kv: KvClient, test: TestSet, t0: Instant) -> Result<Evaluator> {
         let (tx, rx) = std::sync::mpsc::channel::<()>();
         let thread = std::thread::Builder::new()
             .name("evaluator".into())
@@ -559,7 +550,7 @@ impl Evaluator {
                 let mut out = Vec::new();
                 while rx.recv().is_ok() {
                     while rx.try_recv().is_ok() {}
-                    let m = evaluate(&mut kv, &test, &format, batch, &scale, row, bias)?;
+                    let m = evaluate(&mut kv, &test)?;
                     out.push((t0.elapsed().as_secs_f64(), m.logloss, m.auc));
                 }
                 Ok(out)
@@ -615,28 +606,32 @@ fn pushed_rows(b: &Batch, grad: &[f32], row: usize, out: &mut Vec<f32>) {
     }
 }
 
-/// Scores the test set with the servers' current weights, read with `kv` (peeks: no key is
-/// created, nothing waits for clocks).
-fn evaluate(
-    kv: &mut KvClient,
-    test: &PathBuf,
-    format: &Format,
+/// The test file and how to read it as the training files are read.
+#[derive(Clone)]
+struct TestSet {
+    path: PathBuf,
+    format: Format,
     batch: usize,
-    scale: &Arc<Scaling>,
+    scale: Arc<Scaling>,
+    /// Values per row of the model table.
     row: usize,
     bias: bool,
-) -> Result<EpochMetrics> {
-    let mut r = ShareReader::for_worker(std::slice::from_ref(test), format, 0, 1)?
-        .with_bias(bias)
+}
+
+/// Scores the test set with the servers' current weights, read with `kv` (peeks: no key is
+/// created, nothing waits for clocks).
+fn evaluate(kv: &mut KvClient, t: &TestSet) -> Result<EpochMetrics> {
+    let mut r = ShareReader::for_worker(std::slice::from_ref(&t.path), &t.format, 0, 1)?
+        .with_bias(t.bias)
         .with_key_map(scramble)
-        .with_scaling(scale.clone());
+        .with_scaling(t.scale.clone());
     let (mut p, mut y) = (Vec::new(), Vec::new());
     let (mut rows, mut w) = (Vec::new(), Vec::new());
-    while let Some(b) = r.next_batch(batch.max(1000))? {
-        rows.resize(b.keys.len() * row, 0.0);
+    while let Some(b) = r.next_batch(t.batch.max(1000))? {
+        rows.resize(b.keys.len() * t.row, 0.0);
         // A read-only pull: test-only keys are not created on the servers.
         kv.peek_into(TABLE, &b.keys, &mut rows)?;
-        weights_of(&rows, row, &mut w);
+        weights_of(&rows, t.row, &mut w);
         for i in 0..b.len() {
             p.push(linear::sigmoid(linear::margin(&b, &w, i)));
             y.push(b.labels[i]);
@@ -761,10 +756,12 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
     let mut progress_started = false;
     // Worker 0's evaluations every --eval-every minibatches run on their own thread and
     // connections, so they neither slow worker 0's training nor (under bsp) everyone's.
+    let test_set =
+        |path: &PathBuf| TestSet { path: path.clone(), format: format.clone(), batch: a.batch, scale: scale.clone(), row, bias: a.bias };
     let mut evaluator = match (s.reader.take(), &a.test) {
         (Some(mut kv), Some(test)) if a.eval_every > 0 => {
             kv.use_table(table_def(a));
-            Some(Evaluator::spawn(kv, test.clone(), format.clone(), a.batch, scale.clone(), row, a.bias, t0)?)
+            Some(Evaluator::spawn(kv, test_set(test), t0)?)
         }
         _ => None,
     };
@@ -904,7 +901,7 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
                         evals.extend(e.finish()?);
                     }
                 }
-                let m = evaluate(&mut s.kv, test, &format, a.batch, &scale, row, a.bias)?;
+                let m = evaluate(&mut s.kv, &test_set(test))?;
                 if !a.quiet {
                     tracing::info!(
                         "epoch {epoch}: {seen} examples on this worker in {:.1}s ({:.0} ex/s)",
