@@ -132,6 +132,86 @@ fn lbfgs_reaches_the_l2_objectives_minimiser_on_columns_of_very_different_scales
     assert!(objective(&read, &got, 1.0) <= optimum * (1.0 + 1e-6));
 }
 
+/// `‖w‖₁ + C Σ log(1 + e^(−y z))`, the intercept `w[d]` included in the norm.
+fn objective_l1(rows: &[(Vec<f64>, bool)], w: &[f64], c: f64) -> f64 {
+    let l2 = w.iter().map(|v| v * v).sum::<f64>() / 2.0;
+    objective(rows, w, c) - l2 + w.iter().map(|v| v.abs()).sum::<f64>()
+}
+
+/// The L1 minimiser by coordinate descent with one-dimensional proximal Newton steps and a
+/// backtracking line search (liblinear's `-s 6` method, run to convergence).
+fn coordinate_descent_l1(rows: &[(Vec<f64>, bool)], c: f64) -> Vec<f64> {
+    let d = rows[0].0.len() + 1;
+    let xs: Vec<(Vec<f64>, f64)> = rows.iter().map(|(x, y)| (x.iter().copied().chain([1.0]).collect(), f64::from(u8::from(*y)))).collect();
+    let mut w = vec![0f64; d];
+    for _ in 0..3000 {
+        for j in 0..d {
+            let (mut g, mut h) = (0.0, 1e-12);
+            for (x, y) in &xs {
+                let z: f64 = x.iter().zip(&w).map(|(x, w)| x * w).sum();
+                let p = 1.0 / (1.0 + (-z).exp());
+                g += c * (p - y) * x[j];
+                h += c * p * (1.0 - p) * x[j] * x[j];
+            }
+            let t = w[j] - g / h;
+            let target = t.signum() * (t.abs() - 1.0 / h).max(0.0);
+            let before = objective_l1(rows, &w, c);
+            let mut step = 1.0;
+            let wj = w[j];
+            loop {
+                w[j] = wj + step * (target - wj);
+                if objective_l1(rows, &w, c) <= before || step < 1e-12 {
+                    break;
+                }
+                step *= 0.5;
+            }
+        }
+    }
+    w
+}
+
+#[test]
+fn owlqn_reaches_the_l1_objectives_minimiser_and_its_zeros() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tr, model) = (dir.path().join("tr.svm"), dir.path().join("w.safetensors"));
+    // a fifth column of noise that the L1 optimum drops
+    let mut rows = data(400, 5);
+    let mut s = 11u64;
+    for (x, _) in rows.iter_mut() {
+        s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        x.push(((s >> 11) as f64 / (1u64 << 53) as f64 - 0.5) * 0.2);
+    }
+    write(&tr, &rows);
+    let read: Vec<(Vec<f64>, bool)> =
+        rows.iter().map(|(x, y)| (x.iter().map(|&v| v.to_string().parse::<f32>().unwrap() as f64).collect(), *y)).collect();
+    let best = coordinate_descent_l1(&read, 1.0);
+    assert!(best.iter().any(|w| *w == 0.0) && best.iter().any(|w| *w != 0.0), "the test needs zeros and non-zeros: {best:?}");
+    let cfg = LinearConfig {
+        train: vec![tr],
+        algorithm: Algorithm::Owlqn,
+        epsilon: 1e-6,
+        model_out: Some(model.clone()),
+        quiet: true,
+        ..Default::default()
+    };
+    let report = Collector::new();
+    run_embedded(&Settings::default(), 2, 2, &Job::Train(TrainModel::Linear(Box::new(cfg))), report.clone()).unwrap();
+    let m = report.metrics_of("linear").unwrap();
+    assert_eq!(m["algorithm"], "owlqn", "{m}");
+    let reached = m["objective"].as_f64().unwrap();
+    let optimum = objective_l1(&read, &best, 1.0);
+    assert!((reached - optimum).abs() <= 1e-5 * optimum, "objective {reached} vs the minimiser's {optimum}");
+    // the same weights, and exactly the same zeros
+    let w = downpour_jobs::model::load(&model).unwrap();
+    let mut got: Vec<f64> = (1..=5u64).map(|id| w.weight(id) as f64).collect();
+    got.push(w.bias() as f64);
+    for (g, b) in got.iter().zip(&best) {
+        assert_eq!(*g == 0.0, *b == 0.0, "zeros differ: {got:?} vs the minimiser {best:?}");
+        assert!((g - b).abs() <= 2e-3 * b.abs().max(1e-3), "weights {got:?} vs the minimiser {best:?}");
+    }
+    assert_eq!(m["nonzero_weights"], best.iter().filter(|w| **w != 0.0).count(), "{m}");
+}
+
 #[test]
 fn the_batch_solver_refuses_the_streaming_learners_options_by_name() {
     let dir = tempfile::tempdir().unwrap();

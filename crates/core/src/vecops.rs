@@ -6,6 +6,10 @@
 //! so every server owns the same key range of each (they are co-partitioned).
 //!
 //! Instructions act on the stored values directly, not through the table's update rule.
+//!
+//! Four more serve OWL-QN (L1-regularised L-BFGS, Andrew & Gao 2007): the pseudo-gradient,
+//! the projection of a direction onto the pseudo-gradient's descent signs, the step
+//! projected onto an orthant, and a weighted L1 norm.
 
 use crate::proto;
 use crate::{CoreError, Result};
@@ -53,34 +57,85 @@ pub enum VecInstr {
         /// Value.
         value: f64,
     },
+    /// The pseudo-gradient of `f(w) + Σ λ_i |w_i|` from the gradient `g` of f:
+    /// `dst_i = g_i + λ_i sign(w_i)` where `w_i ≠ 0`; where `w_i = 0`, `g_i + λ_i` if that is
+    /// negative, `g_i − λ_i` if that is positive, else 0. `dst` must differ from the others.
+    PseudoGradient {
+        /// Destination.
+        dst: u32,
+        /// Gradient of the smooth part.
+        g: u32,
+        /// Parameters.
+        w: u32,
+        /// Per-coordinate L1 strengths λ.
+        l1: u32,
+    },
+    /// `d_i ← 0` wherever `d_i · pg_i ≥ 0` (the direction keeps only coordinates that descend
+    /// along −pg).
+    ProjectDirection {
+        /// Direction, changed in place.
+        d: u32,
+        /// Pseudo-gradient.
+        pg: u32,
+    },
+    /// `w ← π(base + alpha · d)`: the step, with every coordinate that leaves the orthant
+    /// `ξ_i = sign(base_i)` (or `sign(−pg_i)` where `base_i = 0`) set to 0. `w` must differ
+    /// from the others.
+    OrthantStep {
+        /// Destination.
+        w: u32,
+        /// Start point.
+        base: u32,
+        /// Direction.
+        d: u32,
+        /// Pseudo-gradient at `base`.
+        pg: u32,
+        /// Step length.
+        alpha: f64,
+    },
+    /// Returns `Σ weights_i · |x_i|` (a partial sum per server).
+    WeightedNorm1 {
+        /// Vector.
+        x: u32,
+        /// Per-coordinate weights.
+        weights: u32,
+    },
 }
 
 impl VecInstr {
-    /// The tables the instruction touches.
-    pub fn tables(&self) -> [u32; 2] {
+    /// The tables the instruction touches (repeated to fill the array).
+    pub fn tables(&self) -> [u32; 4] {
         match *self {
-            VecInstr::Dot { a, b } => [a, b],
-            VecInstr::Axpy { y, x, .. } => [y, x],
-            VecInstr::Scale { x, .. } | VecInstr::Fill { x, .. } => [x, x],
-            VecInstr::Copy { dst, src } => [dst, src],
+            VecInstr::Dot { a, b } => [a, b, b, b],
+            VecInstr::Axpy { y, x, .. } => [y, x, x, x],
+            VecInstr::Scale { x, .. } | VecInstr::Fill { x, .. } => [x; 4],
+            VecInstr::Copy { dst, src } => [dst, src, src, src],
+            VecInstr::PseudoGradient { dst, g, w, l1 } => [dst, g, w, l1],
+            VecInstr::ProjectDirection { d, pg } => [d, pg, pg, pg],
+            VecInstr::OrthantStep { w, base, d, pg, .. } => [w, base, d, pg],
+            VecInstr::WeightedNorm1 { x, weights } => [x, weights, weights, weights],
         }
     }
 
     /// True for instructions that return a scalar.
     pub fn returns_scalar(&self) -> bool {
-        matches!(self, VecInstr::Dot { .. })
+        matches!(self, VecInstr::Dot { .. } | VecInstr::WeightedNorm1 { .. })
     }
 
     /// The wire form.
     pub fn to_proto(&self) -> proto::VecInstr {
-        let (kind, a, b, alpha) = match *self {
-            VecInstr::Dot { a, b } => ("dot", a, b, 0.0),
-            VecInstr::Axpy { y, alpha, x } => ("axpy", y, x, alpha),
-            VecInstr::Scale { x, alpha } => ("scale", x, x, alpha),
-            VecInstr::Copy { dst, src } => ("copy", dst, src, 0.0),
-            VecInstr::Fill { x, value } => ("fill", x, x, value),
+        let (kind, [a, b, c, d], alpha) = match *self {
+            VecInstr::Dot { .. } => ("dot", self.tables(), 0.0),
+            VecInstr::Axpy { alpha, .. } => ("axpy", self.tables(), alpha),
+            VecInstr::Scale { alpha, .. } => ("scale", self.tables(), alpha),
+            VecInstr::Copy { .. } => ("copy", self.tables(), 0.0),
+            VecInstr::Fill { value, .. } => ("fill", self.tables(), value),
+            VecInstr::PseudoGradient { .. } => ("pseudo_gradient", self.tables(), 0.0),
+            VecInstr::ProjectDirection { .. } => ("project_direction", self.tables(), 0.0),
+            VecInstr::OrthantStep { alpha, .. } => ("orthant_step", self.tables(), alpha),
+            VecInstr::WeightedNorm1 { .. } => ("weighted_norm1", self.tables(), 0.0),
         };
-        proto::VecInstr { kind: kind.into(), a, b, alpha }
+        proto::VecInstr { kind: kind.into(), a, b, alpha, c, d }
     }
 
     /// Reads an instruction from its wire form.
@@ -94,7 +149,15 @@ impl VecInstr {
             "scale" => VecInstr::Scale { x: p.a, alpha: p.alpha },
             "copy" => VecInstr::Copy { dst: p.a, src: p.b },
             "fill" => VecInstr::Fill { x: p.a, value: p.alpha },
-            k => return Err(CoreError::Malformed(format!("unknown vector instruction {k:?} (dot, axpy, scale, copy, fill)"))),
+            "pseudo_gradient" => VecInstr::PseudoGradient { dst: p.a, g: p.b, w: p.c, l1: p.d },
+            "project_direction" => VecInstr::ProjectDirection { d: p.a, pg: p.b },
+            "orthant_step" => VecInstr::OrthantStep { w: p.a, base: p.b, d: p.c, pg: p.d, alpha: p.alpha },
+            "weighted_norm1" => VecInstr::WeightedNorm1 { x: p.a, weights: p.b },
+            k => {
+                return Err(CoreError::Malformed(format!(
+                    "unknown vector instruction {k:?} (dot, axpy, scale, copy, fill, pseudo_gradient, project_direction, orthant_step, weighted_norm1)"
+                )))
+            }
         })
     }
 }
@@ -148,6 +211,19 @@ pub fn execute(instrs: &[VecInstr], tables: &[u32], vectors: &mut [&mut [f32]]) 
         for t in ins.tables() {
             index(t)?;
         }
+        // the instructions that write one table while reading three need it distinct
+        let distinct = |dst: u32, srcs: [u32; 3]| {
+            if srcs.contains(&dst) {
+                Err(CoreError::Malformed(format!("vector instruction {ins:?}: its destination table {dst} is also one it reads")))
+            } else {
+                Ok(())
+            }
+        };
+        match *ins {
+            VecInstr::PseudoGradient { dst, g, w, l1 } => distinct(dst, [g, w, l1])?,
+            VecInstr::OrthantStep { w, base, d, pg, .. } => distinct(w, [base, d, pg])?,
+            _ => {}
+        }
     }
     let mut out = Vec::new();
     for ins in instrs {
@@ -184,9 +260,64 @@ pub fn execute(instrs: &[VecInstr], tables: &[u32], vectors: &mut [&mut [f32]]) 
             VecInstr::Fill { x, value } => {
                 vectors[index(x)?].fill(value as f32);
             }
+            VecInstr::PseudoGradient { dst, g, w, l1 } => {
+                let id = index(dst)?;
+                let out_v = std::mem::take(&mut vectors[id]);
+                let (g, w, l1) = (&*vectors[index(g)?], &*vectors[index(w)?], &*vectors[index(l1)?]);
+                for (((o, &g), &w), &l) in out_v.iter_mut().zip(g).zip(w).zip(l1) {
+                    *o = pseudo_gradient(g, w, l);
+                }
+                vectors[id] = out_v;
+            }
+            VecInstr::ProjectDirection { d, pg } => {
+                let (id, ip) = (index(d)?, index(pg)?);
+                if id == ip {
+                    // d · d ≥ 0 everywhere
+                    vectors[id].fill(0.0);
+                } else {
+                    let (d, pg) = pair(vectors, id, ip);
+                    for (d, &p) in d.iter_mut().zip(pg) {
+                        if *d * p >= 0.0 {
+                            *d = 0.0;
+                        }
+                    }
+                }
+            }
+            VecInstr::OrthantStep { w, base, d, pg, alpha } => {
+                let iw = index(w)?;
+                let out_v = std::mem::take(&mut vectors[iw]);
+                let (b, d, pg) = (&*vectors[index(base)?], &*vectors[index(d)?], &*vectors[index(pg)?]);
+                let a = alpha as f32;
+                for (((o, &b), &d), &p) in out_v.iter_mut().zip(b).zip(d).zip(pg) {
+                    let x = b + a * d;
+                    let orthant = if b != 0.0 { b } else { -p };
+                    *o = if x * orthant > 0.0 { x } else { 0.0 };
+                }
+                vectors[iw] = out_v;
+            }
+            VecInstr::WeightedNorm1 { x, weights } => {
+                let (x, wt) = (&*vectors[index(x)?], &*vectors[index(weights)?]);
+                out.push(x.iter().zip(wt).map(|(&x, &w)| (x.abs() * w) as f64).sum());
+            }
         }
     }
     Ok(out)
+}
+
+/// One coordinate of the pseudo-gradient of `f + λ|w|` (see [`VecInstr::PseudoGradient`]).
+#[inline]
+pub fn pseudo_gradient(g: f32, w: f32, l1: f32) -> f32 {
+    if w > 0.0 {
+        g + l1
+    } else if w < 0.0 {
+        g - l1
+    } else if g + l1 < 0.0 {
+        g + l1
+    } else if g - l1 > 0.0 {
+        g - l1
+    } else {
+        0.0
+    }
 }
 
 /// `Σ a_i b_i` accumulated in f64 over blocks of f32 products.
@@ -247,6 +378,38 @@ mod tests {
     }
 
     #[test]
+    fn owlqn_instructions_match_their_definitions() {
+        // tables: 1 dst, 2 g, 3 w, 4 λ, 5 d
+        let mut dst = vec![9.0f32; 6];
+        let mut g = vec![0.5f32, 0.5, -2.0, 2.0, 0.3, -0.3];
+        let mut w = vec![1.0f32, -1.0, 0.0, 0.0, 0.0, 0.0];
+        let mut l1 = vec![1.0f32; 6];
+        let mut d = vec![-1.0f32, 1.0, 1.0, 1.0, 1.0, 1.0];
+        let prog = [
+            VecInstr::PseudoGradient { dst: 1, g: 2, w: 3, l1: 4 },
+            VecInstr::ProjectDirection { d: 5, pg: 1 },
+            VecInstr::WeightedNorm1 { x: 3, weights: 4 },
+        ];
+        let out = execute(&prog, &[1, 2, 3, 4, 5], &mut [&mut dst, &mut g, &mut w, &mut l1, &mut d]).unwrap();
+        // w>0: g+λ; w<0: g−λ; w=0: g+λ<0 → g+λ; g−λ>0 → g−λ; else 0
+        assert_eq!(dst, vec![1.5, -0.5, -1.0, 1.0, 0.0, 0.0]);
+        // d keeps only coordinates with d·pg < 0
+        assert_eq!(d, vec![-1.0, 1.0, 1.0, 0.0, 0.0, 0.0]);
+        assert_eq!(out, vec![2.0]);
+        // the step from base w along d, coordinates leaving the orthant set to 0:
+        // ξ = (+, −, +(−pg), −(−pg), 0, 0)
+        let mut to = vec![7.0f32; 6];
+        let mut dir = vec![-2.0f32, 0.5, 1.0, 1.0, 1.0, -1.0];
+        let prog = [VecInstr::OrthantStep { w: 6, base: 3, d: 5, pg: 1, alpha: 1.0 }];
+        execute(&prog, &[1, 3, 5, 6], &mut [&mut dst, &mut w, &mut dir, &mut to]).unwrap();
+        assert_eq!(to, vec![0.0, -0.5, 1.0, 0.0, 0.0, 0.0]);
+        // a destination that is also read is refused, changing nothing
+        let bad = [VecInstr::OrthantStep { w: 3, base: 3, d: 5, pg: 1, alpha: 1.0 }];
+        assert!(execute(&bad, &[1, 3, 5], &mut [&mut dst, &mut w, &mut dir]).is_err());
+        assert_eq!(w, vec![1.0, -1.0, 0.0, 0.0, 0.0, 0.0]);
+    }
+
+    #[test]
     fn mismatched_or_missing_tables_change_nothing() {
         let mut a = vec![1.0f32, 2.0];
         let mut b = vec![1.0f32];
@@ -264,6 +427,10 @@ mod tests {
             VecInstr::Scale { x: 5, alpha: 2.0 },
             VecInstr::Copy { dst: 6, src: 7 },
             VecInstr::Fill { x: 8, value: 1.5 },
+            VecInstr::PseudoGradient { dst: 1, g: 2, w: 3, l1: 4 },
+            VecInstr::ProjectDirection { d: 5, pg: 6 },
+            VecInstr::OrthantStep { w: 7, base: 8, d: 9, pg: 10, alpha: 0.5 },
+            VecInstr::WeightedNorm1 { x: 11, weights: 12 },
         ];
         assert_eq!(program_from_proto(&program_to_proto(&prog)).unwrap(), prog);
         assert!(program_from_proto(&proto::VecProgram::default()).is_err());

@@ -53,6 +53,9 @@ pub enum Algorithm {
     /// Full-batch L-BFGS on liblinear's L2 objective (`--c`), the examples held in the
     /// workers' memory, until the relative gradient norm is below `--epsilon`.
     Lbfgs,
+    /// Full-batch OWL-QN on liblinear's L1 objective `‖w‖₁ + C Σ loss` (`-s 6`): sparse
+    /// models, otherwise as `lbfgs`.
+    Owlqn,
 }
 
 /// Input formats of `train linear`.
@@ -126,21 +129,22 @@ pub struct LinearConfig {
     #[cfg_attr(feature = "cli", arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL"))]
     pub bias: bool,
     /// `auto` (the batch solver for files up to 256 MiB unless a streaming option is set,
-    /// see docs/experiments.md), `sgd` or `lbfgs`.
+    /// see docs/experiments.md), `sgd`, `lbfgs` (L2) or `owlqn` (L1).
     #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t = Algorithm::Auto))]
     pub algorithm: Algorithm,
-    /// `lbfgs`: the inverse regularisation strength C of `½‖w‖² + C Σ loss` (liblinear's `-c`).
+    /// `lbfgs`, `owlqn`: the inverse regularisation strength C of `½‖w‖² + C Σ loss`
+    /// (`‖w‖₁ + C Σ loss` for owlqn; liblinear's `-c`).
     #[cfg_attr(feature = "cli", arg(long, default_value_t = 1.0))]
     pub c: f32,
-    /// `lbfgs`: stop once ‖∇f‖ ≤ ε · max(min(#pos, #neg), 1) / n · ‖∇f(0)‖ (liblinear's `-e`;
+    /// `lbfgs`, `owlqn`: stop once ‖∇f‖ ≤ ε · max(min(#pos, #neg), 1) / n · ‖∇f(0)‖ (liblinear's `-e`;
     /// a tenth of liblinear's default, as L-BFGS's gradient falls less steadily than Newton's:
     /// it then reaches at least the objective liblinear reaches with its default).
     #[cfg_attr(feature = "cli", arg(long, default_value_t = 0.001))]
     pub epsilon: f32,
-    /// `lbfgs`: history pairs kept (each is two vectors over the feature ids on the servers).
+    /// `lbfgs`, `owlqn`: history pairs kept (each is two vectors over the feature ids on the servers).
     #[cfg_attr(feature = "cli", arg(long, default_value_t = 20))]
     pub lbfgs_memory: usize,
-    /// `lbfgs`: at most this many iterations.
+    /// `lbfgs`, `owlqn`: at most this many iterations.
     #[cfg_attr(feature = "cli", arg(long, default_value_t = 1000))]
     pub max_iter: usize,
     /// Passes over the training data (`sgd`). Default: 1 when the training files total more
@@ -670,10 +674,12 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
     let format = a.input.data_format();
     // Every worker reads the same first examples, so all agree on the scale.
     let first = a.train.first().context("--train needs a file")?;
-    if a.resolved_algorithm(s.checkpointing()) == Algorithm::Lbfgs {
+    let algorithm = a.resolved_algorithm(s.checkpointing());
+    if matches!(algorithm, Algorithm::Lbfgs | Algorithm::Owlqn) {
         let streaming = a.streaming_options();
-        ensure!(streaming.is_empty(), "--algorithm lbfgs is full-batch: {} belong to --algorithm sgd", streaming.join(", "));
-        ensure!(!s.checkpointing(), "--algorithm lbfgs does not resume from checkpoints: use --algorithm sgd with --checkpoint-every");
+        let name = if algorithm == Algorithm::Owlqn { "owlqn" } else { "lbfgs" };
+        ensure!(streaming.is_empty(), "--algorithm {name} is full-batch: {} belong to --algorithm sgd", streaming.join(", "));
+        ensure!(!s.checkpointing(), "the batch solvers do not resume from checkpoints: use --algorithm sgd with --checkpoint-every");
         if s.rank == 0 && !a.quiet && a.algorithm == Algorithm::Auto {
             tracing::info!(
                 "--algorithm auto: the batch solver (lbfgs, C = {}) for training files up to {} MiB; --algorithm sgd streams them",
@@ -681,7 +687,7 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
                 AUTO_BATCH_BYTES >> 20
             );
         }
-        return crate::linear_lbfgs::run(a, s, report, &format);
+        return crate::linear_lbfgs::run(a, s, report, &format, algorithm == Algorithm::Owlqn);
     }
     let scale = Arc::new(match a.scale {
         Scale::Fixed(v) => {

@@ -1,24 +1,26 @@
-//! `train linear --algorithm lbfgs`: L2-regularised logistic regression solved full-batch,
-//! for when quality matters more than passes (and, by `--algorithm auto`, for every
-//! training set small enough to hold in the workers' memory).
+//! `train linear --algorithm lbfgs|owlqn`: L2- or L1-regularised logistic regression solved
+//! full-batch, for when quality matters more than passes (and, by `--algorithm auto`, for
+//! every training set small enough to hold in the workers' memory).
 //!
-//! The objective is liblinear's `-s 0`: `½‖w‖² + C Σᵢ log(1 + exp(−yᵢ wᵀxᵢ))`; with
-//! `--bias` (the default) every example has the constant feature 1, as liblinear's `-B 1`. It is minimised by Sandblaster L-BFGS (`downpour_nn::lbfgs`, the driver the
-//! `dnn` job runs): the parameters, the batch gradient, the direction and the history are
-//! co-partitioned dense tables on the servers, one entry per feature id present in the
-//! training files (the ids are numbered in order through a sparse table that every worker
-//! writes its share's ids into), worker 0 drives them with
-//! vector programs and gets back only dot products. Every worker holds its share of the
-//! examples in memory; one evaluation of the loss and gradient is a round in which every
-//! worker pulls the parameters, pushes its share's gradient sum into the gradient table and
-//! writes its loss into its slot of a loss table, between two barriers.
+//! The objective of `lbfgs` is liblinear's `-s 0`: `½‖w‖² + C Σᵢ log(1 + exp(−yᵢ wᵀxᵢ))`;
+//! that of `owlqn` liblinear's `-s 6`: `‖w‖₁ + C Σᵢ log(1 + exp(−yᵢ wᵀxᵢ))`. With `--bias`
+//! (the default) every example has the constant feature 1, as liblinear's `-B 1`. Both are
+//! minimised by Sandblaster L-BFGS (`downpour_nn::lbfgs`, the driver the `dnn` job runs; for
+//! L1 in its OWL-QN mode: pseudo-gradient, orthant-projected steps): the parameters, the
+//! batch gradient, the direction and the history are co-partitioned dense tables on the
+//! servers, one entry per feature id present in the training files (the ids are numbered in
+//! order through a sparse table that every worker writes its share's ids into), worker 0
+//! drives them with vector programs and gets back only dot products. Every worker holds its
+//! share of the examples in memory; one evaluation of the loss and gradient is a round in
+//! which every worker pulls the parameters, pushes its share's gradient sum into the gradient
+//! table and writes its loss into its slot of a loss table, between two barriers.
 //!
 //! The solver works on each feature j multiplied by `1 / d_j`, `d_j = √(¼ Σᵢ xᵢⱼ² + 1/C)`
-//! the square root of the objective's Hessian diagonal at w = 0 (a Jacobi preconditioner:
+//! the square root of the L2 objective's Hessian diagonal at w = 0 (a Jacobi preconditioner:
 //! raw columns in the thousands beside ratios below 1 make the plain problem badly
 //! conditioned), with the regulariser written in the original units, so the minimiser is
-//! the same: `--scale` has no effect on it. It stops, like liblinear's
-//! `-e`, once `‖∇f‖ ≤ ε · max(min(#pos, #neg), 1) / n · ‖∇f(0)‖`.
+//! the same: `--scale` has no effect on it. It stops, like liblinear's `-e`, once
+//! `‖∇f‖ ≤ ε · max(min(#pos, #neg), 1) / n · ‖∇f(0)‖` (with L1, of the pseudo-gradient).
 
 use crate::linear::{LinearConfig, TABLE};
 use crate::report::Report;
@@ -32,7 +34,7 @@ use downpour_core::KeyRange;
 use downpour_data::batch::Batch;
 use downpour_data::share::ShareReader;
 use downpour_data::Format;
-use downpour_nn::lbfgs::{Lbfgs, Outcome, Tables, VectorStore};
+use downpour_nn::lbfgs::{L1Tables, Lbfgs, Outcome, Tables, VectorStore};
 use downpour_worker::{ClientError, KvClient, WorkerSession};
 use std::path::Path;
 use std::time::Instant;
@@ -47,6 +49,10 @@ const INFO: u32 = 12;
 const LOSSES: u32 = 13;
 /// Table of the driver's word to the others: the evaluation's number, or −1 to stop.
 const CONTROL: u32 = 14;
+/// OWL-QN's per-coordinate L1 strengths, its pseudo-gradient and its start point.
+const LAMBDA: u32 = 17;
+const PSEUDO: u32 = 18;
+const START: u32 = 19;
 /// Table of Σᵢ xᵢⱼ² per feature j, summed over the workers (the preconditioner).
 const SQUARES: u32 = 15;
 /// Sparse table of the feature ids present in any share (their union, in id order, numbers
@@ -144,6 +150,8 @@ struct Round<'a> {
     sh: &'a Share,
     d: &'a [f32],
     c: f64,
+    /// Add the L2 regulariser (lbfgs; owlqn's L1 term is the servers' to compute).
+    l2: bool,
     n: f64,
     round: i64,
     v: Vec<f32>,
@@ -157,7 +165,7 @@ impl Round<'_> {
     fn work(&mut self, s: &mut WorkerSession, g: u32) -> Result<()> {
         s.kv.pull_range_into(TABLE, 0, &mut self.v)?;
         let mut loss = share_loss_and_gradient(self.sh, &self.v, &mut self.grad);
-        if s.rank == 0 {
+        if s.rank == 0 && self.l2 {
             loss += add_regulariser(&self.v, self.d, self.c, &mut self.grad);
         }
         self.grad32.clear();
@@ -204,7 +212,8 @@ fn evaluate_test(path: &Path, format: &Format, bias: bool, ids: &[u64], w: &[f32
 
 /// Runs `train linear --algorithm lbfgs` on one worker (worker 0 drives). `scale` is the
 /// preconditioner (each feature's divisor); `started` when the job began.
-pub(crate) fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report, format: &Format) -> Result<()> {
+pub(crate) fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report, format: &Format, l1: bool) -> Result<()> {
+    let name = if l1 { "owlqn" } else { "lbfgs" };
     ensure!(a.c.is_finite() && a.c > 0.0, "--c must be a positive number");
     ensure!(a.epsilon.is_finite() && a.epsilon > 0.0, "--epsilon must be a positive number");
     ensure!(a.lbfgs_memory >= 1, "--lbfgs-memory must be at least 1");
@@ -278,7 +287,19 @@ pub(crate) fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report, form
             *x /= d[b.keys[j as usize] as usize];
         }
     }
-    let mut round = Round { sh: &sh, d: &d, c, n: n as f64, round: 0, v: vec![0f32; dim], grad: vec![0f64; dim], grad32: Vec::new() };
+    if l1 {
+        for id in [LAMBDA, PSEUDO, START] {
+            s.kv.create_table(crate::dnn::table(id, "owlqn", dim, add.clone(), Consistency::Async))?;
+        }
+        if s.rank == 0 {
+            // ‖w‖₁ / (C n) in the mean objective, with w = v / d
+            let lambda: Vec<f32> = d.iter().map(|&d| (1.0 / (c * n as f64 * d as f64)) as f32).collect();
+            let ts = s.kv.push_range(LAMBDA, 0, &lambda)?;
+            s.kv.wait(ts)?;
+        }
+    }
+    let mut round =
+        Round { sh: &sh, d: &d, c, l2: !l1, n: n as f64, round: 0, v: vec![0f32; dim], grad: vec![0f64; dim], grad32: Vec::new() };
     if s.rank != 0 {
         let mut ctl = [0f32];
         loop {
@@ -295,13 +316,14 @@ pub(crate) fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report, form
     }
     let quiet = a.quiet;
     let objective = |f: f64| f * n as f64 * c;
-    let mut lb = Lbfgs::new(tables.clone());
-    let mut f = round.evaluate(s, tables.g)?;
-    let g0 = s.kv.vec_ops(&[VecInstr::Dot { a: tables.g, b: tables.g }])?[0].sqrt();
+    let mut lb =
+        if l1 { Lbfgs::new_l1(tables.clone(), L1Tables { pg: PSEUDO, w0: START, lambda: LAMBDA }) } else { Lbfgs::new(tables.clone()) };
+    let mut f = round.evaluate(s, tables.g)? + lb.penalty(&mut Servers(&mut s.kv))?;
+    let g0 = lb.gradient_norm(&mut Servers(&mut s.kv))?;
     let goal = a.epsilon as f64 * (pos.min(n - pos).max(1) as f64 / n as f64) * g0;
     if !quiet {
         tracing::info!(
-            "lbfgs: {n} examples ({pos} positive), {dim} feature ids, C = {}, objective {:.6} at w = 0, stop at |g| <= {goal:.3e}",
+            "{name}: {n} examples ({pos} positive), {dim} feature ids, C = {}, objective {:.6} at w = 0, stop at |g| <= {goal:.3e}",
             a.c,
             objective(f)
         );
@@ -313,17 +335,17 @@ pub(crate) fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report, form
         lb.begin(&mut Servers(&mut s.kv), f)?;
     }
     while !converged && iterations < a.max_iter {
-        let trial = round.evaluate(s, tables.g)?;
+        let trial = round.evaluate(s, tables.g)? + lb.penalty(&mut Servers(&mut s.kv))?;
         evaluations += 1;
         match lb.evaluated(&mut Servers(&mut s.kv), trial)? {
             Outcome::Accepted { loss, .. } => {
                 iterations += 1;
                 stalls = 0;
                 f = loss;
-                gnorm = s.kv.vec_ops(&[VecInstr::Dot { a: tables.g, b: tables.g }])?[0].sqrt();
+                gnorm = lb.gradient_norm(&mut Servers(&mut s.kv))?;
                 if !quiet {
                     tracing::info!(
-                        "lbfgs iteration {iterations}: objective {:.6}, |g|/|g0| {:.3e}",
+                        "{name} iteration {iterations}: objective {:.6}, |g|/|g0| {:.3e}",
                         objective(f),
                         gnorm / g0.max(f64::MIN_POSITIVE)
                     );
@@ -337,7 +359,7 @@ pub(crate) fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report, form
             Outcome::Stalled => {
                 stalls += 1;
                 if stalls >= 2 {
-                    tracing::info!("lbfgs: no step lowers the objective {:.6}: stopping after {iterations} iterations", objective(f));
+                    tracing::info!("{name}: no step lowers the objective {:.6}: stopping after {iterations} iterations", objective(f));
                     break;
                 }
                 lb.begin(&mut Servers(&mut s.kv), f)?;
@@ -346,7 +368,7 @@ pub(crate) fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report, form
     }
     if !converged && iterations >= a.max_iter {
         tracing::warn!(
-            "lbfgs: stopped at --max-iter {} with |g|/|g0| {:.3e} above the goal {:.3e} (--epsilon {})",
+            "{name}: stopped at --max-iter {} with |g|/|g0| {:.3e} above the goal {:.3e} (--epsilon {})",
             a.max_iter,
             gnorm / g0.max(f64::MIN_POSITIVE),
             goal / g0.max(f64::MIN_POSITIVE),
@@ -376,7 +398,8 @@ pub(crate) fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report, form
     }
     let traffic = s.kv.traffic();
     let json = serde_json::json!({
-        "algorithm": "lbfgs",
+        "algorithm": name,
+        "nonzero_weights": weights.iter().filter(|w| **w != 0.0).count(),
         "test_auc": test.as_ref().and_then(|t| t.0),
         "test_logloss": test.as_ref().map(|t| t.1),
         "test_accuracy": test.as_ref().map(|t| t.2),
@@ -400,11 +423,11 @@ pub(crate) fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report, form
     }
     match &test {
         Some((auc, ll, acc, _)) => report.line(&format!(
-            "train linear: test_auc={} test_logloss={ll:.5} test_accuracy={acc:.4} examples={n} wall_s={wall:.2} (lbfgs, {iterations} iterations, objective {:.6})",
+            "train linear: test_auc={} test_logloss={ll:.5} test_accuracy={acc:.4} examples={n} wall_s={wall:.2} ({name}, {iterations} iterations, objective {:.6})",
             auc.map(|x| format!("{x:.5}")).unwrap_or_else(|| "n/a".into()),
             objective(f)
         )),
-        None => report.line(&format!("train linear: done, examples={n} wall_s={wall:.2} (lbfgs, {iterations} iterations, objective {:.6})", objective(f))),
+        None => report.line(&format!("train linear: done, examples={n} wall_s={wall:.2} ({name}, {iterations} iterations, objective {:.6})", objective(f))),
     }
     Ok(())
 }

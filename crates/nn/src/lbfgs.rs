@@ -10,6 +10,12 @@
 //! repeatedly evaluate at the moved `w` and call [`Lbfgs::evaluated`], which either accepts
 //! the step (call `begin` again with the new loss, `g` already holds the new gradient) or
 //! backtracks (evaluate again).
+//!
+//! With [`Lbfgs::new_l1`] the driver is OWL-QN (Andrew & Gao 2007) for `f(w) + Σ λ_i |w_i|`:
+//! the direction comes from the pseudo-gradient and keeps only the coordinates that descend,
+//! every trial point is projected onto the orthant of the start point, and the history pairs
+//! use the smooth gradient. The losses given to it are then the whole objective
+//! (`f` plus [`Lbfgs::penalty`]).
 
 use downpour_core::vecops::VecInstr;
 use std::collections::VecDeque;
@@ -55,6 +61,17 @@ impl Tables {
     }
 }
 
+/// OWL-QN's tables beside [`Tables`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct L1Tables {
+    /// Pseudo-gradient at the last accepted point.
+    pub pg: u32,
+    /// The last accepted point (every trial is projected from it).
+    pub w0: u32,
+    /// Per-coordinate L1 strengths λ (filled by the caller).
+    pub lambda: u32,
+}
+
 /// Runs vector programs on the sharded tables (the servers, or local vectors in tests).
 pub trait VectorStore {
     /// The store's error.
@@ -98,6 +115,7 @@ pub struct Lbfgs {
     step: f64,
     backtracks: usize,
     gamma: f64,
+    l1: Option<L1Tables>,
 }
 
 /// Armijo's sufficient-decrease constant.
@@ -108,7 +126,44 @@ const MAX_BACKTRACKS: usize = 12;
 impl Lbfgs {
     /// A driver over `tables`; the memory is `tables.s.len()` (at least 1).
     pub fn new(tables: Tables) -> Lbfgs {
-        Lbfgs { t: tables, hist: VecDeque::new(), next_slot: 0, pending: None, f: 0.0, gtd: 0.0, step: 0.0, backtracks: 0, gamma: 1.0 }
+        Lbfgs {
+            t: tables,
+            hist: VecDeque::new(),
+            next_slot: 0,
+            pending: None,
+            f: 0.0,
+            gtd: 0.0,
+            step: 0.0,
+            backtracks: 0,
+            gamma: 1.0,
+            l1: None,
+        }
+    }
+
+    /// An OWL-QN driver for `f(w) + Σ λ_i |w_i|`, λ in `l1.lambda`.
+    pub fn new_l1(tables: Tables, l1: L1Tables) -> Lbfgs {
+        Lbfgs { l1: Some(l1), ..Lbfgs::new(tables) }
+    }
+
+    /// The L1 term `Σ λ_i |w_i|` at the servers' `w` (0 without L1).
+    pub fn penalty<S: VectorStore>(&self, store: &mut S) -> Result<f64, S::Error> {
+        match &self.l1 {
+            Some(l) => Ok(store.run(&[VecInstr::WeightedNorm1 { x: self.t.w, weights: l.lambda }])?[0]),
+            None => Ok(0.0),
+        }
+    }
+
+    /// The norm of the gradient at `w` (with L1, of the pseudo-gradient, written into its
+    /// table): what convergence is judged on.
+    pub fn gradient_norm<S: VectorStore>(&self, store: &mut S) -> Result<f64, S::Error> {
+        let t = &self.t;
+        let r = match &self.l1 {
+            Some(l) => {
+                store.run(&[VecInstr::PseudoGradient { dst: l.pg, g: t.g, w: t.w, l1: l.lambda }, VecInstr::Dot { a: l.pg, b: l.pg }])?
+            }
+            None => store.run(&[VecInstr::Dot { a: t.g, b: t.g }])?,
+        };
+        Ok(r[0].max(0.0).sqrt())
     }
 
     /// History pairs held.
@@ -135,9 +190,18 @@ impl Lbfgs {
                 self.gamma = ys / yy;
             }
         }
-        // q = g; newest to oldest: a_i = ρ_i s_iᵀq, q −= a_i y_i (one round trip each)
+        // the descent direction is built from the gradient, or with L1 the pseudo-gradient
+        let mut prog = Vec::new();
+        let q = match &self.l1 {
+            Some(l) => {
+                prog.push(VecInstr::PseudoGradient { dst: l.pg, g: t.g, w: t.w, l1: l.lambda });
+                l.pg
+            }
+            None => t.g,
+        };
+        // q; newest to oldest: a_i = ρ_i s_iᵀq, q −= a_i y_i (one round trip each)
         let mut alphas = vec![0f64; self.hist.len()];
-        let mut prog = vec![VecInstr::Copy { dst: t.d, src: t.g }];
+        prog.push(VecInstr::Copy { dst: t.d, src: q });
         let mut prev: Option<(usize, f64)> = None;
         for (k, &(slot, rho)) in self.hist.iter().enumerate().rev() {
             if let Some((ps, a)) = prev {
@@ -169,18 +233,29 @@ impl Lbfgs {
             prog.push(VecInstr::Axpy { y: t.d, alpha: c, x: t.s[ps] });
         }
         prog.push(VecInstr::Scale { x: t.d, alpha: -1.0 });
-        prog.push(VecInstr::Dot { a: t.g, b: t.d });
-        prog.push(VecInstr::Dot { a: t.g, b: t.g });
+        if let Some(l) = &self.l1 {
+            // keep only the coordinates that descend along −pg
+            prog.push(VecInstr::ProjectDirection { d: t.d, pg: l.pg });
+        }
+        prog.push(VecInstr::Dot { a: q, b: t.d });
+        prog.push(VecInstr::Dot { a: q, b: q });
         let r = store.run(&prog)?;
         let (mut gtd, gg) = (r[0], r[1]);
         if gtd >= 0.0 || !gtd.is_finite() {
             // not a descent direction: restart from steepest descent
             self.hist.clear();
-            store.run(&[VecInstr::Copy { dst: t.d, src: t.g }, VecInstr::Scale { x: t.d, alpha: -1.0 }])?;
+            store.run(&[VecInstr::Copy { dst: t.d, src: q }, VecInstr::Scale { x: t.d, alpha: -1.0 }])?;
             gtd = -gg;
         }
         let step = if self.hist.is_empty() { (1.0 / gg.sqrt().max(1e-12)).min(1.0) } else { 1.0 };
-        store.run(&[VecInstr::Copy { dst: t.gp, src: t.g }, VecInstr::Axpy { y: t.w, alpha: step, x: t.d }])?;
+        match &self.l1 {
+            Some(l) => store.run(&[
+                VecInstr::Copy { dst: t.gp, src: t.g },
+                VecInstr::Copy { dst: l.w0, src: t.w },
+                VecInstr::OrthantStep { w: t.w, base: l.w0, d: t.d, pg: l.pg, alpha: step },
+            ])?,
+            None => store.run(&[VecInstr::Copy { dst: t.gp, src: t.g }, VecInstr::Axpy { y: t.w, alpha: step, x: t.d }])?,
+        };
         self.f = loss;
         self.gtd = gtd;
         self.step = step;
@@ -191,6 +266,9 @@ impl Lbfgs {
     /// With `loss` the loss and `g` the gradient at the trial point: accepts the step when
     /// the loss fell enough (Armijo), else moves `w` back to a shorter step.
     pub fn evaluated<S: VectorStore>(&mut self, store: &mut S, loss: f64) -> Result<Outcome, S::Error> {
+        if let Some(l) = self.l1.clone() {
+            return self.evaluated_l1(store, loss, &l);
+        }
         let t = self.t.clone();
         if loss.is_finite() && loss <= self.f + C1 * self.step * self.gtd {
             if self.hist.len() == t.s.len() {
@@ -219,6 +297,40 @@ impl Lbfgs {
         Ok(Outcome::Backtracked { step: new })
     }
 }
+
+impl Lbfgs {
+    /// [`Lbfgs::evaluated`] for OWL-QN: sufficient decrease along the projected step
+    /// (`f_new ≤ f + c₁ pgᵀ(w_new − w0)`), backtracking by halving from the start point.
+    fn evaluated_l1<S: VectorStore>(&mut self, store: &mut S, loss: f64, l: &L1Tables) -> Result<Outcome, S::Error> {
+        let t = self.t.clone();
+        let r = store.run(&[VecInstr::Dot { a: l.pg, b: t.w }, VecInstr::Dot { a: l.pg, b: l.w0 }])?;
+        let moved = r[0] - r[1];
+        if loss.is_finite() && loss <= self.f + C1 * moved {
+            if self.hist.len() == t.s.len() {
+                self.hist.pop_front();
+            }
+            let slot = self.next_slot;
+            self.next_slot = (slot + 1) % t.s.len();
+            store.run(&[VecInstr::Copy { dst: t.s[slot], src: t.w }, VecInstr::Axpy { y: t.s[slot], alpha: -1.0, x: l.w0 }])?;
+            self.pending = Some(slot);
+            return Ok(Outcome::Accepted { loss, step: self.step });
+        }
+        if self.backtracks >= MAX_BACKTRACKS_L1 {
+            store.run(&[VecInstr::Copy { dst: t.w, src: l.w0 }, VecInstr::Copy { dst: t.g, src: t.gp }])?;
+            self.hist.clear();
+            self.pending = None;
+            return Ok(Outcome::Stalled);
+        }
+        let new = 0.5 * self.step;
+        store.run(&[VecInstr::OrthantStep { w: t.w, base: l.w0, d: t.d, pg: l.pg, alpha: new }])?;
+        self.step = new;
+        self.backtracks += 1;
+        Ok(Outcome::Backtracked { step: new })
+    }
+}
+
+/// Halvings before OWL-QN gives up on a direction.
+const MAX_BACKTRACKS_L1: usize = 30;
 
 /// Vectors in memory, optionally cut into shards that each run the program (as servers
 /// do): for tests, and to check that sharded execution equals local execution.
@@ -331,6 +443,63 @@ mod tests {
         assert!((w[0] - c0).abs() < 1e-3);
         // far fewer evaluations than gradient descent would need at this conditioning
         assert!(losses.len() < 80, "{} accepted steps", losses.len());
+    }
+
+    #[test]
+    fn owlqn_reaches_the_soft_thresholded_minimiser_and_keeps_its_zeros_exactly_zero() {
+        // ½ Σ a_i (w_i − c_i)² + Σ λ |w_i|: w*_i = sign(c_i) max(|c_i| − λ/a_i, 0)
+        let (n, lambda, shards) = (40, 0.6f32, 3);
+        let a: Vec<f32> = (0..n).map(|i| 0.5 + (i as f32 * 0.37).sin().abs() * 4.0).collect();
+        let c: Vec<f32> = (0..n).map(|i| 2.0 * (i as f32 * 0.71).cos()).collect();
+        let t = Tables::new(1, 10, 5);
+        let l = L1Tables { pg: 100, w0: 101, lambda: 102 };
+        let mut st = LocalStore::default();
+        for id in [t.w, l.pg, l.w0].into_iter().chain(t.scratch()) {
+            st.add(id, &vec![0.0; n], shards);
+        }
+        st.add(l.lambda, &vec![lambda; n], shards);
+        let eval = |st: &mut LocalStore| {
+            let w = st.get(t.w);
+            let mut g = vec![0f32; n];
+            let mut f = 0f64;
+            for i in 0..n {
+                let e = (w[i] - c[i]) as f64;
+                f += 0.5 * a[i] as f64 * e * e;
+                g[i] = (a[i] as f64 * e) as f32;
+            }
+            st.add(t.g, &g, shards);
+            f
+        };
+        let mut lb = Lbfgs::new_l1(t.clone(), l);
+        let f = eval(&mut st) + lb.penalty(&mut st).unwrap();
+        let mut losses = vec![f];
+        lb.begin(&mut st, f).unwrap();
+        for _ in 0..300 {
+            let f = eval(&mut st) + lb.penalty(&mut st).unwrap();
+            match lb.evaluated(&mut st, f).unwrap() {
+                Outcome::Accepted { loss, .. } => {
+                    losses.push(loss);
+                    if lb.gradient_norm(&mut st).unwrap() < 1e-6 {
+                        break;
+                    }
+                    lb.begin(&mut st, loss).unwrap();
+                }
+                Outcome::Backtracked { .. } => {}
+                Outcome::Stalled => break,
+            }
+        }
+        assert!(losses.windows(2).all(|p| p[1] <= p[0]), "{losses:?}");
+        let w = st.get(t.w);
+        let mut zeros = 0;
+        for i in 0..n {
+            let want = c[i].signum() * (c[i].abs() - lambda / a[i]).max(0.0);
+            assert!((w[i] - want).abs() < 1e-4, "w[{i}] = {} against {want}", w[i]);
+            if want == 0.0 {
+                assert_eq!(w[i], 0.0, "coordinate {i} should be exactly zero");
+                zeros += 1;
+            }
+        }
+        assert!(zeros >= 3, "the test needs some zeros: {zeros}");
     }
 
     #[test]
