@@ -21,7 +21,9 @@ Learners, each with its defaults:
                  updates, PyPI vowpalwabbit (`python -m vowpalwabbit`).
 Prints one JSON line per (set, learner): test AUC, test log loss, train seconds; and per set the
 objective `½‖w‖² + C Σ log(1 + e^(−y wᵀx))` that `--algorithm lbfgs` and liblinear reach
-with an intercept (liblinear -B 1, also at -e 0.0001, nearly the optimum), with their wall times.
+with an intercept (liblinear -B 1, also at -e 0.0001, nearly the optimum), with their wall times;
+and the L1 objective `‖w‖₁ + C Σ log(1 + e^(−y wᵀx))` of `--algorithm owlqn` against liblinear
+`-s 6 -B 1` (L=0 skips the L1 rows).
 Needs: pip install scikit-learn scipy liblinear-official vowpalwabbit; a release build (DOWNPOUR
 overrides the binary's path).
 """
@@ -108,14 +110,15 @@ def downpour(tr, te, *extra):
     return json.load(open(out)), secs
 
 
-def objective(w, b, X, y, c=1.0):
+def objective(w, b, X, y, c=1.0, l1=False):
     import numpy as np
     z = X @ w + b
     s = np.where(y, 1.0, -1.0)
-    return 0.5 * (float(w @ w) + b * b) + c * float(np.logaddexp(0, -s * z).sum())
+    reg = float(np.abs(w).sum()) + abs(b) if l1 else 0.5 * (float(w @ w) + b * b)
+    return reg + c * float(np.logaddexp(0, -s * z).sum())
 
 
-def run_liblinear(tr, te, eps="0.01", bias=False):
+def run_liblinear(tr, te, eps="0.01", bias=False, solver="0"):
     import numpy as np
     from sklearn.datasets import load_svmlight_file
     from liblinear.liblinearutil import train
@@ -124,13 +127,14 @@ def run_liblinear(tr, te, eps="0.01", bias=False):
     Xte, yte = load_svmlight_file(te, zero_based=False, n_features=Xtr.shape[1])
     ytr, yte = ytr > 0, yte > 0
     t = time.time()
-    m = train(np.where(ytr, 1, -1), Xtr, f"-s 0 -c 1 -e {eps} -q" + (" -B 1" if bias else ""))
+    m = train(np.where(ytr, 1, -1), Xtr, f"-s {solver} -c 1 -e {eps} -q" + (" -B 1" if bias else ""))
     secs = time.time() - t
     w, b = m.get_decfun()
     sign = 1 if m.get_labels()[0] == 1 else -1
     w, b = np.array(w[:Xtr.shape[1]]) * sign, (b * sign if bias else 0.0)
     p = 1 / (1 + np.exp(-(Xte @ w + b)))
-    return {"test_auc": auc(list(p), list(yte)), "test_logloss": logloss(list(p), list(yte)), "objective": objective(w, b, Xtr, ytr)}, secs
+    return {"test_auc": auc(list(p), list(yte)), "test_logloss": logloss(list(p), list(yte)), "objective": objective(w, b, Xtr, ytr, l1=solver == "6"),
+            "nonzero_weights": int((w != 0).sum() + (b != 0))}, secs
 
 
 def run_vw(tr, te):
@@ -177,6 +181,14 @@ def main():
         for eps in ("0.01", "0.0001"):
             b, secs = run_liblinear(tr, te, eps, bias=True)
             line(f"liblinear -s 0 -B 1 -e {eps}", b, secs, objective=round(b["objective"], 6))
+        # L1: OWL-QN against liblinear -s 6, the same objective
+        if os.environ.get("L1", "1") == "1":
+            m, secs = downpour(tr, te, "--algorithm", "owlqn")
+            line("downpour --algorithm owlqn", m, secs, objective=m.get("objective"), nonzero_weights=m.get("nonzero_weights"),
+                 iterations=m.get("iterations"), converged=m.get("converged"))
+            for eps in ("0.01", "0.0001"):
+                b, secs = run_liblinear(tr, te, eps, bias=True, solver="6")
+                line(f"liblinear -s 6 -B 1 -e {eps}", b, secs, objective=round(b["objective"], 6), nonzero_weights=b["nonzero_weights"])
 
 
 if __name__ == "__main__":

@@ -257,8 +257,8 @@ fn run(cli: Cli, s: Settings) -> Result<()> {
             downpour_cluster::run_embedded(&s, 2, 3, &job, Terminal::report())?;
             let dir = demo_data_dir()?;
             eprintln!(
-                "demo 2/2: spam filter: sparse logistic regression (FTRL) on 4,873 training / 1,173 test messages \
-                 of the SpamAssassin corpus, 2 servers + 2 workers, embedded"
+                "demo 2/2: spam filter: sparse logistic regression (asynchronous SGD, scale-free FTRL) on 4,873 training / \
+                 1,173 test messages of the SpamAssassin corpus, 2 servers + 2 workers, embedded"
             );
             let args = [
                 "linear",
@@ -271,7 +271,7 @@ fn run(cli: Cli, s: Settings) -> Result<()> {
                 "--epochs",
                 "10",
                 "--lr",
-                "4",
+                "1",
                 "--batch",
                 "10",
             ]
@@ -280,8 +280,8 @@ fn run(cli: Cli, s: Settings) -> Result<()> {
             downpour_cluster::run_embedded(&s, 2, 2, &job, Terminal::report())?;
             eprintln!(
                 "next: the same job as processes: `downpour launch --servers 2 --workers 2 -- train linear --format text-jsonl \
-                 --train {0}/train.jsonl.gz --test {0}/test.jsonl.gz --epochs 10 --lr 4 --batch 10`; the best log loss: \
-                 --batch 1 --lr 8 --epochs 20; try --bigrams; bigger data: `downpour data synth-ctr --examples 2000000 \
+                 --train {0}/train.jsonl.gz --test {0}/test.jsonl.gz --epochs 10 --lr 1 --batch 10`; without the flags, \
+                 `--algorithm auto` solves files this size full-batch (L-BFGS, as liblinear); try --bigrams; bigger data: `downpour data synth-ctr --examples 2000000 \
                  --out train.svm` or your own LIBSVM files (`train linear --train a.svm --test b.svm`); speed: `downpour bench`",
                 dir.display()
             );

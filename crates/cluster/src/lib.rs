@@ -17,7 +17,7 @@
 //!     train: vec![format!("{data}/train.jsonl.gz").into()],
 //!     test: Some(format!("{data}/test.jsonl.gz").into()),
 //!     input: InputConfig { format: InputFormat::TextJsonl, ..Default::default() },
-//!     lr: 4.0,
+//!     lr: 1.0,
 //!     batch: 10,
 //!     quiet: true,
 //!     ..Default::default()
