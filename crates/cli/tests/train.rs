@@ -119,6 +119,9 @@ fn multi_process_training_learns() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let m = metrics(&out);
     assert!(m["test_auc"].as_f64().unwrap() > 0.75, "{m}");
+    // binary features: the scale-free rule would take the plain rule's steps, so the plain
+    // rule runs (rows without a maximum)
+    assert_eq!(m["rule"], "ftrl", "{m}");
     // The two workers' byte-range shares cover every example exactly once per epoch.
     assert_eq!(m["train_examples"], 40_000, "{m}");
 }
@@ -369,6 +372,9 @@ fn mixed_feature_scales_train_well_by_default_and_warn_only_under_a_rule_that_is
         );
         let m = metrics(&out);
         assert_eq!(m["algorithm"], algorithm, "{m}");
+        if algorithm == "sgd" {
+            assert_eq!(m["rule"], "ftrl-norm", "{m}");
+        }
         assert!(m["test_auc"].as_f64().unwrap() > 0.75, "{m}");
         // the exported weights (and intercept) apply to the raw values
         let ll = predict_logloss(&model, &te, &preds);

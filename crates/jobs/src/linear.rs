@@ -184,7 +184,9 @@ pub struct LinearConfig {
     /// in the thousands beside ratios below 1 need no rescaling. Each pushed and pulled row
     /// carries that maximum beside the weight. `false`: the plain rules. Default: true, but
     /// false with `--aggregate sum|avg` or the `sigmod` filter, which add pushed rows and so
-    /// would add the maxima too.
+    /// would add the maxima too, and false when every feature's largest |value| in the first
+    /// 10,000 training examples is 1 (binary features: the scale-free rule would take exactly
+    /// the plain rule's steps, with twice the values on the wire).
     #[cfg_attr(feature = "cli", arg(long, value_name = "BOOL"))]
     pub normalize: Option<bool>,
     /// Learning rate (α for FTRL; 0.1 suits millions of examples and one epoch).
@@ -479,18 +481,18 @@ impl LinearConfig {
     }
 }
 
-/// Values per row of the model table: the weight, and with the scale-free rules the
-/// feature's largest |value|.
-fn row_len(a: &LinearConfig) -> usize {
-    if a.normalized() {
+/// Values per row of the model table: the weight, and with the scale-free rules
+/// (`normalized`) the feature's largest |value|.
+fn row_len(normalized: bool) -> usize {
+    if normalized {
         2
     } else {
         1
     }
 }
 
-fn table_def(a: &LinearConfig) -> TableDef {
-    let name = match (a.optimizer, a.normalized()) {
+fn table_def(a: &LinearConfig, normalized: bool) -> TableDef {
+    let name = match (a.optimizer, normalized) {
         (Optimizer::Ftrl, false) => "ftrl",
         (Optimizer::Ftrl, true) => "ftrl-norm",
         (Optimizer::Adagrad, false) => "adagrad",
@@ -500,7 +502,7 @@ fn table_def(a: &LinearConfig) -> TableDef {
     TableDef {
         id: TABLE,
         name: "linear".into(),
-        value_len: row_len(a),
+        value_len: row_len(normalized),
         storage: Storage::Sparse,
         init: Init::Zeros,
         rule: proto::Rule { name: name.into(), lr: a.lr, l1: a.l1, l2: a.l2, ftrl_beta: 1.0, ..Default::default() },
@@ -689,9 +691,13 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
         }
         return crate::linear_lbfgs::run(a, s, report, &format, algorithm == Algorithm::Owlqn);
     }
+    // The scale-free rule takes the plain rule's steps when every feature's largest value is 1
+    // (binary features): by default the plain rule then, whose rows carry no maximum.
+    let normalized =
+        a.normalized() && (a.normalize.is_some() || !feature_maxima(first, &format, SCALE_SAMPLE)?.values().all(|m| *m == 1.0));
     let scale = Arc::new(match a.scale {
         Scale::Fixed(v) => {
-            if v == 1.0 && !a.normalized() && s.rank == 0 {
+            if v == 1.0 && !normalized && s.rank == 0 {
                 // Unscaled values under a rule that is not scale-free: warn when they differ.
                 if let Some(w) = unscaled_warning(&feature_maxima(first, &format, SCALE_SAMPLE)?) {
                     tracing::warn!("{w}");
@@ -699,10 +705,10 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
             }
             Scaling::all(v)
         }
-        Scale::Auto if a.normalized() => Scaling::all(1.0),
+        Scale::Auto if normalized => Scaling::all(1.0),
         Scale::Auto | Scale::PerFeature => Scaling::per_feature_max(first, &format, SCALE_SAMPLE)?,
     });
-    let row = row_len(a);
+    let row = row_len(normalized);
     if a.normalize == Some(true) {
         ensure!(
             a.aggregate == Aggregate::None,
@@ -748,7 +754,7 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
             }
         }
     };
-    s.kv.create_table(table_def(a))?;
+    s.kv.create_table(table_def(a, normalized))?;
     s.barrier("linear-start")?;
     let t0 = Instant::now();
     // Time lost to synchronisation: at the final barrier (plus, at the end, the time servers
@@ -766,7 +772,7 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
         |path: &PathBuf| TestSet { path: path.clone(), format: format.clone(), batch: a.batch, scale: scale.clone(), row, bias: a.bias };
     let mut evaluator = match (s.reader.take(), &a.test) {
         (Some(mut kv), Some(test)) if a.eval_every > 0 => {
-            kv.use_table(table_def(a));
+            kv.use_table(table_def(a, normalized));
             Some(Evaluator::spawn(kv, test_set(test), t0)?)
         }
         _ => None,
@@ -996,6 +1002,7 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
         let final_m = epochs.last().and_then(|e| e.1.as_ref());
         let json = serde_json::json!({
             "algorithm": "sgd",
+            "rule": table_def(a, normalized).rule.name,
             "test_auc": final_m.and_then(|m| m.auc),
             "test_logloss": final_m.map(|m| m.logloss),
             "test_accuracy": final_m.map(|m| m.accuracy),
