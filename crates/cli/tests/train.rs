@@ -688,3 +688,55 @@ fn linear_training_resumed_from_a_mid_run_checkpoint_ends_like_an_undisturbed_ru
     assert!(err.contains("rows restored from the checkpoint"), "{err}");
     assert_eq!(whole, resumed, "test log loss of the undisturbed and the resumed run");
 }
+
+#[test]
+fn libsvm_files_labelled_1_and_2_train_with_the_larger_label_positive_and_other_labels_are_asked_for() {
+    let d = tempfile::tempdir().unwrap();
+    let (tr, te, out, model, preds) =
+        (d.path().join("tr.svm"), d.path().join("te.svm"), d.path().join("m.json"), d.path().join("w.safetensors"), d.path().join("p.txt"));
+    write_data(&tr, 3_000, 71);
+    write_data(&te, 1_000, 72);
+    // the same data labelled as covtype or mushrooms are: 2 for the positive class, 1 else
+    for p in [&tr, &te] {
+        let s: String = std::fs::read_to_string(p)
+            .unwrap()
+            .lines()
+            .map(|l| format!("{}\n", l.replacen("+1 ", "2 ", 1).replacen("-1 ", "1 ", 1)))
+            .collect();
+        std::fs::write(p, s).unwrap();
+    }
+    let o = downpour()
+        .env("DOWNPOUR_LOG", "info")
+        .args(["train", "linear", "--train", tr.to_str().unwrap(), "--test", te.to_str().unwrap(), "--workers", "1"])
+        .args(["--out", out.to_str().unwrap(), "--model-out", model.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{log}");
+    assert!(log.contains("2 is the positive class"), "{log}");
+    let m = metrics(&out);
+    assert!(m["test_auc"].as_f64().unwrap() > 0.75, "{m}");
+    // predict reads the file too (its probabilities give the training-time log loss, with 2
+    // the positive class)
+    let o = downpour()
+        .args(["predict", "--model", model.to_str().unwrap(), "--data", te.to_str().unwrap(), "--out", preds.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let p: Vec<f64> = std::fs::read_to_string(&preds).unwrap().lines().map(|l| l.parse().unwrap()).collect();
+    let y: Vec<bool> = std::fs::read_to_string(&te).unwrap().lines().map(|l| l.starts_with("2 ")).collect();
+    let ll = p.iter().zip(&y).map(|(&p, &y)| -(if y { p } else { 1.0 - p }).clamp(1e-15, 1.0).ln()).sum::<f64>() / p.len() as f64;
+    assert!((ll - m["test_logloss"].as_f64().unwrap()).abs() < 1e-5, "predict logloss {ll} vs {m}");
+    // three labels: which one is positive must be said
+    let s = std::fs::read_to_string(&tr).unwrap().replacen("\n1 ", "\n3 ", 50);
+    std::fs::write(&tr, s).unwrap();
+    let o = downpour().args(["train", "linear", "--train", tr.to_str().unwrap(), "--workers", "1", "--quiet"]).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("the labels 1, 2, 3 are not two classes") && err.contains("--positive-label"), "{err}");
+    let o = downpour()
+        .args(["train", "linear", "--train", tr.to_str().unwrap(), "--workers", "1", "--quiet", "--positive-label", "2"])
+        .args(["--out", out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}

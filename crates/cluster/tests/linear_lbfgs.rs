@@ -33,6 +33,18 @@ fn write(path: &Path, rows: &[(Vec<f64>, bool)]) {
     std::fs::write(path, text).unwrap();
 }
 
+/// The values as the solver reads them (the file's decimal text, as f32).
+fn as_read(rows: &[(Vec<f64>, bool)]) -> Vec<(Vec<f64>, bool)> {
+    rows.iter().map(|(x, y)| (x.iter().map(|&v| v.to_string().parse::<f32>().unwrap() as f64).collect(), *y)).collect()
+}
+
+/// Trains on an embedded cluster of 2 servers and 2 workers; the job's metrics.
+fn train(cfg: LinearConfig) -> serde_json::Value {
+    let report = Collector::new();
+    run_embedded(&Settings::default(), 2, 2, &Job::Train(TrainModel::Linear(Box::new(cfg))), report.clone()).unwrap();
+    report.metrics_of("linear").unwrap()
+}
+
 /// `½‖w‖² + C Σ log(1 + e^(−y z))` with the intercept `w[d]` on the constant feature 1.
 fn objective(rows: &[(Vec<f64>, bool)], w: &[f64], c: f64) -> f64 {
     let d = w.len() - 1;
@@ -101,9 +113,7 @@ fn lbfgs_reaches_the_l2_objectives_minimiser_on_columns_of_very_different_scales
     let rows = data(600, 3);
     write(&tr, &rows);
     write(&te, &data(200, 4));
-    // the values as the solver reads them (the file's decimal text, as f32)
-    let read: Vec<(Vec<f64>, bool)> =
-        rows.iter().map(|(x, y)| (x.iter().map(|&v| v.to_string().parse::<f32>().unwrap() as f64).collect(), *y)).collect();
+    let read = as_read(&rows);
     let best = newton(&read, 1.0);
     let cfg = LinearConfig {
         train: vec![tr],
@@ -114,9 +124,7 @@ fn lbfgs_reaches_the_l2_objectives_minimiser_on_columns_of_very_different_scales
         quiet: true,
         ..Default::default()
     };
-    let report = Collector::new();
-    run_embedded(&Settings::default(), 2, 2, &Job::Train(TrainModel::Linear(Box::new(cfg))), report.clone()).unwrap();
-    let m = report.metrics_of("linear").unwrap();
+    let m = train(cfg);
     assert_eq!(m["algorithm"], "lbfgs", "{m}");
     assert_eq!(m["train_examples"], 600, "{m}");
     let reached = m["objective"].as_f64().unwrap();
@@ -182,8 +190,7 @@ fn owlqn_reaches_the_l1_objectives_minimiser_and_its_zeros() {
         x.push(((s >> 11) as f64 / (1u64 << 53) as f64 - 0.5) * 0.2);
     }
     write(&tr, &rows);
-    let read: Vec<(Vec<f64>, bool)> =
-        rows.iter().map(|(x, y)| (x.iter().map(|&v| v.to_string().parse::<f32>().unwrap() as f64).collect(), *y)).collect();
+    let read = as_read(&rows);
     let best = coordinate_descent_l1(&read, 1.0);
     assert!(best.contains(&0.0) && best.iter().any(|w| *w != 0.0), "the test needs zeros and non-zeros: {best:?}");
     let cfg = LinearConfig {
@@ -194,9 +201,7 @@ fn owlqn_reaches_the_l1_objectives_minimiser_and_its_zeros() {
         quiet: true,
         ..Default::default()
     };
-    let report = Collector::new();
-    run_embedded(&Settings::default(), 2, 2, &Job::Train(TrainModel::Linear(Box::new(cfg))), report.clone()).unwrap();
-    let m = report.metrics_of("linear").unwrap();
+    let m = train(cfg);
     assert_eq!(m["algorithm"], "owlqn", "{m}");
     let reached = m["objective"].as_f64().unwrap();
     let optimum = objective_l1(&read, &best, 1.0);

@@ -44,8 +44,8 @@ pub struct Example {
 /// Input format of example files.
 #[derive(Clone, Debug)]
 pub enum Format {
-    /// LIBSVM/svmlight.
-    Libsvm,
+    /// LIBSVM/svmlight, its labels read by the rule.
+    Libsvm(libsvm::Labels),
     /// JSON lines with a text and a label field.
     TextJsonl(text::TextOptions),
 }
@@ -62,7 +62,7 @@ impl ExampleReader {
     /// Opens `path` in `format`.
     pub fn open(path: &std::path::Path, format: &Format) -> Result<Self, libsvm::DataError> {
         Ok(match format {
-            Format::Libsvm => ExampleReader::Libsvm(libsvm::LibsvmReader::open(path)?),
+            Format::Libsvm(l) => ExampleReader::Libsvm(libsvm::LibsvmReader::open(path)?.with_labels(*l)),
             Format::TextJsonl(o) => ExampleReader::Text(text::JsonlReader::open(path, o.clone())?),
         })
     }
@@ -70,7 +70,7 @@ impl ExampleReader {
     /// Opens one worker's piece of a file in `format`.
     pub fn open_piece(piece: &lines::Piece, format: &Format) -> Result<Self, libsvm::DataError> {
         Ok(match format {
-            Format::Libsvm => ExampleReader::Libsvm(libsvm::LibsvmReader::open_piece(piece)?),
+            Format::Libsvm(l) => ExampleReader::Libsvm(libsvm::LibsvmReader::open_piece(piece)?.with_labels(*l)),
             Format::TextJsonl(o) => ExampleReader::Text(text::JsonlReader::open_piece(piece, o.clone())?),
         })
     }

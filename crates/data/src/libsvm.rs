@@ -1,7 +1,9 @@
 //! Streaming LIBSVM/svmlight reader.
 //!
 //! Format: one example per line, `LABEL [ID[:VALUE]]... [# comment]`. Labels `+1`, `1`
-//! (positive) and `-1`, `0` (negative) are accepted; ids are u64; a missing value means 1.
+//! (positive) and `-1`, `0` (negative) are accepted, or with [`Labels::Positive`] any number
+//! (that one positive, every other negative: `1`/`2` files, one class against the rest); ids
+//! are u64; a missing value means 1.
 //! Blank lines and lines starting with `#` are skipped. A malformed line is an error of the
 //! form `FILE:LINE: what is wrong`. Files are read line by line (never whole), and gzip files
 //! are decompressed on the fly whatever their name.
@@ -34,6 +36,64 @@ pub enum DataError {
     },
 }
 
+/// How LIBSVM labels map to the classes.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub enum Labels {
+    /// `+1`/`1` positive, `-1`/`0` negative, anything else an error.
+    #[default]
+    Standard,
+    /// This number positive, every other number negative.
+    Positive(f64),
+}
+
+impl Labels {
+    /// The rule for files whose first examples carry `seen` (distinct label values): the
+    /// standard one when they are among −1, 0 and 1; with exactly two other values, the larger
+    /// is positive (`1`/`2`, `2`/`4` files); otherwise an error asking which is positive.
+    pub fn detect(seen: &[f64]) -> Result<Labels, String> {
+        if seen.iter().all(|v| [-1.0, 0.0, 1.0].contains(v)) {
+            return Ok(Labels::Standard);
+        }
+        match seen {
+            [a, b] => Ok(Labels::Positive(a.max(*b))),
+            _ => {
+                let shown: Vec<String> = seen.iter().take(10).map(|v| v.to_string()).collect();
+                Err(format!(
+                    "the labels {}{} are not two classes: say which label is positive with --positive-label L (one against the rest)",
+                    shown.join(", "),
+                    if seen.len() > 10 { ", …" } else { "" }
+                ))
+            }
+        }
+    }
+}
+
+/// The distinct label values (sorted) of the first `n` examples of a LIBSVM file; at most
+/// 1,000 of them are kept.
+pub fn label_values(path: &Path, n: usize) -> Result<Vec<f64>, DataError> {
+    let mut src = LineSource::open(path)?;
+    let mut seen: Vec<f64> = Vec::new();
+    let mut count = 0;
+    while count < n {
+        let Some(line) = src.next_line()? else { break };
+        let Some(token) = line.split(|b| is_space(*b)).find(|t| !t.is_empty()) else { continue };
+        if token[0] == b'#' {
+            continue;
+        }
+        let v = std::str::from_utf8(token).ok().and_then(|t| t.parse::<f64>().ok()).filter(|v| v.is_finite());
+        let Some(v) = v else {
+            let what = format!("label {} is not a number", show(token));
+            return Err(src.error(what));
+        };
+        if !seen.contains(&v) && seen.len() < 1000 {
+            seen.push(v);
+        }
+        count += 1;
+    }
+    seen.sort_by(f64::total_cmp);
+    Ok(seen)
+}
+
 /// Parses one LIBSVM line into `ex` (cleared first). `Ok(false)` for a blank or comment line.
 pub fn parse_line(line: &str, ex: &mut Example) -> Result<bool, String> {
     parse_bytes(line.as_bytes(), ex)
@@ -48,9 +108,14 @@ fn show(t: &[u8]) -> String {
     format!("{:?}", String::from_utf8_lossy(t))
 }
 
-/// Parses one LIBSVM line given as bytes (the hot path: one scan, no UTF-8 check, no
-/// allocation unless the line is malformed).
+/// Parses one LIBSVM line given as bytes with the standard labels (the hot path: one scan,
+/// no UTF-8 check, no allocation unless the line is malformed).
 pub fn parse_bytes(line: &[u8], ex: &mut Example) -> Result<bool, String> {
+    parse_bytes_with(line, ex, Labels::Standard)
+}
+
+/// [`parse_bytes`] with the label rule `labels`.
+pub fn parse_bytes_with(line: &[u8], ex: &mut Example, labels: Labels) -> Result<bool, String> {
     ex.keys.clear();
     ex.values.clear();
     let body = match memchr_hash(line) {
@@ -69,10 +134,16 @@ pub fn parse_bytes(line: &[u8], ex: &mut Example) -> Result<bool, String> {
     while i < n && !is_space(body[i]) {
         i += 1;
     }
-    ex.label = match &body[start..i] {
-        b"1" | b"+1" | b"1.0" | b"+1.0" => 1.0,
-        b"0" | b"-1" | b"0.0" | b"-1.0" => 0.0,
-        other => return Err(format!("label {} is not one of +1, 1, -1, 0", show(other))),
+    ex.label = match (labels, &body[start..i]) {
+        (Labels::Standard, b"1" | b"+1" | b"1.0" | b"+1.0") => 1.0,
+        (Labels::Standard, b"0" | b"-1" | b"0.0" | b"-1.0") => 0.0,
+        (Labels::Standard, other) => {
+            return Err(format!("label {} is not one of +1, 1, -1, 0 (other labels: --positive-label L)", show(other)))
+        }
+        (Labels::Positive(p), t) => match std::str::from_utf8(t).ok().and_then(|t| t.parse::<f64>().ok()) {
+            Some(v) => f32::from(u8::from(v == p)),
+            None => return Err(format!("label {} is not a number", show(t))),
+        },
     };
     loop {
         while i < n && is_space(body[i]) {
@@ -145,17 +216,24 @@ fn memchr_hash(line: &[u8]) -> Option<usize> {
 /// Streams the examples of one LIBSVM file, or of one worker's [`Piece`] of it.
 pub struct LibsvmReader {
     src: LineSource,
+    labels: Labels,
 }
 
 impl LibsvmReader {
-    /// Opens `path` for reading.
+    /// Opens `path` for reading (standard labels).
     pub fn open(path: impl AsRef<Path>) -> Result<Self, DataError> {
-        Ok(LibsvmReader { src: LineSource::open(path.as_ref())? })
+        Ok(LibsvmReader { src: LineSource::open(path.as_ref())?, labels: Labels::Standard })
     }
 
     /// Opens one worker's piece of a file.
     pub fn open_piece(piece: &Piece) -> Result<Self, DataError> {
-        Ok(LibsvmReader { src: LineSource::open_piece(piece)? })
+        Ok(LibsvmReader { src: LineSource::open_piece(piece)?, labels: Labels::Standard })
+    }
+
+    /// Reads labels by `labels`.
+    pub fn with_labels(mut self, labels: Labels) -> Self {
+        self.labels = labels;
+        self
     }
 
     /// Bytes of input consumed so far.
@@ -172,7 +250,7 @@ impl LibsvmReader {
     pub fn next_into(&mut self, ex: &mut Example) -> Result<bool, DataError> {
         loop {
             let Some(line) = self.src.next_line()? else { return Ok(false) };
-            match parse_bytes(line, ex) {
+            match parse_bytes_with(line, ex, self.labels) {
                 Ok(true) => return Ok(true),
                 Ok(false) => continue,
                 Err(what) => return Err(self.src.error(what)),
@@ -207,7 +285,21 @@ mod tests {
         assert_eq!(ex.label, 0.0);
         assert!(ex.keys.is_empty());
         assert!(!parse_line("   # only a comment", &mut ex).unwrap());
-        assert!(parse_line("2 1:1", &mut ex).unwrap_err().contains("label"));
+        assert!(parse_line("2 1:1", &mut ex).unwrap_err().contains("--positive-label"));
+        // one label positive, every other negative
+        assert!(parse_bytes_with(b"2 1:1", &mut ex, Labels::Positive(2.0)).unwrap());
+        assert_eq!(ex.label, 1.0);
+        assert!(parse_bytes_with(b"1 1:1", &mut ex, Labels::Positive(2.0)).unwrap());
+        assert_eq!(ex.label, 0.0);
+        assert!(parse_bytes_with(b"4.0 1:1", &mut ex, Labels::Positive(4.0)).unwrap());
+        assert_eq!(ex.label, 1.0);
+        assert!(parse_bytes_with(b"x 1:1", &mut ex, Labels::Positive(4.0)).unwrap_err().contains("not a number"));
+        // which rule the first labels call for
+        assert_eq!(Labels::detect(&[-1.0, 1.0]), Ok(Labels::Standard));
+        assert_eq!(Labels::detect(&[0.0, 1.0]), Ok(Labels::Standard));
+        assert_eq!(Labels::detect(&[1.0, 2.0]), Ok(Labels::Positive(2.0)));
+        assert_eq!(Labels::detect(&[2.0, 4.0]), Ok(Labels::Positive(4.0)));
+        assert!(Labels::detect(&[0.0, 1.0, 2.0]).unwrap_err().contains("--positive-label"));
         assert!(parse_line("1 x:1", &mut ex).unwrap_err().contains("unsigned"));
         assert!(parse_line("1 3x:1", &mut ex).unwrap_err().contains("unsigned"));
         assert!(parse_line("1 :1", &mut ex).unwrap_err().contains("unsigned"));

@@ -275,16 +275,18 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("t.svm");
         std::fs::write(&p, "1 1:2500 2:0.5 3:-8\n0 1:1000 2:0.25\n1 1:40 4:1\n").unwrap();
-        let sc = Scaling::per_feature_max(&p, &Format::Libsvm, 10).unwrap();
+        let sc = Scaling::per_feature_max(&p, &Format::Libsvm(Default::default()), 10).unwrap();
         assert_eq!(sc.divisor(1), 2500.0);
         assert_eq!(sc.divisor(3), 8.0);
         assert_eq!((sc.divisor(2), sc.divisor(4), sc.divisor(99)), (1.0, 1.0, 1.0), "small, unit and unseen features stay");
-        let mut r = ShareReader::for_worker(std::slice::from_ref(&p), &Format::Libsvm, 0, 1).unwrap().with_scaling(std::sync::Arc::new(sc));
+        let mut r = ShareReader::for_worker(std::slice::from_ref(&p), &Format::Libsvm(Default::default()), 0, 1)
+            .unwrap()
+            .with_scaling(std::sync::Arc::new(sc));
         let b = r.next_batch(10).unwrap().unwrap();
         assert!(b.values.iter().all(|v| v.abs() <= 1.0), "{:?}", b.values);
         assert!(b.values.contains(&0.5) && b.values.contains(&-1.0) && b.values.contains(&0.4), "{:?}", b.values);
         // only the first n examples are looked at
-        let first = Scaling::per_feature_max(&p, &Format::Libsvm, 1).unwrap();
+        let first = Scaling::per_feature_max(&p, &Format::Libsvm(Default::default()), 1).unwrap();
         assert_eq!(first.divisor(1), 2500.0);
         assert_eq!(Scaling::all(4.0).divisor(7), 4.0);
     }
@@ -298,7 +300,9 @@ mod tests {
         for shuffle in [0, 64] {
             let mut seen = vec![];
             for r in 0..3 {
-                let mut s = ShareReader::for_worker(std::slice::from_ref(&p), &Format::Libsvm, r, 3).unwrap().with_shuffle(shuffle, 7);
+                let mut s = ShareReader::for_worker(std::slice::from_ref(&p), &Format::Libsvm(Default::default()), r, 3)
+                    .unwrap()
+                    .with_shuffle(shuffle, 7);
                 while let Some(b) = s.next_batch(10).unwrap() {
                     seen.extend(b.keys);
                 }
@@ -314,8 +318,9 @@ mod tests {
         let p = d.path().join("a.svm");
         let bad = downpour_core::keys::unscramble(u64::MAX);
         std::fs::write(&p, format!("1 5:1\n0 7:1 {bad}:1\n")).unwrap();
-        let mut s =
-            ShareReader::for_worker(std::slice::from_ref(&p), &Format::Libsvm, 0, 1).unwrap().with_key_map(downpour_core::keys::scramble);
+        let mut s = ShareReader::for_worker(std::slice::from_ref(&p), &Format::Libsvm(Default::default()), 0, 1)
+            .unwrap()
+            .with_key_map(downpour_core::keys::scramble);
         let e = s.next_batch(10).unwrap_err().to_string();
         assert!(e.starts_with(&format!("{}:2: feature id {bad} is reserved", p.display())), "{e}");
     }
@@ -326,7 +331,9 @@ mod tests {
         let p = d.path().join("a.svm");
         std::fs::write(&p, (0..100).map(|i| format!("1 {}\n", i + 1)).collect::<String>()).unwrap();
         let order = |seed| {
-            let mut s = ShareReader::for_worker(std::slice::from_ref(&p), &Format::Libsvm, 0, 1).unwrap().with_shuffle(30, seed);
+            let mut s = ShareReader::for_worker(std::slice::from_ref(&p), &Format::Libsvm(Default::default()), 0, 1)
+                .unwrap()
+                .with_shuffle(30, seed);
             let mut v = vec![];
             while let Some(e) = s.next_example().unwrap() {
                 v.push(e.keys[0]);

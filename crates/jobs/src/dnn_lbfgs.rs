@@ -23,8 +23,9 @@ use downpour_worker::{ClientError, KvClient, WorkerSession};
 /// First id of the driver's scratch tables (gradient, previous gradient, direction, history).
 const SCRATCH: u32 = 50;
 
-/// The servers as the driver's vector store.
-struct Servers<'a>(&'a mut KvClient);
+/// The servers as the L-BFGS driver's vector store (also `train linear --algorithm
+/// lbfgs|owlqn`'s).
+pub(crate) struct Servers<'a>(pub(crate) &'a mut KvClient);
 
 impl VectorStore for Servers<'_> {
     type Error = ClientError;

@@ -151,7 +151,7 @@ struct Block {
 }
 
 fn load(a: &L1lrConfig, s: &WorkerSession) -> Result<(Vec<Block>, Vec<f32>)> {
-    let format = a.input.data_format();
+    let format = a.input.data_format_for(a.train.first().context("--train needs a file")?)?;
     let mut r = ShareReader::for_worker(&a.train, &format, s.rank, s.num_workers)?.with_key_map(scramble);
     let mut examples = Vec::new();
     while let Some(e) = r.next_example()? {
@@ -387,7 +387,7 @@ pub fn run(a: &L1lrConfig, s: &mut WorkerSession, report: &Report) -> Result<()>
             keys.into_iter().map(unscramble).zip(rows.chunks_exact(3).map(|r| r[0])).filter(|(_, w)| *w != 0.0).collect();
         pairs.sort_unstable_by_key(|p| p.0);
         let test = match &a.test {
-            Some(path) => Some(evaluate(path, &a.input.data_format(), &pairs)?),
+            Some(path) => Some(evaluate(path, &a.input.data_format_for(a.train.first().context("--train needs a file")?)?, &pairs)?),
             None => None,
         };
         let traffic = mine;

@@ -18,12 +18,12 @@ use downpour_core::proto;
 use downpour_core::rounds::Aggregate;
 use downpour_core::table::{Storage, TableDef};
 use downpour_data::batch::Batch;
-use downpour_data::libsvm::DataError;
+use downpour_data::libsvm::{label_values, DataError, Labels};
 use downpour_data::share::{feature_maxima, Scaling, ShareReader};
 use downpour_data::text::TextOptions;
 use downpour_data::Format;
 use downpour_worker::{KvClient, Timestamp, WorkerSession};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -87,20 +87,49 @@ pub struct InputConfig {
     /// Add bigram features (text-jsonl).
     #[cfg_attr(feature = "cli", arg(long))]
     pub bigrams: bool,
+    /// LIBSVM: examples with this label are positive, all others negative (one class against
+    /// the rest). Default: `+1`/`1` positive and `-1`/`0` negative; a file whose first 10,000
+    /// labels are two other numbers (`1`/`2`, `2`/`4`) takes the larger as positive.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "L"))]
+    pub positive_label: Option<f64>,
 }
 
 impl Default for InputConfig {
     /// LIBSVM; for text-jsonl the fields `text` and `label`, no folding, no bigrams.
     fn default() -> Self {
-        InputConfig { format: InputFormat::Libsvm, text_field: "text".into(), label_field: "label".into(), hash_bits: None, bigrams: false }
+        InputConfig {
+            format: InputFormat::Libsvm,
+            text_field: "text".into(),
+            label_field: "label".into(),
+            hash_bits: None,
+            bigrams: false,
+            positive_label: None,
+        }
     }
 }
 
 impl InputConfig {
-    /// The reader settings these flags describe.
+    /// The reader settings these flags describe for the files whose first file is `sample`:
+    /// without `--positive-label`, a LIBSVM file's label rule is the one its first 10,000
+    /// labels call for ([`Labels::detect`]), said in a log line when it is not the standard
+    /// one; labels that are not two classes are an error asking for `--positive-label`.
+    pub fn data_format_for(&self, sample: &Path) -> Result<Format> {
+        if self.format == InputFormat::Libsvm && self.positive_label.is_none() {
+            let seen = label_values(sample, 10_000)?;
+            let labels = Labels::detect(&seen).map_err(|e| anyhow::anyhow!("{}: {e}", sample.display()))?;
+            if let Labels::Positive(p) = labels {
+                tracing::info!("{}: labels {seen:?}: {p} is the positive class (--positive-label to choose)", sample.display());
+            }
+            return Ok(Format::Libsvm(labels));
+        }
+        Ok(self.data_format())
+    }
+
+    /// The reader settings these flags describe (standard LIBSVM labels unless
+    /// `--positive-label`).
     pub fn data_format(&self) -> Format {
         match self.format {
-            InputFormat::Libsvm => Format::Libsvm,
+            InputFormat::Libsvm => Format::Libsvm(self.positive_label.map_or(Labels::Standard, Labels::Positive)),
             InputFormat::TextJsonl => Format::TextJsonl(TextOptions {
                 text_field: self.text_field.clone(),
                 label_field: self.label_field.clone(),
@@ -673,9 +702,9 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
     for f in a.train.iter().chain(a.test.iter()) {
         ensure!(f.is_file(), "{}: no such file", f.display());
     }
-    let format = a.input.data_format();
-    // Every worker reads the same first examples, so all agree on the scale.
+    // Every worker reads the same first examples, so all agree on the labels and the scale.
     let first = a.train.first().context("--train needs a file")?;
+    let format = a.input.data_format_for(first)?;
     let algorithm = a.resolved_algorithm(s.checkpointing());
     if matches!(algorithm, Algorithm::Lbfgs | Algorithm::Owlqn) {
         let streaming = a.streaming_options();

@@ -22,6 +22,7 @@
 //! the same: `--scale` has no effect on it. It stops, like liblinear's `-e`, once
 //! `‖∇f‖ ≤ ε · max(min(#pos, #neg), 1) / n · ‖∇f(0)‖` (with L1, of the pseudo-gradient).
 
+use crate::dnn_lbfgs::Servers;
 use crate::linear::{LinearConfig, TABLE};
 use crate::report::Report;
 use anyhow::{bail, ensure, Context, Result};
@@ -34,8 +35,8 @@ use downpour_core::KeyRange;
 use downpour_data::batch::Batch;
 use downpour_data::share::ShareReader;
 use downpour_data::Format;
-use downpour_nn::lbfgs::{L1Tables, Lbfgs, Outcome, Tables, VectorStore};
-use downpour_worker::{ClientError, KvClient, WorkerSession};
+use downpour_nn::lbfgs::{L1Tables, Lbfgs, Outcome, Tables};
+use downpour_worker::WorkerSession;
 use std::path::Path;
 use std::time::Instant;
 
@@ -64,16 +65,6 @@ const CHUNK: usize = 1 << 20;
 const SCRATCH: u32 = 50;
 /// Facts per worker in [`INFO`], three f32 each.
 const FACTS: usize = 2;
-
-/// The servers as the driver's vector store.
-struct Servers<'a>(&'a mut KvClient);
-
-impl VectorStore for Servers<'_> {
-    type Error = ClientError;
-    fn run(&mut self, program: &[VecInstr]) -> Result<Vec<f64>, ClientError> {
-        self.0.vec_ops(program)
-    }
-}
 
 /// A count as three f32 of 21 bits each (exact in f32's 24-bit mantissa).
 fn split_count(n: u64) -> [f32; 3] {

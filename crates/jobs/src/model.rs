@@ -102,7 +102,7 @@ pub struct PredictConfig {
 /// Scores every example of `--data` with the model.
 pub fn predict(a: &PredictConfig) -> Result<()> {
     let m = load(&a.model)?;
-    let mut r = ExampleReader::open(&a.data, &a.input.data_format())?;
+    let mut r = ExampleReader::open(&a.data, &a.input.data_format_for(&a.data)?)?;
     let mut out: Box<dyn Write> = if a.out.as_os_str() == "-" {
         Box::new(std::io::BufWriter::new(std::io::stdout().lock()))
     } else {
