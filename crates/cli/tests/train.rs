@@ -537,6 +537,7 @@ fn backup_workers_and_aggregation_need_bsp_and_fewer_backups_than_workers() {
         // the scale-free rules' pushed maxima cannot be added up
         (&["--normalize", "true", "--consistency", "bsp", "--aggregate", "sum"][..], "use --normalize false"),
         (&["--algorithm", "lbfgs", "--consistency", "bsp"][..], "--consistency belong to --algorithm sgd"),
+        (&["--algorithm", "lbfgs", "--replication", "2", "--servers", "2"][..], "do not run on replicated tables"),
     ] {
         let o = run(args);
         assert!(

@@ -44,8 +44,9 @@ pub enum Optimizer {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum Algorithm {
-    /// `lbfgs` when the training files total at most 256 MiB (gzip counted 4 times) and no
-    /// option of the streaming learner differs from its default; `sgd` otherwise.
+    /// `lbfgs` when the training files total at most 256 MiB (gzip counted 4 times), no
+    /// option of the streaming learner differs from its default and the job neither
+    /// checkpoints nor replicates; `sgd` otherwise.
     Auto,
     /// Asynchronous minibatch updates applied by the servers' rule (`--optimizer`), streaming
     /// the data `--epochs` times.
@@ -487,12 +488,13 @@ impl LinearConfig {
     }
 
     /// The algorithm `--algorithm` means for these files: `auto` resolved by the size of the
-    /// training files and the streaming options (see [`Algorithm::Auto`]); `checkpointing`
-    /// jobs stream (the batch solver does not resume).
-    pub fn resolved_algorithm(&self, checkpointing: bool) -> Algorithm {
+    /// training files and the streaming options (see [`Algorithm::Auto`]); `checkpointing` and
+    /// `replicated` jobs stream (the batch solver neither resumes nor runs its vector programs
+    /// on replicated tables).
+    pub fn resolved_algorithm(&self, checkpointing: bool, replicated: bool) -> Algorithm {
         match self.algorithm {
             Algorithm::Auto => {
-                if self.training_bytes() <= AUTO_BATCH_BYTES && self.streaming_options().is_empty() && !checkpointing {
+                if self.training_bytes() <= AUTO_BATCH_BYTES && self.streaming_options().is_empty() && !checkpointing && !replicated {
                     Algorithm::Lbfgs
                 } else {
                     Algorithm::Sgd
@@ -705,12 +707,18 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
     // Every worker reads the same first examples, so all agree on the labels and the scale.
     let first = a.train.first().context("--train needs a file")?;
     let format = a.input.data_format_for(first)?;
-    let algorithm = a.resolved_algorithm(s.checkpointing());
+    let replicated = s.kv.replication() >= 2;
+    let algorithm = a.resolved_algorithm(s.checkpointing(), replicated);
     if matches!(algorithm, Algorithm::Lbfgs | Algorithm::Owlqn) {
         let streaming = a.streaming_options();
         let name = if algorithm == Algorithm::Owlqn { "owlqn" } else { "lbfgs" };
         ensure!(streaming.is_empty(), "--algorithm {name} is full-batch: {} belong to --algorithm sgd", streaming.join(", "));
         ensure!(!s.checkpointing(), "the batch solvers do not resume from checkpoints: use --algorithm sgd with --checkpoint-every");
+        ensure!(
+            !replicated,
+            "the batch solvers' vector programs do not run on replicated tables: use --algorithm sgd with --replication {}",
+            s.kv.replication()
+        );
         if s.rank == 0 && !a.quiet && a.algorithm == Algorithm::Auto {
             tracing::info!(
                 "--algorithm auto: the batch solver (lbfgs, C = {}) for training files up to {} MiB; --algorithm sgd streams them",
