@@ -18,7 +18,6 @@ pub mod dnn;
 mod dnn_lbfgs;
 pub mod l1lr;
 pub mod linear;
-mod linear_lbfgs;
 pub mod model;
 pub mod report;
 

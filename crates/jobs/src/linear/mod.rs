@@ -1,347 +1,42 @@
-//! `train linear`: sparse logistic regression by asynchronous minibatch SGD on the parameter
-//! server (REFERENCE §2.2). Each worker streams its share of the training examples (a byte
-//! range of every plain file, every W-th line of a gzip file; see `downpour_data::lines`),
-//! parsed on a reader thread a few minibatches ahead, pulls the weights of a minibatch's keys,
-//! computes the logistic-loss gradient and pushes it; the servers apply FTRL-Proximal
-//! (default), AdaGrad or SGD. The pull of the next minibatch is issued before the current
-//! one is computed. After every epoch worker 0 evaluates on the test set.
+//! `train linear`: sparse logistic regression on the parameter server (REFERENCE §2.2), by
+//! one of two algorithms (`--algorithm`; `config` holds the flags and what they resolve to):
+//!
+//! * streaming (`sgd`, this file): asynchronous minibatch SGD. Each worker streams its share
+//!   of the training examples (a byte range of every plain file, every W-th line of a gzip
+//!   file; see `downpour_data::lines`), parsed on a reader thread a few minibatches ahead,
+//!   pulls the weights of a minibatch's keys, computes the logistic-loss gradient and pushes
+//!   it; the servers apply FTRL-Proximal (default), AdaGrad or SGD, scale-free by default
+//!   (`ftrl-norm`, `adagrad-norm`). The pull of the next minibatch is issued before the
+//!   current one is computed. After every epoch worker 0 evaluates on the test set
+//!   (`eval`).
+//! * full-batch (`lbfgs`, `owlqn`; `lbfgs`): liblinear's L2 or L1 objective solved by
+//!   Sandblaster L-BFGS / OWL-QN over the workers' in-memory shares.
+
+mod config;
+mod eval;
+mod lbfgs;
+
+pub use config::*;
+use eval::{evaluate, weights_of, Evaluator, TestSet};
 
 use crate::report::Progress;
 use crate::report::Report;
 use anyhow::{ensure, Context, Result};
-use downpour_apps::{linear, metrics};
+use downpour_apps::linear;
 use downpour_core::consistency::Consistency;
-use downpour_core::filter::FilterSpec;
 use downpour_core::init::Init;
 use downpour_core::keys::{scramble, unscramble};
 use downpour_core::proto;
 use downpour_core::rounds::Aggregate;
 use downpour_core::table::{Storage, TableDef};
 use downpour_data::batch::Batch;
-use downpour_data::libsvm::{label_values, DataError, Labels};
+use downpour_data::libsvm::DataError;
 use downpour_data::share::{feature_maxima, Scaling, ShareReader};
-use downpour_data::text::TextOptions;
-use downpour_data::Format;
-use downpour_worker::{KvClient, Timestamp, WorkerSession};
-use std::path::{Path, PathBuf};
+use downpour_worker::{Timestamp, WorkerSession};
+use std::path::PathBuf;
 use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// Server-side update rule of the linear model.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
-pub enum Optimizer {
-    /// FTRL-Proximal with L1/L2 (lr = α, β = 1).
-    Ftrl,
-    /// AdaGrad.
-    Adagrad,
-    /// Plain SGD.
-    Sgd,
-}
-
-/// How `train linear` learns.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
-pub enum Algorithm {
-    /// `lbfgs` when the training files total at most 256 MiB (gzip counted 4 times), no
-    /// option of the streaming learner differs from its default and the job neither
-    /// checkpoints nor replicates; `sgd` otherwise.
-    Auto,
-    /// Asynchronous minibatch updates applied by the servers' rule (`--optimizer`), streaming
-    /// the data `--epochs` times.
-    Sgd,
-    /// Full-batch L-BFGS on liblinear's L2 objective (`--c`), the examples held in the
-    /// workers' memory, until the relative gradient norm is below `--epsilon`.
-    Lbfgs,
-    /// Full-batch OWL-QN on liblinear's L1 objective `‖w‖₁ + C Σ loss` (`-s 6`): sparse
-    /// models, otherwise as `lbfgs`.
-    Owlqn,
-}
-
-/// Input formats of `train linear`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
-pub enum InputFormat {
-    /// LIBSVM/svmlight (`.gz` transparently).
-    Libsvm,
-    /// JSON lines with a text and a label field, tokenised and feature-hashed.
-    TextJsonl,
-}
-
-/// How example files are read (shared by `train linear` and `predict`).
-#[derive(Debug, Clone)]
-#[cfg_attr(feature = "cli", derive(clap::Args))]
-pub struct InputConfig {
-    /// Input format.
-    #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t = InputFormat::Libsvm))]
-    pub format: InputFormat,
-    /// JSON field with the text (text-jsonl).
-    #[cfg_attr(feature = "cli", arg(long, default_value = "text"))]
-    pub text_field: String,
-    /// JSON field with the label (text-jsonl).
-    #[cfg_attr(feature = "cli", arg(long, default_value = "label"))]
-    pub label_field: String,
-    /// Fold hashed text features into 2^N keys (text-jsonl).
-    #[cfg_attr(feature = "cli", arg(long))]
-    pub hash_bits: Option<u32>,
-    /// Add bigram features (text-jsonl).
-    #[cfg_attr(feature = "cli", arg(long))]
-    pub bigrams: bool,
-    /// LIBSVM: examples with this label are positive, all others negative (one class against
-    /// the rest). Default: `+1`/`1` positive and `-1`/`0` negative; a file whose first 10,000
-    /// labels are two other numbers (`1`/`2`, `2`/`4`) takes the larger as positive.
-    #[cfg_attr(feature = "cli", arg(long, value_name = "L"))]
-    pub positive_label: Option<f64>,
-}
-
-impl Default for InputConfig {
-    /// LIBSVM; for text-jsonl the fields `text` and `label`, no folding, no bigrams.
-    fn default() -> Self {
-        InputConfig {
-            format: InputFormat::Libsvm,
-            text_field: "text".into(),
-            label_field: "label".into(),
-            hash_bits: None,
-            bigrams: false,
-            positive_label: None,
-        }
-    }
-}
-
-impl InputConfig {
-    /// The reader settings these flags describe for the files whose first file is `sample`:
-    /// without `--positive-label`, a LIBSVM file's label rule is the one its first 10,000
-    /// labels call for ([`Labels::detect`]), said in a log line when it is not the standard
-    /// one; labels that are not two classes are an error asking for `--positive-label`.
-    pub fn data_format_for(&self, sample: &Path) -> Result<Format> {
-        if self.format == InputFormat::Libsvm && self.positive_label.is_none() {
-            let seen = label_values(sample, 10_000)?;
-            let labels = Labels::detect(&seen).map_err(|e| anyhow::anyhow!("{}: {e}", sample.display()))?;
-            if let Labels::Positive(p) = labels {
-                tracing::info!("{}: labels {seen:?}: {p} is the positive class (--positive-label to choose)", sample.display());
-            }
-            return Ok(Format::Libsvm(labels));
-        }
-        Ok(self.data_format())
-    }
-
-    /// The reader settings these flags describe (standard LIBSVM labels unless
-    /// `--positive-label`).
-    pub fn data_format(&self) -> Format {
-        match self.format {
-            InputFormat::Libsvm => Format::Libsvm(self.positive_label.map_or(Labels::Standard, Labels::Positive)),
-            InputFormat::TextJsonl => Format::TextJsonl(TextOptions {
-                text_field: self.text_field.clone(),
-                label_field: self.label_field.clone(),
-                hash_bits: self.hash_bits,
-                bigrams: self.bigrams,
-            }),
-        }
-    }
-}
-
-/// Flags of `train linear`.
-#[derive(Debug, Clone)]
-#[cfg_attr(feature = "cli", derive(clap::Args))]
-pub struct LinearConfig {
-    /// Training files (LIBSVM, optionally gzipped).
-    #[cfg_attr(feature = "cli", arg(long, required = true, num_args = 1..))]
-    pub train: Vec<PathBuf>,
-    /// Test file, evaluated after every epoch.
-    #[cfg_attr(feature = "cli", arg(long))]
-    pub test: Option<PathBuf>,
-    #[cfg_attr(feature = "cli", command(flatten))]
-    pub input: InputConfig,
-    /// Learn an intercept: every example gets the constant feature 1 (id
-    /// `downpour_data::BIAS_ID`, regularised like the others, as liblinear's `-B 1`); its
-    /// weight is in the exported model and `predict` adds it.
-    #[cfg_attr(feature = "cli", arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL"))]
-    pub bias: bool,
-    /// `auto` (the batch solver for files up to 256 MiB unless a streaming option is set,
-    /// see docs/experiments.md), `sgd`, `lbfgs` (L2) or `owlqn` (L1).
-    #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t = Algorithm::Auto))]
-    pub algorithm: Algorithm,
-    /// `lbfgs`, `owlqn`: the inverse regularisation strength C of `½‖w‖² + C Σ loss`
-    /// (`‖w‖₁ + C Σ loss` for owlqn; liblinear's `-c`).
-    #[cfg_attr(feature = "cli", arg(long, default_value_t = 1.0))]
-    pub c: f32,
-    /// `lbfgs`, `owlqn`: stop once ‖∇f‖ ≤ ε · max(min(#pos, #neg), 1) / n · ‖∇f(0)‖ (liblinear's `-e`;
-    /// a tenth of liblinear's default, as L-BFGS's gradient falls less steadily than Newton's:
-    /// it then reaches at least the objective liblinear reaches with its default).
-    #[cfg_attr(feature = "cli", arg(long, default_value_t = 0.001))]
-    pub epsilon: f32,
-    /// `lbfgs`, `owlqn`: history pairs kept (each is two vectors over the feature ids on the servers).
-    #[cfg_attr(feature = "cli", arg(long, default_value_t = 20))]
-    pub lbfgs_memory: usize,
-    /// `lbfgs`, `owlqn`: at most this many iterations.
-    #[cfg_attr(feature = "cli", arg(long, default_value_t = 1000))]
-    pub max_iter: usize,
-    /// Passes over the training data (`sgd`). Default: 1 when the training files total more
-    /// than 256 MiB (millions of examples: more passes overfit), 5 otherwise.
-    #[cfg_attr(feature = "cli", arg(long))]
-    pub epochs: Option<usize>,
-    /// Examples per minibatch.
-    #[cfg_attr(feature = "cli", arg(long, default_value_t = 100))]
-    pub batch: usize,
-    /// Consistency of the model's pulls: `async` (no waiting), `ssp:TAU` (a pull at clock c
-    /// sees every worker's updates of clocks up to c − TAU − 1) or `bsp` (= `ssp:0`). One
-    /// clock is one minibatch.
-    #[cfg_attr(feature = "cli", arg(long, default_value = "async", value_parser = parse_consistency))]
-    pub consistency: Consistency,
-    /// With `--consistency bsp`: how the servers combine a round's pushes. `none` applies
-    /// each worker's gradient in rank order; `sum` adds them per key and applies the rule
-    /// once (large-batch SGD); `avg` divides that sum by the round's contributors.
-    #[cfg_attr(feature = "cli", arg(long, default_value = "none", value_parser = parse_aggregate))]
-    pub aggregate: Aggregate,
-    /// With `--consistency bsp`: apply each round once all but B workers completed it; the
-    /// late pushes are dropped and counted (`dropped_pushes` in the metrics).
-    #[cfg_attr(feature = "cli", arg(long, default_value_t = 0, value_name = "B"))]
-    pub backup_workers: u32,
-    /// Message filters on the model's pushes and pulls, comma-separated: `sigmod:T`
-    /// (send a weight's gradient only once its accumulated change exceeds T; the rest waits,
-    /// never lost), `f16`, `bf16` or `q8` (low-precision values; pushes carry their rounding
-    /// error forward), `keycache[:SLOTS]` (a key list the server has seen goes as a 128-bit
-    /// signature) and `lz4` or `zstd[:LEVEL]`. Traffic before and after each filter is in
-    /// the metrics (`filters`).
-    #[cfg_attr(feature = "cli", arg(long, default_value = "none", value_parser = parse_filters))]
-    pub filters: FilterSpec,
-    /// Update rule on the servers.
-    #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t = Optimizer::Ftrl))]
-    pub optimizer: Optimizer,
-    /// Scale-free updates (FTRL and AdaGrad): the servers keep each feature's largest |value|
-    /// seen and divide its steps by it, as Vowpal Wabbit's `--normalized` does, so raw columns
-    /// in the thousands beside ratios below 1 need no rescaling. Each pushed and pulled row
-    /// carries that maximum beside the weight. `false`: the plain rules. Default: true, but
-    /// false with `--aggregate sum|avg` or the `sigmod` filter, which add pushed rows and so
-    /// would add the maxima too, and false when every feature's largest |value| in the first
-    /// 10,000 training examples is 1 (binary features: the scale-free rule would take exactly
-    /// the plain rule's steps, with twice the values on the wire).
-    #[cfg_attr(feature = "cli", arg(long, value_name = "BOOL"))]
-    pub normalize: Option<bool>,
-    /// Learning rate (α for FTRL; 0.1 suits millions of examples and one epoch).
-    #[cfg_attr(feature = "cli", arg(long, default_value_t = 0.5))]
-    pub lr: f32,
-    /// L1 strength (FTRL).
-    #[cfg_attr(feature = "cli", arg(long, default_value_t = 0.0))]
-    pub l1: f32,
-    /// L2 strength (FTRL).
-    #[cfg_attr(feature = "cli", arg(long, default_value_t = 0.0))]
-    pub l2: f32,
-    /// Feature value scale: `per-feature` divides each feature's values by that feature's own
-    /// largest |value| among the first 10,000 training examples when it exceeds 1 (counts in
-    /// the thousands beside ratios below 1 each end up in [−1, 1]; features already within
-    /// it, binary or hashed text, are unchanged; a feature not seen there is not scaled);
-    /// `auto` is `none` with the scale-free updates (`--normalize true`, FTRL or AdaGrad),
-    /// which need no scaling, and `per-feature` otherwise; `none` keeps values as they are; a
-    /// number divides every value by that number. The exported model is in the unscaled
-    /// units, so `predict` takes the original files.
-    #[cfg_attr(feature = "cli", arg(long, default_value = "auto", value_parser = parse_scale))]
-    pub scale: Scale,
-    /// Examples are shuffled within a window of this many per epoch (0 or 1: file order).
-    #[cfg_attr(feature = "cli", arg(long, default_value_t = 10_000))]
-    pub shuffle_buffer: usize,
-    /// Seed of the shuffle (and of `--straggler-tail`).
-    #[cfg_attr(feature = "cli", arg(long, default_value_t = 1))]
-    pub seed: u64,
-    /// Make worker ID a straggler: its own work per minibatch (reading, communicating,
-    /// computing; not the time spent held by a staleness bound) takes FACTOR times as long.
-    /// Format `ID:FACTOR`.
-    #[cfg_attr(feature = "cli", arg(long, value_parser = parse_straggler))]
-    pub straggler: Option<(usize, f64)>,
-    /// Slow a random fraction P of every worker's iterations by FACTOR (seeded; public
-    /// clouds see about 5 % of iterations at 2–3×). Format `P:FACTOR`.
-    #[cfg_attr(feature = "cli", arg(long, value_parser = parse_tail))]
-    pub straggler_tail: Option<(f64, f64)>,
-    /// Export the trained model here (safetensors: `keys` U64 [n], `values` F32 [n, 1]).
-    #[cfg_attr(feature = "cli", arg(long))]
-    pub model_out: Option<PathBuf>,
-    /// Write metrics JSON here (worker 0).
-    #[cfg_attr(feature = "cli", arg(long))]
-    pub out: Option<PathBuf>,
-    /// No progress lines.
-    #[cfg_attr(feature = "cli", arg(long))]
-    pub quiet: bool,
-    /// Worker 0 also evaluates the test set every N of its minibatches (0: only at epoch
-    /// ends), recorded in the metrics' `evals` as (wall seconds, test log loss, test AUC):
-    /// a finer curve of quality against time.
-    #[cfg_attr(feature = "cli", arg(long, default_value_t = 0))]
-    pub eval_every: usize,
-}
-
-impl Default for LinearConfig {
-    /// The flags' defaults, with no training file: set `train` (at least one file).
-    fn default() -> Self {
-        LinearConfig {
-            train: Vec::new(),
-            test: None,
-            input: InputConfig::default(),
-            bias: true,
-            algorithm: Algorithm::Auto,
-            c: 1.0,
-            epsilon: 0.001,
-            lbfgs_memory: 20,
-            max_iter: 1000,
-            epochs: None,
-            batch: 100,
-            consistency: Consistency::Async,
-            aggregate: Aggregate::None,
-            backup_workers: 0,
-            filters: FilterSpec::default(),
-            optimizer: Optimizer::Ftrl,
-            normalize: None,
-            lr: 0.5,
-            l1: 0.0,
-            l2: 0.0,
-            scale: Scale::Auto,
-            shuffle_buffer: 10_000,
-            seed: 1,
-            straggler: None,
-            straggler_tail: None,
-            model_out: None,
-            out: None,
-            quiet: false,
-            eval_every: 0,
-        }
-    }
-}
-
-/// How feature values are scaled before training (`--scale`).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Scale {
-    /// No scaling under the scale-free updates ([`LinearConfig::normalize`] with FTRL or
-    /// AdaGrad), [`Scale::PerFeature`] otherwise.
-    Auto,
-    /// Divide each feature by max(1, its own largest |value| in the first 10,000 training
-    /// examples).
-    PerFeature,
-    /// Divide by this.
-    Fixed(f32),
-}
-
-fn parse_factor(f: &str) -> Result<f64, String> {
-    match f.parse::<f64>() {
-        Ok(x) if x.is_finite() && (1.0..=1000.0).contains(&x) => Ok(x),
-        _ => Err(format!("factor {f:?} is not a number between 1 and 1000")),
-    }
-}
-
-/// Parses `--straggler ID:FACTOR`.
-pub fn parse_straggler(s: &str) -> Result<(usize, f64), String> {
-    let (id, f) = s.split_once(':').ok_or_else(|| format!("{s:?} is not ID:FACTOR"))?;
-    let id = id.parse().map_err(|_| format!("{s:?}: worker id {id:?} is not a number"))?;
-    Ok((id, parse_factor(f)?))
-}
-
-/// Parses `--straggler-tail P:FACTOR`.
-pub fn parse_tail(s: &str) -> Result<(f64, f64), String> {
-    let (p, f) = s.split_once(':').ok_or_else(|| format!("{s:?} is not P:FACTOR"))?;
-    match p.parse::<f64>() {
-        Ok(p) if (0.0..=1.0).contains(&p) => Ok((p, parse_factor(f)?)),
-        _ => Err(format!("{s:?}: fraction {p:?} is not between 0 and 1")),
-    }
-}
-
 /// How much longer this worker's work should take: FACTOR − 1 times its duration for the
 /// straggler, and for a seeded random fraction of every worker's iterations.
 struct Slowdown {
@@ -368,34 +63,6 @@ impl Slowdown {
         if f > 1.0 {
             std::thread::sleep(took.mul_f64(f - 1.0));
         }
-    }
-}
-
-/// Parses a consistency model: `async`, `ssp:TAU` or `bsp`.
-pub fn parse_consistency(s: &str) -> Result<Consistency, String> {
-    s.parse().map_err(|e: downpour_core::CoreError| e.to_string())
-}
-
-/// Parses a filter list such as `sigmod:0.01,f16,lz4` (`none`: no filters).
-pub fn parse_filters(s: &str) -> Result<FilterSpec, String> {
-    s.parse().map_err(|e: downpour_core::CoreError| e.to_string())
-}
-
-/// Parses how a bsp round is combined: `none`, `sum` or `avg`.
-pub fn parse_aggregate(s: &str) -> Result<Aggregate, String> {
-    s.parse().map_err(|e: downpour_core::CoreError| e.to_string())
-}
-
-/// Parses `--scale`: `auto`, `per-feature`, `none` or a positive number.
-pub fn parse_scale(s: &str) -> Result<Scale, String> {
-    match s {
-        "auto" => Ok(Scale::Auto),
-        "per-feature" => Ok(Scale::PerFeature),
-        "none" => Ok(Scale::Fixed(1.0)),
-        x => match x.parse::<f32>() {
-            Ok(v) if v.is_finite() && v > 0.0 => Ok(Scale::Fixed(v)),
-            _ => Err(format!("{x:?} is not auto, per-feature, none or a positive number")),
-        },
     }
 }
 
@@ -432,85 +99,6 @@ const STATS: u32 = 11;
 /// Table id of the linear model. Feature id `f` is stored under key `scramble(f)`, so the
 /// model spreads evenly over the servers' key ranges whatever range the ids come from.
 pub const TABLE: u32 = 10;
-
-/// `--algorithm auto` takes the batch solver for training files up to this many bytes.
-pub const AUTO_BATCH_BYTES: u64 = 256 << 20;
-
-impl LinearConfig {
-    /// The streaming options that differ from their defaults (they choose `sgd` under
-    /// `--algorithm auto`, and the batch solver refuses them).
-    pub fn streaming_options(&self) -> Vec<&'static str> {
-        let d = LinearConfig::default();
-        let mut v = Vec::new();
-        let mut check = |set: bool, name: &'static str| {
-            if set {
-                v.push(name)
-            }
-        };
-        check(self.epochs.is_some(), "--epochs");
-        check(self.batch != d.batch, "--batch");
-        check(self.consistency != d.consistency, "--consistency");
-        check(self.aggregate != d.aggregate, "--aggregate");
-        check(self.backup_workers != d.backup_workers, "--backup-workers");
-        check(self.filters != d.filters, "--filters");
-        check(self.optimizer != d.optimizer, "--optimizer");
-        check(self.normalize.is_some(), "--normalize");
-        check(self.lr != d.lr, "--lr");
-        check(self.l1 != d.l1, "--l1");
-        check(self.l2 != d.l2, "--l2");
-        check(self.shuffle_buffer != d.shuffle_buffer, "--shuffle-buffer");
-        check(self.straggler.is_some(), "--straggler");
-        check(self.straggler_tail.is_some(), "--straggler-tail");
-        check(self.eval_every != d.eval_every, "--eval-every");
-        v
-    }
-
-    /// Bytes of the training files (a gzip file counted 4 times its size, an unreadable one
-    /// as very large).
-    pub fn training_bytes(&self) -> u64 {
-        self.train
-            .iter()
-            .map(|f| {
-                let len = std::fs::metadata(f).map_or(u64::MAX / 8, |m| m.len());
-                if f.extension().is_some_and(|e| e == "gz") {
-                    len.saturating_mul(4)
-                } else {
-                    len
-                }
-            })
-            .fold(0u64, u64::saturating_add)
-    }
-
-    /// The passes `sgd` makes: `--epochs`, or by default 1 for training files above
-    /// [`AUTO_BATCH_BYTES`] and 5 for smaller ones.
-    pub fn epochs(&self) -> usize {
-        self.epochs.unwrap_or(if self.training_bytes() > AUTO_BATCH_BYTES { 1 } else { 5 })
-    }
-
-    /// The algorithm `--algorithm` means for these files: `auto` resolved by the size of the
-    /// training files and the streaming options (see [`Algorithm::Auto`]); `checkpointing` and
-    /// `replicated` jobs stream (the batch solver neither resumes nor runs its vector programs
-    /// on replicated tables).
-    pub fn resolved_algorithm(&self, checkpointing: bool, replicated: bool) -> Algorithm {
-        match self.algorithm {
-            Algorithm::Auto => {
-                if self.training_bytes() <= AUTO_BATCH_BYTES && self.streaming_options().is_empty() && !checkpointing && !replicated {
-                    Algorithm::Lbfgs
-                } else {
-                    Algorithm::Sgd
-                }
-            }
-            a => a,
-        }
-    }
-
-    /// Whether the servers run a scale-free rule (`--normalize` with FTRL or AdaGrad): rows
-    /// are then `(w, the feature's largest |value|)`.
-    pub fn normalized(&self) -> bool {
-        let adds_rows = self.aggregate != Aggregate::None || self.filters.sigmod.is_some();
-        self.optimizer != Optimizer::Sgd && self.normalize.unwrap_or(!adds_rows)
-    }
-}
 
 /// Values per row of the model table: the weight, and with the scale-free rules
 /// (`normalized`) the feature's largest |value|.
@@ -568,63 +156,6 @@ fn spawn_reader(mut reader: ShareReader, batch: usize) -> Result<Receiver<BatchM
     Ok(rx)
 }
 
-/// One evaluation: (wall seconds since training started, test log loss, test AUC).
-type EvalPoint = (f64, f64, Option<f64>);
-
-/// Evaluates the test set on its own thread whenever asked (requests that come while one
-/// is running are merged into the next), recording (wall seconds, log loss, AUC).
-struct Evaluator {
-    tx: std::sync::mpsc::Sender<()>,
-    thread: std::thread::JoinHandle<Result<Vec<EvalPoint>>>,
-}
-
-impl Evaluator {
-    fn spawn(mut kv: KvClient, test: TestSet, t0: Instant) -> Result<Evaluator> {
-        let (tx, rx) = std::sync::mpsc::channel::<()>();
-        let thread = std::thread::Builder::new()
-            .name("evaluator".into())
-            .spawn(move || {
-                let mut out = Vec::new();
-                while rx.recv().is_ok() {
-                    while rx.try_recv().is_ok() {}
-                    let m = evaluate(&mut kv, &test)?;
-                    out.push((t0.elapsed().as_secs_f64(), m.logloss, m.auc));
-                }
-                Ok(out)
-            })
-            .context("cannot start the evaluator thread")?;
-        Ok(Evaluator { tx, thread })
-    }
-
-    /// Asks for an evaluation of the current weights (returns at once).
-    fn request(&self) {
-        // A failed send means the thread ended on an error, which finish() reports.
-        let _ = self.tx.send(());
-    }
-
-    /// Stops after the evaluation under way; returns every point, in time order.
-    fn finish(self) -> Result<Vec<EvalPoint>> {
-        drop(self.tx);
-        match self.thread.join() {
-            Ok(r) => r.context("evaluation failed"),
-            Err(_) => anyhow::bail!("the evaluator thread panicked"),
-        }
-    }
-}
-
-struct EpochMetrics {
-    auc: Option<f64>,
-    logloss: f64,
-    accuracy: f64,
-    examples: usize,
-}
-
-/// The weights of pulled rows of `row` values (the weight first), into `w`.
-fn weights_of(rows: &[f32], row: usize, w: &mut Vec<f32>) {
-    w.clear();
-    w.extend(rows.iter().step_by(row));
-}
-
 /// The rows to push for a minibatch's summed gradient `grad`: the gradient alone, or with
 /// the scale-free rules `(gradient, the feature's largest |value| in the minibatch)`.
 fn pushed_rows(b: &Batch, grad: &[f32], row: usize, out: &mut Vec<f32>) {
@@ -641,45 +172,6 @@ fn pushed_rows(b: &Batch, grad: &[f32], row: usize, out: &mut Vec<f32>) {
         let m = &mut out[j as usize * 2 + 1];
         *m = m.max(v.abs());
     }
-}
-
-/// The test file and how to read it as the training files are read.
-#[derive(Clone)]
-struct TestSet {
-    path: PathBuf,
-    format: Format,
-    batch: usize,
-    scale: Arc<Scaling>,
-    /// Values per row of the model table.
-    row: usize,
-    bias: bool,
-}
-
-/// Scores the test set with the servers' current weights, read with `kv` (peeks: no key is
-/// created, nothing waits for clocks).
-fn evaluate(kv: &mut KvClient, t: &TestSet) -> Result<EpochMetrics> {
-    let mut r = ShareReader::for_worker(std::slice::from_ref(&t.path), &t.format, 0, 1)?
-        .with_bias(t.bias)
-        .with_key_map(scramble)
-        .with_scaling(t.scale.clone());
-    let (mut p, mut y) = (Vec::new(), Vec::new());
-    let (mut rows, mut w) = (Vec::new(), Vec::new());
-    while let Some(b) = r.next_batch(t.batch.max(1000))? {
-        rows.resize(b.keys.len() * t.row, 0.0);
-        // A read-only pull: test-only keys are not created on the servers.
-        kv.peek_into(TABLE, &b.keys, &mut rows)?;
-        weights_of(&rows, t.row, &mut w);
-        for i in 0..b.len() {
-            p.push(linear::sigmoid(linear::margin(&b, &w, i)));
-            y.push(b.labels[i]);
-        }
-    }
-    Ok(EpochMetrics {
-        auc: metrics::auc(&p, &y),
-        logloss: metrics::logloss(&p, &y),
-        accuracy: metrics::accuracy(&p, &y),
-        examples: p.len(),
-    })
 }
 
 /// Runs `train linear` on one worker.
@@ -726,7 +218,7 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
                 AUTO_BATCH_BYTES >> 20
             );
         }
-        return crate::linear_lbfgs::run(a, s, report, &format, algorithm == Algorithm::Owlqn);
+        return lbfgs::run(a, s, report, &format, algorithm == Algorithm::Owlqn);
     }
     // The scale-free rule takes the plain rule's steps when every feature's largest value is 1
     // (binary features): by default the plain rule then, whose rows carry no maximum.
