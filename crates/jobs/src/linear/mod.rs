@@ -156,14 +156,10 @@ fn spawn_reader(mut reader: ShareReader, batch: usize) -> Result<Receiver<BatchM
     Ok(rx)
 }
 
-/// The rows to push for a minibatch's summed gradient `grad`: the gradient alone, or with
-/// the scale-free rules `(gradient, the feature's largest |value| in the minibatch)`.
-fn pushed_rows(b: &Batch, grad: &[f32], row: usize, out: &mut Vec<f32>) {
+/// The scale-free rules' rows to push for a minibatch's summed gradient `grad`: `(gradient,
+/// the feature's largest |value| in the minibatch)` per key.
+fn pushed_rows(b: &Batch, grad: &[f32], out: &mut Vec<f32>) {
     out.clear();
-    if row == 1 {
-        out.extend_from_slice(grad);
-        return;
-    }
     out.resize(grad.len() * 2, 0.0);
     for (o, g) in out.chunks_exact_mut(2).zip(grad) {
         o[0] = *g;
@@ -365,9 +361,15 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
                 None => None,
             };
             let rows = s.kv.wait_values(ts)?;
-            weights_of(&rows, row, &mut w);
+            // Rows of one value are the weights; the scale-free rows carry the maximum too.
+            let weights: &[f32] = if row == 1 {
+                &rows
+            } else {
+                weights_of(&rows, row, &mut w);
+                &w
+            };
             grad.resize(b.keys.len(), 0.0);
-            let l = linear::loss_and_gradient(&b, &w, &mut grad);
+            let l = linear::loss_and_gradient(&b, weights, &mut grad);
             // Push the sum of the examples' gradients: the per-coordinate adaptive rules
             // (FTRL, AdaGrad) expect per-example gradient mass, not a batch mean.
             let n = b.len() as f32;
@@ -378,8 +380,12 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
             let held = s.kv.held();
             slowdown.apply(mark.elapsed().saturating_sub(held - held_mark));
             (mark, held_mark) = (Instant::now(), held);
-            pushed_rows(&b, &grad, row, &mut pushed);
-            s.kv.push(TABLE, &b.keys, &pushed)?;
+            if row == 1 {
+                s.kv.push(TABLE, &b.keys, &grad)?;
+            } else {
+                pushed_rows(&b, &grad, &mut pushed);
+                s.kv.push(TABLE, &b.keys, &pushed)?;
+            }
             s.kv.clock()?;
             in_epoch += 1;
             s.checkpoint_point(|| format!("{epoch}:{in_epoch}"))?;
