@@ -398,6 +398,75 @@ fn mixed_feature_scales_train_well_by_default_and_warn_only_under_a_rule_that_is
     assert!((ll - trained).abs() < 1e-5, "predict logloss {ll} vs training-time {trained}");
 }
 
+/// Writes `n` rows of a tabular file: 6 columns, every row fills them all, each column an
+/// offset plus a scale times a standard-ish draw (offsets 0 to 5,000, scales 0.01 to 800), the
+/// label drawn from σ(Σ w_k z_k) of the draws.
+fn write_tabular(path: &Path, n: usize, seed: u64) {
+    let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut unit = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        (x >> 11) as f64 / (1u64 << 53) as f64
+    };
+    let (offset, scale, w) = ([5000.0, 0.5, 30.0, 0.0, 2.0, 100.0], [800.0, 0.01, 5.0, 1.0, 0.3, 60.0], [1.5, -2.0, 1.0, 0.0, -0.5, 0.8]);
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+    for _ in 0..n {
+        // the sum of three uniforms, centred: mean 0, variance 1/4
+        let z: Vec<f64> = (0..6).map(|_| (unit() + unit() + unit() - 1.5) * 2.0).collect();
+        let p = 1.0 / (1.0 + (-(0..6).map(|k| w[k] * z[k]).sum::<f64>()).exp());
+        write!(f, "{}", if unit() < p { "+1" } else { "-1" }).unwrap();
+        for k in 0..6 {
+            write!(f, " {}:{}", k + 1, offset[k] + scale[k] * z[k]).unwrap();
+        }
+        writeln!(f).unwrap();
+    }
+}
+
+#[test]
+fn tabular_files_are_standardized_by_default_for_the_batch_solver_and_exported_models_take_raw_values() {
+    let d = tempfile::tempdir().unwrap();
+    let (tr, te, out, model, preds) =
+        (d.path().join("tr.svm"), d.path().join("te.svm"), d.path().join("m.json"), d.path().join("w.safetensors"), d.path().join("p.txt"));
+    write_tabular(&tr, 3_000, 21);
+    write_tabular(&te, 1_000, 22);
+    let train = |extra: &[&str]| {
+        let o = downpour()
+            .env("DOWNPOUR_LOG", "info")
+            .args(["train", "linear", "--train", tr.to_str().unwrap(), "--test", te.to_str().unwrap(), "--workers", "2"])
+            .args(["--out", out.to_str().unwrap(), "--model-out", model.to_str().unwrap()])
+            .args(extra)
+            .output()
+            .unwrap();
+        let log = String::from_utf8_lossy(&o.stderr).to_string();
+        assert!(o.status.success(), "{log}");
+        (log, metrics(&out))
+    };
+    let mut auc = std::collections::HashMap::new();
+    for (extra, algorithm, scale) in [
+        (&[][..], "lbfgs", "standardize"),
+        (&["--scale", "none"][..], "lbfgs", "none"),
+        (&["--algorithm", "sgd", "--scale", "standardize"][..], "sgd", "standardize"),
+    ] {
+        let (log, m) = train(extra);
+        assert_eq!((m["algorithm"].as_str(), m["scale"].as_str()), (Some(algorithm), Some(scale)), "{m}");
+        assert_eq!(log.contains("--scale standardize: 6 dense features centred"), scale == "standardize", "{log}");
+        // the exported model, on the raw values (the centring in its intercept), scores the
+        // test file as the job did
+        let ll = predict_logloss(&model, &te, &preds);
+        let trained = m["test_logloss"].as_f64().unwrap();
+        assert!((ll - trained).abs() < 2e-4, "{extra:?}: predict logloss {ll} vs training-time {trained}");
+        auc.insert(extra.join(" "), m["test_auc"].as_f64().unwrap());
+    }
+    // standardised, both learn the hidden model; on the raw values the regularised intercept
+    // cannot reach the offset of a column in the thousands, and the model is far worse
+    assert!(auc[""] > 0.9 && auc["--algorithm sgd --scale standardize"] > 0.9, "{auc:?}");
+    assert!(auc["--scale none"] < auc[""] - 0.05, "{auc:?}");
+    let bad = downpour().args(["train", "linear", "--train", tr.to_str().unwrap(), "--scale", "zscore"]).output().unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("standardize"), "{}", String::from_utf8_lossy(&bad.stderr));
+}
+
 #[test]
 fn bounded_staleness_is_never_exceeded_on_a_live_cluster() {
     let d = tempfile::tempdir().unwrap();

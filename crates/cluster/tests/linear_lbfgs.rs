@@ -2,7 +2,7 @@
 //! liblinear's L2 objective, computed here by Newton's method on the same examples.
 
 use downpour_cluster::{run_embedded, Settings};
-use downpour_jobs::linear::{Algorithm, LinearConfig};
+use downpour_jobs::linear::{Algorithm, LinearConfig, Scale};
 use downpour_jobs::{Collector, Job, TrainModel};
 use std::path::Path;
 
@@ -119,6 +119,8 @@ fn lbfgs_reaches_the_l2_objectives_minimiser_on_columns_of_very_different_scales
         train: vec![tr],
         test: Some(te),
         algorithm: Algorithm::Lbfgs,
+        // the objective on the values as they are (not standardised), as computed here
+        scale: Scale::Fixed(1.0),
         epsilon: 1e-6,
         model_out: Some(model.clone()),
         quiet: true,
@@ -196,6 +198,8 @@ fn owlqn_reaches_the_l1_objectives_minimiser_and_its_zeros() {
     let cfg = LinearConfig {
         train: vec![tr],
         algorithm: Algorithm::Owlqn,
+        // the objective on the values as they are (not standardised), as computed here
+        scale: Scale::Fixed(1.0),
         epsilon: 1e-6,
         model_out: Some(model.clone()),
         quiet: true,

@@ -11,6 +11,8 @@
 //! * [`Format`] / [`ExampleReader`]: one reader over both formats;
 //! * [`lines`] / [`share`]: each worker's share of the input (byte ranges of plain files,
 //!   every W-th line of gzip files), read with a seeded per-epoch shuffle buffer;
+//! * [`scaling`]: per-feature division and standardisation of values (`--scale`), with
+//!   the map back to a model on the original values;
 //! * [`batch`]: minibatches as the parameter server wants them: the sorted, unique union of
 //!   the examples' keys (what a worker pulls and pushes) plus each example's features as
 //!   indices into that union.
@@ -26,6 +28,7 @@ pub mod batch;
 pub mod idx;
 pub mod libsvm;
 pub mod lines;
+pub mod scaling;
 pub mod share;
 pub mod synth;
 pub mod text;

@@ -3,6 +3,7 @@
 use crate::batch::Batch;
 use crate::libsvm::DataError;
 use crate::lines::{plan_share, Piece};
+use crate::scaling::Scaling;
 use crate::{Example, ExampleReader, Format};
 use std::path::PathBuf;
 
@@ -24,6 +25,8 @@ pub struct ShareReader {
     key_map: Option<fn(u64) -> u64>,
     /// How values are divided as they are read (none: unchanged).
     scaling: Option<std::sync::Arc<Scaling>>,
+    /// Scratch for [`Scaling::apply`]: which centred features an example has.
+    seen: Vec<bool>,
     /// Append the constant feature [`crate::BIAS_ID`] = 1 to every example.
     bias: bool,
 }
@@ -49,6 +52,7 @@ impl ShareReader {
             done_bytes: 0,
             key_map: None,
             scaling: None,
+            seen: Vec::new(),
             bias: false,
         }
     }
@@ -101,7 +105,7 @@ impl ShareReader {
                         ex.values.push(1.0);
                     }
                     if let Some(sc) = &self.scaling {
-                        sc.apply(&ex.keys, &mut ex.values);
+                        sc.apply(&mut ex.keys, &mut ex.values, &mut self.seen);
                     }
                     if let Some(map) = self.key_map {
                         for k in ex.keys.iter_mut() {
@@ -179,117 +183,9 @@ impl ShareReader {
     }
 }
 
-/// Each feature's largest |value| among the first `n` examples of `path` (features seen
-/// there only).
-pub fn feature_maxima(path: &std::path::Path, format: &Format, n: usize) -> Result<std::collections::HashMap<u64, f32>, DataError> {
-    let mut r = ExampleReader::open(path, format)?;
-    let mut ex = Example::default();
-    let mut max: std::collections::HashMap<u64, f32> = Default::default();
-    for _ in 0..n {
-        if !r.next_into(&mut ex)? {
-            break;
-        }
-        for (k, v) in ex.keys.iter().zip(&ex.values) {
-            let m = max.entry(*k).or_insert(0.0);
-            *m = m.max(v.abs());
-        }
-    }
-    Ok(max)
-}
-
-/// How feature values are divided before training: by one number for every feature, and
-/// each listed feature (by its id in the file) by its own number too. A model learnt on
-/// the divided values applies to the original ones once each weight is divided by its
-/// feature's [`Scaling::divisor`].
-#[derive(Clone, Debug, PartialEq)]
-pub struct Scaling {
-    /// Every value is divided by this (1: unchanged).
-    pub all: f32,
-    /// Feature id → its own divisor (features not listed: 1).
-    pub per_feature: std::collections::HashMap<u64, f32>,
-}
-
-impl Default for Scaling {
-    fn default() -> Self {
-        Scaling { all: 1.0, per_feature: Default::default() }
-    }
-}
-
-impl Scaling {
-    /// Every value divided by `all`.
-    pub fn all(all: f32) -> Scaling {
-        Scaling { all, ..Default::default() }
-    }
-
-    /// Each feature whose largest |value| among the first `n` examples of `path` exceeds 1
-    /// divided by that value (a count in the thousands and a ratio below 1 both end up in
-    /// [−1, 1]); features within [−1, 1] there, or not seen there, unchanged.
-    pub fn per_feature_max(path: &std::path::Path, format: &Format, n: usize) -> Result<Scaling, DataError> {
-        Ok(Scaling::from_maxima(feature_maxima(path, format, n)?))
-    }
-
-    /// [`Scaling::per_feature_max`] from the maxima [`feature_maxima`] found.
-    pub fn from_maxima(mut max: std::collections::HashMap<u64, f32>) -> Scaling {
-        max.retain(|_, m| *m > 1.0 && m.is_finite());
-        Scaling { all: 1.0, per_feature: max }
-    }
-
-    /// The largest per-feature divisor (1 when none is listed): with [`Scaling::per_feature_max`],
-    /// the largest |value| of the examples looked at, when above 1.
-    pub fn largest(&self) -> f32 {
-        self.per_feature.values().fold(1f32, |m, v| m.max(*v))
-    }
-
-    /// What feature `id`'s values are divided by.
-    pub fn divisor(&self, id: u64) -> f32 {
-        self.all * self.per_feature.get(&id).copied().unwrap_or(1.0)
-    }
-
-    /// Nothing is divided.
-    pub fn is_identity(&self) -> bool {
-        self.all == 1.0 && self.per_feature.is_empty()
-    }
-
-    /// Divides `values[i]` (of feature `keys[i]`, ids as in the file).
-    pub fn apply(&self, keys: &[u64], values: &mut [f32]) {
-        if self.all != 1.0 {
-            let f = 1.0 / self.all;
-            values.iter_mut().for_each(|v| *v *= f);
-        }
-        if !self.per_feature.is_empty() {
-            for (k, v) in keys.iter().zip(values.iter_mut()) {
-                if let Some(d) = self.per_feature.get(k) {
-                    *v /= d;
-                }
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn per_feature_scaling_brings_each_large_feature_into_unit_range_and_leaves_small_ones() {
-        let d = tempfile::tempdir().unwrap();
-        let p = d.path().join("t.svm");
-        std::fs::write(&p, "1 1:2500 2:0.5 3:-8\n0 1:1000 2:0.25\n1 1:40 4:1\n").unwrap();
-        let sc = Scaling::per_feature_max(&p, &Format::Libsvm(Default::default()), 10).unwrap();
-        assert_eq!(sc.divisor(1), 2500.0);
-        assert_eq!(sc.divisor(3), 8.0);
-        assert_eq!((sc.divisor(2), sc.divisor(4), sc.divisor(99)), (1.0, 1.0, 1.0), "small, unit and unseen features stay");
-        let mut r = ShareReader::for_worker(std::slice::from_ref(&p), &Format::Libsvm(Default::default()), 0, 1)
-            .unwrap()
-            .with_scaling(std::sync::Arc::new(sc));
-        let b = r.next_batch(10).unwrap().unwrap();
-        assert!(b.values.iter().all(|v| v.abs() <= 1.0), "{:?}", b.values);
-        assert!(b.values.contains(&0.5) && b.values.contains(&-1.0) && b.values.contains(&0.4), "{:?}", b.values);
-        // only the first n examples are looked at
-        let first = Scaling::per_feature_max(&p, &Format::Libsvm(Default::default()), 1).unwrap();
-        assert_eq!(first.divisor(1), 2500.0);
-        assert_eq!(Scaling::all(4.0).divisor(7), 4.0);
-    }
 
     #[test]
     fn shares_of_all_workers_cover_the_input_once_with_and_without_shuffle() {

@@ -211,14 +211,19 @@ pub struct LinearConfig {
     /// L2 strength (FTRL).
     #[cfg_attr(feature = "cli", arg(long, default_value_t = 0.0))]
     pub l2: f32,
-    /// Feature value scale: `per-feature` divides each feature's values by that feature's own
-    /// largest |value| among the first 10,000 training examples when it exceeds 1 (counts in
-    /// the thousands beside ratios below 1 each end up in [−1, 1]; features already within
-    /// it, binary or hashed text, are unchanged; a feature not seen there is not scaled);
-    /// `auto` is `none` with the scale-free updates (`--normalize true`, FTRL or AdaGrad),
-    /// which need no scaling, and `per-feature` otherwise; `none` keeps values as they are; a
-    /// number divides every value by that number. The exported model is in the unscaled
-    /// units, so `predict` takes the original files.
+    /// Feature value transform, with statistics from the first 10,000 training examples:
+    /// `standardize` makes each dense feature (present in at least half of them: a tabular
+    /// file's columns) `(x − mean) / standard deviation`, and divides every other feature by
+    /// its largest |value| when that exceeds 1; `per-feature` divides each feature by its own
+    /// largest |value| when that exceeds 1 (counts in the thousands beside ratios below 1 each
+    /// end up in [−1, 1]; binary or hashed text unchanged; a feature not seen there is not
+    /// scaled); `none` keeps values as they are; a number divides every value by it. `auto`:
+    /// for the batch solvers `standardize` when the dense features hold at least half of the
+    /// sample's non-zero values (tabular data: the regulariser then weighs every column in
+    /// the same units) and `none` otherwise; for `sgd`, `none` under the scale-free updates
+    /// (`--normalize true`, FTRL or AdaGrad) and `per-feature` otherwise. The exported model
+    /// is on the original values (weights divided back, the centring folded into the
+    /// intercept), so `predict` takes the original files.
     #[cfg_attr(feature = "cli", arg(long, default_value = "auto", value_parser = parse_scale))]
     pub scale: Scale,
     /// Examples are shuffled within a window of this many per epoch (0 or 1: file order).
@@ -292,12 +297,18 @@ impl Default for LinearConfig {
 /// How feature values are scaled before training (`--scale`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Scale {
-    /// No scaling under the scale-free updates ([`LinearConfig::normalize`] with FTRL or
-    /// AdaGrad), [`Scale::PerFeature`] otherwise.
+    /// For the batch solvers [`Scale::Standardize`] on tabular data (dense features hold at
+    /// least half of the non-zero values), none otherwise; for `sgd` none under the
+    /// scale-free updates ([`LinearConfig::normalize`] with FTRL or AdaGrad),
+    /// [`Scale::PerFeature`] otherwise.
     Auto,
     /// Divide each feature by max(1, its own largest |value| in the first 10,000 training
     /// examples).
     PerFeature,
+    /// Standardise the dense features and divide the others by max(1, their largest
+    /// |value|), from the first 10,000 training examples
+    /// ([`downpour_data::scaling::Scaling::from_moments`]).
+    Standardize,
     /// Divide by this.
     Fixed(f32),
 }
@@ -340,15 +351,16 @@ pub fn parse_aggregate(s: &str) -> Result<Aggregate, String> {
     s.parse().map_err(|e: downpour_core::CoreError| e.to_string())
 }
 
-/// Parses `--scale`: `auto`, `per-feature`, `none` or a positive number.
+/// Parses `--scale`: `auto`, `standardize`, `per-feature`, `none` or a positive number.
 pub fn parse_scale(s: &str) -> Result<Scale, String> {
     match s {
         "auto" => Ok(Scale::Auto),
         "per-feature" => Ok(Scale::PerFeature),
+        "standardize" => Ok(Scale::Standardize),
         "none" => Ok(Scale::Fixed(1.0)),
         x => match x.parse::<f32>() {
             Ok(v) if v.is_finite() && v > 0.0 => Ok(Scale::Fixed(v)),
-            _ => Err(format!("{x:?} is not auto, per-feature, none or a positive number")),
+            _ => Err(format!("{x:?} is not auto, standardize, per-feature, none or a positive number")),
         },
     }
 }

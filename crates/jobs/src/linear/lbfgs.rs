@@ -19,7 +19,9 @@
 //! the square root of the L2 objective's Hessian diagonal at w = 0 (a Jacobi preconditioner:
 //! raw columns in the thousands beside ratios below 1 make the plain problem badly
 //! conditioned), with the regulariser written in the original units, so the minimiser is
-//! the same: `--scale` has no effect on it. It stops, like liblinear's `-e`, once
+//! the same. `--scale` transforms the values before (by default, `auto`, it standardises
+//! tabular files, so the regulariser weighs every column in the same units; the exported
+//! model is mapped back to the original values). It stops, like liblinear's `-e`, once
 //! `‖∇f‖ ≤ ε · max(min(#pos, #neg), 1) / n · ‖∇f(0)‖` (with L1, of the pseudo-gradient).
 
 use crate::dnn_lbfgs::Servers;
@@ -33,11 +35,13 @@ use downpour_core::table::{Storage, TableDef};
 use downpour_core::vecops::VecInstr;
 use downpour_core::KeyRange;
 use downpour_data::batch::Batch;
+use downpour_data::scaling::Scaling;
 use downpour_data::share::ShareReader;
 use downpour_data::Format;
 use downpour_nn::lbfgs::{L1Tables, Lbfgs, Outcome, Tables};
 use downpour_worker::WorkerSession;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// The most distinct feature ids the solver takes: its 4 + 2·memory dense vectors over them
@@ -90,8 +94,8 @@ struct Share {
     ids: Vec<u64>,
 }
 
-fn load(a: &LinearConfig, s: &WorkerSession, format: &Format) -> Result<Share> {
-    let mut r = ShareReader::for_worker(&a.train, format, s.rank, s.num_workers)?.with_bias(a.bias);
+fn load(a: &LinearConfig, s: &WorkerSession, format: &Format, scale: &Arc<Scaling>) -> Result<Share> {
+    let mut r = ShareReader::for_worker(&a.train, format, s.rank, s.num_workers)?.with_bias(a.bias).with_scaling(scale.clone());
     let mut sh = Share { batches: Vec::new(), examples: 0, positives: 0, ids: Vec::new() };
     while let Some(b) = r.next_batch(1000)? {
         sh.examples += b.len() as u64;
@@ -186,9 +190,17 @@ impl Round<'_> {
     }
 }
 
-/// Test metrics of the weights `w` (original units) of the feature ids `ids` (sorted).
-fn evaluate_test(path: &Path, format: &Format, bias: bool, ids: &[u64], w: &[f32]) -> Result<(Option<f64>, f64, f64, usize)> {
-    let mut r = ShareReader::for_worker(&[path.to_path_buf()], format, 0, 1)?.with_bias(bias);
+/// Test metrics of the weights `w` (on the values transformed by `scale`) of the feature ids
+/// `ids` (sorted).
+fn evaluate_test(
+    path: &Path,
+    format: &Format,
+    bias: bool,
+    scale: &Arc<Scaling>,
+    ids: &[u64],
+    w: &[f32],
+) -> Result<(Option<f64>, f64, f64, usize)> {
+    let mut r = ShareReader::for_worker(&[path.to_path_buf()], format, 0, 1)?.with_bias(bias).with_scaling(scale.clone());
     let (mut p, mut y, mut wb) = (Vec::new(), Vec::new(), Vec::new());
     while let Some(b) = r.next_batch(1000)? {
         wb.clear();
@@ -201,15 +213,15 @@ fn evaluate_test(path: &Path, format: &Format, bias: bool, ids: &[u64], w: &[f32
     Ok((metrics::auc(&p, &y), metrics::logloss(&p, &y), metrics::accuracy(&p, &y), p.len()))
 }
 
-/// Runs `train linear --algorithm lbfgs` on one worker (worker 0 drives). `scale` is the
-/// preconditioner (each feature's divisor); `started` when the job began.
-pub(crate) fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report, format: &Format, l1: bool) -> Result<()> {
+/// Runs `train linear --algorithm lbfgs` (`owlqn` with `l1`) on one worker (worker 0
+/// drives), on the values transformed by `scale` (every worker the same).
+pub(crate) fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report, format: &Format, l1: bool, scale: Arc<Scaling>) -> Result<()> {
     let name = if l1 { "owlqn" } else { "lbfgs" };
     ensure!(a.c.is_finite() && a.c > 0.0, "--c must be a positive number");
     ensure!(a.epsilon.is_finite() && a.epsilon > 0.0, "--epsilon must be a positive number");
     ensure!(a.lbfgs_memory >= 1, "--lbfgs-memory must be at least 1");
     let t0 = Instant::now();
-    let mut sh = load(a, s, format).context("reading the training share")?;
+    let mut sh = load(a, s, format, &scale).context("reading the training share")?;
     // Every worker's facts, so all agree on n and the dimension.
     let w = s.num_workers;
     s.kv.create_table(crate::dnn::table(INFO, "lbfgs-info", w * FACTS * 3, assign(), Consistency::Async))?;
@@ -372,16 +384,21 @@ pub(crate) fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report, form
     s.barrier("lbfgs-eval")?;
     s.barrier("lbfgs-done")?;
     let wall = t0.elapsed().as_secs_f64();
-    // The weights in the original units.
+    // The weights on the transformed values (the preconditioner undone).
     let mut v = vec![0f32; dim];
     s.kv.pull_range_into(TABLE, 0, &mut v)?;
     let weights: Vec<f32> = v.iter().zip(&d).map(|(&x, &d)| x / d).collect();
     let test = match &a.test {
-        Some(t) => Some(evaluate_test(t, format, a.bias, &ids, &weights)?),
+        Some(t) => Some(evaluate_test(t, format, a.bias, &scale, &ids, &weights)?),
         None => None,
     };
     if let Some(path) = &a.model_out {
-        let (keys, values): (Vec<u64>, Vec<f32>) = ids.iter().zip(&weights).filter(|(_, &x)| x != 0.0).map(|(&id, &x)| (id, x)).unzip();
+        // On the original values, in id order.
+        let mut pairs: Vec<(u64, f32)> = ids.iter().copied().zip(weights.iter().copied()).collect();
+        scale.to_original(&mut pairs);
+        pairs.retain(|(_, x)| *x != 0.0);
+        pairs.sort_unstable_by_key(|p| p.0);
+        let (keys, values): (Vec<u64>, Vec<f32>) = pairs.into_iter().unzip();
         crate::model::save(path, &keys, &values, 1)?;
         if !quiet {
             tracing::info!("model with {} keys written to {}", keys.len(), path.display());
@@ -390,6 +407,7 @@ pub(crate) fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report, form
     let traffic = s.kv.traffic();
     let json = serde_json::json!({
         "algorithm": name,
+        "scale": scale.kind(),
         "nonzero_weights": weights.iter().filter(|w| **w != 0.0).count(),
         "test_auc": test.as_ref().and_then(|t| t.0),
         "test_logloss": test.as_ref().map(|t| t.1),
