@@ -50,6 +50,21 @@ fn predict_logloss(model: &Path, data: &Path, preds: &Path) -> f64 {
     p.iter().zip(&labels).map(|(&p, &y)| -(if y { p } else { 1.0 - p }).clamp(1e-15, 1.0).ln()).sum::<f64>() / p.len() as f64
 }
 
+/// Runs embedded `train linear` on `tr` / `te` with `workers` workers, metrics to `out`, the
+/// model to `model`, plus `extra`; returns its info-level log (the run must succeed).
+fn train_logged(tr: &Path, te: &Path, out: &Path, model: &Path, workers: usize, extra: &[&str]) -> String {
+    let o = downpour()
+        .env("DOWNPOUR_LOG", "info")
+        .args(["train", "linear", "--train", tr.to_str().unwrap(), "--test", te.to_str().unwrap()])
+        .args(["--workers", &workers.to_string(), "--out", out.to_str().unwrap(), "--model-out", model.to_str().unwrap()])
+        .args(extra)
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(o.status.success(), "{log}");
+    log
+}
+
 fn metrics(path: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
@@ -350,18 +365,7 @@ fn mixed_feature_scales_train_well_by_default_and_warn_only_under_a_rule_that_is
             .collect();
         std::fs::write(p, scaled).unwrap();
     }
-    let train = |extra: &[&str]| {
-        let o = downpour()
-            .env("DOWNPOUR_LOG", "info")
-            .args(["train", "linear", "--train", tr.to_str().unwrap(), "--test", te.to_str().unwrap(), "--workers", "1"])
-            .args(["--out", out.to_str().unwrap(), "--model-out", model.to_str().unwrap()])
-            .args(extra)
-            .output()
-            .unwrap();
-        let log = String::from_utf8_lossy(&o.stderr).to_string();
-        assert!(o.status.success(), "{log}");
-        log
-    };
+    let train = |extra: &[&str]| train_logged(&tr, &te, &out, &model, 1, extra);
     // the defaults (a file this small: the batch solver, preconditioned) and the streaming
     // learner (scale-free updates on the servers, no scaling) learn it and say nothing
     for (extra, algorithm) in [(&[][..], "lbfgs"), (&["--epochs", "5"][..], "sgd")] {
@@ -430,18 +434,7 @@ fn tabular_files_are_standardized_by_default_for_the_batch_solver_and_exported_m
         (d.path().join("tr.svm"), d.path().join("te.svm"), d.path().join("m.json"), d.path().join("w.safetensors"), d.path().join("p.txt"));
     write_tabular(&tr, 3_000, 21);
     write_tabular(&te, 1_000, 22);
-    let train = |extra: &[&str]| {
-        let o = downpour()
-            .env("DOWNPOUR_LOG", "info")
-            .args(["train", "linear", "--train", tr.to_str().unwrap(), "--test", te.to_str().unwrap(), "--workers", "2"])
-            .args(["--out", out.to_str().unwrap(), "--model-out", model.to_str().unwrap()])
-            .args(extra)
-            .output()
-            .unwrap();
-        let log = String::from_utf8_lossy(&o.stderr).to_string();
-        assert!(o.status.success(), "{log}");
-        (log, metrics(&out))
-    };
+    let train = |extra: &[&str]| (train_logged(&tr, &te, &out, &model, 2, extra), metrics(&out));
     let mut auc = std::collections::HashMap::new();
     for (extra, algorithm, scale) in [
         (&[][..], "lbfgs", "standardize"),
