@@ -14,10 +14,10 @@
 #[cfg(not(target_endian = "little"))]
 compile_error!("Downpour sends keys and values in their in-memory form: little-endian targets only");
 
+pub mod blocks;
 pub mod chain_epoch;
 pub mod chain_push;
 pub mod chain_rounds;
-pub mod blocks;
 pub mod checkpoint;
 pub mod consistency;
 pub mod epochs;

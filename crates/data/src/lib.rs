@@ -11,6 +11,7 @@
 //! * [`Format`] / [`ExampleReader`]: one reader over both formats;
 //! * [`lines`] / [`share`]: each worker's share of the input (byte ranges of plain files,
 //!   every W-th line of gzip files), read with a seeded per-epoch shuffle buffer;
+//! * [`ratings`]: (user, item, rating) files for matrix factorisation;
 //! * [`scaling`]: per-feature division and standardisation of values (`--scale`), with
 //!   the map back to a model on the original values;
 //! * [`batch`]: minibatches as the parameter server wants them: the sorted, unique union of
@@ -28,6 +29,7 @@ pub mod batch;
 pub mod idx;
 pub mod libsvm;
 pub mod lines;
+pub mod ratings;
 pub mod scaling;
 pub mod share;
 pub mod synth;

@@ -9,6 +9,7 @@
 //! | `counter` | [`counter`] | the exact no-lost-update check every fault test reuses |
 //! | `train linear` | [`linear`] | sparse logistic regression, asynchronous minibatch SGD (FTRL/AdaGrad/SGD on the servers) |
 //! | `train l1lr` | [`l1lr`] | L1 logistic regression, delayed block proximal gradient |
+//! | `train mf` | [`mf`] | matrix factorisation, model-parallel by a block schedule (DSGD / STRADS) |
 //! | `train dnn` | [`dnn`] | MLP/CNN: Downpour SGD, synchronous SGD, model averaging, Sandblaster L-BFGS |
 //! | `bench-job` | [`bench`] | the benchmark's worker side |
 
@@ -18,6 +19,7 @@ pub mod dnn;
 mod dnn_lbfgs;
 pub mod l1lr;
 pub mod linear;
+pub mod mf;
 pub mod model;
 pub mod report;
 
@@ -51,6 +53,8 @@ pub enum TrainModel {
     L1lr(Box<l1lr::L1lrConfig>),
     /// Neural networks (MLP, CNN) on MNIST-format data: downpour, sync, model-avg or lbfgs.
     Dnn(Box<dnn::DnnConfig>),
+    /// Matrix factorisation of ratings, model-parallel by a conflict-free block schedule.
+    Mf(Box<mf::MfConfig>),
 }
 
 impl Job {
@@ -85,6 +89,7 @@ impl Job {
             Job::Train(TrainModel::Linear(a)) => linear::run(a, session, report),
             Job::Train(TrainModel::L1lr(a)) => l1lr::run(a, session, report),
             Job::Train(TrainModel::Dnn(a)) => dnn::run(a, session, report),
+            Job::Train(TrainModel::Mf(a)) => mf::run(a, session, report),
         }
     }
 }

@@ -1,0 +1,95 @@
+//! `train mf` end to end on generated ratings of a hidden low-rank model.
+
+use std::fmt::Write as _;
+use std::path::Path;
+use std::process::Command;
+
+fn downpour() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_downpour"));
+    c.env("DOWNPOUR_LOG", "warn");
+    c
+}
+
+/// Writes ratings `3 + u·v` (rank 3, clipped to 1..5, plus noise) of 200 users × 150 items,
+/// about a third of the pairs; every tenth pair to the test file. Returns the test RMSE of
+/// predicting the training mean.
+fn write_ratings(train: &Path, test: &Path) -> f64 {
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let mut unit = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        (x >> 11) as f64 / (1u64 << 53) as f64
+    };
+    let users: Vec<[f64; 3]> = (0..200).map(|_| [unit() * 2.0 - 1.0, unit() * 2.0 - 1.0, unit() * 2.0 - 1.0]).collect();
+    let items: Vec<[f64; 3]> = (0..150).map(|_| [unit() * 2.0 - 1.0, unit() * 2.0 - 1.0, unit() * 2.0 - 1.0]).collect();
+    let (mut tr, mut te) = (String::from("user,item,rating\n"), String::new());
+    let (mut tr_vals, mut te_vals) = (Vec::new(), Vec::new());
+    let mut n = 0;
+    for (u, pu) in users.iter().enumerate() {
+        for (i, qi) in items.iter().enumerate() {
+            if unit() > 0.33 {
+                continue;
+            }
+            let r = (3.0 + 1.5 * (pu[0] * qi[0] + pu[1] * qi[1] + pu[2] * qi[2]) + 0.1 * (unit() - 0.5)).clamp(1.0, 5.0);
+            n += 1;
+            if n % 10 == 0 {
+                writeln!(te, "{u},{i},{r:.3}").unwrap();
+                te_vals.push(r);
+            } else {
+                writeln!(tr, "{u},{i},{r:.3}").unwrap();
+                tr_vals.push(r);
+            }
+        }
+    }
+    std::fs::write(train, tr).unwrap();
+    std::fs::write(test, te).unwrap();
+    let mean = tr_vals.iter().sum::<f64>() / tr_vals.len() as f64;
+    (te_vals.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / te_vals.len() as f64).sqrt()
+}
+
+#[test]
+fn block_scheduled_mf_learns_a_low_rank_model_under_every_policy_and_exports_it() {
+    let d = tempfile::tempdir().unwrap();
+    let (tr, te, out, model) = (d.path().join("tr.csv"), d.path().join("te.csv"), d.path().join("m.json"), d.path().join("mf.safetensors"));
+    let baseline = write_ratings(&tr, &te);
+    for policy in ["round-robin", "random", "priority"] {
+        let o = downpour()
+            .args(["train", "mf", "--train", tr.to_str().unwrap(), "--test", te.to_str().unwrap(), "--workers", "2", "--strata", "3"])
+            .args(["--factors", "8", "--epochs", "40", "--lr", "0.02", "--policy", policy])
+            .args(["--out", out.to_str().unwrap(), "--model-out", model.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let m: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+        let rmse = m["test_rmse"].as_f64().unwrap();
+        assert_eq!((m["policy"].as_str(), m["strata"].as_u64()), (Some(policy), Some(3)), "{m}");
+        assert_eq!(m["epochs"].as_array().unwrap().len(), 40, "{m}");
+        assert!(rmse < 0.5 * baseline, "{policy}: test RMSE {rmse} against the mean's {baseline}");
+        // the export holds both sides' ids, factors and biases
+        let bytes = std::fs::read(&model).unwrap();
+        let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + header_len]).unwrap();
+        assert_eq!(header["user_factors"]["shape"], serde_json::json!([200, 8]), "{header}");
+        assert_eq!(header["item_ids"]["dtype"], "U64", "{header}");
+        for t in ["user_bias", "item_factors", "item_bias", "global_mean"] {
+            assert!(header.get(t).is_some(), "{t} missing: {header}");
+        }
+    }
+}
+
+#[test]
+fn a_bad_ratings_line_is_named_and_a_grid_smaller_than_the_workers_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let tr = d.path().join("r.csv");
+    std::fs::write(&tr, "1,2,3\n2,3,4\n3,four,5\n").unwrap();
+    let o = downpour().args(["train", "mf", "--train", tr.to_str().unwrap()]).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("r.csv:3") && err.contains("item id \"four\""), "{err}");
+    std::fs::write(&tr, "1,2,3\n2,3,4\n").unwrap();
+    let o = downpour().args(["train", "mf", "--train", tr.to_str().unwrap(), "--workers", "2", "--strata", "1"]).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("--strata 1") && err.contains("at least one stratum per worker"), "{err}");
+    let o = downpour().args(["train", "mf", "--train", tr.to_str().unwrap(), "--policy", "fastest"]).output().unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", String::from_utf8_lossy(&o.stderr));
+}
