@@ -71,19 +71,21 @@ pub fn read_ratings(path: &Path) -> Result<Ratings, DataError> {
         if t.is_empty() || t.starts_with('#') {
             continue;
         }
-        let fields: Vec<&str> = if t.contains("::") {
-            t.split("::").collect()
+        let sep = if t.contains("::") {
+            "::"
         } else if t.contains('\t') {
-            t.split('\t').collect()
+            "\t"
         } else if t.contains(',') {
-            t.split(',').collect()
+            ","
         } else {
-            t.split_whitespace().collect()
+            " "
         };
-        if fields.len() < 3 {
-            return Err(bad(format!("{} fields; a rating line is user, item, rating", fields.len())));
-        }
-        let (u, it, v) = (fields[0].trim(), fields[1].trim(), fields[2].trim());
+        let mut fields = t.split(sep).filter(|f| sep != " " || !f.is_empty());
+        let (Some(u), Some(it), Some(v)) = (fields.next(), fields.next(), fields.next()) else {
+            let n_fields = t.split(sep).filter(|f| sep != " " || !f.is_empty()).count();
+            return Err(bad(format!("{n_fields} fields; a rating line is user, item, rating")));
+        };
+        let (u, it, v) = (u.trim(), it.trim(), v.trim());
         // A header: the first line whose id fields are not numbers.
         if out.is_empty() && n == 1 && u.parse::<u64>().is_err() && it.parse::<u64>().is_err() {
             continue;

@@ -156,7 +156,8 @@ pub fn run(a: &MfConfig, s: &mut WorkerSession, report: &Report) -> Result<()> {
     let mut sched = BlockScheduler::new(strata, s.num_workers, a.policy, a.seed).map_err(|e| anyhow::anyhow!("--strata {strata}: {e}"))?;
     let train = read_ratings(&a.train)?;
     ensure!(!train.is_empty(), "{}: no rating", a.train.display());
-    let test = a.test.as_deref().map(read_ratings).transpose()?;
+    // only worker 0 evaluates
+    let test = if s.rank == 0 { a.test.as_deref().map(read_ratings).transpose()? } else { None };
     let mu = train.mean() as f32;
     let (lo, hi) = train.range();
     let blocks = cut(&train, strata, a.seed);
@@ -213,8 +214,9 @@ pub fn run(a: &MfConfig, s: &mut WorkerSession, report: &Report) -> Result<()> {
             _ => None,
         };
         let wall = t0.elapsed().as_secs_f64();
-        if let (Some(r), false) = (rmse, a.quiet) {
-            tracing::info!("train mf epoch {epoch}: test_rmse={r:.5} wall_s={wall:.2}");
+        if s.rank == 0 && !a.quiet {
+            let r = rmse.map(|r| format!(" test_rmse={r:.5}")).unwrap_or_default();
+            tracing::info!("train mf epoch {epoch}/{}:{r} wall_s={wall:.2}", a.epochs);
         }
         epochs.push((epoch, rmse, wall));
         s.barrier("mf-epoch")?;
