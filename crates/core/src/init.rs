@@ -41,6 +41,39 @@ pub fn splitmix64(mut x: u64) -> u64 {
     x ^ (x >> 31)
 }
 
+/// A small seeded generator: the SplitMix64 sequence (Steele, Lea and Flood), fast and good
+/// enough for sampling and shuffling in jobs (not for cryptography).
+#[derive(Clone, Debug)]
+pub struct SplitMix(u64);
+
+impl SplitMix {
+    /// The generator seeded with `seed` (every seed is fine, 0 included).
+    pub fn new(seed: u64) -> Self {
+        SplitMix(seed)
+    }
+
+    /// The next 64 random bits.
+    #[inline]
+    pub fn next_u64(&mut self) -> u64 {
+        let x = splitmix64(self.0);
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        x
+    }
+
+    /// A uniform number in `[0, 1)` (53 random bits).
+    #[inline]
+    pub fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// A uniform integer in `[0, n)`; needs `n >= 1` (the bias of the modulo is below
+    /// `n / 2^64`).
+    #[inline]
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n.max(1)
+    }
+}
+
 #[inline]
 fn unit(seed: u64, key: u64, j: u64, salt: u64) -> f64 {
     let h = splitmix64(seed ^ splitmix64(key ^ splitmix64(j.wrapping_mul(2).wrapping_add(salt))));

@@ -12,6 +12,7 @@
 //! * [`lines`] / [`share`]: each worker's share of the input (byte ranges of plain files,
 //!   every W-th line of gzip files), read with a seeded per-epoch shuffle buffer;
 //! * [`ratings`]: (user, item, rating) files for matrix factorisation;
+//! * [`ldac`]: bag-of-words corpora (LDA-C) and vocabularies for topic models;
 //! * [`scaling`]: per-feature division and standardisation of values (`--scale`), with
 //!   the map back to a model on the original values;
 //! * [`batch`]: minibatches as the parameter server wants them: the sorted, unique union of
@@ -27,6 +28,7 @@ pub const BIAS_ID: u64 = u64::MAX - 1;
 
 pub mod batch;
 pub mod idx;
+pub mod ldac;
 pub mod libsvm;
 pub mod lines;
 pub mod ratings;

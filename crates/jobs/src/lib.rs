@@ -10,6 +10,7 @@
 //! | `train linear` | [`linear`] | sparse logistic regression, asynchronous minibatch SGD (FTRL/AdaGrad/SGD on the servers) |
 //! | `train l1lr` | [`l1lr`] | L1 logistic regression, delayed block proximal gradient |
 //! | `train mf` | [`mf`] | matrix factorisation, model-parallel by a block schedule (DSGD / STRADS) |
+//! | `train lda` | [`lda`] | topic models by collapsed Gibbs sampling, model-parallel over the vocabulary (LightLDA / STRADS) |
 //! | `train dnn` | [`dnn`] | MLP/CNN: Downpour SGD, synchronous SGD, model averaging, Sandblaster L-BFGS |
 //! | `bench-job` | [`bench`] | the benchmark's worker side |
 
@@ -18,6 +19,7 @@ pub mod counter;
 pub mod dnn;
 mod dnn_lbfgs;
 pub mod l1lr;
+pub mod lda;
 pub mod linear;
 pub mod mf;
 pub mod model;
@@ -55,6 +57,8 @@ pub enum TrainModel {
     Dnn(Box<dnn::DnnConfig>),
     /// Matrix factorisation of ratings, model-parallel by a conflict-free block schedule.
     Mf(Box<mf::MfConfig>),
+    /// Topic model (LDA) of a bag-of-words corpus by collapsed Gibbs sampling, model-parallel over the vocabulary.
+    Lda(Box<lda::LdaConfig>),
 }
 
 impl Job {
@@ -90,6 +94,7 @@ impl Job {
             Job::Train(TrainModel::L1lr(a)) => l1lr::run(a, session, report),
             Job::Train(TrainModel::Dnn(a)) => dnn::run(a, session, report),
             Job::Train(TrainModel::Mf(a)) => mf::run(a, session, report),
+            Job::Train(TrainModel::Lda(a)) => lda::run(a, session, report),
         }
     }
 }
