@@ -78,6 +78,48 @@ fn block_scheduled_mf_learns_a_low_rank_model_under_every_policy_and_exports_it(
     }
 }
 
+fn train_json(args: &[&str], tr: &Path, te: &Path, out: &Path) -> serde_json::Value {
+    let o = downpour()
+        .args(["train", "mf", "--train", tr.to_str().unwrap(), "--test", te.to_str().unwrap(), "--factors", "8", "--lr", "0.02"])
+        .args(args)
+        .args(["--out", out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    serde_json::from_str(&std::fs::read_to_string(out).unwrap()).unwrap()
+}
+
+#[test]
+fn stale_copies_under_a_refresh_rule_are_counted_and_every_round_reads_none_stale() {
+    let d = tempfile::tempdir().unwrap();
+    let (tr, te, out) = (d.path().join("tr.csv"), d.path().join("te.csv"), d.path().join("m.json"));
+    let baseline = write_ratings(&tr, &te);
+    let common = ["--workers", "2", "--strata", "4", "--epochs", "30"];
+    let fresh = train_json(&[&common[..], &["--refresh", "every-round"]].concat(), &tr, &te, &out);
+    assert_eq!((fresh["staleness_max"].as_u64(), fresh["refresh"].as_str()), (Some(0), Some("every-round")), "{fresh}");
+    // 30 epochs x 4 rounds x 2 blocks a worker: worker 0 updated 240 blocks
+    assert_eq!(fresh["item_reads"].as_u64(), Some(240), "{fresh}");
+    for rule in ["every:4", "magnitude"] {
+        let m = train_json(&[&common[..], &["--refresh", rule]].concat(), &tr, &te, &out);
+        let (reads, pulls) = (m["item_reads"].as_u64().unwrap(), m["item_pulls"].as_u64().unwrap());
+        assert!(pulls < fresh["item_pulls"].as_u64().unwrap() && reads == 240, "{rule}: {m}");
+        assert!(m["staleness_max"].as_u64().unwrap() >= 1 && m["staleness_mean"].as_f64().unwrap() > 0.0, "{rule}: {m}");
+        let rmse = m["test_rmse"].as_f64().unwrap();
+        assert!(rmse < 0.5 * baseline, "{rule}: test RMSE {rmse} against the mean's {baseline}");
+    }
+}
+
+#[test]
+fn the_data_parallel_baseline_learns_the_same_model_without_a_schedule() {
+    let d = tempfile::tempdir().unwrap();
+    let (tr, te, out) = (d.path().join("tr.csv"), d.path().join("te.csv"), d.path().join("m.json"));
+    let baseline = write_ratings(&tr, &te);
+    let m = train_json(&["--workers", "2", "--epochs", "40", "--data-parallel", "--batch", "200", "--straggler", "1:2"], &tr, &te, &out);
+    assert_eq!((m["schedule"].as_str(), m["straggler"].as_str()), (Some("data-parallel"), Some("1:2")), "{m}");
+    let rmse = m["test_rmse"].as_f64().unwrap();
+    assert!(rmse < 0.5 * baseline, "test RMSE {rmse} against the mean's {baseline}");
+}
+
 #[test]
 fn a_bad_ratings_line_is_named_and_a_grid_smaller_than_the_workers_is_refused() {
     let d = tempfile::tempdir().unwrap();
@@ -90,8 +132,13 @@ fn a_bad_ratings_line_is_named_and_a_grid_smaller_than_the_workers_is_refused() 
     let o = downpour().args(["train", "mf", "--train", tr.to_str().unwrap(), "--workers", "2", "--strata", "1"]).output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("--strata 1") && err.contains("at least one stratum per worker"), "{err}");
-    let o = downpour().args(["train", "mf", "--train", tr.to_str().unwrap(), "--policy", "fastest"]).output().unwrap();
-    assert_eq!(o.status.code(), Some(2), "{}", String::from_utf8_lossy(&o.stderr));
+    for bad in [["--policy", "fastest"], ["--refresh", "every:0"], ["--straggler", "1"]] {
+        let o = downpour().args(["train", "mf", "--train", tr.to_str().unwrap()]).args(bad).output().unwrap();
+        assert_eq!(o.status.code(), Some(2), "{bad:?}: {}", String::from_utf8_lossy(&o.stderr));
+    }
+    let o = downpour().args(["train", "mf", "--train", tr.to_str().unwrap(), "--straggler", "5:2"]).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("--straggler 5: there are only 2 workers"), "{err}");
 }
 
 #[test]

@@ -225,6 +225,13 @@ impl ControlClient {
         decode_body(&r).map_err(ControlError::Malformed)
     }
 
+    /// Reports a finished model-parallel round and returns this worker's blocks of the next
+    /// (held until every worker finished the round).
+    pub fn blocks(&mut self, req: &proto::BlocksRequest) -> Result<proto::BlocksReply, ControlError> {
+        let r = self.call(Op::Blocks, req.encode_to_vec())?;
+        decode_body(&r).map_err(ControlError::Malformed)
+    }
+
     /// The routing table: waits up to `wait` for an active one of epoch `min_epoch` or later
     /// (replicated jobs, after a failure), else answers the current one.
     pub fn routing(&mut self, min_epoch: u64, wait: Duration) -> Result<proto::Routing, ControlError> {

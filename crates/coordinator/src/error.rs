@@ -2,6 +2,7 @@
 //! is answered with, [`CoordError::status`], and its message is the reply's error text), and
 //! why a state directory cannot be taken back ([`crate::Coordinator::open`]).
 
+use downpour_core::blocks::BlockError;
 use downpour_core::msg::Status;
 use downpour_core::schedule::ScheduleError;
 use downpour_core::CoreError;
@@ -200,6 +201,9 @@ pub enum CoordError {
     /// The BPG scheduler refused a plan or report.
     #[error(transparent)]
     Schedule(ScheduleError),
+    /// The block rounds refused a plan or report.
+    #[error(transparent)]
+    Blocks(BlockError),
     /// A call only worker 0 may make: what it does (`"evaluates passes"`, `"opens rounds and
     /// ends the job"`).
     #[error("only worker 0 {0}")]
@@ -312,6 +316,7 @@ impl CoordError {
             | PlanWorkers { .. }
             | PlanDiffers { .. }
             | Schedule(_)
+            | Blocks(_)
             | OnlyWorkerZero(_)
             | Pieces(_)
             | UnknownPieceWant { .. }

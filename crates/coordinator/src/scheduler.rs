@@ -1,8 +1,9 @@
-//! The task scheduler: the BPG scheduler's tasks and reports, and Sandblaster's piece
-//! board. Neither is kept on disk: a restarted coordinator refuses their calls.
+//! The task scheduler: the BPG scheduler's tasks and reports, Sandblaster's piece board and
+//! the model-parallel block rounds. None is kept on disk: a restarted coordinator refuses their calls.
 
 use crate::error::CoordError;
 use crate::service::Coordinator;
+use downpour_core::blocks::{self, BlockRounds};
 use downpour_core::pieces::PieceBoard;
 use downpour_core::proto;
 use downpour_core::schedule::{wire, BpgScheduler};
@@ -140,6 +141,48 @@ impl Coordinator {
                     }
                 }
                 _ => return Ok(reply),
+            }
+            self.park(&self.sched_cv, &mut st, Duration::from_millis(200));
+        }
+    }
+
+    /// A worker finished a model-parallel round; its blocks of the next round, held until
+    /// every worker finished this one.
+    pub(crate) fn blocks(&self, node: u32, req: proto::BlocksRequest) -> Result<proto::BlocksReply, CoordError> {
+        let invalid = CoordError::Blocks;
+        let mut st = self.state.lock();
+        let rank = match st.roles.get(&node) {
+            Some(("worker", rank)) => *rank as usize,
+            _ => return Err(CoordError::NotRegisteredWorker { node: st.describe(node) }),
+        };
+        let plan = req.plan.as_ref().map(blocks::wire::plan_from_proto).transpose().map_err(invalid)?;
+        match (&st.blocks, plan) {
+            (None, None) => return Err(CoordError::NoPlan),
+            (None, Some(plan)) => {
+                if plan.workers != self.cfg.workers {
+                    return Err(CoordError::PlanWorkers { plan: plan.workers, job: self.cfg.workers });
+                }
+                if st.scheduled {
+                    return Err(CoordError::SchedulerRestarted { what: "block rounds" });
+                }
+                tracing::info!("block rounds: {0}x{0} blocks, policy {1}, {2} workers", plan.strata, plan.policy, plan.workers);
+                st.blocks = Some(BlockRounds::new(plan).map_err(invalid)?);
+                st.scheduled = true;
+                self.persist(&mut st, true);
+            }
+            (Some(r), Some(plan)) if r.plan() != &plan => return Err(CoordError::PlanDiffers { node: st.describe(node) }),
+            _ => {}
+        }
+        let magnitudes: Vec<(usize, f64)> = req.magnitudes.iter().map(|m| (m.block as usize, m.magnitude)).collect();
+        st.blocks.as_mut().ok_or(CoordError::Invariant("no block rounds"))?.finished(rank, req.finished, &magnitudes).map_err(invalid)?;
+        self.sched_cv.notify_all();
+        loop {
+            if let Some(r) = &st.failed {
+                return Err(CoordError::JobFailed { reason: r.clone() });
+            }
+            let rounds = st.blocks.as_mut().ok_or(CoordError::Invariant("no block rounds"))?;
+            if let Some(r) = rounds.next(rank) {
+                return Ok(blocks::wire::round_to_proto(&r));
             }
             self.park(&self.sched_cv, &mut st, Duration::from_millis(200));
         }

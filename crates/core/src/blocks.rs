@@ -53,6 +53,62 @@ impl fmt::Display for Policy {
     }
 }
 
+/// When a worker reads again the rows of a block it holds a copy of (`--refresh`): the
+/// copy is stale once another worker updated the block since it was read. Under the
+/// conflict-free schedule a worker's own updates keep its copy exact, so the choice is only
+/// how much of the others' progress a read may miss (Petuum's "asynchronous model slicing"
+/// and "model block scheduling", `../shared/seeds/001_*` slides 17–19).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Refresh {
+    /// Read the servers' rows whenever another worker changed the block since the copy: no
+    /// read is stale (synchronous model parallelisation).
+    EveryRound,
+    /// Keep a stale copy for up to `N - 1` rounds after it was read, then read again.
+    Every(u64),
+    /// Read again once the updates other workers made to the block since the copy add up to
+    /// more than the mean magnitude of one block's update in the last round: blocks that
+    /// change little are read rarely, blocks that change much at once.
+    Magnitude,
+}
+
+impl Refresh {
+    /// Whether a copy read `age` rounds ago (0: this round), which other workers have since
+    /// updated `others` times by magnitudes adding up to `stale_magnitude`, must be read
+    /// again, when the last round's mean block update was `typical`.
+    pub fn due(&self, age: u64, others: u64, stale_magnitude: f64, typical: f64) -> bool {
+        others > 0
+            && match *self {
+                Refresh::EveryRound => true,
+                Refresh::Every(n) => age >= n,
+                Refresh::Magnitude => stale_magnitude > typical,
+            }
+    }
+}
+
+impl FromStr for Refresh {
+    type Err = BlockError;
+    fn from_str(s: &str) -> Result<Self, BlockError> {
+        match s {
+            "every-round" => Ok(Refresh::EveryRound),
+            "magnitude" => Ok(Refresh::Magnitude),
+            _ => match s.strip_prefix("every:").map(str::parse::<u64>) {
+                Some(Ok(n)) if n >= 1 => Ok(Refresh::Every(n)),
+                _ => Err(BlockError(format!("{s:?} is not every-round, every:N (N >= 1) or magnitude"))),
+            },
+        }
+    }
+}
+
+impl fmt::Display for Refresh {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Refresh::EveryRound => f.write_str("every-round"),
+            Refresh::Every(n) => write!(f, "every:{n}"),
+            Refresh::Magnitude => f.write_str("magnitude"),
+        }
+    }
+}
+
 /// A block plan out of range.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BlockError(pub String);
@@ -218,6 +274,186 @@ impl BlockScheduler {
     }
 }
 
+/// What every worker of a model-parallel job agrees on: the grid, the policy and the seed.
+/// The coordinator builds its [`BlockRounds`] from the first worker's plan and refuses a
+/// different one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockPlan {
+    /// Strata per side.
+    pub strata: usize,
+    /// Workers of the job.
+    pub workers: usize,
+    /// How blocks are chosen.
+    pub policy: Policy,
+    /// Seed of the random choices.
+    pub seed: u64,
+}
+
+/// One worker's view of a decided round.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Round {
+    /// The round's number (from 1).
+    pub number: u64,
+    /// The blocks this worker updates.
+    pub mine: Vec<usize>,
+    /// The column stratum of every row stratum this round (row `r`'s block is
+    /// `r · strata + columns[r]`).
+    pub columns: Vec<usize>,
+    /// The update magnitude reported for every row's block of the round before (`None`
+    /// where none was reported, and in round 1).
+    pub last: Vec<Option<f64>>,
+}
+
+/// The rounds of a model-parallel job as the coordinator runs them: a worker reports the
+/// round it finished (with its blocks' update magnitudes) and asks for its blocks of the
+/// next; round `t + 1` is decided, once for everyone, when every worker has finished round
+/// `t`, so the call doubles as the round's barrier and every worker sees the same
+/// magnitudes before the next choice. No I/O; the runtime holds callers whose next round is
+/// not decided yet and asks again when something changed.
+#[derive(Clone, Debug)]
+pub struct BlockRounds {
+    plan: BlockPlan,
+    sched: BlockScheduler,
+    /// Rounds each worker has finished.
+    finished: Vec<u64>,
+    /// The last two decided rounds: `(round, every worker's blocks, every row's column)`.
+    decided: Vec<(u64, Vec<Vec<usize>>, Vec<usize>)>,
+    /// The magnitudes reported for the last two rounds, by row.
+    reported: Vec<(u64, Vec<Option<f64>>)>,
+}
+
+impl BlockRounds {
+    /// The rounds of `plan` (see [`BlockScheduler::new`] for what it needs).
+    pub fn new(plan: BlockPlan) -> Result<Self, BlockError> {
+        Ok(BlockRounds {
+            sched: BlockScheduler::new(plan.strata, plan.workers, plan.policy, plan.seed)?,
+            plan,
+            finished: vec![0; plan.workers],
+            decided: Vec::new(),
+            reported: Vec::new(),
+        })
+    }
+
+    /// The plan.
+    pub fn plan(&self) -> &BlockPlan {
+        &self.plan
+    }
+
+    /// Worker `worker` finished round `finished` (rounds count from 1; 0: none yet) having
+    /// updated blocks with these magnitudes. Repeating the last report (a retried call) is
+    /// harmless; a worker skipping a round, going back, or reporting a block it was not given
+    /// is an error.
+    pub fn finished(&mut self, worker: usize, finished: u64, magnitudes: &[(usize, f64)]) -> Result<(), BlockError> {
+        let had =
+            *self.finished.get(worker).ok_or_else(|| BlockError(format!("worker {worker} of a {}-worker plan", self.plan.workers)))?;
+        if finished == had {
+            return Ok(());
+        }
+        if finished != had + 1 {
+            return Err(BlockError(format!("worker {worker} says it finished round {finished} after round {had}")));
+        }
+        let given = self.decided.iter().find(|d| d.0 == finished).map(|d| &d.1[worker]);
+        let given = given.ok_or_else(|| BlockError(format!("worker {worker} finished round {finished}, which was never decided")))?;
+        if let Some((b, _)) = magnitudes.iter().find(|(b, _)| !given.contains(b)) {
+            return Err(BlockError(format!("worker {worker} reports block {b}, which it did not hold in round {finished}")));
+        }
+        if !self.reported.iter().any(|r| r.0 == finished) {
+            self.reported.push((finished, vec![None; self.plan.strata]));
+            if self.reported.len() > 2 {
+                self.reported.remove(0);
+            }
+        }
+        let strata = self.plan.strata;
+        if let Some(r) = self.reported.iter_mut().find(|r| r.0 == finished) {
+            for &(b, m) in magnitudes {
+                r.1[b / strata] = Some(m);
+            }
+        }
+        for &(b, m) in magnitudes {
+            self.sched.report(b, m);
+        }
+        self.finished[worker] = finished;
+        Ok(())
+    }
+
+    /// Worker `worker`'s next round, once every worker has finished the round before it
+    /// (`None`: not yet; ask again after another worker's report).
+    pub fn next(&mut self, worker: usize) -> Option<Round> {
+        let want = *self.finished.get(worker)? + 1;
+        if !self.decided.iter().any(|d| d.0 == want) {
+            if self.finished.iter().any(|&f| f + 1 < want) || self.sched.round() + 1 != want {
+                return None;
+            }
+            let round = self.sched.next_round();
+            let mut columns = vec![0; self.plan.strata];
+            for &b in round.iter().flatten() {
+                columns[b / self.plan.strata] = b % self.plan.strata;
+            }
+            self.decided.push((want, round, columns));
+            if self.decided.len() > 2 {
+                self.decided.remove(0);
+            }
+        }
+        let (_, blocks, columns) = self.decided.iter().find(|d| d.0 == want)?;
+        let last = self.reported.iter().find(|r| r.0 + 1 == want).map(|r| r.1.clone()).unwrap_or_else(|| vec![None; self.plan.strata]);
+        Some(Round { number: want, mine: blocks[worker].clone(), columns: columns.clone(), last })
+    }
+}
+
+/// The plan and reports on the wire.
+pub mod wire {
+    use super::*;
+    use crate::proto;
+
+    /// The plan as a worker sends it.
+    pub fn plan_to_proto(p: &BlockPlan) -> proto::BlockPlan {
+        let policy = match p.policy {
+            Policy::RoundRobin => 0,
+            Policy::Random => 1,
+            Policy::Priority => 2,
+        };
+        proto::BlockPlan { strata: p.strata as u32, workers: p.workers as u32, policy, seed: p.seed }
+    }
+
+    /// A round as the coordinator sends it.
+    pub fn round_to_proto(r: &Round) -> proto::BlocksReply {
+        proto::BlocksReply {
+            round: r.number,
+            blocks: r.mine.iter().map(|&b| b as u32).collect(),
+            columns: r.columns.iter().map(|&c| c as u32).collect(),
+            last: r.last.iter().map(|m| m.unwrap_or(-1.0)).collect(),
+        }
+    }
+
+    /// The round the coordinator sent (blocks outside the plan's grid are an error).
+    pub fn round_from_proto(r: &proto::BlocksReply, strata: usize) -> Result<Round, BlockError> {
+        let bad = |what: &str| BlockError(format!("round {}: {what} outside the {strata}x{strata} grid", r.round));
+        if r.blocks.iter().any(|&b| b as usize >= strata * strata) {
+            return Err(bad("a block"));
+        }
+        if r.columns.len() != strata || r.columns.iter().any(|&c| c as usize >= strata) || r.last.len() != strata {
+            return Err(bad("the columns"));
+        }
+        Ok(Round {
+            number: r.round,
+            mine: r.blocks.iter().map(|&b| b as usize).collect(),
+            columns: r.columns.iter().map(|&c| c as usize).collect(),
+            last: r.last.iter().map(|&m| (m >= 0.0).then_some(m)).collect(),
+        })
+    }
+
+    /// The plan a worker sent.
+    pub fn plan_from_proto(p: &proto::BlockPlan) -> Result<BlockPlan, BlockError> {
+        let policy = match p.policy {
+            0 => Policy::RoundRobin,
+            1 => Policy::Random,
+            2 => Policy::Priority,
+            x => return Err(BlockError(format!("block policy {x} is not 0, 1 or 2"))),
+        };
+        Ok(BlockPlan { strata: p.strata as usize, workers: p.workers as usize, policy, seed: p.seed })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -283,5 +519,45 @@ mod tests {
         assert!(BlockScheduler::new(0, 0, Policy::Random, 1).is_err());
         assert_eq!("priority".parse::<Policy>(), Ok(Policy::Priority));
         assert!("fastest".parse::<Policy>().is_err());
+    }
+
+    #[test]
+    fn a_round_is_decided_once_every_worker_finished_the_one_before() {
+        let plan = BlockPlan { strata: 3, workers: 2, policy: Policy::RoundRobin, seed: 1 };
+        let mut r = BlockRounds::new(plan).unwrap();
+        let first = r.next(0).unwrap();
+        let (t, a) = (first.number, first.mine);
+        assert_eq!((t, r.next(1).map(|n| n.number)), (1, Some(1)));
+        r.finished(0, 1, &[(a[0], 0.5)]).unwrap();
+        assert_eq!(r.next(0), None, "worker 1 has not finished round 1");
+        r.finished(0, 1, &[]).unwrap(); // a retried report
+        let b = r.next(1).unwrap().mine;
+        r.finished(1, 1, &[(b[0], 0.1)]).unwrap();
+        let second = r.next(0).unwrap();
+        assert_eq!(second.number, 2);
+        // every worker learns every row's column and the magnitudes of the round before
+        assert_eq!(second.last[a[0] / 3], Some(0.5));
+        assert_eq!(second.last[b[0] / 3], Some(0.1));
+        assert!(second.mine.iter().all(|&x| second.columns[x / 3] == x % 3));
+        assert_eq!(r.next(1).map(|n| n.number), Some(2));
+        // mistakes are refused
+        assert!(r.finished(0, 3, &[]).is_err(), "skips a round");
+        assert!(r.finished(2, 1, &[]).is_err(), "no worker 2");
+        let held = r.next(0).unwrap().mine;
+        let other = (0..9).find(|x| !held.contains(x)).unwrap();
+        assert!(r.finished(0, 2, &[(other, 1.0)]).is_err(), "a block it did not hold");
+    }
+
+    #[test]
+    fn refresh_rules_read_again_only_what_others_changed() {
+        assert_eq!("every:3".parse::<Refresh>(), Ok(Refresh::Every(3)));
+        assert!("every:0".parse::<Refresh>().is_err() && "sometimes".parse::<Refresh>().is_err());
+        // nobody else changed it: the copy is exact under every rule
+        for r in [Refresh::EveryRound, Refresh::Every(1), Refresh::Magnitude] {
+            assert!(!r.due(50, 0, 0.0, 1.0), "{r}");
+        }
+        assert!(Refresh::EveryRound.due(0, 1, 1e-9, 1.0));
+        assert!(!Refresh::Every(3).due(2, 5, 9.0, 1.0) && Refresh::Every(3).due(3, 1, 0.0, 1.0));
+        assert!(!Refresh::Magnitude.due(9, 4, 0.5, 1.0) && Refresh::Magnitude.due(0, 1, 1.5, 1.0));
     }
 }

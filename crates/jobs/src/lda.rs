@@ -6,8 +6,8 @@
 //! and the vocabulary into `blocks` column strata (by a hash of the word id), so the tokens
 //! fall into a `blocks × blocks` grid; row stratum `r`'s documents, their topic assignments
 //! and document–topic counts stay on worker `r mod W` for the whole run. Every round the
-//! [`BlockScheduler`] (round-robin: every block once per sweep) gives each row a distinct
-//! column, so each vocabulary block's word–topic counts are changed by one worker at a time:
+//! coordinator's block rounds (round-robin: every block once per sweep; the call that asks
+//! for the next round is also the round's barrier) give each row a distinct column, so each vocabulary block's word–topic counts are changed by one worker at a time:
 //! the worker pulls its block's rows from the servers, resamples the topic of every token of
 //! its documents whose word is in the block, and pushes the change of the counts (rule
 //! `add`). Only the topic totals (one dense row of `K` counts that every token touches) are
@@ -21,8 +21,9 @@
 //! word part by worker 0 from the servers' table) and reported per token.
 
 use crate::report::Report;
+use crate::rounds::Rounds;
 use anyhow::{ensure, Context, Result};
-use downpour_core::blocks::{BlockScheduler, Policy};
+use downpour_core::blocks::{BlockPlan, Policy};
 use downpour_core::consistency::Consistency;
 use downpour_core::init::{splitmix64, Init, SplitMix};
 use downpour_core::keys::scramble;
@@ -180,8 +181,8 @@ pub fn run(a: &LdaConfig, s: &mut WorkerSession, report: &Report) -> Result<()> 
     check(a)?;
     let k = a.topics;
     let blocks = a.blocks.unwrap_or(s.num_workers);
-    let mut sched =
-        BlockScheduler::new(blocks, s.num_workers, Policy::RoundRobin, a.seed).map_err(|e| anyhow::anyhow!("--blocks {blocks}: {e}"))?;
+    let mut rounds =
+        Rounds::new(BlockPlan { strata: blocks, workers: s.num_workers, policy: Policy::RoundRobin, seed: a.seed }, "--blocks")?;
     let corpus = read_ldac(&a.train)?;
     let tokens = corpus.tokens();
     ensure!(tokens > 0, "{}: no token", a.train.display());
@@ -245,19 +246,19 @@ pub fn run(a: &LdaConfig, s: &mut WorkerSession, report: &Report) -> Result<()> 
     let mut sampler = Sampler::new(k, a.alpha, a.eta * v as f64, a.eta, splitmix64(a.seed ^ 0x5A) ^ s.rank as u64);
     let mut nk = vec![0i32; k];
     let mut local_end = vec![0i32; k];
-    let (mut drift, mut rounds) = (0f64, 0u64);
+    let (mut drift, mut rounds_done) = (0f64, 0u64);
     let mut sampling_s = 0f64;
     let mut curve = Vec::new();
     let mut eval = 0usize;
     for sweep in 1..=a.sweeps {
         let ts = Instant::now();
         for _ in 0..blocks {
-            let mine = sched.next_round().swap_remove(s.rank);
+            let mine = rounds.next(s, &[])?.mine;
             s.kv.pull_range_into(TOTALS, 0, &mut totals)?;
             for (n, &t) in nk.iter_mut().zip(&totals) {
                 *n = t as i32;
             }
-            if rounds > 0 {
+            if rounds_done > 0 {
                 // how far the totals this worker ended the last round with were from the
                 // servers' (the other workers' changes of that round)
                 drift += nk.iter().zip(&local_end).map(|(a, b)| (a - b).unsigned_abs() as f64).sum::<f64>() / tokens as f64;
@@ -280,8 +281,7 @@ pub fn run(a: &LdaConfig, s: &mut WorkerSession, report: &Report) -> Result<()> 
             let t = s.kv.push_range(TOTALS, 0, &totals)?;
             s.kv.wait(t)?;
             local_end.copy_from_slice(&nk);
-            rounds += 1;
-            s.barrier("lda-round")?;
+            rounds_done += 1;
         }
         sampling_s += ts.elapsed().as_secs_f64();
         if sweep % a.ll_every == 0 || sweep == a.sweeps {
@@ -330,7 +330,8 @@ pub fn run(a: &LdaConfig, s: &mut WorkerSession, report: &Report) -> Result<()> 
             "ll_per_token": last,
             "s_per_sweep": sampling_s / a.sweeps as f64,
             "tokens_per_s": tokens as f64 * a.sweeps as f64 / sampling_s.max(1e-9),
-            "totals_drift_mean": if rounds > 1 { drift / (rounds - 1) as f64 } else { 0.0 },
+            "totals_drift_mean": if rounds_done > 1 { drift / (rounds_done - 1) as f64 } else { 0.0 },
+            "round_wait_s": rounds.waited.as_secs_f64(),
             "wall_s": wall,
             "evals": curve.iter().map(|(sw, l, w)| serde_json::json!({"sweep": sw, "ll_per_token": l, "wall_s": w})).collect::<Vec<_>>(),
             "top_words": top,
@@ -417,6 +418,8 @@ fn lgamma(x: f64) -> f64 {
 fn loglikelihood(s: &mut WorkerSession, a: &LdaConfig, sh: &Shard, v: usize, eval: usize) -> Result<Option<f64>> {
     let k = a.topics;
     let (alpha, eta) = (a.alpha, a.eta);
+    // every worker's last round of the sweep is pushed
+    s.barrier("lda-sweep")?;
     let mut ll = 0f64;
     let (lg_alpha, lg_kalpha) = (lgamma(alpha), lgamma(alpha * k as f64));
     for (d, &n) in sh.nd.iter().enumerate() {

@@ -24,6 +24,7 @@ pub mod linear;
 pub mod mf;
 pub mod model;
 pub mod report;
+mod rounds;
 
 pub use report::{Collector, Lines, Phase, Progress, Report, Reporter};
 

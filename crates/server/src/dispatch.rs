@@ -309,6 +309,7 @@ pub(crate) fn handle_frame(
         | Op::GetRouting
         | Op::Schedule
         | Op::Pieces
+        | Op::Blocks
         | Op::EpochReady
         | Op::Drain
         | Op::CheckpointJoin

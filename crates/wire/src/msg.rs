@@ -96,6 +96,10 @@ pub enum Op {
     /// Worker to coordinator: where it stands with every request acknowledged (answered at
     /// once). Body: `WorkerCheckpoint`. Later records ride on heartbeats.
     Progress = 37,
+    /// Worker to coordinator: a model-parallel job's round finished and the next one's
+    /// blocks (held until every worker finished the round). Body: `BlocksRequest`; reply
+    /// body: `BlocksReply` (see `downpour_core::blocks::BlockRounds`).
+    Blocks = 38,
 }
 
 impl Op {
@@ -131,6 +135,7 @@ impl Op {
             35 => CheckpointWritten,
             36 => Checkpoint,
             37 => Progress,
+            38 => Blocks,
             _ => return None,
         })
     }
@@ -262,6 +267,7 @@ mod tests {
             Op::CheckpointWritten,
             Op::Checkpoint,
             Op::Progress,
+            Op::Blocks,
         ] {
             assert_eq!(Op::from_u32(op as u32), Some(op));
         }

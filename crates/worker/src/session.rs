@@ -355,6 +355,14 @@ impl WorkerSession {
         Ok(self.control.schedule(req)?)
     }
 
+    /// One call to the coordinator's model-parallel block rounds: this worker finished round
+    /// `req.finished` with these block magnitudes; returns its blocks of the next round,
+    /// once every worker finished `req.finished` (see `downpour_core::blocks::BlockRounds`).
+    pub fn blocks(&mut self, req: &downpour_core::proto::BlocksRequest) -> Result<downpour_core::proto::BlocksReply, SessionError> {
+        self.check()?;
+        Ok(self.control.blocks(req)?)
+    }
+
     /// One call to the coordinator's piece board (Sandblaster L-BFGS, see
     /// `downpour_core::pieces`).
     pub fn pieces(&mut self, req: &downpour_core::proto::PieceRequest) -> Result<downpour_core::proto::PieceReply, SessionError> {

@@ -29,6 +29,7 @@ pub(crate) use checkpoints::Checkpoints;
 
 use crate::config::CoordinatorConfig;
 use crate::error::NodeDesc;
+use downpour_core::blocks::BlockRounds;
 use downpour_core::epochs::Epochs;
 use downpour_core::pieces::PieceBoard;
 use downpour_core::proto;
@@ -106,7 +107,9 @@ pub struct Engine {
     pub(crate) schedule: Option<BpgScheduler>,
     /// Sandblaster's piece board, made at the first `Pieces` call.
     pub(crate) pieces: Option<PieceBoard>,
-    /// The job used the BPG scheduler or the piece board (whose state is not kept on disk).
+    /// A model-parallel job's block rounds, built from the first worker's plan.
+    pub(crate) blocks: Option<BlockRounds>,
+    /// The job used the BPG scheduler, the piece board or block rounds (whose state is not kept on disk).
     pub(crate) scheduled: bool,
 
     // ---- the state directory (persist.rs)
@@ -143,6 +146,7 @@ impl Engine {
             ckpt: Checkpoints::default(),
             schedule: None,
             pieces: None,
+            blocks: None,
             scheduled: false,
             restored: false,
         }
