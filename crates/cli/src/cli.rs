@@ -32,7 +32,8 @@ enum Cmd {
     /// Run a short demonstration on an embedded cluster (no setup): the counter check and a
     /// spam filter trained on the committed SpamAssassin subset.
     Demo,
-    /// Experiments (`experiment consistency`: the linear job under several consistency models).
+    /// Experiments (`experiment consistency`: the linear job under several consistency models;
+    /// `experiment model-parallel`: matrix factorisation under the block policies and data-parallel).
     #[command(subcommand)]
     Experiment(ExperimentCmd),
     /// Run the counter job: embedded by default, or as one worker of a cluster with --coordinator.
@@ -306,6 +307,11 @@ fn run(cli: Cli, s: Settings) -> Result<()> {
         Cmd::Experiment(ExperimentCmd::Consistency(a)) => {
             let out = downpour_cluster::experiment::run_consistency(&a, &exe()?)?;
             println!("experiment: results in {} (results.json, results.md, logloss.svg)", out.display());
+            Ok(())
+        }
+        Cmd::Experiment(ExperimentCmd::ModelParallel(a)) => {
+            let out = downpour_cluster::experiment::run_model_parallel(&a, &exe()?)?;
+            println!("experiment: results in {} (results.json, results.md, rmse.svg)", out.display());
             Ok(())
         }
         Cmd::Predict(a) => downpour_jobs::model::predict(&a),

@@ -66,16 +66,13 @@ impl Share {
     pub fn epoch(&mut self, s: &mut WorkerSession, t: &mut Timing) -> Result<()> {
         let k = self.step.k;
         for b in &self.batches {
-            let [p, bu, q, bi] = &mut self.rows;
             let tc = Instant::now();
-            p.resize(b.users.len() * k, 0.0);
-            bu.resize(b.users.len(), 0.0);
-            q.resize(b.items.len() * k, 0.0);
-            bi.resize(b.items.len(), 0.0);
-            s.kv.pull_into(USERS, &b.users, p)?;
-            s.kv.pull_into(USER_BIAS, &b.users, bu)?;
-            s.kv.pull_into(ITEMS, &b.items, q)?;
-            s.kv.pull_into(ITEM_BIAS, &b.items, bi)?;
+            // the four reads go out together
+            let tickets = [s.kv.pull(USERS, &b.users)?, s.kv.pull(USER_BIAS, &b.users)?, s.kv.pull(ITEMS, &b.items)?, s.kv.pull(ITEM_BIAS, &b.items)?];
+            for (rows, x) in self.rows.iter_mut().zip(tickets) {
+                *rows = s.kv.wait_values(x)?;
+            }
+            let [p, bu, q, bi] = &mut self.rows;
             t.comm += tc.elapsed();
             let ts = Instant::now();
             let [sp, sbu, sq, sbi] = &mut self.snaps;

@@ -2,8 +2,11 @@
 //! the rows a worker holds between rounds.
 //!
 //! Row stratum `r` of users always goes to worker `r mod W` (see
-//! [`downpour_core::blocks`]), so a worker is the only writer of its users' rows: it reads
-//! them from the servers once and keeps them, pushing every change. Item strata change hands
+//! [`downpour_core::blocks`]), so a worker is the only writer and the only reader of its
+//! users' rows while the epoch runs (synchronous model parallelisation: it owns them): it
+//! reads them from the servers once, keeps them, and pushes their change once an epoch,
+//! before the epoch's barrier, so that the servers hold the whole model whenever it is
+//! evaluated, exported or checkpointed. Item strata change hands
 //! every round; a worker keeps a copy of the item rows of each column stratum it works on
 //! and reads them again by the `--refresh` rule ([`Refresh`]) once another worker has
 //! changed them. Every push is a change (rule `add`), so a stale copy costs accuracy, never
@@ -17,6 +20,7 @@ use downpour_core::blocks::{Refresh, Round};
 use downpour_core::init::splitmix64;
 use downpour_core::keys::scramble;
 use downpour_data::ratings::Ratings;
+use downpour_worker::Timestamp;
 use downpour_worker::WorkerSession;
 use std::time::{Duration, Instant};
 
@@ -31,7 +35,6 @@ fn stratum(id: u64, strata: usize, salt: u64) -> usize {
 struct Block {
     ratings: RatingIdx,
     users: Vec<u32>,
-    user_keys: Vec<u64>,
     items: Vec<u32>,
     item_keys: Vec<u64>,
 }
@@ -71,9 +74,12 @@ pub(super) struct Grid {
     refresh: Refresh,
     slow: f64,
     blocks: Vec<Block>,
-    /// The rows of the users of this worker's row strata (by sorted key).
+    /// The users of this worker's row strata: sorted keys, their rows, and the rows as the
+    /// servers last had them.
+    user_keys: Vec<u64>,
     p: Vec<f32>,
     bu: Vec<f32>,
+    pushed: (Vec<f32>, Vec<f32>),
     cols: Vec<Column>,
     rounds: Rounds,
     /// Magnitudes of the blocks updated this round, reported with the next call.
@@ -131,7 +137,6 @@ impl Grid {
                 blk.users = blk.ratings.user.clone();
                 blk.users.sort_unstable();
                 blk.users.dedup();
-                blk.user_keys = blk.users.iter().map(|&j| user_keys[j as usize]).collect();
                 blk.items = blk.ratings.item.clone();
                 blk.items.sort_unstable();
                 blk.items.dedup();
@@ -152,6 +157,8 @@ impl Grid {
             refresh: a.refresh,
             slow,
             blocks,
+            pushed: (p.clone(), bu.clone()),
+            user_keys,
             p,
             bu,
             cols,
@@ -168,19 +175,48 @@ impl Grid {
         self.rounds.waited
     }
 
-    /// `strata` rounds (an epoch).
+    /// `strata` rounds (an epoch). In a round, the reads of every block's item rows go out
+    /// together first, and each block's changes are pushed without waiting; the round ends
+    /// when every push is acknowledged, before the call for the next.
     pub fn epoch(&mut self, s: &mut WorkerSession, t: &mut Timing) -> Result<()> {
         for _ in 0..self.strata {
             let reports = std::mem::take(&mut self.reports);
             let round = self.rounds.next(s, &reports)?;
             let typical = self.note(&round);
+            let tc = Instant::now();
+            let mut reads = Vec::new();
             for &b in &round.mine {
                 if self.blocks[b].ratings.len() > 0 {
-                    let m = self.update(s, b, round.number, typical, t)?;
-                    self.reports.push((b, m));
+                    reads.push((b, self.read(s, b % self.strata, round.number, typical)?));
                 }
             }
+            t.comm += tc.elapsed();
+            for (b, pulls) in reads {
+                let m = self.update(s, b, pulls, t)?;
+                self.reports.push((b, m));
+            }
+            let tc = Instant::now();
+            s.kv.wait_all()?;
+            t.comm += tc.elapsed();
         }
+        self.push_users(s, t)
+    }
+
+    /// Pushes the change of this worker's user rows since the last push.
+    fn push_users(&mut self, s: &mut WorkerSession, t: &mut Timing) -> Result<()> {
+        let tc = Instant::now();
+        for (now, pushed) in [(&self.p, &mut self.pushed.0), (&self.bu, &mut self.pushed.1)] {
+            for (x, &n) in pushed.iter_mut().zip(now.iter()) {
+                *x = n - *x;
+            }
+        }
+        let a = s.kv.push(USERS, &self.user_keys, &self.pushed.0)?;
+        let b = s.kv.push(USER_BIAS, &self.user_keys, &self.pushed.1)?;
+        s.kv.wait(a)?;
+        s.kv.wait(b)?;
+        self.pushed.0.clone_from(&self.p);
+        self.pushed.1.clone_from(&self.bu);
+        t.comm += tc.elapsed();
         Ok(())
     }
 
@@ -204,26 +240,33 @@ impl Grid {
         }
     }
 
-    /// Updates block `b` in round `now`: reads its column's item rows if due, one SGD pass,
-    /// pushes the change; returns the RMS change of its parameters.
-    fn update(&mut self, s: &mut WorkerSession, b: usize, now: u64, typical: f64, t: &mut Timing) -> Result<f64> {
+    /// Counts a read of column `c`'s item rows in round `now` and, if the copy is missing or
+    /// due for a refresh, issues the pulls of its factors and biases.
+    fn read(&mut self, s: &mut WorkerSession, c: usize, now: u64, typical: f64) -> Result<Option<(Timestamp, Timestamp)>> {
+        let col = &mut self.cols[c];
+        self.reads.reads += 1;
+        if col.read.is_some_and(|r| r == now || !self.refresh.due(now - r, col.others, col.stale_magnitude, typical)) {
+            self.reads.staleness_sum += col.others;
+            self.reads.staleness_max = self.reads.staleness_max.max(col.others);
+            return Ok(None);
+        }
+        (col.read, col.others, col.stale_magnitude) = (Some(now), 0, 0.0);
+        self.reads.pulls += 1;
+        Ok(Some((s.kv.pull(ITEMS, &col.keys)?, s.kv.pull(ITEM_BIAS, &col.keys)?)))
+    }
+
+    /// Updates block `b`: takes its column's pulled rows (if it was read again), one SGD
+    /// pass, pushes the change (not waited for); returns the RMS change of its parameters.
+    fn update(&mut self, s: &mut WorkerSession, b: usize, pulls: Option<(Timestamp, Timestamp)>, t: &mut Timing) -> Result<f64> {
         let k = self.step.k;
         let blk = &self.blocks[b];
         let col = &mut self.cols[b % self.strata];
-        let tc = Instant::now();
-        self.reads.reads += 1;
-        if col.read.is_none_or(|r| self.refresh.due(now - r, col.others, col.stale_magnitude, typical)) {
-            col.q.resize(col.keys.len() * k, 0.0);
-            col.bi.resize(col.keys.len(), 0.0);
-            s.kv.pull_into(ITEMS, &col.keys, &mut col.q)?;
-            s.kv.pull_into(ITEM_BIAS, &col.keys, &mut col.bi)?;
-            (col.read, col.others, col.stale_magnitude) = (Some(now), 0, 0.0);
-            self.reads.pulls += 1;
-        } else {
-            self.reads.staleness_sum += col.others;
-            self.reads.staleness_max = self.reads.staleness_max.max(col.others);
+        if let Some((q, bi)) = pulls {
+            let tc = Instant::now();
+            col.q = s.kv.wait_values(q)?;
+            col.bi = s.kv.wait_values(bi)?;
+            t.comm += tc.elapsed();
         }
-        t.comm += tc.elapsed();
         let ts = Instant::now();
         let [sp, sbu, sq, sbi] = &mut self.snaps;
         sp.take(&self.p, &blk.users, k);
@@ -233,21 +276,15 @@ impl Grid {
         sgd(&blk.ratings, self.step, &mut self.p, &mut self.bu, &mut col.q, &mut col.bi);
         let mut sum = 0f64;
         let n = (blk.users.len() + blk.items.len()) * (k + 1);
-        let dp = sp.delta(&self.p, &blk.users, k, &mut sum);
-        let dbu = sbu.delta(&self.bu, &blk.users, 1, &mut sum);
+        // the users' change counts in the magnitude; it is pushed at the epoch's end
+        sp.delta(&self.p, &blk.users, k, &mut sum);
+        sbu.delta(&self.bu, &blk.users, 1, &mut sum);
         let dq = sq.delta(&col.q, &blk.items, k, &mut sum);
         let dbi = sbi.delta(&col.bi, &blk.items, 1, &mut sum);
         t.straggle(ts.elapsed(), self.slow);
         let tc = Instant::now();
-        let tickets = [
-            s.kv.push(USERS, &blk.user_keys, dp)?,
-            s.kv.push(USER_BIAS, &blk.user_keys, dbu)?,
-            s.kv.push(ITEMS, &blk.item_keys, dq)?,
-            s.kv.push(ITEM_BIAS, &blk.item_keys, dbi)?,
-        ];
-        for x in tickets {
-            s.kv.wait(x)?;
-        }
+        s.kv.push(ITEMS, &blk.item_keys, dq)?;
+        s.kv.push(ITEM_BIAS, &blk.item_keys, dbi)?;
         t.comm += tc.elapsed();
         Ok((sum / n.max(1) as f64).sqrt())
     }

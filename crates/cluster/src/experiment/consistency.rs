@@ -4,21 +4,11 @@
 //! `results.json`, `results.md` and `logloss.svg` (test log loss against wall-clock time, one
 //! line per model).
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Context, Result};
 use downpour_core::consistency::Consistency;
 #[cfg(feature = "cli")]
 use downpour_jobs::linear;
-use plotters::prelude::*;
 use std::path::{Path, PathBuf};
-use std::process::Command;
-
-/// Experiments.
-#[derive(Debug)]
-#[cfg_attr(feature = "cli", derive(clap::Subcommand))]
-pub enum ExperimentCmd {
-    /// Train the linear model under each consistency model and compare them.
-    Consistency(ConsistencyConfig),
-}
 
 /// Flags of `experiment consistency`.
 #[derive(Debug)]
@@ -62,7 +52,7 @@ pub struct ConsistencyConfig {
 /// A value parser that checks a flag with `train linear`'s own parser but keeps its text,
 /// which is passed on to every run.
 #[cfg(feature = "cli")]
-fn check<T>(parse: fn(&str) -> Result<T, String>) -> impl Fn(&str) -> Result<String, String> + Clone {
+pub(super) fn check<T>(parse: fn(&str) -> Result<T, String>) -> impl Fn(&str) -> Result<String, String> + Clone {
     move |s| parse(s).map(|_| s.to_string())
 }
 
@@ -89,35 +79,20 @@ pub fn run_consistency(a: &ConsistencyConfig, exe: &Path) -> Result<PathBuf> {
     for (i, model) in a.models.iter().enumerate() {
         eprintln!("experiment: model {}/{}: {model}", i + 1, a.models.len());
         let metrics_path = a.out.join(format!("{}.json", model.replace(':', "-")));
-        // Worker 0's progress lines (every 2 s) show through; the rest of the log stays quiet.
-        let mut c = Command::new(exe);
-        c.args([
-            "--log",
-            "warn,downpour_jobs::linear=info,downpour::terminal=info",
-            "launch",
-            "--servers",
-            &a.servers.to_string(),
-            "--workers",
-            &a.workers.to_string(),
-            "--",
-        ]);
-        c.args(["train", "linear", "--train"]).args(&a.train).arg("--test").arg(&a.test);
-        c.args(["--consistency", model, "--eval-every", &a.eval_every.to_string(), "--out"]).arg(&metrics_path);
+        let mut job: Vec<std::ffi::OsString> = vec!["train".into(), "linear".into(), "--train".into()];
+        job.extend(a.train.iter().map(|f| f.as_os_str().to_owned()));
+        job.extend(["--test".into(), a.test.as_os_str().to_owned(), "--consistency".into(), model.into()]);
+        job.extend(["--eval-every".into(), a.eval_every.to_string().into(), "--out".into(), metrics_path.as_os_str().to_owned()]);
         if let Some(s) = &a.straggler {
-            c.args(["--straggler", s]);
+            job.extend(["--straggler".into(), s.into()]);
         }
         if let Some(s) = &a.straggler_tail {
-            c.args(["--straggler-tail", s]);
+            job.extend(["--straggler-tail".into(), s.into()]);
         }
-        c.args(&a.train_flags);
-        let status = c.status().with_context(|| format!("cannot run {}", exe.display()))?;
-        if !status.success() {
-            bail!("the run under {model} failed ({status})");
-        }
-        let metrics: serde_json::Value = serde_json::from_str(
-            &std::fs::read_to_string(&metrics_path).with_context(|| format!("cannot read {}", metrics_path.display()))?,
-        )
-        .with_context(|| format!("{}: not JSON", metrics_path.display()))?;
+        job.extend(a.train_flags.iter().map(Into::into));
+        // Worker 0's progress lines (every 2 s) show through; the rest of the log stays quiet.
+        let log = "warn,downpour_jobs::linear=info,downpour::terminal=info";
+        let metrics = super::launch(exe, log, a.servers, a.workers, &job, &metrics_path, &format!("under {model}"))?;
         let curve: Vec<(f64, f64)> = metrics["evals"]
             .as_array()
             .map(|v| v.iter().filter_map(|e| Some((e["wall_s"].as_f64()?, e["test_logloss"].as_f64()?))).collect())
@@ -126,7 +101,8 @@ pub fn run_consistency(a: &ConsistencyConfig, exe: &Path) -> Result<PathBuf> {
         runs.push(Run { model: model.clone(), metrics, curve, time_to_target });
     }
     write_results(a, &runs)?;
-    plot(&a.out.join("logloss.svg"), &runs, a.target_logloss)?;
+    let curves: Vec<(String, Vec<(f64, f64)>)> = runs.iter().map(|r| (r.model.clone(), r.curve.clone())).collect();
+    super::plot(&a.out.join("logloss.svg"), "test log loss against wall-clock time", "test log loss", &curves, a.target_logloss)?;
     Ok(a.out.clone())
 }
 
@@ -186,37 +162,4 @@ fn write_results(a: &ConsistencyConfig, runs: &[Run]) -> Result<()> {
     }
     let path = a.out.join("results.md");
     std::fs::write(&path, md).with_context(|| format!("cannot write {}", path.display()))
-}
-
-fn plot(path: &Path, runs: &[Run], target: f64) -> Result<()> {
-    let t_max = runs.iter().flat_map(|r| r.curve.iter().map(|p| p.0)).fold(0.0f64, f64::max).max(1e-3);
-    let l_max = runs.iter().flat_map(|r| r.curve.iter().map(|p| p.1)).fold(target, f64::max) * 1.05;
-    let l_min = runs.iter().flat_map(|r| r.curve.iter().map(|p| p.1)).fold(target, f64::min) * 0.95;
-    let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
-    let e = |e: &dyn std::fmt::Display| anyhow::anyhow!("cannot draw {}: {e}", path.display());
-    root.fill(&WHITE).map_err(|x| e(&x))?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption("test log loss against wall-clock time", ("sans-serif", 22))
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(60)
-        .build_cartesian_2d(0.0..t_max * 1.02, l_min..l_max)
-        .map_err(|x| e(&x))?;
-    chart.configure_mesh().x_desc("wall-clock seconds").y_desc("test log loss").draw().map_err(|x| e(&x))?;
-    chart
-        .draw_series(LineSeries::new([(0.0, target), (t_max * 1.02, target)], BLACK.mix(0.4)))
-        .map_err(|x| e(&x))?
-        .label(format!("target {target}"))
-        .legend(|(x, y)| PathElement::new([(x, y), (x + 18, y)], BLACK.mix(0.4)));
-    for (i, r) in runs.iter().enumerate() {
-        let color = Palette99::pick(i).to_rgba();
-        chart
-            .draw_series(LineSeries::new(r.curve.iter().copied(), color.stroke_width(2)))
-            .map_err(|x| e(&x))?
-            .label(r.model.clone())
-            .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], color.stroke_width(2)));
-    }
-    chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw().map_err(|x| e(&x))?;
-    root.present().map_err(|x| e(&x))?;
-    Ok(())
 }
