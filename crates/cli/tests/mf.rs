@@ -171,3 +171,35 @@ fn a_server_killed_mid_run_of_a_replicated_mf_job_loses_no_update() {
     assert!(wall > 2.0, "the run ({wall} s) must outlast the kill");
     assert!((killed - undisturbed).abs() < 1e-6, "test RMSE {killed} with a server killed, {undisturbed} without");
 }
+
+#[test]
+fn the_model_parallel_experiment_compares_schedules_and_writes_its_results() {
+    let d = tempfile::tempdir().unwrap();
+    let (tr, te, out) = (d.path().join("tr.csv"), d.path().join("te.csv"), d.path().join("exp"));
+    write_ratings(&tr, &te);
+    let o = downpour()
+        .args(["experiment", "model-parallel", "--train", tr.to_str().unwrap(), "--test", te.to_str().unwrap(), "--servers", "1"])
+        .args(["--schedules", "priority,data-parallel,round-robin@1", "--seeds", "1,2", "--epochs", "8", "--straggler", "1:2"])
+        .args(["--out", out.to_str().unwrap(), "--", "--factors", "8", "--lr", "0.02"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
+    let rows = r["schedules"].as_array().unwrap();
+    let names: Vec<(&str, u64)> = rows.iter().map(|s| (s["schedule"].as_str().unwrap(), s["workers"].as_u64().unwrap())).collect();
+    assert_eq!(names, [("priority", 2), ("data-parallel", 2), ("round-robin", 1)], "{r}");
+    let target = r["target_rmse"].as_f64().unwrap();
+    for s in rows {
+        assert_eq!(s["seeds"].as_array().unwrap().len(), 2, "{s}");
+        assert_eq!(s["seeds"][0]["curve"].as_array().unwrap().len(), 8, "{s}");
+        // the default target is the median of the runs' best RMSEs: a run whose best is
+        // at or below it has a time to it
+        for seed in s["seeds"].as_array().unwrap() {
+            let best = seed["curve"].as_array().unwrap().iter().map(|p| p[1].as_f64().unwrap()).fold(f64::INFINITY, f64::min);
+            assert_eq!(seed["time_to_target_s"].is_number(), best <= target, "{seed} against {target}");
+        }
+    }
+    let md = std::fs::read_to_string(out.join("results.md")).unwrap();
+    assert!(md.contains("| priority | 2 |") && md.contains("straggler 1:2"), "{md}");
+    assert!(std::fs::read_to_string(out.join("rmse.svg")).unwrap().contains("<svg"));
+}
