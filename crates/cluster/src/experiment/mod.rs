@@ -30,7 +30,15 @@ pub enum ExperimentCmd {
 
 /// Runs `exe launch --servers S --workers W -- JOB…` with the log filter `log` (worker 0's
 /// progress lines show through) and reads the JSON metrics the job wrote to `metrics`.
-fn launch(exe: &Path, log: &str, servers: usize, workers: usize, job: &[std::ffi::OsString], metrics: &Path, what: &str) -> Result<serde_json::Value> {
+fn launch(
+    exe: &Path,
+    log: &str,
+    servers: usize,
+    workers: usize,
+    job: &[std::ffi::OsString],
+    metrics: &Path,
+    what: &str,
+) -> Result<serde_json::Value> {
     let mut c = Command::new(exe);
     c.args(["--log", log, "launch", "--servers", &servers.to_string(), "--workers", &workers.to_string(), "--"]);
     c.args(job);

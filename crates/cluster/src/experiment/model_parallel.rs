@@ -1,9 +1,10 @@
 //! `downpour experiment model-parallel`: `train mf` under each block policy of the
 //! model-parallel schedule (round-robin, random, priority), under data-parallel
 //! asynchronous SGD on the same tables (the baseline without a schedule), and with other
-//! numbers of workers, each as a local multi-process cluster, once per seed. Measures the
-//! training time to a target test RMSE (evaluations left out), the final and best RMSE, the
-//! time spent waiting for rounds, and the stale reads; writes `results.json`, `results.md`
+//! numbers of workers, each as a local multi-process cluster, once per seed (seeds outside,
+//! schedules inside, so that a drift of the machine's speed touches every schedule alike).
+//! Measures the training time to a target test RMSE (evaluations left out), the final and
+//! best RMSE, the time spent waiting for rounds, and the stale reads; writes `results.json`, `results.md`
 //! and `rmse.svg` (test RMSE against training time, the first seed's run of each schedule).
 
 use anyhow::{ensure, Context, Result};
@@ -28,7 +29,10 @@ pub struct ModelParallelConfig {
     pub servers: usize,
     /// Schedules to compare, comma-separated: round-robin, random, priority (block
     /// policies) or data-parallel, each optionally `@W` to run it with W workers.
-    #[cfg_attr(feature = "cli", arg(long, default_value = "round-robin,random,priority,data-parallel,round-robin@1", value_delimiter = ','))]
+    #[cfg_attr(
+        feature = "cli",
+        arg(long, default_value = "round-robin,random,priority,data-parallel,round-robin@1", value_delimiter = ',')
+    )]
     pub schedules: Vec<String>,
     /// Strata per side of the block grid (default: the run's workers, DSGD's choice).
     #[cfg_attr(feature = "cli", arg(long))]
@@ -66,7 +70,13 @@ struct Schedule {
 impl Schedule {
     fn parse(s: &str, workers: usize) -> Result<Schedule> {
         let (name, w) = match s.split_once('@') {
-            Some((n, w)) => (n, w.parse::<usize>().ok().filter(|&w| w >= 1).with_context(|| format!("--schedules: {s:?}: workers {w:?} is not a positive number"))?),
+            Some((n, w)) => (
+                n,
+                w.parse::<usize>()
+                    .ok()
+                    .filter(|&w| w >= 1)
+                    .with_context(|| format!("--schedules: {s:?}: workers {w:?} is not a positive number"))?,
+            ),
             None => (s, workers),
         };
         ensure!(
@@ -125,11 +135,14 @@ pub fn run_model_parallel(a: &ModelParallelConfig, exe: &Path) -> Result<PathBuf
     std::fs::create_dir_all(&a.out).with_context(|| format!("cannot create {}", a.out.display()))?;
     let straggler_id: Option<usize> = a.straggler.as_deref().and_then(|s| s.split_once(':')).and_then(|(id, _)| id.parse().ok());
     let total = schedules.len() * a.seeds.len();
-    let mut all: Vec<(Schedule, Vec<Run>)> = Vec::new();
-    for sched in &schedules {
-        let mut runs = Vec::new();
-        for &seed in &a.seeds {
-            eprintln!("experiment: run {}/{total}: {}, seed {seed}", all.len() * a.seeds.len() + runs.len() + 1, sched.label());
+    // seeds outside, schedules inside: a drift of the machine's speed during the experiment
+    // touches every schedule alike
+    let mut all: Vec<(Schedule, Vec<Run>)> = schedules.iter().map(|s| (s.clone(), Vec::new())).collect();
+    let mut done = 0;
+    for &seed in &a.seeds {
+        for (sched, runs) in all.iter_mut() {
+            done += 1;
+            eprintln!("experiment: run {done}/{total}: {}, seed {seed}", sched.label());
             let metrics_path = a.out.join(format!("{}-w{}-s{seed}.json", sched.name, sched.workers));
             let mut job: Vec<OsString> = vec!["train".into(), "mf".into(), "--train".into(), a.train.as_os_str().to_owned()];
             job.extend(["--test".into(), a.test.as_os_str().to_owned(), "--epochs".into(), a.epochs.to_string().into()]);
@@ -155,7 +168,6 @@ pub fn run_model_parallel(a: &ModelParallelConfig, exe: &Path) -> Result<PathBuf
             ensure!(!curve.is_empty(), "{}: no test RMSE per epoch", metrics_path.display());
             runs.push(Run { seed, metrics, curve });
         }
-        all.push((sched.clone(), runs));
     }
     let bests: Vec<f64> = all.iter().flat_map(|(_, r)| r.iter().map(Run::best)).collect();
     let target = a.target_rmse.or_else(|| median(bests)).context("no run")?;

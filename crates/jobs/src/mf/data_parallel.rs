@@ -68,7 +68,12 @@ impl Share {
         for b in &self.batches {
             let tc = Instant::now();
             // the four reads go out together
-            let tickets = [s.kv.pull(USERS, &b.users)?, s.kv.pull(USER_BIAS, &b.users)?, s.kv.pull(ITEMS, &b.items)?, s.kv.pull(ITEM_BIAS, &b.items)?];
+            let tickets = [
+                s.kv.pull(USERS, &b.users)?,
+                s.kv.pull(USER_BIAS, &b.users)?,
+                s.kv.pull(ITEMS, &b.items)?,
+                s.kv.pull(ITEM_BIAS, &b.items)?,
+            ];
             for (rows, x) in self.rows.iter_mut().zip(tickets) {
                 *rows = s.kv.wait_values(x)?;
             }

@@ -20,7 +20,6 @@ use downpour_core::blocks::{Refresh, Round};
 use downpour_core::init::splitmix64;
 use downpour_core::keys::scramble;
 use downpour_data::ratings::Ratings;
-use downpour_worker::Timestamp;
 use downpour_worker::WorkerSession;
 use std::time::{Duration, Instant};
 
@@ -175,25 +174,21 @@ impl Grid {
         self.rounds.waited
     }
 
-    /// `strata` rounds (an epoch). In a round, the reads of every block's item rows go out
-    /// together first, and each block's changes are pushed without waiting; the round ends
-    /// when every push is acknowledged, before the call for the next.
+    /// `strata` rounds (an epoch). Each block's changes are pushed without waiting; the
+    /// round ends when every push is acknowledged, before the call for the next.
     pub fn epoch(&mut self, s: &mut WorkerSession, t: &mut Timing) -> Result<()> {
         for _ in 0..self.strata {
             let reports = std::mem::take(&mut self.reports);
             let round = self.rounds.next(s, &reports)?;
             let typical = self.note(&round);
-            let tc = Instant::now();
-            let mut reads = Vec::new();
             for &b in &round.mine {
                 if self.blocks[b].ratings.len() > 0 {
-                    reads.push((b, self.read(s, b % self.strata, round.number, typical)?));
+                    let tc = Instant::now();
+                    self.read(s, b % self.strata, round.number, typical)?;
+                    t.comm += tc.elapsed();
+                    let m = self.update(s, b, t)?;
+                    self.reports.push((b, m));
                 }
-            }
-            t.comm += tc.elapsed();
-            for (b, pulls) in reads {
-                let m = self.update(s, b, pulls, t)?;
-                self.reports.push((b, m));
             }
             let tc = Instant::now();
             s.kv.wait_all()?;
@@ -241,32 +236,31 @@ impl Grid {
     }
 
     /// Counts a read of column `c`'s item rows in round `now` and, if the copy is missing or
-    /// due for a refresh, issues the pulls of its factors and biases.
-    fn read(&mut self, s: &mut WorkerSession, c: usize, now: u64, typical: f64) -> Result<Option<(Timestamp, Timestamp)>> {
+    /// due for a refresh, pulls its factors and biases (into the copy's buffers).
+    fn read(&mut self, s: &mut WorkerSession, c: usize, now: u64, typical: f64) -> Result<()> {
         let col = &mut self.cols[c];
         self.reads.reads += 1;
         if col.read.is_some_and(|r| r == now || !self.refresh.due(now - r, col.others, col.stale_magnitude, typical)) {
             self.reads.staleness_sum += col.others;
             self.reads.staleness_max = self.reads.staleness_max.max(col.others);
-            return Ok(None);
+            return Ok(());
         }
         (col.read, col.others, col.stale_magnitude) = (Some(now), 0, 0.0);
         self.reads.pulls += 1;
-        Ok(Some((s.kv.pull(ITEMS, &col.keys)?, s.kv.pull(ITEM_BIAS, &col.keys)?)))
+        let k = self.step.k;
+        col.q.resize(col.keys.len() * k, 0.0);
+        col.bi.resize(col.keys.len(), 0.0);
+        s.kv.pull_into(ITEMS, &col.keys, &mut col.q)?;
+        s.kv.pull_into(ITEM_BIAS, &col.keys, &mut col.bi)?;
+        Ok(())
     }
 
-    /// Updates block `b`: takes its column's pulled rows (if it was read again), one SGD
-    /// pass, pushes the change (not waited for); returns the RMS change of its parameters.
-    fn update(&mut self, s: &mut WorkerSession, b: usize, pulls: Option<(Timestamp, Timestamp)>, t: &mut Timing) -> Result<f64> {
+    /// Updates block `b` from its column's copy: one SGD pass, pushes the change (not
+    /// waited for); returns the RMS change of its parameters.
+    fn update(&mut self, s: &mut WorkerSession, b: usize, t: &mut Timing) -> Result<f64> {
         let k = self.step.k;
         let blk = &self.blocks[b];
         let col = &mut self.cols[b % self.strata];
-        if let Some((q, bi)) = pulls {
-            let tc = Instant::now();
-            col.q = s.kv.wait_values(q)?;
-            col.bi = s.kv.wait_values(bi)?;
-            t.comm += tc.elapsed();
-        }
         let ts = Instant::now();
         let [sp, sbu, sq, sbi] = &mut self.snaps;
         sp.take(&self.p, &blk.users, k);
