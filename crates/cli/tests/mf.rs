@@ -124,10 +124,10 @@ fn the_data_parallel_baseline_learns_the_same_model_without_a_schedule() {
 fn a_bad_ratings_line_is_named_and_a_grid_smaller_than_the_workers_is_refused() {
     let d = tempfile::tempdir().unwrap();
     let tr = d.path().join("r.csv");
-    std::fs::write(&tr, "1,2,3\n2,3,4\n3,four,5\n").unwrap();
+    std::fs::write(&tr, "1,2,3\n2,3,4\n3,4,five\n").unwrap();
     let o = downpour().args(["train", "mf", "--train", tr.to_str().unwrap()]).output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success() && err.contains("r.csv:3") && err.contains("item id \"four\""), "{err}");
+    assert!(!o.status.success() && err.contains("r.csv:3") && err.contains("rating \"five\" is not a number"), "{err}");
     std::fs::write(&tr, "1,2,3\n2,3,4\n").unwrap();
     let o = downpour().args(["train", "mf", "--train", tr.to_str().unwrap(), "--workers", "2", "--strata", "1"]).output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr);

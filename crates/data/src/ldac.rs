@@ -1,9 +1,16 @@
-//! Bag-of-words corpora for topic models (`train lda`): Blei's LDA-C format, one document
-//! per line, `N id:count id:count …` (`N` distinct word ids, each with its count in the
-//! document), as David Blei's `lda-c`, the PyPI `lda` package's `reuters.ldac` and
-//! `gensim`'s `BleiCorpus` write it; and a vocabulary file, one word per line (line `i`
-//! names word id `i`). Gzip is read transparently; a malformed line is an error naming the
-//! file and line.
+//! Bag-of-words corpora for topic models (`train lda`), in either of the two formats they
+//! ship in, told apart by their first line:
+//!
+//! * Blei's **LDA-C**, one document per line, `N id:count id:count …` (`N` distinct word
+//!   ids, each with its count in the document), as David Blei's `lda-c`, the PyPI `lda`
+//!   package's `reuters.ldac` and gensim's `BleiCorpus` write it; word ids from 0;
+//! * the **UCI bag-of-words** `docword` files (KOS, NIPS, Enron, NYTimes, PubMed): three
+//!   header lines (documents, words, non-zeros), then `docID wordID count` per line, both ids
+//!   from 1 (read here as word id `wordID - 1`, document `docID - 1`, so line `i` of the
+//!   matching `vocab` file, from 0, still names word `i`).
+//!
+//! And a vocabulary file, one word per line (line `i` names word id `i`). Gzip is read
+//! transparently; a malformed line is an error naming the file and line.
 
 use crate::libsvm::DataError;
 use crate::lines::LineSource;
@@ -46,6 +53,69 @@ impl Corpus {
 
 fn field(f: &[u8]) -> &str {
     std::str::from_utf8(f).unwrap_or("(not UTF-8)")
+}
+
+/// Whether `line` is one unsigned integer and nothing else (a UCI header line).
+fn lone_number(line: &[u8]) -> bool {
+    let t = line.trim_ascii();
+    !t.is_empty() && t.iter().all(u8::is_ascii_digit)
+}
+
+/// Reads a corpus in LDA-C or UCI bag-of-words format (see the module's documentation):
+/// UCI when the first line is a lone number (an LDA-C line is never one unless its document
+/// is empty, `0`, and an LDA-C file does not start with three of them).
+pub fn read_corpus(path: &Path) -> Result<Corpus, DataError> {
+    let mut src = LineSource::open(path)?;
+    let mut head = 0;
+    while head < 3 {
+        match src.next_line()? {
+            Some(l) if lone_number(l) && l.trim_ascii() != b"0" => head += 1,
+            _ => break,
+        }
+    }
+    if head == 3 {
+        read_uci(src)
+    } else {
+        read_ldac(path)
+    }
+}
+
+/// Reads the body of a UCI `docword` file (its three header lines already read).
+fn read_uci(mut src: LineSource) -> Result<Corpus, DataError> {
+    let mut entries: Vec<(u32, u32, u32)> = Vec::new();
+    while let Some(line) = src.next_line()? {
+        let mut f = line.split(|b| b.is_ascii_whitespace()).filter(|f| !f.is_empty());
+        let (Some(d), Some(w), Some(n)) = (f.next(), f.next(), f.next()) else {
+            if line.trim_ascii().is_empty() {
+                continue;
+            }
+            return Err(src.error("a UCI bag-of-words line is `docID wordID count`"));
+        };
+        let num = |x: &[u8]| field(x).parse::<u32>().ok().filter(|&v| v >= 1);
+        match (num(d), num(w), num(n)) {
+            (Some(d), Some(w), Some(n)) if f.next().is_none() => entries.push((d - 1, w - 1, n)),
+            _ => {
+                let what = format!("{:?} is not `docID wordID count` (three positive integers)", field(line));
+                return Err(src.error(what));
+            }
+        }
+    }
+    entries.sort_unstable();
+    let docs = entries.last().map_or(0, |e| e.0 as usize + 1);
+    let mut c = Corpus { starts: Vec::with_capacity(docs + 1), ..Corpus::default() };
+    c.starts.push(0);
+    let mut next = 0;
+    for (d, w, n) in entries {
+        while next < d {
+            c.starts.push(c.words.len());
+            next += 1;
+        }
+        c.words.push(w);
+        c.counts.push(n);
+    }
+    c.starts.push(c.words.len());
+    c.starts.truncate(docs + 1);
+    Ok(c)
 }
 
 /// Reads an LDA-C corpus. Blank lines and lines starting with `#` are skipped; a document
@@ -133,6 +203,15 @@ mod tests {
             let e = read_ldac(&p).unwrap_err().to_string();
             assert!(e.contains(want), "{text:?}: {e}");
         }
+        // the same corpus in UCI bag-of-words form (1-based ids, a header of three counts)
+        let u = d.path().join("docword.txt");
+        std::fs::write(&u, "3\n4\n3\n1 1 1\n1 4 4\n3 3 2\n").unwrap();
+        let uci = read_corpus(&u).unwrap();
+        std::fs::write(&p, "2 0:1 3:4\n0\n1 2:2\n").unwrap();
+        assert_eq!(uci, read_corpus(&p).unwrap());
+        std::fs::write(&u, "3\n4\n3\n1 1 1\n2 x 1\n").unwrap();
+        let e = read_corpus(&u).unwrap_err().to_string();
+        assert!(e.contains("docword.txt:5") && e.contains("docID wordID count"), "{e}");
         let v = d.path().join("vocab");
         std::fs::write(&v, "church\npope\n").unwrap();
         assert_eq!(read_vocab(&v).unwrap(), vec!["church", "pope"]);

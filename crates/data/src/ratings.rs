@@ -1,9 +1,12 @@
 //! Rating triples `(user, item, rating)` for matrix factorisation (`train mf`), from
 //! MovieLens-style files: RecBole's `.inter` (tab-separated, a `user_id:token
-//! item_id:token rating:float …` header), CSV or TSV `user,item,rating[,…]` with or without
-//! a header line, and ml-1m's `user::item::rating::timestamp`. Gzip is read transparently.
-//! Users and items are non-negative integer ids; a malformed line is an error naming the
-//! file and line.
+//! item_id:token rating:float …` header), CSV, TSV or `;`-separated `user,item,rating[,…]`
+//! with or without a header line (fields may be double-quoted, as Book-Crossing's are), and
+//! ml-1m's `user::item::rating::timestamp`. Gzip is read transparently. A first line whose
+//! rating field is not a number is a header. Ids that are non-negative integers are used as
+//! they are; any other id (an ISBN, an Amazon ASIN) is read by [`name_id`], a stable 64-bit
+//! hash with the top bit set, so it never meets an integer id below 2⁶³ and every file and
+//! worker maps a name alike. A malformed line is an error naming the file and line.
 
 use crate::libsvm::DataError;
 use flate2::read::MultiGzDecoder;
@@ -50,6 +53,25 @@ impl Ratings {
     }
 }
 
+/// The id of a non-integer user or item name: FNV-1a over its bytes with the top bit set.
+pub fn name_id(name: &str) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for b in name.bytes() {
+        h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+    }
+    h | 1 << 63
+}
+
+/// A field without surrounding whitespace and double quotes.
+fn unquote(f: &str) -> &str {
+    let f = f.trim();
+    f.strip_prefix('"').and_then(|f| f.strip_suffix('"')).unwrap_or(f).trim()
+}
+
+fn id(field: &str) -> u64 {
+    field.parse::<u64>().unwrap_or_else(|_| name_id(field))
+}
+
 /// Reads every rating of `path` (see the module's documentation for the formats).
 pub fn read_ratings(path: &Path) -> Result<Ratings, DataError> {
     let io = |source| DataError::Io { path: path.to_path_buf(), source };
@@ -63,6 +85,7 @@ pub fn read_ratings(path: &Path) -> Result<Ratings, DataError> {
         Box::new(BufReader::with_capacity(1 << 16, f))
     };
     let mut out = Ratings::default();
+    let mut seen_line = false;
     for (i, line) in r.lines().enumerate() {
         let line = line.map_err(io)?;
         let n = i as u64 + 1;
@@ -77,6 +100,8 @@ pub fn read_ratings(path: &Path) -> Result<Ratings, DataError> {
             "\t"
         } else if t.contains(',') {
             ","
+        } else if t.contains(';') {
+            ";"
         } else {
             " "
         };
@@ -85,19 +110,22 @@ pub fn read_ratings(path: &Path) -> Result<Ratings, DataError> {
             let n_fields = t.split(sep).filter(|f| sep != " " || !f.is_empty()).count();
             return Err(bad(format!("{n_fields} fields; a rating line is user, item, rating")));
         };
-        let (u, it, v) = (u.trim(), it.trim(), v.trim());
-        // A header: the first line whose id fields are not numbers.
-        if out.is_empty() && n == 1 && u.parse::<u64>().is_err() && it.parse::<u64>().is_err() {
-            continue;
-        }
-        let user = u.parse::<u64>().map_err(|_| bad(format!("user id {u:?} is not a non-negative integer")))?;
-        let item = it.parse::<u64>().map_err(|_| bad(format!("item id {it:?} is not a non-negative integer")))?;
+        let (u, it, v) = (unquote(u), unquote(it), unquote(v));
         let value = match v.parse::<f32>() {
             Ok(x) if x.is_finite() => x,
+            // a header: the first line, with a rating field that is not a number
+            _ if out.is_empty() && !seen_line => {
+                seen_line = true;
+                continue;
+            }
             _ => return Err(bad(format!("rating {v:?} is not a number"))),
         };
-        out.users.push(user);
-        out.items.push(item);
+        seen_line = true;
+        if u.is_empty() || it.is_empty() {
+            return Err(bad("an empty user or item id".into()));
+        }
+        out.users.push(id(u));
+        out.items.push(id(it));
         out.values.push(value);
     }
     Ok(out)
@@ -122,10 +150,17 @@ mod tests {
             let r = read_ratings(&p).unwrap();
             assert_eq!((r.users, r.items, r.values), (vec![196, 186], vec![242, 302], vec![3.0, 4.5]), "{name}");
         }
+        // Book-Crossing: `;`, quoted fields, ISBNs for items
+        let p = d.path().join("BX-Book-Ratings.csv");
+        std::fs::write(&p, "\"User-ID\";\"ISBN\";\"Book-Rating\"\n\"276725\";\"034545104X\";\"0\"\n\"276726\";\"0155061224\";\"5\"\n").unwrap();
+        let r = read_ratings(&p).unwrap();
+        assert_eq!((r.users, r.values), (vec![276725, 276726], vec![0.0, 5.0]));
+        assert_eq!(r.items, vec![name_id("034545104X"), 155061224]);
+        assert!(name_id("034545104X") >= 1 << 63);
         let p = d.path().join("bad.csv");
-        std::fs::write(&p, "1,2,3\n4,x,5\n").unwrap();
+        std::fs::write(&p, "1,2,3\n4,,5\n").unwrap();
         let e = read_ratings(&p).unwrap_err().to_string();
-        assert!(e.contains("bad.csv:2") && e.contains("item id \"x\""), "{e}");
+        assert!(e.contains("bad.csv:2") && e.contains("empty user or item id"), "{e}");
         std::fs::write(&p, "1,2,3\n4,5\n").unwrap();
         assert!(read_ratings(&p).unwrap_err().to_string().contains("bad.csv:2: 2 fields"));
         std::fs::write(&p, "1,2,3\n4,5,nan\n").unwrap();

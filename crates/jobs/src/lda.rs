@@ -29,7 +29,7 @@ use downpour_core::init::{splitmix64, Init, SplitMix};
 use downpour_core::keys::scramble;
 use downpour_core::proto;
 use downpour_core::table::{Storage, TableDef};
-use downpour_data::ldac::{read_ldac, read_vocab, Corpus};
+use downpour_data::ldac::{read_corpus, read_vocab, Corpus};
 use downpour_worker::WorkerSession;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -38,8 +38,9 @@ use std::time::Instant;
 #[derive(Debug, Clone)]
 #[cfg_attr(feature = "cli", derive(clap::Args))]
 pub struct LdaConfig {
-    /// The corpus in LDA-C format (`N id:count …`, one document per line; gzip read
-    /// transparently).
+    /// The corpus: LDA-C (`N id:count …`, one document per line) or a UCI bag-of-words
+    /// `docword` file (three header lines, then `docID wordID count`); gzip read
+    /// transparently.
     #[cfg_attr(feature = "cli", arg(long))]
     pub train: PathBuf,
     /// The vocabulary, one word per line (line i is word id i): its length is the
@@ -183,7 +184,7 @@ pub fn run(a: &LdaConfig, s: &mut WorkerSession, report: &Report) -> Result<()> 
     let blocks = a.blocks.unwrap_or(s.num_workers);
     let mut rounds =
         Rounds::new(BlockPlan { strata: blocks, workers: s.num_workers, policy: Policy::RoundRobin, seed: a.seed }, "--blocks")?;
-    let corpus = read_ldac(&a.train)?;
+    let corpus = read_corpus(&a.train)?;
     let tokens = corpus.tokens();
     ensure!(tokens > 0, "{}: no token", a.train.display());
     let vocab = a.vocab.as_deref().map(read_vocab).transpose()?;
