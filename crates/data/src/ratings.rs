@@ -9,8 +9,7 @@
 //! worker maps a name alike. A malformed line is an error naming the file and line.
 
 use crate::libsvm::DataError;
-use flate2::read::MultiGzDecoder;
-use std::io::{BufRead, BufReader, Read};
+use crate::lines::LineSource;
 use std::path::Path;
 
 /// Ratings as three parallel columns.
@@ -72,61 +71,62 @@ fn id(field: &str) -> u64 {
     field.parse::<u64>().unwrap_or_else(|_| name_id(field))
 }
 
+/// One line: `Ok(None)` for a blank line, a comment or (when `first`) a header.
+fn parse_line(t: &str, first: bool) -> Result<Option<(u64, u64, f32)>, String> {
+    let t = t.trim();
+    if t.is_empty() || t.starts_with('#') {
+        return Ok(None);
+    }
+    let sep = if t.contains("::") {
+        "::"
+    } else if t.contains('\t') {
+        "\t"
+    } else if t.contains(',') {
+        ","
+    } else if t.contains(';') {
+        ";"
+    } else {
+        " "
+    };
+    let fields = || t.split(sep).filter(|f| sep != " " || !f.is_empty());
+    let mut f = fields();
+    let (Some(u), Some(it), Some(v)) = (f.next(), f.next(), f.next()) else {
+        return Err(format!("{} fields; a rating line is user, item, rating", fields().count()));
+    };
+    let (u, it, v) = (unquote(u), unquote(it), unquote(v));
+    let value = match v.parse::<f32>() {
+        Ok(x) if x.is_finite() => x,
+        // a header: the first line, with a rating field that is not a number
+        _ if first => return Ok(None),
+        _ => return Err(format!("rating {v:?} is not a number")),
+    };
+    if u.is_empty() || it.is_empty() {
+        return Err("an empty user or item id".into());
+    }
+    Ok(Some((id(u), id(it), value)))
+}
+
 /// Reads every rating of `path` (see the module's documentation for the formats).
 pub fn read_ratings(path: &Path) -> Result<Ratings, DataError> {
-    let io = |source| DataError::Io { path: path.to_path_buf(), source };
-    let mut f = std::fs::File::open(path).map_err(io)?;
-    let mut magic = [0u8; 2];
-    let gz = f.read(&mut magic).map_err(io)? == 2 && magic == [0x1f, 0x8b];
-    let f = std::fs::File::open(path).map_err(io)?;
-    let r: Box<dyn BufRead> = if gz {
-        Box::new(BufReader::with_capacity(1 << 16, MultiGzDecoder::new(BufReader::new(f))))
-    } else {
-        Box::new(BufReader::with_capacity(1 << 16, f))
-    };
+    let mut src = LineSource::open(path)?;
     let mut out = Ratings::default();
-    let mut seen_line = false;
-    for (i, line) in r.lines().enumerate() {
-        let line = line.map_err(io)?;
-        let n = i as u64 + 1;
-        let bad = |what: String| DataError::Malformed { path: path.to_path_buf(), line: n, what };
-        let t = line.trim();
-        if t.is_empty() || t.starts_with('#') {
-            continue;
-        }
-        let sep = if t.contains("::") {
-            "::"
-        } else if t.contains('\t') {
-            "\t"
-        } else if t.contains(',') {
-            ","
-        } else if t.contains(';') {
-            ";"
-        } else {
-            " "
+    let mut first = true;
+    while let Some(line) = src.next_line()? {
+        let parsed = match std::str::from_utf8(line) {
+            Ok(t) if t.trim().is_empty() || t.trim_start().starts_with('#') => continue,
+            Ok(t) => parse_line(t, first),
+            Err(_) => Err("not UTF-8 text".to_string()),
         };
-        let mut fields = t.split(sep).filter(|f| sep != " " || !f.is_empty());
-        let (Some(u), Some(it), Some(v)) = (fields.next(), fields.next(), fields.next()) else {
-            let n_fields = t.split(sep).filter(|f| sep != " " || !f.is_empty()).count();
-            return Err(bad(format!("{n_fields} fields; a rating line is user, item, rating")));
-        };
-        let (u, it, v) = (unquote(u), unquote(it), unquote(v));
-        let value = match v.parse::<f32>() {
-            Ok(x) if x.is_finite() => x,
-            // a header: the first line, with a rating field that is not a number
-            _ if out.is_empty() && !seen_line => {
-                seen_line = true;
-                continue;
+        first = false;
+        match parsed {
+            Ok(Some((u, i, v))) => {
+                out.users.push(u);
+                out.items.push(i);
+                out.values.push(v);
             }
-            _ => return Err(bad(format!("rating {v:?} is not a number"))),
-        };
-        seen_line = true;
-        if u.is_empty() || it.is_empty() {
-            return Err(bad("an empty user or item id".into()));
+            Ok(None) => {}
+            Err(what) => return Err(src.error(what)),
         }
-        out.users.push(id(u));
-        out.items.push(id(it));
-        out.values.push(value);
     }
     Ok(out)
 }
@@ -152,7 +152,8 @@ mod tests {
         }
         // Book-Crossing: `;`, quoted fields, ISBNs for items
         let p = d.path().join("BX-Book-Ratings.csv");
-        std::fs::write(&p, "\"User-ID\";\"ISBN\";\"Book-Rating\"\n\"276725\";\"034545104X\";\"0\"\n\"276726\";\"0155061224\";\"5\"\n").unwrap();
+        std::fs::write(&p, "\"User-ID\";\"ISBN\";\"Book-Rating\"\n\"276725\";\"034545104X\";\"0\"\n\"276726\";\"0155061224\";\"5\"\n")
+            .unwrap();
         let r = read_ratings(&p).unwrap();
         assert_eq!((r.users, r.values), (vec![276725, 276726], vec![0.0, 5.0]));
         assert_eq!(r.items, vec![name_id("034545104X"), 155061224]);
