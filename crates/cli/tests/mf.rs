@@ -203,3 +203,21 @@ fn the_model_parallel_experiment_compares_schedules_and_writes_its_results() {
     assert!(md.contains("| priority | 2 |") && md.contains("straggler 1:2"), "{md}");
     assert!(std::fs::read_to_string(out.join("rmse.svg")).unwrap().contains("<svg"));
 }
+
+#[test]
+fn reading_the_next_block_ahead_gives_the_same_model_as_reading_it_at_use() {
+    let d = tempfile::tempdir().unwrap();
+    let (tr, te, out) = (d.path().join("tr.csv"), d.path().join("te.csv"), d.path().join("m.json"));
+    write_ratings(&tr, &te);
+    // round-robin on twice as many item strata as user strata: with --refresh every-round
+    // a worker reads its next block's items during this round; every:1 reads them at use
+    let grid = ["--workers", "2", "--strata", "2", "--item-strata", "4", "--epochs", "10"];
+    let ahead = train_json(&[&grid[..], &["--refresh", "every-round"]].concat(), &tr, &te, &out);
+    let at_use = train_json(&[&grid[..], &["--refresh", "every:1"]].concat(), &tr, &te, &out);
+    assert_eq!(ahead["item_strata"].as_u64(), Some(4), "{ahead}");
+    assert_eq!((ahead["staleness_max"].as_u64(), at_use["staleness_max"].as_u64()), (Some(0), Some(0)));
+    assert_eq!(ahead["test_rmse"], at_use["test_rmse"], "the same model either way: {ahead} {at_use}");
+    // the same reads, and one more: the last round reads ahead for a round that never comes
+    let pulls = |m: &serde_json::Value| m["item_pulls"].as_u64().unwrap();
+    assert_eq!(pulls(&ahead), pulls(&at_use) + 1, "{ahead} {at_use}");
+}

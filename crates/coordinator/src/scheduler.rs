@@ -165,7 +165,7 @@ impl Coordinator {
                 if st.scheduled {
                     return Err(CoordError::SchedulerRestarted { what: "block rounds" });
                 }
-                tracing::info!("block rounds: {0}x{0} blocks, policy {1}, {2} workers", plan.strata, plan.policy, plan.workers);
+                tracing::info!("block rounds: {}x{} blocks, policy {}, {} workers", plan.rows, plan.cols, plan.policy, plan.workers);
                 st.blocks = Some(BlockRounds::new(plan).map_err(invalid)?);
                 st.scheduled = true;
                 self.persist(&mut st, true);

@@ -4,13 +4,15 @@
 //! and lose nothing. No I/O: the job feeds it the update magnitudes the workers measured and
 //! hands out what it decides.
 //!
-//! The blocks form a `strata × strata` grid: block `(r, c)` (id `r · strata + c`) updates
-//! the parameters of row stratum `r` and column stratum `c` (for matrix factorisation, a
-//! user stratum's and an item stratum's factors: DSGD's stratification). Two blocks conflict
-//! when they share a row or a column. Every round hands out one block of every row, in
-//! distinct columns (a *stratum*: `strata` blocks no two of which conflict), the block of row
-//! `r` to worker `r mod workers`; `strata` rounds make an epoch. Which column each row gets
-//! is the [`Policy`]'s choice.
+//! The blocks form a `rows × cols` grid (`cols >= rows`): block `(r, c)` (id `r · cols + c`)
+//! updates the parameters of row stratum `r` and column stratum `c` (for matrix
+//! factorisation, a user stratum's and an item stratum's factors: DSGD's stratification).
+//! Two blocks conflict when they share a row or a column. Every round hands out one block of
+//! every row, in distinct columns (a *stratum*: `rows` blocks no two of which conflict), the
+//! block of row `r` to worker `r mod workers`; `cols` rounds make an epoch. Which column each
+//! row gets is the [`Policy`]'s choice. With twice as many columns as rows, round-robin
+//! leaves every other column untouched each round, and those are exactly the next round's:
+//! a worker can read its next block while it works on this one.
 
 use std::fmt;
 use std::str::FromStr;
@@ -18,18 +20,20 @@ use std::str::FromStr;
 /// How a round's blocks are chosen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Policy {
-    /// Round `t` gives row `r` column `(r + t) mod strata`: every block exactly once per
-    /// epoch (DSGD's stratified schedule).
+    /// Round `t` gives row `r` column `(t + s·r) mod cols`, `s = cols / rows`: every block
+    /// exactly once per epoch (DSGD's stratified schedule), and, when `cols = 2 · rows`, the
+    /// next round's columns all idle this round.
     RoundRobin,
-    /// A seeded random permutation of the columns every round.
+    /// Distinct columns drawn at random (seeded) every round.
     Random,
     /// Blocks drawn one at a time among those whose row and column are still free, with
     /// probability proportional to the square of the block's priority plus a floor (a tenth
     /// of the mean, so none starves), as STRADS samples by the squared change. A block's
-    /// priority is the magnitude of its own last update plus a share (1 / (2 (strata - 1)))
-    /// of those of the updates that blocks sharing its row or column received since: blocks still changing much, and blocks whose
-    /// users or items moved since they were last fitted, go first. A block never reported
-    /// weighs as much as the heaviest one. A round costs O(strata³).
+    /// priority is the magnitude of its own last update plus a share (1 / (rows + cols - 2))
+    /// of those of the updates that blocks sharing its row or column received since: blocks
+    /// still changing much, and blocks whose users or items moved since they were last
+    /// fitted, go first. A block never reported weighs as much as the heaviest one. A round
+    /// costs O(rows² · cols).
     Priority,
 }
 
@@ -130,7 +134,8 @@ pub const PRIORITY_FLOOR: f64 = 0.1;
 /// Decides each round's blocks (see the module's documentation).
 #[derive(Clone, Debug)]
 pub struct BlockScheduler {
-    strata: usize,
+    rows: usize,
+    cols: usize,
     workers: usize,
     policy: Policy,
     rng: u64,
@@ -144,30 +149,45 @@ pub struct BlockScheduler {
 }
 
 impl BlockScheduler {
-    /// A scheduler of a `strata × strata` grid for `workers` workers. Needs
-    /// `1 <= workers <= strata` (every worker gets at least one block a round) and
-    /// `strata <= 1,024`.
+    /// A scheduler of a `strata × strata` grid for `workers` workers (see
+    /// [`BlockScheduler::grid`]).
     pub fn new(strata: usize, workers: usize, policy: Policy, seed: u64) -> Result<Self, BlockError> {
-        if workers == 0 || strata < workers {
-            return Err(BlockError(format!("{strata} strata for {workers} workers: needs at least one stratum per worker")));
+        Self::grid(strata, strata, workers, policy, seed)
+    }
+
+    /// A scheduler of a `rows × cols` grid for `workers` workers. Needs
+    /// `1 <= workers <= rows` (every worker gets at least one block a round),
+    /// `rows <= cols` (every row gets a column) and `cols <= 1,024`.
+    pub fn grid(rows: usize, cols: usize, workers: usize, policy: Policy, seed: u64) -> Result<Self, BlockError> {
+        if workers == 0 || rows < workers {
+            return Err(BlockError(format!("{rows} strata for {workers} workers: needs at least one stratum per worker")));
         }
-        if strata > 1 << 10 {
-            return Err(BlockError(format!("{strata} strata: at most 1,024")));
+        if cols < rows {
+            return Err(BlockError(format!("{cols} column strata for {rows} row strata: needs at least as many columns as rows")));
+        }
+        if cols > 1 << 10 {
+            return Err(BlockError(format!("{cols} strata: at most 1,024")));
         }
         Ok(BlockScheduler {
-            strata,
+            rows,
+            cols,
             workers,
             policy,
             rng: crate::init::splitmix64(seed) | 1,
             round: 0,
-            magnitude: vec![None; strata * strata],
-            pending: vec![0.0; strata * strata],
+            magnitude: vec![None; rows * cols],
+            pending: vec![0.0; rows * cols],
         })
     }
 
-    /// The strata per side.
-    pub fn strata(&self) -> usize {
-        self.strata
+    /// Row strata.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Column strata (rounds per epoch).
+    pub fn cols(&self) -> usize {
+        self.cols
     }
 
     /// Rounds handed out so far.
@@ -177,12 +197,12 @@ impl BlockScheduler {
 
     /// The block of row stratum `row` and column stratum `col`.
     pub fn block(&self, row: usize, col: usize) -> usize {
-        row * self.strata + col
+        row * self.cols + col
     }
 
     /// `(row, column)` of `block`.
     pub fn cell(&self, block: usize) -> (usize, usize) {
-        (block / self.strata, block % self.strata)
+        (block / self.cols, block % self.cols)
     }
 
     /// Whether two distinct blocks may not be updated at the same time.
@@ -198,15 +218,13 @@ impl BlockScheduler {
             if let Some(m) = self.magnitude.get_mut(block) {
                 *m = Some(magnitude);
                 self.pending[block] = 0.0;
-                // shared among the 2 (strata - 1) blocks of its row and column
-                let share = magnitude / (2 * self.strata.max(2) - 2) as f64;
+                // shared among the rows + cols - 2 other blocks of its row and column
+                let share = magnitude / (self.rows + self.cols).saturating_sub(2).max(1) as f64;
                 let (r, c) = self.cell(block);
-                for i in 0..self.strata {
-                    for other in [self.block(r, i), self.block(i, c)] {
-                        if other != block {
-                            self.pending[other] += share;
-                        }
-                    }
+                let others = (0..self.cols).map(|i| self.block(r, i)).chain((0..self.rows).map(|i| self.block(i, c)));
+                let others: Vec<usize> = others.filter(|&o| o != block).collect();
+                for o in others {
+                    self.pending[o] += share;
                 }
             }
         }
@@ -233,19 +251,19 @@ impl BlockScheduler {
     /// The next round: for every worker, the blocks it updates (no two blocks of the round
     /// conflict, whoever holds them).
     pub fn next_round(&mut self) -> Vec<Vec<usize>> {
-        let b = self.strata;
-        let mut col_of = vec![0usize; b];
+        let (rows, cols) = (self.rows, self.cols);
+        let mut col_of = vec![0usize; rows];
         match self.policy {
             Policy::RoundRobin => {
-                let t = (self.round % b as u64) as usize;
+                let (t, stride) = ((self.round % cols as u64) as usize, cols / rows);
                 for (r, c) in col_of.iter_mut().enumerate() {
-                    *c = (r + t) % b;
+                    *c = (t + stride * r) % cols;
                 }
             }
             Policy::Random => {
-                let mut perm: Vec<usize> = (0..b).collect();
+                let mut perm: Vec<usize> = (0..cols).collect();
                 self.shuffle(&mut perm);
-                col_of = perm;
+                col_of.copy_from_slice(&perm[..rows]);
             }
             Policy::Priority => {
                 // STRADS samples by the squared change (Lee et al. 2014: p(j) ∝ δ_j² + η)
@@ -257,21 +275,21 @@ impl BlockScheduler {
                 let floor = (PRIORITY_FLOOR * mean).max(1e-12);
                 // Blocks drawn one by one among those whose row and column are still free,
                 // each with probability proportional to its weight.
-                let (mut row_free, mut col_free) = (vec![true; b], vec![true; b]);
-                for _ in 0..b {
+                let (mut row_free, mut col_free) = (vec![true; rows], vec![true; cols]);
+                for _ in 0..rows {
                     let weight = |m: Option<f64>| m.unwrap_or(unknown) + floor;
                     let mut total = 0.0;
-                    for r in (0..b).filter(|&r| row_free[r]) {
-                        for c in (0..b).filter(|&c| col_free[c]) {
-                            total += weight(score[r * b + c]);
+                    for r in (0..rows).filter(|&r| row_free[r]) {
+                        for c in (0..cols).filter(|&c| col_free[c]) {
+                            total += weight(score[r * cols + c]);
                         }
                     }
                     let mut x = self.unit() * total;
                     let mut pick = None;
-                    'draw: for r in (0..b).filter(|&r| row_free[r]) {
-                        for c in (0..b).filter(|&c| col_free[c]) {
+                    'draw: for r in (0..rows).filter(|&r| row_free[r]) {
+                        for c in (0..cols).filter(|&c| col_free[c]) {
                             pick = Some((r, c));
-                            x -= weight(score[r * b + c]);
+                            x -= weight(score[r * cols + c]);
                             if x < 0.0 {
                                 break 'draw;
                             }
@@ -288,7 +306,7 @@ impl BlockScheduler {
         self.round += 1;
         let mut out = vec![Vec::new(); self.workers];
         for (r, c) in col_of.into_iter().enumerate() {
-            out[r % self.workers].push(r * b + c);
+            out[r % self.workers].push(r * cols + c);
         }
         out
     }
@@ -299,14 +317,25 @@ impl BlockScheduler {
 /// different one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BlockPlan {
-    /// Strata per side.
-    pub strata: usize,
+    /// Row strata (each stays with worker `row mod workers`).
+    pub rows: usize,
+    /// Column strata (at least `rows`; rounds per epoch).
+    pub cols: usize,
     /// Workers of the job.
     pub workers: usize,
     /// How blocks are chosen.
     pub policy: Policy,
     /// Seed of the random choices.
     pub seed: u64,
+}
+
+impl BlockPlan {
+    /// Under round-robin, row `row`'s column in round `round` (counted from 1, as
+    /// [`Round::number`]): the schedule is fixed, so a worker can read ahead.
+    pub fn round_robin_column(&self, row: usize, round: u64) -> usize {
+        let t = ((round.max(1) - 1) % self.cols.max(1) as u64) as usize;
+        (t + (self.cols / self.rows.max(1)) * row) % self.cols.max(1)
+    }
 }
 
 /// One worker's view of a decided round.
@@ -317,7 +346,7 @@ pub struct Round {
     /// The blocks this worker updates.
     pub mine: Vec<usize>,
     /// The column stratum of every row stratum this round (row `r`'s block is
-    /// `r · strata + columns[r]`).
+    /// `r · cols + columns[r]`).
     pub columns: Vec<usize>,
     /// The update magnitude reported for every row's block of the round before (`None`
     /// where none was reported, and in round 1).
@@ -346,7 +375,7 @@ impl BlockRounds {
     /// The rounds of `plan` (see [`BlockScheduler::new`] for what it needs).
     pub fn new(plan: BlockPlan) -> Result<Self, BlockError> {
         Ok(BlockRounds {
-            sched: BlockScheduler::new(plan.strata, plan.workers, plan.policy, plan.seed)?,
+            sched: BlockScheduler::grid(plan.rows, plan.cols, plan.workers, plan.policy, plan.seed)?,
             plan,
             finished: vec![0; plan.workers],
             decided: Vec::new(),
@@ -378,15 +407,15 @@ impl BlockRounds {
             return Err(BlockError(format!("worker {worker} reports block {b}, which it did not hold in round {finished}")));
         }
         if !self.reported.iter().any(|r| r.0 == finished) {
-            self.reported.push((finished, vec![None; self.plan.strata]));
+            self.reported.push((finished, vec![None; self.plan.rows]));
             if self.reported.len() > 2 {
                 self.reported.remove(0);
             }
         }
-        let strata = self.plan.strata;
+        let cols = self.plan.cols;
         if let Some(r) = self.reported.iter_mut().find(|r| r.0 == finished) {
             for &(b, m) in magnitudes {
-                r.1[b / strata] = Some(m);
+                r.1[b / cols] = Some(m);
             }
         }
         for &(b, m) in magnitudes {
@@ -405,9 +434,9 @@ impl BlockRounds {
                 return None;
             }
             let round = self.sched.next_round();
-            let mut columns = vec![0; self.plan.strata];
+            let mut columns = vec![0; self.plan.rows];
             for &b in round.iter().flatten() {
-                columns[b / self.plan.strata] = b % self.plan.strata;
+                columns[b / self.plan.cols] = b % self.plan.cols;
             }
             self.decided.push((want, round, columns));
             if self.decided.len() > 2 {
@@ -415,7 +444,7 @@ impl BlockRounds {
             }
         }
         let (_, blocks, columns) = self.decided.iter().find(|d| d.0 == want)?;
-        let last = self.reported.iter().find(|r| r.0 + 1 == want).map(|r| r.1.clone()).unwrap_or_else(|| vec![None; self.plan.strata]);
+        let last = self.reported.iter().find(|r| r.0 + 1 == want).map(|r| r.1.clone()).unwrap_or_else(|| vec![None; self.plan.rows]);
         Some(Round { number: want, mine: blocks[worker].clone(), columns: columns.clone(), last })
     }
 }
@@ -432,7 +461,7 @@ pub mod wire {
             Policy::Random => 1,
             Policy::Priority => 2,
         };
-        proto::BlockPlan { strata: p.strata as u32, workers: p.workers as u32, policy, seed: p.seed }
+        proto::BlockPlan { strata: p.rows as u32, cols: p.cols as u32, workers: p.workers as u32, policy, seed: p.seed }
     }
 
     /// A round as the coordinator sends it.
@@ -446,12 +475,13 @@ pub mod wire {
     }
 
     /// The round the coordinator sent (blocks outside the plan's grid are an error).
-    pub fn round_from_proto(r: &proto::BlocksReply, strata: usize) -> Result<Round, BlockError> {
-        let bad = |what: &str| BlockError(format!("round {}: {what} outside the {strata}x{strata} grid", r.round));
-        if r.blocks.iter().any(|&b| b as usize >= strata * strata) {
+    pub fn round_from_proto(r: &proto::BlocksReply, plan: &BlockPlan) -> Result<Round, BlockError> {
+        let (rows, cols) = (plan.rows, plan.cols);
+        let bad = |what: &str| BlockError(format!("round {}: {what} outside the {rows}x{cols} grid", r.round));
+        if r.blocks.iter().any(|&b| b as usize >= rows * cols) {
             return Err(bad("a block"));
         }
-        if r.columns.len() != strata || r.columns.iter().any(|&c| c as usize >= strata) || r.last.len() != strata {
+        if r.columns.len() != rows || r.columns.iter().any(|&c| c as usize >= cols) || r.last.len() != rows {
             return Err(bad("the columns"));
         }
         Ok(Round {
@@ -470,7 +500,9 @@ pub mod wire {
             2 => Policy::Priority,
             x => return Err(BlockError(format!("block policy {x} is not 0, 1 or 2"))),
         };
-        Ok(BlockPlan { strata: p.strata as usize, workers: p.workers as usize, policy, seed: p.seed })
+        // 0 columns: a square grid (a plan from before columns could differ)
+        let cols = if p.cols == 0 { p.strata } else { p.cols };
+        Ok(BlockPlan { rows: p.strata as usize, cols: cols as usize, workers: p.workers as usize, policy, seed: p.seed })
     }
 }
 
@@ -482,12 +514,13 @@ mod tests {
     proptest! {
         #[test]
         fn no_two_blocks_of_a_round_ever_conflict(
-            strata in 1usize..12, workers in 1usize..6, policy in 0usize..3, seed in any::<u64>(),
+            strata in 1usize..12, extra in 0usize..6, workers in 1usize..6, policy in 0usize..3, seed in any::<u64>(),
             reports in proptest::collection::vec((0usize..144, 0.0f64..10.0), 0..60),
         ) {
             prop_assume!(workers <= strata);
             let policy = [Policy::RoundRobin, Policy::Random, Policy::Priority][policy];
-            let mut s = BlockScheduler::new(strata, workers, policy, seed).unwrap();
+            let cols = strata + extra;
+            let mut s = BlockScheduler::grid(strata, cols, workers, policy, seed).unwrap();
             for (i, (block, m)) in reports.iter().enumerate() {
                 if i % 3 == 0 {
                     let round = s.next_round();
@@ -496,7 +529,7 @@ mod tests {
                     prop_assert_eq!(all.len(), strata, "one block of every row");
                     prop_assert!(round.iter().all(|w| !w.is_empty()), "every worker has work");
                     for (i, &a) in all.iter().enumerate() {
-                        prop_assert!(a < strata * strata);
+                        prop_assert!(a < strata * cols);
                         for &b in &all[i + 1..] {
                             prop_assert!(!s.conflict(a, b), "{a} and {b} conflict in round {}", s.round());
                         }
@@ -505,6 +538,25 @@ mod tests {
                 s.report(*block, *m);
             }
         }
+    }
+
+    #[test]
+    fn round_robin_on_twice_the_columns_leaves_the_next_rounds_columns_idle() {
+        let plan = BlockPlan { rows: 3, cols: 6, workers: 3, policy: Policy::RoundRobin, seed: 1 };
+        let mut s = BlockScheduler::grid(3, 6, 3, Policy::RoundRobin, 1).unwrap();
+        let rounds: Vec<Vec<usize>> = (0..12).map(|_| s.next_round().into_iter().flatten().collect()).collect();
+        let cols = |r: &Vec<usize>| r.iter().map(|b| b % 6).collect::<Vec<_>>();
+        for (t, pair) in rounds.windows(2).enumerate() {
+            let (now, next) = (cols(&pair[0]), cols(&pair[1]));
+            assert!(next.iter().all(|c| !now.contains(c)), "round {}: {now:?} then {next:?}", t + 1);
+            for (row, &b) in pair[1].iter().enumerate() {
+                assert_eq!(plan.round_robin_column(row, t as u64 + 2), b % 6, "the plan foresees round {}", t + 2);
+            }
+        }
+        let mut epoch: Vec<usize> = rounds[..6].iter().flatten().copied().collect();
+        epoch.sort_unstable();
+        assert_eq!(epoch, (0..18).collect::<Vec<_>>(), "every block once in 6 rounds");
+        assert!(BlockScheduler::grid(3, 2, 2, Policy::Random, 1).is_err(), "fewer columns than rows");
     }
 
     #[test]
@@ -519,7 +571,7 @@ mod tests {
     /// block of the round; returns how often each block was picked and the longest run of
     /// rounds any block went without an update.
     fn drive(s: &mut BlockScheduler, rounds: usize, mag: impl Fn(usize) -> f64) -> (Vec<usize>, usize) {
-        let n = s.strata() * s.strata();
+        let n = s.rows() * s.cols();
         let (mut count, mut last, mut gap) = (vec![0usize; n], vec![0usize; n], 0);
         for t in 1..=rounds {
             for b in s.next_round().into_iter().flatten() {
@@ -561,7 +613,7 @@ mod tests {
 
     #[test]
     fn a_round_is_decided_once_every_worker_finished_the_one_before() {
-        let plan = BlockPlan { strata: 3, workers: 2, policy: Policy::RoundRobin, seed: 1 };
+        let plan = BlockPlan { rows: 3, cols: 3, workers: 2, policy: Policy::RoundRobin, seed: 1 };
         let mut r = BlockRounds::new(plan).unwrap();
         let first = r.next(0).unwrap();
         let (t, a) = (first.number, first.mine);

@@ -182,8 +182,10 @@ pub fn run(a: &LdaConfig, s: &mut WorkerSession, report: &Report) -> Result<()> 
     check(a)?;
     let k = a.topics;
     let blocks = a.blocks.unwrap_or(s.num_workers);
-    let mut rounds =
-        Rounds::new(BlockPlan { strata: blocks, workers: s.num_workers, policy: Policy::RoundRobin, seed: a.seed }, "--blocks")?;
+    let mut rounds = Rounds::new(
+        BlockPlan { rows: blocks, cols: blocks, workers: s.num_workers, policy: Policy::RoundRobin, seed: a.seed },
+        "--blocks",
+    )?;
     let corpus = read_corpus(&a.train)?;
     let tokens = corpus.tokens();
     ensure!(tokens > 0, "{}: no token", a.train.display());

@@ -18,8 +18,13 @@ pub(crate) struct Rounds {
 impl Rounds {
     /// Checks `plan` (the error names the flag `strata_flag`) and starts before round 1.
     pub fn new(plan: BlockPlan, strata_flag: &str) -> Result<Self> {
-        BlockRounds::new(plan).map_err(|e| anyhow::anyhow!("{strata_flag} {}: {e}", plan.strata))?;
+        BlockRounds::new(plan).map_err(|e| anyhow::anyhow!("{strata_flag} {}: {e}", plan.rows))?;
         Ok(Rounds { plan, finished: 0, waited: Duration::ZERO })
+    }
+
+    /// The plan.
+    pub fn plan(&self) -> &BlockPlan {
+        &self.plan
     }
 
     /// Reports the round just finished with its blocks' update magnitudes (nothing before
@@ -32,7 +37,7 @@ impl Rounds {
             magnitudes: magnitudes.iter().map(|&(b, m)| proto::BlockMagnitude { block: b as u32, magnitude: m }).collect(),
         };
         let reply = s.blocks(&req)?;
-        let round = wire::round_from_proto(&reply, self.plan.strata)?;
+        let round = wire::round_from_proto(&reply, &self.plan)?;
         anyhow::ensure!(round.number == self.finished + 1, "the coordinator answered round {} after round {}", round.number, self.finished);
         self.finished = round.number;
         self.waited += t.elapsed();

@@ -9,18 +9,21 @@
 //! evaluated, exported or checkpointed. Item strata change hands
 //! every round; a worker keeps a copy of the item rows of each column stratum it works on
 //! and reads them again by the `--refresh` rule ([`Refresh`]) once another worker has
-//! changed them. Every push is a change (rule `add`), so a stale copy costs accuracy, never
+//! changed them. Under round-robin on at least twice as many item strata as user strata,
+//! the columns of round `t + 1` are idle in round `t` (see [`downpour_core::blocks`]), so a
+//! worker reads its next block's item rows at the start of round `t` and trains on this
+//! block while they travel. Every push is a change (rule `add`), so a stale copy costs accuracy, never
 //! an update.
 
 use super::sgd::{sgd, RatingIdx, Snapshot, Step};
 use super::{Timing, ITEMS, ITEM_BIAS, USERS, USER_BIAS};
 use crate::rounds::Rounds;
 use anyhow::Result;
-use downpour_core::blocks::{Refresh, Round};
+use downpour_core::blocks::{BlockPlan, Policy, Refresh, Round};
 use downpour_core::init::splitmix64;
 use downpour_core::keys::scramble;
 use downpour_data::ratings::Ratings;
-use downpour_worker::WorkerSession;
+use downpour_worker::{Timestamp, WorkerSession};
 use std::time::{Duration, Instant};
 
 /// The stratum of an id.
@@ -66,7 +69,12 @@ pub(super) struct Reads {
 
 /// A worker's part of the model-parallel job.
 pub(super) struct Grid {
-    strata: usize,
+    plan: BlockPlan,
+    /// Reads ahead: round-robin with at least two columns per row, and copies read again
+    /// whenever another worker changed them.
+    ahead: bool,
+    /// Reads of the next round's columns in flight: (column, factors, biases).
+    reading: Vec<(usize, Timestamp, Timestamp)>,
     rank: usize,
     workers: usize,
     step: Step,
@@ -79,7 +87,7 @@ pub(super) struct Grid {
     p: Vec<f32>,
     bu: Vec<f32>,
     pushed: (Vec<f32>, Vec<f32>),
-    cols: Vec<Column>,
+    columns: Vec<Column>,
     rounds: Rounds,
     /// Magnitudes of the blocks updated this round, reported with the next call.
     reports: Vec<(usize, f64)>,
@@ -92,14 +100,16 @@ pub(super) struct Grid {
 impl Grid {
     /// Cuts the ratings (this worker's rows only; each block's ratings in a seeded shuffled
     /// order) and reads this worker's user rows.
-    pub fn new(s: &mut WorkerSession, r: &Ratings, strata: usize, rounds: Rounds, a: &super::MfConfig, step: Step) -> Result<Grid> {
+    pub fn new(s: &mut WorkerSession, r: &Ratings, rounds: Rounds, a: &super::MfConfig, step: Step) -> Result<Grid> {
         let (rank, workers) = (s.rank, s.num_workers);
-        let cell = |i: usize| (stratum(r.users[i], strata, a.seed ^ 0xA5), stratum(r.items[i], strata, a.seed ^ 0x5A));
-        let mut members: Vec<Vec<u32>> = vec![Vec::new(); strata * strata];
+        let plan = *rounds.plan();
+        let (rows, ncols) = (plan.rows, plan.cols);
+        let cell = |i: usize| (stratum(r.users[i], rows, a.seed ^ 0xA5), stratum(r.items[i], ncols, a.seed ^ 0x5A));
+        let mut members: Vec<Vec<u32>> = vec![Vec::new(); rows * ncols];
         for i in 0..r.len() {
             let (row, col) = cell(i);
             if row % workers == rank {
-                members[row * strata + col].push(i as u32);
+                members[row * ncols + col].push(i as u32);
             }
         }
         for (n, m) in members.iter_mut().enumerate() {
@@ -118,16 +128,16 @@ impl Grid {
             v
         };
         let user_keys = sorted(&mut members.iter().flatten().map(|&i| r.users[i as usize]));
-        let mut cols: Vec<Column> = (0..strata).map(|_| Column::default()).collect();
-        for (c, col) in cols.iter_mut().enumerate() {
-            col.keys = sorted(&mut (0..strata).flat_map(|row| members[row * strata + c].iter()).map(|&i| r.items[i as usize]));
+        let mut columns: Vec<Column> = (0..ncols).map(|_| Column::default()).collect();
+        for (c, col) in columns.iter_mut().enumerate() {
+            col.keys = sorted(&mut (0..rows).flat_map(|row| members[row * ncols + c].iter()).map(|&i| r.items[i as usize]));
         }
         let index = |keys: &[u64], key: u64| keys.binary_search(&key).unwrap_or(0) as u32;
         let blocks = members
             .iter()
             .enumerate()
             .map(|(b, m)| {
-                let col = &cols[b % strata];
+                let col = &columns[b % ncols];
                 let mut blk = Block::default();
                 for &i in m {
                     let (u, v) = (scramble(r.users[i as usize]), scramble(r.items[i as usize]));
@@ -149,7 +159,9 @@ impl Grid {
         s.kv.pull_into(USER_BIAS, &user_keys, &mut bu)?;
         let slow = a.straggler.filter(|x| x.0 == rank).map_or(1.0, |x| x.1);
         Ok(Grid {
-            strata,
+            ahead: plan.policy == Policy::RoundRobin && ncols / rows >= 2 && a.refresh == Refresh::EveryRound,
+            plan,
+            reading: Vec::new(),
             rank,
             workers,
             step,
@@ -160,7 +172,7 @@ impl Grid {
             user_keys,
             p,
             bu,
-            cols,
+            columns,
             rounds,
             reports: Vec::new(),
             prev_columns: None,
@@ -174,27 +186,58 @@ impl Grid {
         self.rounds.waited
     }
 
-    /// `strata` rounds (an epoch). Each block's changes are pushed without waiting; the
-    /// round ends when every push is acknowledged, before the call for the next.
+    /// `item_strata` rounds (an epoch). Each block's changes are pushed without waiting;
+    /// the round ends when every push (and read ahead) is acknowledged, before the call for
+    /// the next.
     pub fn epoch(&mut self, s: &mut WorkerSession, t: &mut Timing) -> Result<()> {
-        for _ in 0..self.strata {
+        for _ in 0..self.plan.cols {
             let reports = std::mem::take(&mut self.reports);
             let round = self.rounds.next(s, &reports)?;
             let typical = self.note(&round);
+            let tc = Instant::now();
+            if self.ahead {
+                self.read_ahead(s, round.number)?;
+            }
+            t.comm += tc.elapsed();
             for &b in &round.mine {
                 if self.blocks[b].ratings.len() > 0 {
                     let tc = Instant::now();
-                    self.read(s, b % self.strata, round.number, typical)?;
+                    self.read(s, b % self.plan.cols, round.number, typical)?;
                     t.comm += tc.elapsed();
                     let m = self.update(s, b, t)?;
                     self.reports.push((b, m));
                 }
             }
             let tc = Instant::now();
+            for (c, q, bi) in std::mem::take(&mut self.reading) {
+                self.columns[c].q = s.kv.wait_values(q)?;
+                self.columns[c].bi = s.kv.wait_values(bi)?;
+            }
             s.kv.wait_all()?;
             t.comm += tc.elapsed();
         }
         self.push_users(s, t)
+    }
+
+    /// Issues the reads of this worker's columns of round `now + 1`, which no one updates in
+    /// round `now` (round-robin on at least two columns per row) and which the round
+    /// before left final: the copies will be exact when that round starts.
+    fn read_ahead(&mut self, s: &mut WorkerSession, now: u64) -> Result<()> {
+        for row in (self.rank..self.plan.rows).step_by(self.workers) {
+            let c = self.plan.round_robin_column(row, now + 1);
+            if self.blocks[row * self.plan.cols + c].ratings.len() == 0 {
+                continue;
+            }
+            let col = &mut self.columns[c];
+            if col.read.is_some() && col.others == 0 {
+                // no one changed it since this worker's copy
+                continue;
+            }
+            (col.read, col.others, col.stale_magnitude) = (Some(now), 0, 0.0);
+            self.reads.pulls += 1;
+            self.reading.push((c, s.kv.pull(ITEMS, &col.keys)?, s.kv.pull(ITEM_BIAS, &col.keys)?));
+        }
+        Ok(())
     }
 
     /// Pushes the change of this worker's user rows since the last push.
@@ -221,8 +264,8 @@ impl Grid {
         if let Some(prev) = &self.prev_columns {
             for (row, &c) in prev.iter().enumerate() {
                 if let (true, Some(m)) = (row % self.workers != self.rank, round.last[row]) {
-                    self.cols[c].others += 1;
-                    self.cols[c].stale_magnitude += m;
+                    self.columns[c].others += 1;
+                    self.columns[c].stale_magnitude += m;
                 }
             }
         }
@@ -238,7 +281,7 @@ impl Grid {
     /// Counts a read of column `c`'s item rows in round `now` and, if the copy is missing or
     /// due for a refresh, pulls its factors and biases (into the copy's buffers).
     fn read(&mut self, s: &mut WorkerSession, c: usize, now: u64, typical: f64) -> Result<()> {
-        let col = &mut self.cols[c];
+        let col = &mut self.columns[c];
         self.reads.reads += 1;
         if col.read.is_some_and(|r| r == now || !self.refresh.due(now - r, col.others, col.stale_magnitude, typical)) {
             self.reads.staleness_sum += col.others;
@@ -260,7 +303,7 @@ impl Grid {
     fn update(&mut self, s: &mut WorkerSession, b: usize, t: &mut Timing) -> Result<f64> {
         let k = self.step.k;
         let blk = &self.blocks[b];
-        let col = &mut self.cols[b % self.strata];
+        let col = &mut self.columns[b % self.plan.cols];
         let ts = Instant::now();
         let [sp, sbu, sq, sbi] = &mut self.snaps;
         sp.take(&self.p, &blk.users, k);

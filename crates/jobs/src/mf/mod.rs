@@ -2,18 +2,19 @@
 //! plain SGD as scikit-surprise's SVD), trained model-parallel by a block schedule
 //! (Petuum STRADS / DSGD; [`downpour_core::blocks`]), or data-parallel as a baseline.
 //!
-//! Users and items are cut into `strata` strata each (by a hash of the id), so the ratings
-//! fall into a `strata × strata` grid of blocks; block `(r, c)` updates only the factors and
-//! biases of user stratum `r` and item stratum `c`. Every round the coordinator's block
-//! rounds ([`downpour_core::blocks::BlockRounds`], policy round-robin, random or priority)
-//! hand each worker blocks no two of which share a stratum, so the workers' updates never
-//! touch the same parameters and no update is lost or locked; a worker runs SGD over its
-//! blocks' ratings, pushes the change (rule `add`), and reports each block's update
-//! magnitude (the RMS change of its parameters) with its call for the next round, which is
-//! also the round's barrier. `strata` rounds make an epoch; worker 0 then measures the test
-//! RMSE. Which rows a worker keeps between rounds, and when it reads them again
-//! (`--refresh`), is [`grid`]'s business; `--data-parallel` ([`data_parallel`]) drops the
-//! schedule for Downpour-style asynchronous SGD over each worker's share of the ratings.
+//! Users are cut into `strata` strata and items into `item_strata` (by a hash of the id), so
+//! the ratings fall into a `strata × item_strata` grid of blocks; block `(r, c)` updates only
+//! the factors and biases of user stratum `r` and item stratum `c`. Every round the
+//! coordinator's block rounds ([`downpour_core::blocks::BlockRounds`], policy round-robin,
+//! random or priority) hand each worker blocks no two of which share a stratum, so the
+//! workers' updates never touch the same parameters and no update is lost or locked; a
+//! worker runs SGD over its blocks' ratings, pushes the change (rule `add`), and reports
+//! each block's update magnitude (the RMS change of its parameters) with its call for the
+//! next round, which is also the round's barrier. `item_strata` rounds make an epoch; worker
+//! 0 then measures the test RMSE. Which rows a worker keeps between rounds, when it reads
+//! them again (`--refresh`) and reads ahead, is [`grid`]'s business; `--data-parallel`
+//! ([`data_parallel`]) drops the schedule for Downpour-style asynchronous SGD over each
+//! worker's share of the ratings.
 //!
 //! The factors and biases live on the servers (sparse tables keyed by the scrambled ids);
 //! every worker reads the whole training file (ratings files are small beside the model
@@ -67,9 +68,14 @@ pub struct MfConfig {
     /// (by the blocks' last update magnitude).
     #[cfg_attr(feature = "cli", arg(long, default_value = "round-robin", value_parser = parse_policy))]
     pub policy: Policy,
-    /// Strata per side of the block grid (default: the number of workers; at least that).
+    /// User strata: rows of the block grid (default: the number of workers; at least that).
     #[cfg_attr(feature = "cli", arg(long))]
     pub strata: Option<usize>,
+    /// Item strata: columns of the block grid, rounds per epoch (default: --strata; at least
+    /// that). With at least twice --strata under round-robin and --refresh every-round, a
+    /// worker reads its next block's item rows while it trains on this one.
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub item_strata: Option<usize>,
     /// When a worker reads again the item rows it keeps a copy of: every-round (whenever
     /// another worker changed them: no read is stale), every:N (a stale copy is kept up to
     /// N-1 rounds) or magnitude (once the others' changes since the copy add up to more than
@@ -114,6 +120,7 @@ impl Default for MfConfig {
             init_std: 0.1,
             policy: Policy::RoundRobin,
             strata: None,
+            item_strata: None,
             refresh: Refresh::EveryRound,
             data_parallel: false,
             batch: 1000,
@@ -199,7 +206,9 @@ pub fn run(a: &MfConfig, s: &mut WorkerSession, report: &Report) -> Result<()> {
         ensure!(id < s.num_workers, "--straggler {id}: there are only {} workers (ids 0..{})", s.num_workers, s.num_workers);
     }
     let strata = a.strata.unwrap_or(s.num_workers);
-    let plan = BlockPlan { strata, workers: s.num_workers, policy: a.policy, seed: a.seed };
+    let cols = a.item_strata.unwrap_or(strata);
+    ensure!(a.data_parallel || cols >= strata, "--item-strata {cols}: needs at least --strata ({strata})");
+    let plan = BlockPlan { rows: strata, cols, workers: s.num_workers, policy: a.policy, seed: a.seed };
     let rounds = if a.data_parallel { None } else { Some(Rounds::new(plan, "--strata")?) };
     let train = read_ratings(&a.train)?;
     ensure!(!train.is_empty(), "{}: no rating", a.train.display());
@@ -218,14 +227,14 @@ pub fn run(a: &MfConfig, s: &mut WorkerSession, report: &Report) -> Result<()> {
         let how = if a.data_parallel {
             format!("data-parallel, minibatches of {}", a.batch)
         } else {
-            format!("{strata}x{strata} blocks, policy {}, refresh {}", a.policy, a.refresh)
+            format!("{strata}x{cols} blocks, policy {}, refresh {}", a.policy, a.refresh)
         };
         tracing::info!("train mf: {} ratings ({users} users, {items} items), {k} factors, {how}, {} workers", train.len(), s.num_workers);
     }
     let step = sgd::Step { k, lr: a.lr, reg: a.reg, mu };
     let slow = a.straggler.filter(|x| x.0 == s.rank).map_or(1.0, |x| x.1);
     let mut trainer = match rounds {
-        Some(rounds) => Trainer::Grid(Box::new(grid::Grid::new(s, &train, strata, rounds, a, step)?)),
+        Some(rounds) => Trainer::Grid(Box::new(grid::Grid::new(s, &train, rounds, a, step)?)),
         None => Trainer::Share(Box::new(data_parallel::Share::new(&train, s.rank, s.num_workers, a.batch, a.seed, step, slow))),
     };
     let updates = train.len() as u64 * a.epochs as u64;
@@ -275,6 +284,7 @@ pub fn run(a: &MfConfig, s: &mut WorkerSession, report: &Report) -> Result<()> {
             "policy": a.policy.to_string(),
             "refresh": a.refresh.to_string(),
             "strata": strata,
+            "item_strata": cols,
             "factors": k,
             "workers": s.num_workers,
             "straggler": a.straggler.map(|(id, f)| format!("{id}:{f}")),
