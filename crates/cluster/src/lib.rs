@@ -38,7 +38,7 @@ mod launch;
 pub mod nodes;
 pub mod settings;
 
-pub use embedded::{run_embedded, run_worker};
+pub use embedded::{run_embedded, run_worker, EmbeddedCluster};
 pub use fault::{Fault, FaultAction, FaultTarget};
 pub use launch::{launch_local, LocalRun};
 pub use settings::Settings;
