@@ -1,0 +1,370 @@
+//! The Python binding: module `downpour._downpour`, wrapped by the `downpour` package
+//! (`python/downpour/`). It drives the same library as the Rust jobs: an embedded cluster
+//! ([`downpour_cluster::EmbeddedCluster`]) or a launched one joined over the network
+//! ([`downpour_worker::join_job`]), and a worker session's tables.
+//!
+//! Keys are `numpy.uint64` arrays and values `numpy.float32` arrays (any shape, C-contiguous,
+//! `len(keys) * value_len` values): they are read and filled in place, without copies. The
+//! GIL is released while a call waits on the cluster, so Python threads can drive several
+//! workers of an embedded cluster. Every error is a [`DownpourError`] with the message of its
+//! cause (a refused request, an unknown table, a lost cluster).
+
+use downpour_cluster::nodes::session_config;
+use downpour_cluster::{EmbeddedCluster, Settings};
+use downpour_core::consistency::Consistency;
+use downpour_core::init::Init;
+use downpour_core::keys::KeyRange;
+use downpour_core::proto;
+use downpour_core::table::{Storage, TableDef};
+use downpour_transport::security::AuthToken;
+use downpour_transport::{network_transport, TransportKind};
+use downpour_worker::{join_job, Timestamp, WorkerSession};
+use numpy::{PyArray1, PyArrayDyn, PyArrayMethods, PyReadonlyArray1, PyReadonlyArrayDyn, PyReadwriteArrayDyn};
+use parking_lot::Mutex;
+use pyo3::create_exception;
+use pyo3::exceptions::PyException;
+use pyo3::prelude::*;
+use std::fmt::Display;
+use std::sync::Arc;
+
+create_exception!(
+    _downpour,
+    DownpourError,
+    PyException,
+    "An error from Downpour: a bad argument, a request the cluster refused, a lost cluster."
+);
+
+fn err(e: impl Display) -> PyErr {
+    DownpourError::new_err(e.to_string())
+}
+
+fn anyhow_err(e: anyhow::Error) -> PyErr {
+    DownpourError::new_err(format!("{e:#}"))
+}
+
+/// A coordinator and servers running inside this process (threads over the in-process
+/// transport), waiting for `workers` workers to `join`.
+#[pyclass(module = "downpour._downpour")]
+struct Cluster {
+    /// Shared with the `join` calls in progress (one per worker thread).
+    inner: Mutex<Option<Arc<EmbeddedCluster>>>,
+    #[pyo3(get)]
+    servers: usize,
+    #[pyo3(get)]
+    workers: usize,
+}
+
+/// Starts an embedded cluster of `servers` servers for a job of `workers` workers
+/// (`replication` copies of every row: up to `replication - 1` servers may fail).
+#[pyfunction]
+#[pyo3(signature = (servers = 2, workers = 1, replication = 1))]
+fn embedded(py: Python<'_>, servers: usize, workers: usize, replication: usize) -> PyResult<Cluster> {
+    if replication < 1 || replication > servers.max(1) {
+        return Err(err(format!("replication {replication} needs between 1 and {servers} servers")));
+    }
+    let s = Settings { replication, ..Settings::default() };
+    let cluster = py.detach(|| EmbeddedCluster::start(&s, servers, workers)).map_err(anyhow_err)?;
+    Ok(Cluster { inner: Mutex::new(Some(Arc::new(cluster))), servers, workers })
+}
+
+#[pymethods]
+impl Cluster {
+    /// Joins the job as its next worker; returns once every worker joined (so, with several
+    /// workers, call it from one thread each).
+    fn join(&self, py: Python<'_>) -> PyResult<Session> {
+        let cluster = self.inner.lock().clone().ok_or_else(|| err("the cluster was closed"))?;
+        let session = py.detach(|| cluster.join()).map_err(anyhow_err)?;
+        Ok(Session::new(session))
+    }
+
+    /// Waits until every worker finished (`Session.finish`) and the cluster stopped.
+    fn wait(&self, py: Python<'_>) -> PyResult<()> {
+        let shared = self.inner.lock().take().ok_or_else(|| err("the cluster was closed"))?;
+        let cluster = match Arc::try_unwrap(shared) {
+            Ok(c) => c,
+            Err(shared) => {
+                *self.inner.lock() = Some(shared);
+                return Err(err("a join is still in progress"));
+            }
+        };
+        py.detach(|| cluster.wait()).map_err(anyhow_err)
+    }
+}
+
+/// Joins a running cluster (started with `downpour launch`, or a coordinator and servers of
+/// your own) at `coordinator` (`host:port`) as its next worker; `token` is the cluster's
+/// shared secret, if it has one; `transport` is `tcp` or `grpc`.
+#[pyfunction]
+#[pyo3(signature = (coordinator, token = None, transport = "tcp"))]
+fn connect(py: Python<'_>, coordinator: &str, token: Option<&str>, transport: &str) -> PyResult<Session> {
+    let kind = match transport {
+        "tcp" => TransportKind::Tcp,
+        "grpc" => TransportKind::Grpc,
+        t => return Err(err(format!("transport {t:?} is not tcp or grpc"))),
+    };
+    let auth = token.map(AuthToken::new).transpose().map_err(err)?;
+    let s = Settings { transport: kind, auth, ..Settings::default() };
+    let session = py
+        .detach(|| -> anyhow::Result<WorkerSession> {
+            let t = network_transport(s.transport, s.net_config())?;
+            let cfg = session_config(&s, coordinator)?;
+            Ok(join_job(t, &cfg)?)
+        })
+        .map_err(anyhow_err)?;
+    Ok(Session::new(session))
+}
+
+/// One worker of a job: its rank, its tables, barriers and clocks.
+#[pyclass(module = "downpour._downpour")]
+struct Session {
+    inner: Arc<Mutex<WorkerSession>>,
+    #[pyo3(get)]
+    rank: usize,
+    #[pyo3(get)]
+    num_workers: usize,
+}
+
+impl Session {
+    fn new(s: WorkerSession) -> Session {
+        let (rank, num_workers) = (s.rank, s.num_workers);
+        Session { inner: Arc::new(Mutex::new(s)), rank, num_workers }
+    }
+}
+
+fn parse_init(init: &str, std: f32, seed: u64) -> PyResult<Init> {
+    match init {
+        "zeros" => Ok(Init::Zeros),
+        "normal" => Ok(Init::Normal { mean: 0.0, std, seed }),
+        "uniform" => Ok(Init::Uniform { lo: -std, hi: std, seed }),
+        i => Err(err(format!("init {i:?} is not zeros, normal or uniform"))),
+    }
+}
+
+#[pymethods]
+impl Session {
+    /// Creates table `id` (or checks that it exists with the same definition) and returns it.
+    /// `dense` gives a dense table of keys `0..dense` (else sparse: any u64 key);
+    /// `init` is `zeros`, `normal` (standard deviation `init_std`) or `uniform` (in
+    /// `[-init_std, init_std)`), seeded by `seed`; `rule` is the servers' update rule
+    /// (`add`, `assign`, `sgd`, `momentum`, `adagrad`, `adam`, `ftrl`) with its
+    /// hyper-parameters; `consistency` is `async`, `ssp:TAU` or `bsp`; `filters` as for
+    /// `train linear --filters` (e.g. `f16,lz4`).
+    #[pyo3(signature = (id, name, value_len = 1, dense = None, init = "zeros", init_std = 0.01, seed = 1, rule = "add", lr = 0.01,
+        momentum = 0.9, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, l1 = 0.0, l2 = 0.0, ftrl_beta = 1.0, consistency = "async", filters = "none"))]
+    #[allow(clippy::too_many_arguments)]
+    fn table(
+        &self,
+        py: Python<'_>,
+        id: u32,
+        name: &str,
+        value_len: usize,
+        dense: Option<u64>,
+        init: &str,
+        init_std: f32,
+        seed: u64,
+        rule: &str,
+        lr: f32,
+        momentum: f32,
+        beta1: f32,
+        beta2: f32,
+        eps: f32,
+        l1: f32,
+        l2: f32,
+        ftrl_beta: f32,
+        consistency: &str,
+        filters: &str,
+    ) -> PyResult<Table> {
+        if value_len == 0 {
+            return Err(err("value_len must be at least 1"));
+        }
+        let def = TableDef {
+            value_len,
+            storage: match dense {
+                Some(n) => Storage::Dense(KeyRange::new(0, n)),
+                None => Storage::Sparse,
+            },
+            init: parse_init(init, init_std, seed)?,
+            rule: proto::Rule { name: rule.into(), lr, momentum, beta1, beta2, eps, l1, l2, ftrl_beta },
+            consistency: consistency.parse::<Consistency>().map_err(err)?,
+            filters: filters.parse().map_err(err)?,
+            ..TableDef::new(id, name)
+        };
+        let inner = self.inner.clone();
+        py.detach(|| inner.lock().kv.create_table(def)).map_err(err)?;
+        Ok(Table { session: self.inner.clone(), id, value_len })
+    }
+
+    /// Waits until every worker reached the barrier `name`.
+    fn barrier(&self, py: Python<'_>, name: &str) -> PyResult<()> {
+        let inner = self.inner.clone();
+        py.detach(|| inner.lock().barrier(name)).map_err(err)
+    }
+
+    /// Ends this worker's clock tick (for `bsp` and `ssp` tables); returns the new clock.
+    fn clock(&self, py: Python<'_>) -> PyResult<u64> {
+        let inner = self.inner.clone();
+        py.detach(|| inner.lock().kv.clock()).map_err(err)
+    }
+
+    /// Leaves the job: `ok = False` fails it with `message`. A worker must finish for the
+    /// job (and an embedded cluster's `wait`) to end.
+    #[pyo3(signature = (ok = true, message = ""))]
+    fn finish(&self, py: Python<'_>, ok: bool, message: &str) -> PyResult<()> {
+        let inner = self.inner.clone();
+        py.detach(|| inner.lock().finish(ok, message)).map_err(err)
+    }
+}
+
+/// A table of the job, as seen by one worker.
+#[pyclass(module = "downpour._downpour")]
+struct Table {
+    session: Arc<Mutex<WorkerSession>>,
+    #[pyo3(get)]
+    id: u32,
+    #[pyo3(get)]
+    value_len: usize,
+}
+
+fn keys_slice<'a>(keys: &'a PyReadonlyArray1<'_, u64>) -> PyResult<&'a [u64]> {
+    keys.as_slice().map_err(|_| err("keys must be a contiguous numpy.uint64 array"))
+}
+
+impl Table {
+    fn check(&self, keys: usize, values: usize) -> PyResult<()> {
+        if keys * self.value_len != values {
+            return Err(err(format!("{values} values for {keys} keys of {} values each", self.value_len)));
+        }
+        Ok(())
+    }
+}
+
+/// A request in flight (`Table.push_async`).
+#[pyclass(module = "downpour._downpour")]
+struct Handle {
+    session: Arc<Mutex<WorkerSession>>,
+    ts: Option<Timestamp>,
+}
+
+#[pymethods]
+impl Handle {
+    /// Waits until the servers acknowledged the request (once; later calls return at once).
+    fn wait(&mut self, py: Python<'_>) -> PyResult<()> {
+        match self.ts.take() {
+            Some(ts) => {
+                let s = self.session.clone();
+                py.detach(|| s.lock().kv.wait(ts)).map_err(err)
+            }
+            None => Ok(()),
+        }
+    }
+}
+
+#[pymethods]
+impl Table {
+    /// Pushes `values` (`len(keys) * value_len` float32s, any shape) for `keys` (uint64,
+    /// sorted and unique) and waits until the servers applied them.
+    fn push(&self, py: Python<'_>, keys: PyReadonlyArray1<'_, u64>, values: PyReadonlyArrayDyn<'_, f32>) -> PyResult<()> {
+        let mut h = self.push_async(py, keys, values)?;
+        h.wait(py)
+    }
+
+    /// Pushes like `push` and returns at once with a handle to `wait` on.
+    fn push_async(&self, py: Python<'_>, keys: PyReadonlyArray1<'_, u64>, values: PyReadonlyArrayDyn<'_, f32>) -> PyResult<Handle> {
+        let k = keys_slice(&keys)?;
+        let v = values.as_slice().map_err(|_| err("values must be a contiguous numpy.float32 array"))?;
+        self.check(k.len(), v.len())?;
+        let (s, id) = (self.session.clone(), self.id);
+        let ts = py.detach(|| s.lock().kv.push(id, k, v)).map_err(err)?;
+        Ok(Handle { session: self.session.clone(), ts: Some(ts) })
+    }
+
+    /// Pulls the values of `keys` into `out` (float32, C-contiguous, `len(keys) *
+    /// value_len` values, any shape), or into a new array of shape `(len(keys), value_len)`;
+    /// returns the array filled.
+    #[pyo3(signature = (keys, out = None))]
+    fn pull<'py>(
+        &self,
+        py: Python<'py>,
+        keys: PyReadonlyArray1<'py, u64>,
+        out: Option<Bound<'py, PyArrayDyn<f32>>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let k = keys_slice(&keys)?;
+        let out = match out {
+            Some(o) => o,
+            None => PyArrayDyn::zeros(py, vec![k.len(), self.value_len], false),
+        };
+        {
+            let mut w: PyReadwriteArrayDyn<'_, f32> = out.try_readwrite().map_err(|e| err(format!("out: {e}")))?;
+            let o = w.as_slice_mut().map_err(|_| err("out must be a contiguous numpy.float32 array"))?;
+            self.check(k.len(), o.len())?;
+            let (s, id) = (self.session.clone(), self.id);
+            py.detach(|| s.lock().kv.pull_into(id, k, o)).map_err(err)?;
+        }
+        Ok(out.into_any())
+    }
+
+    /// Pushes `values` to the consecutive keys `begin, begin + 1, …` of a dense table and
+    /// waits until the servers applied them.
+    fn push_range(&self, py: Python<'_>, begin: u64, values: PyReadonlyArrayDyn<'_, f32>) -> PyResult<()> {
+        let v = values.as_slice().map_err(|_| err("values must be a contiguous numpy.float32 array"))?;
+        if v.len() % self.value_len != 0 {
+            return Err(err(format!("{} values are not whole rows of {}", v.len(), self.value_len)));
+        }
+        let (s, id) = (self.session.clone(), self.id);
+        py.detach(|| {
+            let mut s = s.lock();
+            let ts = s.kv.push_range(id, begin, v)?;
+            s.kv.wait(ts)
+        })
+        .map_err(err)
+    }
+
+    /// Pulls the rows of keys `begin, begin + 1, …` of a dense table into `out` (as many
+    /// rows as it holds), or into a new array of `count` rows; returns the array filled.
+    #[pyo3(signature = (begin, out = None, count = None))]
+    fn pull_range<'py>(
+        &self,
+        py: Python<'py>,
+        begin: u64,
+        out: Option<Bound<'py, PyArrayDyn<f32>>>,
+        count: Option<usize>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let out = match (out, count) {
+            (Some(o), _) => o,
+            (None, Some(n)) => PyArrayDyn::zeros(py, vec![n, self.value_len], false),
+            (None, None) => return Err(err("pull_range needs out or count")),
+        };
+        {
+            let mut w: PyReadwriteArrayDyn<'_, f32> = out.try_readwrite().map_err(|e| err(format!("out: {e}")))?;
+            let o = w.as_slice_mut().map_err(|_| err("out must be a contiguous numpy.float32 array"))?;
+            if o.len() % self.value_len != 0 {
+                return Err(err(format!("out holds {} values, not whole rows of {}", o.len(), self.value_len)));
+            }
+            let (s, id) = (self.session.clone(), self.id);
+            py.detach(|| s.lock().kv.pull_range_into(id, begin, o)).map_err(err)?;
+        }
+        Ok(out.into_any())
+    }
+}
+
+/// Keys as the servers spread them: `scramble(ids)` maps application ids (often small
+/// consecutive integers) over the whole key space, so that they split evenly across
+/// servers; returns a new uint64 array.
+#[pyfunction]
+fn scramble<'py>(py: Python<'py>, ids: PyReadonlyArray1<'py, u64>) -> PyResult<Bound<'py, PyArray1<u64>>> {
+    let v: Vec<u64> = keys_slice(&ids)?.iter().map(|&x| downpour_core::keys::scramble(x)).collect();
+    Ok(PyArray1::from_vec(py, v))
+}
+
+#[pymodule]
+fn _downpour(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("DownpourError", m.py().get_type::<DownpourError>())?;
+    m.add_class::<Cluster>()?;
+    m.add_class::<Session>()?;
+    m.add_class::<Table>()?;
+    m.add_class::<Handle>()?;
+    m.add_function(wrap_pyfunction!(embedded, m)?)?;
+    m.add_function(wrap_pyfunction!(connect, m)?)?;
+    m.add_function(wrap_pyfunction!(scramble, m)?)?;
+    Ok(())
+}

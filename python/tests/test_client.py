@@ -1,0 +1,144 @@
+"""The Python client against an embedded cluster and a launched one (`pytest python/tests`)."""
+
+import os
+import pathlib
+import subprocess
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import downpour
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+def test_push_and_pull_fill_the_callers_array_in_place():
+    cluster = downpour.embedded(servers=2)
+    s = cluster.join()
+    assert (s.rank, s.num_workers) == (0, 1)
+    t = s.table(1, "rows", value_len=4)
+    keys = downpour.scramble(np.arange(1000, dtype=np.uint64))
+    keys.sort()
+    values = np.arange(4000, dtype=np.float32).reshape(1000, 4)
+    t.push(keys, values)
+    out = np.zeros((1000, 4), dtype=np.float32)
+    got = t.pull(keys, out=out)
+    assert got is out, "the pulled values land in the caller's array, no copy"
+    np.testing.assert_array_equal(out, values)
+    # without out: a new (len(keys), value_len) array
+    again = t.pull(keys)
+    assert again.shape == (1000, 4) and again.dtype == np.float32
+    # an asynchronous push, then its handle
+    h = t.push_async(keys, values)
+    h.wait()
+    h.wait()
+    np.testing.assert_array_equal(t.pull(keys), 2 * values)
+    s.finish()
+    cluster.wait()
+
+
+def test_the_servers_apply_the_tables_update_rule():
+    cluster = downpour.embedded(servers=1)
+    s = cluster.join()
+    t = s.table(2, "sgd", value_len=2, rule="sgd", lr=0.5)
+    keys = np.array([5, 9], dtype=np.uint64)
+    t.push(keys, np.ones(4, dtype=np.float32))
+    np.testing.assert_allclose(t.pull(keys), -0.5 * np.ones((2, 2)))
+    dense = s.table(3, "dense", value_len=3, dense=10)
+    dense.push_range(4, np.full((2, 3), 7, dtype=np.float32))
+    rows = dense.pull_range(3, count=4)
+    np.testing.assert_array_equal(rows[:, 0], [0, 7, 7, 0])
+    s.finish()
+    cluster.wait()
+
+
+def test_two_worker_threads_see_each_others_pushes_with_the_gil_released():
+    cluster = downpour.embedded(servers=2, workers=2)
+    keys = np.arange(0, 5000, 7, dtype=np.uint64)
+    results, errors = {}, []
+
+    def worker():
+        try:
+            # join returns once both workers joined: the other thread must run meanwhile
+            s = cluster.join()
+            t = s.table(1, "counts", value_len=1)
+            t.push(keys, np.ones(len(keys), dtype=np.float32))
+            s.barrier("pushed")
+            results[s.rank] = t.pull(keys)
+            s.finish()
+        except Exception as e:  # reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker) for _ in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=60)
+    assert not errors, errors
+    assert sorted(results) == [0, 1]
+    for r in results.values():
+        np.testing.assert_array_equal(r.ravel(), 2.0)
+    cluster.wait()
+
+
+def test_bad_requests_raise_downpour_errors_with_their_messages():
+    cluster = downpour.embedded(servers=1)
+    s = cluster.join()
+    t = s.table(1, "t", value_len=2)
+    keys = np.array([1, 2], dtype=np.uint64)
+    with pytest.raises(downpour.DownpourError, match="3 values for 2 keys of 2 values each"):
+        t.push(keys, np.ones(3, dtype=np.float32))
+    with pytest.raises(downpour.DownpourError, match="already exists with a different definition"):
+        s.table(1, "t", value_len=3)
+    with pytest.raises(downpour.DownpourError, match="not zeros, normal or uniform"):
+        s.table(4, "u", init="gaussian")
+    with pytest.raises(downpour.DownpourError, match="contiguous"):
+        t.pull(keys, out=np.zeros((2, 4), dtype=np.float32)[:, ::2])
+    with pytest.raises(TypeError):
+        t.pull(np.array([1.0, 2.0]))
+    with pytest.raises(downpour.DownpourError, match="replication"):
+        downpour.embedded(servers=1, replication=2)
+    s.finish()
+    cluster.wait()
+    with pytest.raises(downpour.DownpourError, match="closed"):
+        cluster.join()
+
+
+def _binary():
+    for profile in ("release", "debug"):
+        exe = REPO / "target" / profile / "downpour"
+        if exe.exists():
+            return exe
+    pytest.skip("the downpour binary is not built (cargo build --release)")
+
+
+def test_connect_joins_a_cluster_of_processes():
+    exe = _binary()
+    tmp = pathlib.Path(os.environ.get("TMPDIR", "/tmp")) / f"downpour-py-{os.getpid()}"
+    tmp.mkdir(parents=True, exist_ok=True)
+    addr_file = tmp / "coordinator.addr"
+    addr_file.unlink(missing_ok=True)
+    env = dict(os.environ, DOWNPOUR_LOG="warn")
+    coord = subprocess.Popen([exe, "coordinator", "--listen", "127.0.0.1:0", "--servers", "1", "--workers", "1", "--addr-file", addr_file], env=env)
+    procs = [coord]
+    try:
+        for _ in range(200):
+            if addr_file.exists() and addr_file.read_text().strip():
+                break
+            time.sleep(0.05)
+        addr = addr_file.read_text().strip()
+        procs.append(subprocess.Popen([exe, "server", "--coordinator", addr, "--listen", "127.0.0.1:0"], env=env))
+        s = downpour.connect(addr)
+        t = s.table(1, "w", value_len=2, rule="add")
+        keys = np.array([10, 20, 30], dtype=np.uint64)
+        t.push(keys, np.full(6, 1.5, dtype=np.float32))
+        np.testing.assert_array_equal(t.pull(keys), 1.5)
+        s.finish()
+        assert coord.wait(timeout=30) == 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
