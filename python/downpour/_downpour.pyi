@@ -1,6 +1,6 @@
 """Type stubs of the extension module (crates/python)."""
 
-from typing import Optional
+from typing import List, Optional
 
 import numpy as np
 import numpy.typing as npt
@@ -74,3 +74,6 @@ def connect(coordinator: str, token: Optional[str] = None, transport: str = "tcp
 
 def scramble(ids: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
     """Spreads application ids over the key space as the servers expect."""
+
+def cli(argv: List[str], program: List[str]) -> int:
+    """Runs the downpour command-line tool in this process; returns the exit code."""

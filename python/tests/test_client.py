@@ -142,3 +142,21 @@ def test_connect_joins_a_cluster_of_processes():
             if p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+def test_python_m_downpour_runs_the_command_line_tool_and_its_children():
+    import sys
+
+    help_ = subprocess.run([sys.executable, "-m", "downpour", "--help"], capture_output=True, text=True, timeout=60)
+    assert help_.returncode == 0 and "launch" in help_.stdout, help_.stderr
+    # launch starts its coordinator, servers and workers as `python -m downpour` processes
+    run = subprocess.run(
+        [sys.executable, "-m", "downpour", "--log", "warn", "launch", "--servers", "2", "--workers", "2", "--", "counter", "--keys", "500"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.count("counter: OK keys=500") == 2, run.stdout
+    bad = subprocess.run([sys.executable, "-m", "downpour", "launch", "--servers", "x"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "invalid value" in bad.stderr, bad.stderr

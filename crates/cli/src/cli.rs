@@ -7,7 +7,7 @@ use clap::{Parser, Subcommand};
 use downpour_cluster::bench::{self, BenchConfig};
 use downpour_cluster::certs::CertsCmd;
 use downpour_cluster::experiment::ExperimentCmd;
-use downpour_cluster::{nodes, Fault, LocalRun, Settings};
+use downpour_cluster::{nodes, Fault, LocalRun, Program, Settings};
 use downpour_coordinator::{Coordinator, JobOutcome};
 use downpour_jobs::counter::CounterConfig;
 use downpour_jobs::model::PredictConfig;
@@ -198,10 +198,6 @@ fn parse_job(args: &[String]) -> Result<Job, clap::Error> {
 }
 
 /// This executable, which a local launch starts as every node.
-fn exe() -> Result<std::path::PathBuf> {
-    std::env::current_exe().context("cannot find the downpour executable")
-}
-
 fn interrupt_flag() -> Arc<AtomicBool> {
     let flag = Arc::new(AtomicBool::new(false));
     let f = flag.clone();
@@ -224,9 +220,11 @@ fn transport(s: &Settings) -> Result<Arc<dyn Transport>> {
     Ok(network_transport(s.transport, s.net_config())?)
 }
 
-/// Parses the command line, runs the command, and returns the process exit code.
-pub fn main() -> i32 {
-    let cli = match Cli::try_parse() {
+/// Parses the command line (`args`, the program's name first), runs the command, and returns
+/// the process exit code. `program` is the `downpour` command that child processes run
+/// (`launch`, `bench`, `experiment`): the binary itself when `None`.
+pub fn main_from(args: Vec<std::ffi::OsString>, program: Option<Program>) -> i32 {
+    let cli = match Cli::try_parse_from(args) {
         Ok(c) => c,
         Err(e) => {
             let _ = e.print();
@@ -241,7 +239,14 @@ pub fn main() -> i32 {
         }
     };
     init_logging(&settings.log);
-    match run(cli, settings) {
+    let program = match program.map(Ok).unwrap_or_else(Program::current) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return 1;
+        }
+    };
+    match run(cli, settings, &program) {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("error: {e:#}");
@@ -250,7 +255,7 @@ pub fn main() -> i32 {
     }
 }
 
-fn run(cli: Cli, s: Settings) -> Result<()> {
+fn run(cli: Cli, s: Settings, exe: &Program) -> Result<()> {
     match cli.cmd {
         Cmd::Demo => {
             eprintln!("demo 1/2: the no-lost-update check (counter job) on an embedded cluster of 2 servers and 3 workers");
@@ -305,12 +310,12 @@ fn run(cli: Cli, s: Settings) -> Result<()> {
         Cmd::Certs(cmd) => downpour_cluster::certs::run(&cmd),
         Cmd::Checkpoint(cmd) => crate::ckpt::run(&cmd),
         Cmd::Experiment(ExperimentCmd::Consistency(a)) => {
-            let out = downpour_cluster::experiment::run_consistency(&a, &exe()?)?;
+            let out = downpour_cluster::experiment::run_consistency(&a, exe)?;
             println!("experiment: results in {} (results.json, results.md, logloss.svg)", out.display());
             Ok(())
         }
         Cmd::Experiment(ExperimentCmd::ModelParallel(a)) => {
-            let out = downpour_cluster::experiment::run_model_parallel(&a, &exe()?)?;
+            let out = downpour_cluster::experiment::run_model_parallel(&a, exe)?;
             println!("experiment: results in {} (results.json, results.md, rmse.svg)", out.display());
             Ok(())
         }
@@ -330,7 +335,7 @@ fn run(cli: Cli, s: Settings) -> Result<()> {
                 s.transport = downpour_transport::TransportKind::Grpc;
             }
             downpour_cluster::launch_local(LocalRun {
-                exe: &exe()?,
+                exe,
                 settings: &s,
                 tls_dir: tls_dir.as_deref(),
                 servers,
@@ -343,7 +348,7 @@ fn run(cli: Cli, s: Settings) -> Result<()> {
         }
         Cmd::Bench { cfg, json } => {
             let flag = if cfg.embedded { Arc::new(AtomicBool::new(false)) } else { interrupt_flag() };
-            let run = bench::run(&cfg, &s, &exe()?, Terminal::report(), flag)?;
+            let run = bench::run(&cfg, &s, exe, Terminal::report(), flag)?;
             for line in if json { run.json_lines() } else { run.table() } {
                 println!("{line}");
             }

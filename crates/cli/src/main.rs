@@ -1,5 +1,4 @@
-//! `downpour`: the parameter server's command-line tool: it maps flags onto the configs of
-//! `downpour-jobs` and `downpour-cluster` and runs them. Usage: docs/usage.md.
+//! The `downpour` binary: [`downpour::cli::main_from`] with this process's arguments.
 
 use mimalloc::MiMalloc;
 
@@ -8,12 +7,6 @@ use mimalloc::MiMalloc;
 #[global_allocator]
 static GLOBAL: MiMalloc = MiMalloc;
 
-mod ckpt;
-mod cli;
-mod config;
-mod datagen;
-mod terminal;
-
 fn main() {
-    std::process::exit(cli::main());
+    std::process::exit(downpour::cli::main_from(std::env::args_os().collect(), None));
 }

@@ -101,7 +101,7 @@ pub struct BenchRun {
 
 /// Runs the benchmark: embedded, or as processes of `exe` (the `downpour` executable)
 /// unless `cfg.embedded`. Lines the workers print that are not samples go to `report`.
-pub fn run(cfg: &BenchConfig, s: &Settings, exe: &std::path::Path, report: Report, interrupted: Arc<AtomicBool>) -> Result<BenchRun> {
+pub fn run(cfg: &BenchConfig, s: &Settings, exe: &crate::Program, report: Report, interrupted: Arc<AtomicBool>) -> Result<BenchRun> {
     let a = cfg;
     let mut s = s.clone();
     if let Some(dir) = &a.tls_dir {

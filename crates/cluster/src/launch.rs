@@ -35,10 +35,45 @@ fn forward(label: String, r: impl std::io::Read + Send + 'static, capture: Optio
     });
 }
 
+/// The `downpour` command a child process runs: an executable and the arguments that come
+/// before the command's own: none for the `downpour` binary, `-m downpour` for the Python
+/// package's interpreter.
+#[derive(Clone, Debug)]
+pub struct Program {
+    /// The executable.
+    pub path: PathBuf,
+    /// Arguments before the command's.
+    pub args: Vec<std::ffi::OsString>,
+}
+
+impl Program {
+    /// This process's own executable (the `downpour` binary).
+    pub fn current() -> Result<Program> {
+        Ok(Program { path: std::env::current_exe().context("cannot find the downpour executable")?, args: Vec::new() })
+    }
+
+    /// A command that runs it (add the command's arguments).
+    pub fn command(&self) -> Command {
+        let mut c = Command::new(&self.path);
+        c.args(&self.args);
+        c
+    }
+}
+
+impl std::fmt::Display for Program {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.path.display())?;
+        for a in &self.args {
+            write!(f, " {}", a.to_string_lossy())?;
+        }
+        Ok(())
+    }
+}
+
 /// Options of a local multi-process run.
 pub struct LocalRun<'a> {
-    /// The `downpour` executable every process runs.
-    pub exe: &'a std::path::Path,
+    /// The `downpour` command every process runs.
+    pub exe: &'a Program,
     pub settings: &'a Settings,
     pub servers: usize,
     pub workers: usize,
@@ -102,7 +137,8 @@ pub fn launch_local(r: LocalRun<'_>) -> Result<()> {
         if again.is_none() {
             nodes += 1;
         }
-        let mut child = Command::new(exe)
+        let mut child = exe
+            .command()
             .args(&common)
             .args(&tls)
             .args(&args)

@@ -40,5 +40,5 @@ pub mod settings;
 
 pub use embedded::{run_embedded, run_worker, EmbeddedCluster};
 pub use fault::{Fault, FaultAction, FaultTarget};
-pub use launch::{launch_local, LocalRun};
+pub use launch::{launch_local, LocalRun, Program};
 pub use settings::Settings;

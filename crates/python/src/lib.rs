@@ -347,6 +347,17 @@ impl Table {
     }
 }
 
+/// Runs the `downpour` command-line tool in this process: `argv` (the program's name first)
+/// as the binary would take it; `program` is the command child processes run (for example
+/// `[sys.executable, "-m", "downpour"]`). Returns the exit code.
+#[pyfunction]
+fn cli(py: Python<'_>, argv: Vec<String>, program: Vec<String>) -> PyResult<i32> {
+    let (path, rest) = program.split_first().ok_or_else(|| err("program is empty"))?;
+    let program = downpour_cluster::Program { path: path.into(), args: rest.iter().map(Into::into).collect() };
+    let args = argv.into_iter().map(Into::into).collect();
+    Ok(py.detach(|| downpour::cli::main_from(args, Some(program))))
+}
+
 /// Keys as the servers spread them: `scramble(ids)` maps application ids (often small
 /// consecutive integers) over the whole key space, so that they split evenly across
 /// servers; returns a new uint64 array.
@@ -366,5 +377,6 @@ fn _downpour(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(embedded, m)?)?;
     m.add_function(wrap_pyfunction!(connect, m)?)?;
     m.add_function(wrap_pyfunction!(scramble, m)?)?;
+    m.add_function(wrap_pyfunction!(cli, m)?)?;
     Ok(())
 }

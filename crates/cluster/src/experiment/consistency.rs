@@ -8,7 +8,7 @@ use anyhow::{ensure, Context, Result};
 use downpour_core::consistency::Consistency;
 #[cfg(feature = "cli")]
 use downpour_jobs::linear;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// Flags of `experiment consistency`.
 #[derive(Debug)]
@@ -65,7 +65,7 @@ struct Run {
 
 /// Runs the consistency experiment with `exe` (the `downpour` executable) launching each
 /// run's processes; returns the directory holding the results.
-pub fn run_consistency(a: &ConsistencyConfig, exe: &Path) -> Result<PathBuf> {
+pub fn run_consistency(a: &ConsistencyConfig, exe: &crate::Program) -> Result<PathBuf> {
     ensure!(a.workers >= 1 && a.servers >= 1, "--workers and --servers must be at least 1");
     ensure!(a.target_logloss.is_finite() && a.target_logloss > 0.0, "--target-logloss must be a positive number");
     for m in &a.models {

@@ -16,7 +16,6 @@ pub use model_parallel::{run_model_parallel, ModelParallelConfig};
 use anyhow::{bail, Context, Result};
 use plotters::prelude::*;
 use std::path::Path;
-use std::process::Command;
 
 /// Experiments.
 #[derive(Debug)]
@@ -31,7 +30,7 @@ pub enum ExperimentCmd {
 /// Runs `exe launch --servers S --workers W -- JOB…` with the log filter `log` (worker 0's
 /// progress lines show through) and reads the JSON metrics the job wrote to `metrics`.
 fn launch(
-    exe: &Path,
+    exe: &crate::Program,
     log: &str,
     servers: usize,
     workers: usize,
@@ -39,10 +38,10 @@ fn launch(
     metrics: &Path,
     what: &str,
 ) -> Result<serde_json::Value> {
-    let mut c = Command::new(exe);
+    let mut c = exe.command();
     c.args(["--log", log, "launch", "--servers", &servers.to_string(), "--workers", &workers.to_string(), "--"]);
     c.args(job);
-    let status = c.status().with_context(|| format!("cannot run {}", exe.display()))?;
+    let status = c.status().with_context(|| format!("cannot run {exe}"))?;
     if !status.success() {
         bail!("the run {what} failed ({status})");
     }

@@ -9,7 +9,7 @@
 
 use anyhow::{ensure, Context, Result};
 use std::ffi::OsString;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// Flags of `experiment model-parallel`.
 #[derive(Debug)]
@@ -120,7 +120,7 @@ fn median(mut v: Vec<f64>) -> Option<f64> {
 
 /// Runs the experiment with `exe` (the `downpour` executable) launching each run's
 /// processes; returns the directory holding the results.
-pub fn run_model_parallel(a: &ModelParallelConfig, exe: &Path) -> Result<PathBuf> {
+pub fn run_model_parallel(a: &ModelParallelConfig, exe: &crate::Program) -> Result<PathBuf> {
     ensure!(a.workers >= 1 && a.servers >= 1, "--workers and --servers must be at least 1");
     ensure!(!a.seeds.is_empty(), "--seeds: at least one seed");
     ensure!(a.epochs >= 1, "--epochs must be at least 1");

@@ -1,0 +1,10 @@
+//! `downpour`: the parameter server's command-line tool: it maps flags onto the configs of
+//! `downpour-jobs` and `downpour-cluster` and runs them. Usage: docs/usage.md. A library too,
+//! so that the Python package runs the same tool (`python -m downpour …`) through
+//! [`cli::main_from`].
+
+mod ckpt;
+pub mod cli;
+mod config;
+mod datagen;
+mod terminal;
