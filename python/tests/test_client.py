@@ -160,3 +160,9 @@ def test_python_m_downpour_runs_the_command_line_tool_and_its_children():
     assert run.stdout.count("counter: OK keys=500") == 2, run.stdout
     bad = subprocess.run([sys.executable, "-m", "downpour", "launch", "--servers", "x"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "invalid value" in bad.stderr, bad.stderr
+
+
+def test_the_readme_example_runs():
+    text = (REPO / "README.md").read_text()
+    block = text.split("```python\n", 1)[1].split("```", 1)[0]
+    exec(compile(block, "README.md", "exec"), {})
