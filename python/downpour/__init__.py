@@ -12,9 +12,49 @@ on the servers and push and pull NumPy arrays without copies:
     rows = t.pull(keys)                       # a (3, 4) float32 array
     s.finish(); cluster.wait()
 
-Every error is a `DownpourError` carrying the cause's message.
+A script that `python -m downpour.launch` runs joins its cluster with `downpour.connect()`.
+PyTorch modules whose rows live on the servers are in `downpour.torch`. Every error is a
+`DownpourError` carrying the cause's message.
 """
 
-from ._downpour import Cluster, DownpourError, Handle, Session, Table, connect, embedded, scramble
+import json as _json
+import os as _os
+from typing import Optional, Sequence
+
+from . import _downpour
+from ._downpour import Cluster, DownpourError, Handle, Session, Table, embedded, scramble
 
 __all__ = ["Cluster", "DownpourError", "Handle", "Session", "Table", "connect", "embedded", "scramble"]
+
+
+def connect(
+    coordinator: Optional[str] = None,
+    token: Optional[str] = None,
+    transport: Optional[str] = None,
+    flags: Optional[Sequence[str]] = None,
+) -> Session:
+    """Joins a running cluster as its next worker and returns the worker's `Session`.
+
+    `coordinator` is the coordinator's `host:port`; left out, it is `DOWNPOUR_COORDINATOR`,
+    which `python -m downpour.launch` (and `downpour launch --exec`) set for the scripts
+    they run, with the cluster's settings in `DOWNPOUR_WORKER_FLAGS` (a JSON list of the
+    command line's global flags, e.g. `["--replication", "2"]`; `flags` replaces it).
+    `token` is the cluster's shared secret and `transport` `tcp` or `grpc`; other
+    `DOWNPOUR_*` variables are read as the `downpour` binary reads them.
+    """
+    if coordinator is None:
+        coordinator = _os.environ.get("DOWNPOUR_COORDINATOR")
+        if not coordinator:
+            raise DownpourError(
+                "connect() needs the coordinator's address: pass it, or run the script with "
+                "`python -m downpour.launch`, which sets DOWNPOUR_COORDINATOR"
+            )
+    if flags is None:
+        text = _os.environ.get("DOWNPOUR_WORKER_FLAGS", "[]")
+        try:
+            flags = _json.loads(text)
+        except ValueError as e:
+            raise DownpourError(f"DOWNPOUR_WORKER_FLAGS is not a JSON list of strings: {e}") from None
+        if not isinstance(flags, list) or not all(isinstance(f, str) for f in flags):
+            raise DownpourError("DOWNPOUR_WORKER_FLAGS is not a JSON list of strings")
+    return _downpour.connect(coordinator, token=token, transport=transport, flags=list(flags))

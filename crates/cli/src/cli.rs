@@ -95,8 +95,16 @@ enum Cmd {
         /// worker's death; an unreplicated job fails with a message naming what died.
         #[arg(long = "fault", value_name = "FAULT")]
         faults: Vec<Fault>,
-        /// The job and its flags.
-        #[arg(last = true, required = true, num_args = 1..)]
+        /// Run each worker as PROGRAM followed by the job's arguments instead of `downpour
+        /// worker JOB` (`--exec python3 -- train.py --epochs 3`; `python -m downpour.launch`
+        /// uses it). The program finds the cluster in its environment: DOWNPOUR_COORDINATOR,
+        /// DOWNPOUR_WORKER_FLAGS (the settings, for `downpour.connect()`), and RANK,
+        /// WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE as torchrun sets them.
+        #[arg(long, value_name = "PROGRAM")]
+        exec: Option<std::path::PathBuf>,
+        /// The job and its flags (or, with --exec, the program's arguments), after `--` or
+        /// from the first argument that is not a flag of launch's.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true, num_args = 1..)]
         job: Vec<String>,
     },
     /// Measure push/pull throughput, latency and sparse key rates.
@@ -320,11 +328,13 @@ fn run(cli: Cli, s: Settings, exe: &Program) -> Result<()> {
             Ok(())
         }
         Cmd::Predict(a) => downpour_jobs::model::predict(&a),
-        Cmd::Launch { servers, workers, tls_dir, faults, job } => {
-            // Check the job's flags before starting anything.
-            let parsed = parse_job(&job).map_err(|e| anyhow::anyhow!("bad job arguments after `--`:\n{e}"))?;
-            if s.checkpoint.is_some() || s.resume.is_some() {
-                parsed.check_checkpoints()?;
+        Cmd::Launch { servers, workers, tls_dir, faults, exec, job } => {
+            // Check the job's flags before starting anything (a program's are its own).
+            if exec.is_none() {
+                let parsed = parse_job(&job).map_err(|e| anyhow::anyhow!("bad job arguments after `--`:\n{e}"))?;
+                if s.checkpoint.is_some() || s.resume.is_some() {
+                    parsed.check_checkpoints()?;
+                }
             }
             let mut s = s.clone();
             if let Some(dir) = &tls_dir {
@@ -341,6 +351,7 @@ fn run(cli: Cli, s: Settings, exe: &Program) -> Result<()> {
                 servers,
                 workers,
                 job_args: &job,
+                exec: exec.as_deref(),
                 capture: None,
                 interrupted: interrupt_flag(),
                 faults: &faults,

@@ -165,6 +165,22 @@ pub fn read_bounded(path: &std::path::Path, max: u64, what: &str) -> Result<Stri
     String::from_utf8(buf).with_context(|| format!("the {what} {} is not UTF-8 text", path.display()))
 }
 
+/// The settings that the global flags `flags` (as `downpour` takes them, without the
+/// program's name), then `DOWNPOUR_*` variables, then a `--config` file give: how a program
+/// other than the binary (the Python binding's `connect`) parses its settings at its edge, as
+/// the command line would. A bad flag or value is an error naming it.
+pub fn settings_from_flags(flags: &[String]) -> Result<Settings> {
+    #[derive(clap::Parser)]
+    #[command(name = "downpour")]
+    struct Flags {
+        #[command(flatten)]
+        common: CommonArgs,
+    }
+    let argv = std::iter::once("downpour".to_string()).chain(flags.iter().cloned());
+    let f = <Flags as clap::Parser>::try_parse_from(argv).map_err(|e| anyhow::anyhow!("{}", e.render().to_string().trim_end()))?;
+    f.common.resolve()
+}
+
 fn secs(what: &str, v: f64) -> Result<Duration> {
     anyhow::ensure!(v.is_finite() && v > 0.0 && v < 1e9, "{what} must be a positive number of seconds, got {v}");
     Ok(Duration::from_secs_f64(v))
@@ -320,6 +336,28 @@ mod tests {
         assert_eq!(s.chunk_bytes, 8192);
         assert_eq!(s.heartbeat, Duration::from_millis(100));
         assert_eq!(s.request_timeout, Duration::from_secs(60));
+    }
+
+    #[test]
+    fn the_flags_a_launcher_hands_its_children_give_back_the_same_settings() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Settings {
+            transport: TransportKind::Grpc,
+            chunk_bytes: 1 << 16,
+            request_timeout: Duration::from_millis(2500),
+            replication: 2,
+            vnodes: 4,
+            worker_rejoin: Duration::from_secs(7),
+            checkpoint: Some(CheckpointConfig { dir: dir.path().to_path_buf(), every: CheckpointEvery::Clocks(3) }),
+            log: "warn".into(),
+            // flags carry the quota in MiB
+            limits: Limits { memory_quota_bytes: 3 << 30, ..Limits::default() },
+            ..Settings::default()
+        };
+        let back = settings_from_flags(&s.to_child_args()).unwrap();
+        assert_eq!(format!("{back:?}"), format!("{s:?}"));
+        let e = settings_from_flags(&["--replication".into(), "two".into()]).unwrap_err().to_string();
+        assert!(e.contains("--replication") && e.contains("two"), "{e}");
     }
 
     #[test]

@@ -6,5 +6,6 @@
 mod ckpt;
 pub mod cli;
 mod config;
+pub use config::settings_from_flags;
 mod datagen;
 mod terminal;

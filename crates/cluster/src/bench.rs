@@ -153,6 +153,7 @@ pub fn run(cfg: &BenchConfig, s: &Settings, exe: &crate::Program, report: Report
             servers: a.servers,
             workers: a.workers,
             job_args: &args,
+            exec: None,
             capture: Some(sink),
             interrupted,
             tls_dir: a.tls_dir.as_deref(),

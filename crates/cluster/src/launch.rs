@@ -70,6 +70,32 @@ impl std::fmt::Display for Program {
     }
 }
 
+/// What a child process of the launch runs.
+enum Spawn {
+    /// `downpour` with these arguments (after the common flags).
+    Node(Vec<String>),
+    /// A worker of launch slot `rank`: `downpour worker` with the job, or the `exec` program.
+    Script { coordinator: String, rank: usize },
+}
+
+/// The environment of a worker the launcher runs as a program of the user's (`launch
+/// --exec`, `python -m downpour.launch`): `DOWNPOUR_COORDINATOR` (the coordinator's
+/// address), `DOWNPOUR_WORKER_FLAGS` (the settings' flags as a JSON list of strings, for
+/// `downpour.connect()` to parse as the command line would) and the torchrun convention's
+/// `RANK`, `WORLD_SIZE`, `LOCAL_RANK` and `LOCAL_WORLD_SIZE` (the launch slot; the rank the
+/// coordinator gives the joining worker is the session's, which may differ).
+pub fn exec_worker_env(coordinator: &str, flags: &[String], rank: usize, workers: usize) -> Vec<(String, String)> {
+    let flags = serde_json::to_string(flags).unwrap_or_else(|_| "[]".into());
+    vec![
+        ("DOWNPOUR_COORDINATOR".into(), coordinator.into()),
+        ("DOWNPOUR_WORKER_FLAGS".into(), flags),
+        ("RANK".into(), rank.to_string()),
+        ("WORLD_SIZE".into(), workers.to_string()),
+        ("LOCAL_RANK".into(), rank.to_string()),
+        ("LOCAL_WORLD_SIZE".into(), workers.to_string()),
+    ]
+}
+
 /// Options of a local multi-process run.
 pub struct LocalRun<'a> {
     /// The `downpour` command every process runs.
@@ -77,8 +103,12 @@ pub struct LocalRun<'a> {
     pub settings: &'a Settings,
     pub servers: usize,
     pub workers: usize,
-    /// The job's command line (after `--`).
+    /// The job's command line (after `--`): a `downpour worker` job, or with `exec` the
+    /// arguments of that program.
     pub job_args: &'a [String],
+    /// Run each worker as this program with `job_args` instead of `downpour worker`, the
+    /// cluster in its environment ([`exec_worker_env`]).
+    pub exec: Option<&'a std::path::Path>,
     /// If set, workers' stdout lines go here instead of the terminal.
     pub capture: Option<Report>,
     /// Set by Ctrl-C.
@@ -128,7 +158,7 @@ pub fn launch_local(r: LocalRun<'_>) -> Result<()> {
     let mut procs: Vec<Proc> = Vec::new();
     let mut nodes = 0usize;
     // `again`: a process started again in place of a killed one keeps its certificate number
-    let mut spawn = |label: &str, args: Vec<String>, capture: Option<Report>, again: Option<usize>| -> Result<Proc> {
+    let mut spawn = |label: &str, what: Spawn, capture: Option<Report>, again: Option<usize>| -> Result<Proc> {
         let cert = again.unwrap_or(nodes);
         let tls: Vec<String> = match r.tls_dir {
             Some(dir) => crate::settings::tls_file_args(&crate::certs::node_files(dir, cert)?),
@@ -137,11 +167,25 @@ pub fn launch_local(r: LocalRun<'_>) -> Result<()> {
         if again.is_none() {
             nodes += 1;
         }
-        let mut child = exe
-            .command()
-            .args(&common)
-            .args(&tls)
-            .args(&args)
+        let mut cmd = match (what, r.exec) {
+            (Spawn::Script { coordinator, rank }, Some(program)) => {
+                let flags: Vec<String> = common.iter().chain(&tls).cloned().collect();
+                let mut c = Command::new(program);
+                c.args(r.job_args).envs(exec_worker_env(&coordinator, &flags, rank, r.workers));
+                c
+            }
+            (Spawn::Script { coordinator, .. }, None) => {
+                let mut c = exe.command();
+                c.args(&common).args(&tls).args(["worker", "--coordinator", &coordinator]).args(r.job_args);
+                c
+            }
+            (Spawn::Node(args), _) => {
+                let mut c = exe.command();
+                c.args(&common).args(&tls).args(&args);
+                c
+            }
+        };
+        let mut child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -174,7 +218,7 @@ pub fn launch_local(r: LocalRun<'_>) -> Result<()> {
         ]
     };
     let result = (|| -> Result<()> {
-        procs.push(spawn("coordinator", coordinator_args("127.0.0.1:0"), None, None)?);
+        procs.push(spawn("coordinator", Spawn::Node(coordinator_args("127.0.0.1:0")), None, None)?);
         let deadline = Instant::now() + r.settings.connect_timeout;
         let addr = loop {
             if let Ok(a) = std::fs::read_to_string(&addr_file) {
@@ -199,7 +243,7 @@ pub fn launch_local(r: LocalRun<'_>) -> Result<()> {
         let mut server_procs: Vec<usize> = Vec::new();
         for i in 0..r.servers {
             server_procs.push(procs.len());
-            procs.push(spawn(&format!("server {i}"), server_args(i), None, None)?);
+            procs.push(spawn(&format!("server {i}"), Spawn::Node(server_args(i)), None, None)?);
             let reg = dir.join(format!("server-{i}.registered"));
             let deadline = Instant::now() + r.settings.connect_timeout;
             while !std::fs::read_to_string(&reg).is_ok_and(|a| a.ends_with('\n')) {
@@ -213,14 +257,10 @@ pub fn launch_local(r: LocalRun<'_>) -> Result<()> {
             }
         }
         let mut worker_procs: Vec<usize> = Vec::new();
-        let worker_args = || {
-            let mut args = vec!["worker".into(), "--coordinator".into(), addr.clone()];
-            args.extend(r.job_args.iter().cloned());
-            args
-        };
+        let worker = |rank: usize| Spawn::Script { coordinator: addr.clone(), rank };
         for i in 0..r.workers {
             worker_procs.push(procs.len());
-            procs.push(spawn(&format!("worker {i}"), worker_args(), r.capture.clone(), None)?);
+            procs.push(spawn(&format!("worker {i}"), worker(i), r.capture.clone(), None)?);
         }
         // A killed worker of a replicated job is started again at once, as a cluster manager
         // would: the new process takes the lost worker's rank and goes on from its progress.
@@ -244,7 +284,7 @@ pub fn launch_local(r: LocalRun<'_>) -> Result<()> {
                     FaultAction::StartServer => {
                         let n = server_procs.len();
                         server_procs.push(procs.len());
-                        procs.push(spawn(&format!("server {n}"), server_args(n), None, None)?);
+                        procs.push(spawn(&format!("server {n}"), Spawn::Node(server_args(n)), None, None)?);
                         running.push(true);
                         killed.push(false);
                         eprintln!(
@@ -263,7 +303,7 @@ pub fn launch_local(r: LocalRun<'_>) -> Result<()> {
                         };
                         procs.push(spawn(
                             &format!("admin drain {n}"),
-                            vec!["admin".into(), "drain".into(), "--coordinator".into(), addr.clone(), rank.to_string()],
+                            Spawn::Node(vec!["admin".into(), "drain".into(), "--coordinator".into(), addr.clone(), rank.to_string()]),
                             None,
                             None,
                         )?);
@@ -310,7 +350,7 @@ pub fn launch_local(r: LocalRun<'_>) -> Result<()> {
                         if t == FaultTarget::Coordinator {
                             // as a supervisor would: the same address and state directory
                             let _ = procs[i].child.wait();
-                            procs[0] = spawn("coordinator", coordinator_args(&addr), None, Some(0))?;
+                            procs[0] = spawn("coordinator", Spawn::Node(coordinator_args(&addr)), None, Some(0))?;
                             killed[0] = false;
                             eprintln!(
                                 "[launch] started the coordinator again (pid {}) on {addr}: it takes the job back from its state",
@@ -323,7 +363,7 @@ pub fn launch_local(r: LocalRun<'_>) -> Result<()> {
                             running[i] = false;
                             worker_procs[n] = procs.len();
                             // certificates: the coordinator, the servers, then the workers
-                            procs.push(spawn(&format!("worker {n}"), worker_args(), r.capture.clone(), Some(1 + r.servers + n))?);
+                            procs.push(spawn(&format!("worker {n}"), worker(n), r.capture.clone(), Some(1 + r.servers + n))?);
                             running.push(true);
                             killed.push(false);
                             eprintln!(

@@ -92,18 +92,23 @@ impl Cluster {
 }
 
 /// Joins a running cluster (started with `downpour launch`, or a coordinator and servers of
-/// your own) at `coordinator` (`host:port`) as its next worker; `token` is the cluster's
-/// shared secret, if it has one; `transport` is `tcp` or `grpc`.
+/// your own) at `coordinator` (`host:port`) as its next worker. `flags` are the command
+/// line's global flags (`["--replication", "2", "--transport", "grpc"]`; `DOWNPOUR_*`
+/// variables fill what they leave out, as for the binary); `token` (the cluster's shared
+/// secret) and `transport` (`tcp` or `grpc`) override them.
 #[pyfunction]
-#[pyo3(signature = (coordinator, token = None, transport = "tcp"))]
-fn connect(py: Python<'_>, coordinator: &str, token: Option<&str>, transport: &str) -> PyResult<Session> {
-    let kind = match transport {
-        "tcp" => TransportKind::Tcp,
-        "grpc" => TransportKind::Grpc,
-        t => return Err(err(format!("transport {t:?} is not tcp or grpc"))),
-    };
-    let auth = token.map(AuthToken::new).transpose().map_err(err)?;
-    let s = Settings { transport: kind, auth, ..Settings::default() };
+#[pyo3(signature = (coordinator, token = None, transport = None, flags = Vec::new()))]
+fn connect(py: Python<'_>, coordinator: &str, token: Option<&str>, transport: Option<&str>, flags: Vec<String>) -> PyResult<Session> {
+    let mut s = downpour::settings_from_flags(&flags).map_err(anyhow_err)?;
+    match transport {
+        None => {}
+        Some("tcp") => s.transport = TransportKind::Tcp,
+        Some("grpc") => s.transport = TransportKind::Grpc,
+        Some(t) => return Err(err(format!("transport {t:?} is not tcp or grpc"))),
+    }
+    if let Some(t) = token {
+        s.auth = Some(AuthToken::new(t).map_err(err)?);
+    }
     let session = py
         .detach(|| -> anyhow::Result<WorkerSession> {
             let t = network_transport(s.transport, s.net_config())?;
