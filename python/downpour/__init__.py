@@ -22,9 +22,20 @@ import os as _os
 from typing import Optional, Sequence
 
 from . import _downpour
-from ._downpour import Cluster, DownpourError, Handle, Session, Table, embedded, scramble
+from ._downpour import Cluster, DownpourError, Handle, PullHandle, Session, Table, embedded, initial_rows, scramble
 
-__all__ = ["Cluster", "DownpourError", "Handle", "Session", "Table", "connect", "embedded", "scramble"]
+__all__ = [
+    "Cluster",
+    "DownpourError",
+    "Handle",
+    "PullHandle",
+    "Session",
+    "Table",
+    "connect",
+    "embedded",
+    "initial_rows",
+    "scramble",
+]
 
 
 def connect(

@@ -153,9 +153,13 @@ impl Session {
     /// `[-init_std, init_std)`), seeded by `seed`; `rule` is the servers' update rule
     /// (`add`, `assign`, `sgd`, `momentum`, `adagrad`, `adam`, `ftrl`) with its
     /// hyper-parameters; `consistency` is `async`, `ssp:TAU` or `bsp`; `filters` as for
-    /// `train linear --filters` (e.g. `f16,lz4`).
+    /// `train linear --filters` (e.g. `f16,lz4`); `bsp` tables combine a round's pushes by
+    /// `aggregate` (`none`: each applied in turn, `sum`, `avg`: the rule applied once to
+    /// their sum or mean, `coded:frac|cyclic:S:SEED`) and close a round once all but
+    /// `backup_workers` workers completed it.
     #[pyo3(signature = (id, name, value_len = 1, dense = None, init = "zeros", init_std = 0.01, seed = 1, rule = "add", lr = 0.01,
-        momentum = 0.9, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, l1 = 0.0, l2 = 0.0, ftrl_beta = 1.0, consistency = "async", filters = "none"))]
+        momentum = 0.9, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, l1 = 0.0, l2 = 0.0, ftrl_beta = 1.0, consistency = "async", filters = "none",
+        aggregate = "none", backup_workers = 0))]
     #[allow(clippy::too_many_arguments)]
     fn table(
         &self,
@@ -178,6 +182,8 @@ impl Session {
         ftrl_beta: f32,
         consistency: &str,
         filters: &str,
+        aggregate: &str,
+        backup_workers: u32,
     ) -> PyResult<Table> {
         if value_len == 0 {
             return Err(err("value_len must be at least 1"));
@@ -192,6 +198,8 @@ impl Session {
             rule: proto::Rule { name: rule.into(), lr, momentum, beta1, beta2, eps, l1, l2, ftrl_beta },
             consistency: consistency.parse::<Consistency>().map_err(err)?,
             filters: filters.parse().map_err(err)?,
+            aggregate: aggregate.parse().map_err(err)?,
+            backup_workers,
             ..TableDef::new(id, name)
         };
         let inner = self.inner.clone();
@@ -209,6 +217,43 @@ impl Session {
     fn clock(&self, py: Python<'_>) -> PyResult<u64> {
         let inner = self.inner.clone();
         py.detach(|| inner.lock().kv.clock()).map_err(err)
+    }
+
+    /// Clocks this worker completed since the job's start (a resumed job counts on from its
+    /// checkpoint's clock).
+    #[getter]
+    fn job_clock(&self) -> u64 {
+        self.inner.lock().job_clock()
+    }
+
+    /// The state this worker recorded at the checkpoint the job resumed from (`--resume`),
+    /// or that the lost worker it replaces last recorded; `None` on a fresh start.
+    #[getter]
+    fn resumed(&self) -> Option<String> {
+        self.inner.lock().resumed().map(|r| r.state.clone())
+    }
+
+    /// Whether checkpoints are taken (the cluster's `--checkpoint-dir`).
+    #[getter]
+    fn checkpointing(&self) -> bool {
+        self.inner.lock().checkpointing()
+    }
+
+    /// A checkpoint point: call it right after each `clock` with the job's state at that
+    /// clock (a string, e.g. JSON: what the script needs to go on after `--resume`). When a
+    /// checkpoint is due (the cluster's `--checkpoint-every`) it waits for this worker's
+    /// pushes, joins every other worker and returns once the checkpoint is written: `True`.
+    /// Every worker must call it after its clocks, and `retire` once it takes no more.
+    fn checkpoint_point(&self, py: Python<'_>, state: String) -> PyResult<bool> {
+        let inner = self.inner.clone();
+        py.detach(|| inner.lock().checkpoint_point(|| state)).map_err(err)
+    }
+
+    /// Tells the job this worker takes no more clocks (its share is done), with its final
+    /// state: checkpoints stop waiting for it. Call before the closing barriers.
+    fn retire(&self, py: Python<'_>, state: String) -> PyResult<()> {
+        let inner = self.inner.clone();
+        py.detach(|| inner.lock().retire_from_checkpoints(|| state)).map_err(err)
     }
 
     /// Leaves the job: `ok = False` fails it with `message`. A worker must finish for the
@@ -264,6 +309,48 @@ impl Handle {
     }
 }
 
+/// A pull in flight (`Table.pull_async`).
+#[pyclass(module = "downpour._downpour")]
+struct PullHandle {
+    session: Arc<Mutex<WorkerSession>>,
+    ts: Option<Timestamp>,
+    rows: usize,
+    value_len: usize,
+}
+
+#[pymethods]
+impl PullHandle {
+    /// Waits for the values: copied into `out` (float32, C-contiguous, `len(keys) *
+    /// value_len` values) if given, else returned as a new `(len(keys), value_len)` array
+    /// that takes the received buffer over without a copy. Once only.
+    #[pyo3(signature = (out = None))]
+    fn wait<'py>(&mut self, py: Python<'py>, out: Option<Bound<'py, PyArrayDyn<f32>>>) -> PyResult<Bound<'py, PyAny>> {
+        let ts = self.ts.take().ok_or_else(|| err("this pull was already waited for"))?;
+        if let Some(o) = &out {
+            let n = numpy::PyUntypedArrayMethods::len(o);
+            if n != self.rows * self.value_len {
+                self.ts = Some(ts);
+                return Err(err(format!("out holds {n} values for {} keys of {} values each", self.rows, self.value_len)));
+            }
+        }
+        let s = self.session.clone();
+        let values = py.detach(|| s.lock().kv.wait_values(ts)).map_err(err)?;
+        match out {
+            Some(o) => {
+                let mut w: PyReadwriteArrayDyn<'_, f32> = o.try_readwrite().map_err(|e| err(format!("out: {e}")))?;
+                let dst = w.as_slice_mut().map_err(|_| err("out must be a contiguous numpy.float32 array"))?;
+                dst.copy_from_slice(&values);
+                drop(w);
+                Ok(o.into_any())
+            }
+            None => {
+                let a = PyArray1::from_vec(py, values);
+                Ok(a.reshape([self.rows, self.value_len])?.into_any())
+            }
+        }
+    }
+}
+
 #[pymethods]
 impl Table {
     /// Pushes `values` (`len(keys) * value_len` float32s, any shape) for `keys` (uint64,
@@ -304,6 +391,40 @@ impl Table {
             self.check(k.len(), o.len())?;
             let (s, id) = (self.session.clone(), self.id);
             py.detach(|| s.lock().kv.pull_into(id, k, o)).map_err(err)?;
+        }
+        Ok(out.into_any())
+    }
+
+    /// Starts a pull of `keys` (uint64, sorted and unique) and returns at once with a handle
+    /// whose `wait(out=None)` gives the values (so the next batch's rows travel while this
+    /// one computes).
+    fn pull_async(&self, py: Python<'_>, keys: PyReadonlyArray1<'_, u64>) -> PyResult<PullHandle> {
+        let k = keys_slice(&keys)?;
+        let (s, id) = (self.session.clone(), self.id);
+        let ts = py.detach(|| s.lock().kv.pull(id, k)).map_err(err)?;
+        Ok(PullHandle { session: self.session.clone(), ts: Some(ts), rows: k.len(), value_len: self.value_len })
+    }
+
+    /// Reads `keys` like `pull` without creating rows on a sparse table: a key never pushed
+    /// reads as the table's initial value (for evaluation and serving).
+    #[pyo3(signature = (keys, out = None))]
+    fn peek<'py>(
+        &self,
+        py: Python<'py>,
+        keys: PyReadonlyArray1<'py, u64>,
+        out: Option<Bound<'py, PyArrayDyn<f32>>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let k = keys_slice(&keys)?;
+        let out = match out {
+            Some(o) => o,
+            None => PyArrayDyn::zeros(py, vec![k.len(), self.value_len], false),
+        };
+        {
+            let mut w: PyReadwriteArrayDyn<'_, f32> = out.try_readwrite().map_err(|e| err(format!("out: {e}")))?;
+            let o = w.as_slice_mut().map_err(|_| err("out must be a contiguous numpy.float32 array"))?;
+            self.check(k.len(), o.len())?;
+            let (s, id) = (self.session.clone(), self.id);
+            py.detach(|| s.lock().kv.peek_into(id, k, o)).map_err(err)?;
         }
         Ok(out.into_any())
     }
@@ -372,6 +493,31 @@ fn scramble<'py>(py: Python<'py>, ids: PyReadonlyArray1<'py, u64>) -> PyResult<B
     Ok(PyArray1::from_vec(py, v))
 }
 
+/// The values a table's new rows start from: a `(len(keys), value_len)` float32 array of
+/// the rows of `keys` as a table of `init`, `init_std` and `seed` creates them (see
+/// `Session.table`); the same on every machine. To start a model outside Downpour (a
+/// single-process reference) exactly where a Downpour job starts.
+#[pyfunction]
+#[pyo3(signature = (keys, value_len, init = "normal", init_std = 0.01, seed = 1))]
+fn initial_rows<'py>(
+    py: Python<'py>,
+    keys: PyReadonlyArray1<'py, u64>,
+    value_len: usize,
+    init: &str,
+    init_std: f32,
+    seed: u64,
+) -> PyResult<Bound<'py, PyAny>> {
+    let init = parse_init(init, init_std, seed)?;
+    let k = keys_slice(&keys)?;
+    let mut out = vec![0f32; k.len() * value_len];
+    if value_len > 0 {
+        for (key, row) in k.iter().zip(out.chunks_exact_mut(value_len)) {
+            init.fill(*key, row);
+        }
+    }
+    Ok(PyArray1::from_vec(py, out).reshape([k.len(), value_len])?.into_any())
+}
+
 #[pymodule]
 fn _downpour(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("DownpourError", m.py().get_type::<DownpourError>())?;
@@ -379,9 +525,11 @@ fn _downpour(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Session>()?;
     m.add_class::<Table>()?;
     m.add_class::<Handle>()?;
+    m.add_class::<PullHandle>()?;
     m.add_function(wrap_pyfunction!(embedded, m)?)?;
     m.add_function(wrap_pyfunction!(connect, m)?)?;
     m.add_function(wrap_pyfunction!(scramble, m)?)?;
+    m.add_function(wrap_pyfunction!(initial_rows, m)?)?;
     m.add_function(wrap_pyfunction!(cli, m)?)?;
     Ok(())
 }
