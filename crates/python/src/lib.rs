@@ -27,6 +27,12 @@ use pyo3::prelude::*;
 use std::fmt::Display;
 use std::sync::Arc;
 
+// The binary's allocator (crates/cli/src/main.rs): Rust's own allocations in this module
+// (message buffers, arrays handed to NumPy with their drop) go through it; NumPy's and
+// Python's memory stays with Python's allocator.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 create_exception!(
     _downpour,
     DownpourError,

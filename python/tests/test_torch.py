@@ -1,0 +1,171 @@
+"""downpour.torch against torch.nn, and the MovieLens example through the launcher."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")  # CI installs it (the README's test command)
+import downpour  # noqa: E402
+import downpour.torch as dt  # noqa: E402
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "movielens_dlrm.py"
+
+
+def run_workers(cluster, n, body):
+    """Runs `body(session)` on `n` worker threads of an embedded cluster; returns their results by rank."""
+    results, errors = {}, []
+
+    def worker():
+        try:
+            s = cluster.join()
+            results[s.rank] = body(s)
+            s.finish()
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    cluster.wait()
+    return results
+
+
+def test_embedding_bag_forward_and_gradient_step_match_nn_embedding_bag():
+    cluster = downpour.embedded(servers=2)
+    s = cluster.join()
+    bag = dt.EmbeddingBag(4, mode="mean", rule="sgd", lr=0.5, init="normal", init_std=0.1, seed=3).bind(s, 1)
+    ref = torch.nn.EmbeddingBag.from_pretrained(bag.initial_weight(200), freeze=False, mode="mean")
+    ids = torch.tensor([[3, 7, 3], [100, 7, 5]])
+    out, expected = bag(ids), ref(ids)
+    torch.testing.assert_close(out, expected)
+    w = torch.randn(2, 4)
+    (out * w).sum().backward()
+    (expected * w).sum().backward()
+    bag.wait()
+    with torch.no_grad():
+        ref.weight -= 0.5 * ref.weight.grad  # what the servers' sgd rule did
+    torch.testing.assert_close(bag(ids), ref(ids))
+    # 1-D ids with offsets, and sum mode through Embedding
+    flat, offsets = torch.tensor([3, 7, 100, 5]), torch.tensor([0, 1])
+    torch.testing.assert_close(bag(flat, offsets), ref(flat, offsets))
+    emb = dt.Embedding(4, rule="sgd", lr=0.5, init="normal", init_std=0.1, seed=3).bind(s, 1)
+    torch.testing.assert_close(emb(torch.tensor([[5, 7]])), ref.weight[[5, 7]].detach().unsqueeze(0))
+    s.finish()
+    cluster.wait()
+
+
+def test_prefetched_rows_are_used_and_eval_reads_without_creating_rows():
+    cluster = downpour.embedded(servers=1)
+    s = cluster.join()
+    emb = dt.Embedding(3, rule="add", init="uniform", init_std=0.5, seed=9).bind(s, 1)
+    ids = torch.tensor([11, 12, 11])
+    first = emb(ids)
+    first.sum().backward()  # adds 2 to row 11's values, 1 to row 12's
+    emb.prefetch(ids)
+    assert emb._prefetched is not None
+    again = emb(ids)
+    assert emb._prefetched is None, "forward took the prefetched rows"
+    torch.testing.assert_close(again, first.detach() + torch.tensor([[2.0], [1.0], [2.0]]))
+    emb.eval()
+    with torch.no_grad():
+        unseen = emb(torch.tensor([500]))
+    torch.testing.assert_close(unseen, emb.initial_weight(501)[500:])
+    keys = downpour.scramble(np.array([500], dtype=np.uint64))
+    h = emb.table.pull_async(keys)  # still the initial value: the read created nothing
+    np.testing.assert_allclose(h.wait(), emb.initial_weight(501)[500:].numpy())
+    with pytest.raises(downpour.DownpourError, match="already waited"):
+        h.wait()
+    with pytest.raises(downpour.DownpourError, match="non-negative"):
+        emb(torch.tensor([-1]))
+    s.finish()
+    cluster.wait()
+
+
+def test_synchronous_dense_rounds_average_the_workers_gradients():
+    cluster = downpour.embedded(servers=2, workers=2)
+
+    def body(s):
+        torch.manual_seed(100 + s.rank)  # different starts: rank 0's wins
+        lin = torch.nn.Linear(3, 1)
+        dense = dt.DenseParameters(lin.parameters(), mode="sync", rule="sgd", lr=1.0).bind(s, 1)
+        start = [p.detach().clone() for p in lin.parameters()]
+        x = torch.full((1, 3), float(s.rank + 1))
+        dense.zero_grad()
+        lin(x).sum().backward()
+        dense.step()
+        return start, [p.detach().clone() for p in lin.parameters()]
+
+    r = run_workers(cluster, 2, body)
+    torch.testing.assert_close(r[0][0], r[1][0])  # both started from rank 0's values
+    (w0, b0), (w1, b1) = r[0][1], r[1][1]
+    torch.testing.assert_close(w0, w1)
+    # gradients x = 1 and x = 2 (weight), 1 and 1 (bias): their mean applied once
+    torch.testing.assert_close(w0, r[0][0][0] - 1.5)
+    torch.testing.assert_close(b0, r[0][0][1] - 1.0)
+
+
+def test_train_ctx_trains_leaves_and_fails_the_job_with_the_exception():
+    cluster = downpour.embedded(servers=1)
+    model = torch.nn.Sequential()
+    model.add_module("emb", dt.EmbeddingBag(2, mode="sum", rule="adagrad", lr=0.1))
+    with dt.TrainCtx(model, session=cluster.join(), dense_rule="adam") as ctx:
+        assert model.emb.table_id == 1 and ctx.num_workers == 1
+        ids = torch.tensor([[1, 2]])
+        before = model(ids).sum().item()
+        for _ in range(5):
+            ctx.backward(model(ids).sum())
+        assert model(ids).sum().item() < before - 0.1, "adagrad on the servers lowered the sum"
+    cluster.wait()
+
+    cluster = downpour.embedded(servers=1)
+    with pytest.raises(ValueError):
+        with dt.TrainCtx(torch.nn.Linear(2, 1), session=cluster.join()):
+            raise ValueError("bad batch 7")
+    with pytest.raises(downpour.DownpourError, match="bad batch 7"):
+        cluster.wait()
+
+
+def test_connect_without_an_address_says_what_is_missing(monkeypatch):
+    monkeypatch.delenv("DOWNPOUR_COORDINATOR", raising=False)
+    with pytest.raises(downpour.DownpourError, match="DOWNPOUR_COORDINATOR"):
+        downpour.connect()
+    monkeypatch.setenv("DOWNPOUR_COORDINATOR", "127.0.0.1:9")
+    monkeypatch.setenv("DOWNPOUR_WORKER_FLAGS", '["--replication", "two"]')
+    with pytest.raises(downpour.DownpourError, match="two"):
+        downpour.connect()
+
+
+def example(*args, timeout=300):
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    # one stream, in the order the launcher printed its children's lines
+    p = subprocess.run(
+        [sys.executable, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout, env=env, cwd=REPO
+    )
+    return p.returncode, p.stdout
+
+
+def test_the_example_survives_a_server_killed_mid_training_and_matches_plain_pytorch(tmp_path):
+    common = [str(EXAMPLE), "--synthetic", "--epochs", "4"]
+    rc, out = example(*common, "--reference", "--out", str(tmp_path / "ref.json"))
+    assert rc == 0, out
+    ref = json.loads((tmp_path / "ref.json").read_text())
+    launch = ["-m", "downpour.launch", "--servers", "2", "--workers", "2", "--replication", "2", "--fault", "kill server:1 at 5s"]
+    rc, out = example(*launch, *common, "--out", str(tmp_path / "ps.json"))
+    assert rc == 0, out
+    killed = out.find("killed server 1")
+    assert killed >= 0, out
+    assert out.rfind("epoch 4/4") > killed, f"the server died before the training ended:\n{out}"
+    got = json.loads((tmp_path / "ps.json").read_text())
+    assert got["workers"] == 2
+    assert abs(got["test_auc"] - ref["test_auc"]) < 0.01, (got, ref)
+    assert got["test_auc"] > 0.8, got
