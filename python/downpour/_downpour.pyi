@@ -12,6 +12,10 @@ class Handle:
     def wait(self) -> None:
         """Waits until the servers acknowledged the request."""
 
+class PullHandle:
+    def wait(self, out: Optional[npt.NDArray[np.float32]] = None) -> npt.NDArray[np.float32]:
+        """Waits for the values: into out, or a new (len(keys), value_len) array. Once only."""
+
 class Table:
     id: int
     value_len: int
@@ -21,6 +25,10 @@ class Table:
         """Pushes and returns at once; wait on the handle."""
     def pull(self, keys: npt.NDArray[np.uint64], out: Optional[npt.NDArray[np.float32]] = None) -> npt.NDArray[np.float32]:
         """Pulls the rows of keys into out (filled in place) or a new (len(keys), value_len) array."""
+    def pull_async(self, keys: npt.NDArray[np.uint64]) -> PullHandle:
+        """Starts a pull of keys (sorted, unique) and returns at once; wait on the handle."""
+    def peek(self, keys: npt.NDArray[np.uint64], out: Optional[npt.NDArray[np.float32]] = None) -> npt.NDArray[np.float32]:
+        """Reads like pull without creating rows (a missing key reads as its initial value)."""
     def push_range(self, begin: int, values: npt.NDArray[np.float32]) -> None:
         """Pushes whole rows to the consecutive keys begin, begin + 1, ... of a dense table."""
     def pull_range(self, begin: int, out: Optional[npt.NDArray[np.float32]] = None, count: Optional[int] = None) -> npt.NDArray[np.float32]:
@@ -29,6 +37,9 @@ class Table:
 class Session:
     rank: int
     num_workers: int
+    job_clock: int
+    resumed: Optional[str]
+    checkpointing: bool
     def table(
         self,
         id: int,
@@ -49,12 +60,18 @@ class Session:
         ftrl_beta: float = 1.0,
         consistency: str = "async",
         filters: str = "none",
+        aggregate: str = "none",
+        backup_workers: int = 0,
     ) -> Table:
         """Creates table id (or checks that it exists alike) and returns it."""
     def barrier(self, name: str) -> None:
         """Waits until every worker reached the barrier name."""
     def clock(self) -> int:
         """Ends this worker's clock tick; returns the new clock."""
+    def checkpoint_point(self, state: str) -> bool:
+        """After each clock: takes a checkpoint when one is due (True), recording state."""
+    def retire(self, state: str) -> None:
+        """This worker takes no more clocks: checkpoints stop waiting for it."""
     def finish(self, ok: bool = True, message: str = "") -> None:
         """Leaves the job (ok=False fails it with message)."""
 
@@ -69,8 +86,16 @@ class Cluster:
 def embedded(servers: int = 2, workers: int = 1, replication: int = 1) -> Cluster:
     """Starts a coordinator and servers inside this process."""
 
-def connect(coordinator: str, token: Optional[str] = None, transport: str = "tcp") -> Session:
-    """Joins a running cluster at coordinator (host:port) as its next worker."""
+def connect(
+    coordinator: str, token: Optional[str] = None, transport: Optional[str] = None, flags: List[str] = ...
+) -> Session:
+    """Joins a running cluster at coordinator (host:port) as its next worker; flags are the
+    command line's global flags (downpour.connect() fills them from the environment)."""
+
+def initial_rows(
+    keys: npt.NDArray[np.uint64], value_len: int, init: str = "normal", init_std: float = 0.01, seed: int = 1
+) -> npt.NDArray[np.float32]:
+    """The rows a table of this init creates for keys, as a (len(keys), value_len) array."""
 
 def scramble(ids: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
     """Spreads application ids over the key space as the servers expect."""
