@@ -329,9 +329,11 @@ class TrainCtx:
     `python -m downpour.launch`), gives every `Embedding`/`EmbeddingBag` of `model` a
     sparse table (ids 1, 2, … in module order) and keeps the model's other parameters on the
     servers as `DenseParameters` (`dense_mode`, `dense_rule`, `dense_lr`, `n_fetch`,
-    `n_push`; the tables after the embeddings'). `backward(loss)` runs one step. `state`
-    (a JSON-able dict) is recorded at each checkpoint (the cluster's `--checkpoint-dir`)
-    and given back as `resumed` after `--resume`. On exit it waits for the last pushes,
+    `n_push`; the tables after the embeddings'). `backward(loss)` runs one step and counts
+    it in `steps`. `state` (a JSON-able dict, holding `steps`) is recorded at each
+    checkpoint (the cluster's `--checkpoint-dir`) as it is when `backward` takes it, and
+    after `--resume` it is back in `state` (and `resumed`), with `steps` the steps the
+    checkpoint holds: go on from batch `ctx.steps`. On exit it waits for the last pushes,
     retires from checkpoints and finishes the session (failing the job, with the
     exception's message, if the block raised).
     """
@@ -382,6 +384,7 @@ class TrainCtx:
                 self.resumed = None
             if isinstance(self.resumed, dict):
                 self.state = dict(self.resumed)
+                self.steps = int(self.state.get("steps", 0))
         used = set()
         next_id = 1
         for m in self.embeddings:
@@ -406,6 +409,7 @@ class TrainCtx:
         loss.backward()
         self.dense.step()
         self.steps += 1
+        self.state["steps"] = self.steps
         if self.dense.mode != "sync":
             s.clock()
         if s.checkpointing:

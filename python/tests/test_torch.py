@@ -169,3 +169,46 @@ def test_the_example_survives_a_server_killed_mid_training_and_matches_plain_pyt
     assert got["workers"] == 2
     assert abs(got["test_auc"] - ref["test_auc"]) < 0.01, (got, ref)
     assert got["test_auc"] > 0.8, got
+
+
+def test_the_readmes_pytorch_example_runs_through_the_launcher(tmp_path):
+    text = (REPO / "README.md").read_text()
+    blocks = [b.split("```", 1)[0] for b in text.split("```python\n")[1:]]
+    block = next(b for b in blocks if "TrainCtx" in b)
+    script = tmp_path / "readme_torch.py"
+    # the README leaves the data out: a few batches of ids and targets
+    script.write_text(
+        "import torch\n"
+        "batches = [(torch.randint(0, 1000, (32, 3)), torch.randn(32)) for _ in range(20)]\n"
+        + block
+        + "print('README example trained', ctx.steps, 'steps')\n"
+    )
+    rc, out = example("-m", "downpour.launch", "--servers", "2", "--workers", "2", str(script), timeout=120)
+    assert rc == 0, out
+    assert out.count("README example trained 20 steps") == 2, out
+
+
+def test_train_ctx_checkpoints_and_resumes_at_the_step_the_checkpoint_holds(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import sys, torch, downpour.torch as dt\n"
+        "torch.manual_seed(0)\n"
+        "model = torch.nn.Sequential(dt.EmbeddingBag(4, mode='sum'), torch.nn.Linear(4, 1))\n"
+        "g = torch.Generator().manual_seed(1)\n"
+        "batches = [(torch.randint(0, 50, (8, 2), generator=g), torch.randn(8, generator=g)) for _ in range(int(sys.argv[1]))]\n"
+        "with dt.TrainCtx(model) as ctx:\n"
+        "    print('start', ctx.steps, 'resumed', ctx.resumed is not None)\n"
+        "    for ids, y in batches[ctx.steps:]:\n"
+        "        ctx.backward(torch.nn.functional.mse_loss(model(ids).squeeze(1), y))\n"
+        "    print('done', ctx.steps)\n"
+    )
+    ckpt = tmp_path / "ckpt"
+    launch = ["-m", "downpour.launch", "--servers", "2", "--workers", "2"]
+    rc, out = example(*launch, "--checkpoint-dir", str(ckpt), "--checkpoint-every", "5", str(script), "12", timeout=120)
+    assert rc == 0, out
+    assert out.count("done 12") == 2, out
+    assert sorted(p.name for p in ckpt.iterdir()) == ["ckpt-000001", "ckpt-000002"], out
+    rc, out = example(*launch, "--resume", str(ckpt), str(script), "14", timeout=120)
+    assert rc == 0, out
+    assert out.count("start 10 resumed True") == 2, out  # the checkpoint of clock 10
+    assert out.count("done 14") == 2, out
