@@ -3,6 +3,7 @@
 import os
 import pathlib
 import subprocess
+import sys
 import threading
 import time
 
@@ -166,3 +167,34 @@ def test_the_readme_example_runs():
     text = (REPO / "README.md").read_text()
     block = text.split("```python\n", 1)[1].split("```", 1)[0]
     exec(compile(block, "README.md", "exec"), {})
+
+
+def test_unsorted_keys_and_a_lost_server_raise_errors_not_crashes(tmp_path):
+    addr_file = tmp_path / "coordinator.addr"
+    env = dict(os.environ, DOWNPOUR_LOG="warn")
+    py = [sys.executable, "-m", "downpour"]
+    coord = subprocess.Popen([*py, "coordinator", "--listen", "127.0.0.1:0", "--servers", "1", "--workers", "1", "--addr-file", str(addr_file)], env=env)
+    procs = [coord]
+    try:
+        for _ in range(400):
+            if addr_file.exists() and addr_file.read_text().endswith("\n"):
+                break
+            time.sleep(0.05)
+        addr = addr_file.read_text().strip()
+        server = subprocess.Popen([*py, "server", "--coordinator", addr, "--listen", "127.0.0.1:0"], env=env)
+        procs.append(server)
+        s = downpour.connect(addr)
+        t = s.table(1, "w")
+        keys = np.array([1, 2], dtype=np.uint64)
+        t.push(keys, np.ones(2, dtype=np.float32))
+        with pytest.raises(downpour.DownpourError, match="sorted and unique"):
+            t.push(keys[::-1].copy(), np.ones(2, dtype=np.float32))
+        server.kill()
+        server.wait()
+        with pytest.raises(downpour.DownpourError, match="server 0"):
+            t.pull(keys)  # an unreplicated job's server is gone: an exception naming it
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
