@@ -32,9 +32,13 @@ import sys
 import time
 
 import numpy as np
-import torch
-import torch.nn.functional as F
-from torch import nn
+
+try:
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+except ImportError:
+    sys.exit("error: this example needs PyTorch: pip install torch (or pip install './python[torch]')")
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "movielens-100k"

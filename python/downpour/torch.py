@@ -28,9 +28,13 @@ import json
 from typing import Any, Dict, Iterable, List, Optional
 
 import numpy as np
-import torch
-import torch.nn.functional as F
-from torch import nn
+
+try:
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+except ImportError as e:  # the package's torch extra
+    raise ImportError(f"downpour.torch needs PyTorch: pip install torch (or pip install './python[torch]'): {e}") from e
 
 from . import DownpourError, Session, Table, connect, initial_rows, scramble
 
