@@ -286,6 +286,37 @@ fn keys_slice<'a>(keys: &'a PyReadonlyArray1<'_, u64>) -> PyResult<&'a [u64]> {
 }
 
 impl Table {
+    /// `pull` (or, with `peek`, `peek`) into `out` or a new `(len(keys), value_len)` array.
+    fn read<'py>(
+        &self,
+        py: Python<'py>,
+        keys: PyReadonlyArray1<'py, u64>,
+        out: Option<Bound<'py, PyArrayDyn<f32>>>,
+        peek: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let k = keys_slice(&keys)?;
+        let out = match out {
+            Some(o) => o,
+            None => PyArrayDyn::zeros(py, vec![k.len(), self.value_len], false),
+        };
+        {
+            let mut w: PyReadwriteArrayDyn<'_, f32> = out.try_readwrite().map_err(|e| err(format!("out: {e}")))?;
+            let o = w.as_slice_mut().map_err(|_| err("out must be a contiguous numpy.float32 array"))?;
+            self.check(k.len(), o.len())?;
+            let (s, id) = (self.session.clone(), self.id);
+            py.detach(|| {
+                let mut s = s.lock();
+                if peek {
+                    s.kv.peek_into(id, k, o)
+                } else {
+                    s.kv.pull_into(id, k, o)
+                }
+            })
+            .map_err(err)?;
+        }
+        Ok(out.into_any())
+    }
+
     fn check(&self, keys: usize, values: usize) -> PyResult<()> {
         if keys * self.value_len != values {
             return Err(err(format!("{values} values for {keys} keys of {} values each", self.value_len)));
@@ -386,19 +417,7 @@ impl Table {
         keys: PyReadonlyArray1<'py, u64>,
         out: Option<Bound<'py, PyArrayDyn<f32>>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let k = keys_slice(&keys)?;
-        let out = match out {
-            Some(o) => o,
-            None => PyArrayDyn::zeros(py, vec![k.len(), self.value_len], false),
-        };
-        {
-            let mut w: PyReadwriteArrayDyn<'_, f32> = out.try_readwrite().map_err(|e| err(format!("out: {e}")))?;
-            let o = w.as_slice_mut().map_err(|_| err("out must be a contiguous numpy.float32 array"))?;
-            self.check(k.len(), o.len())?;
-            let (s, id) = (self.session.clone(), self.id);
-            py.detach(|| s.lock().kv.pull_into(id, k, o)).map_err(err)?;
-        }
-        Ok(out.into_any())
+        self.read(py, keys, out, false)
     }
 
     /// Starts a pull of `keys` (uint64, sorted and unique) and returns at once with a handle
@@ -420,19 +439,7 @@ impl Table {
         keys: PyReadonlyArray1<'py, u64>,
         out: Option<Bound<'py, PyArrayDyn<f32>>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let k = keys_slice(&keys)?;
-        let out = match out {
-            Some(o) => o,
-            None => PyArrayDyn::zeros(py, vec![k.len(), self.value_len], false),
-        };
-        {
-            let mut w: PyReadwriteArrayDyn<'_, f32> = out.try_readwrite().map_err(|e| err(format!("out: {e}")))?;
-            let o = w.as_slice_mut().map_err(|_| err("out must be a contiguous numpy.float32 array"))?;
-            self.check(k.len(), o.len())?;
-            let (s, id) = (self.session.clone(), self.id);
-            py.detach(|| s.lock().kv.peek_into(id, k, o)).map_err(err)?;
-        }
-        Ok(out.into_any())
+        self.read(py, keys, out, true)
     }
 
     /// Pushes `values` to the consecutive keys `begin, begin + 1, …` of a dense table and
