@@ -79,9 +79,9 @@ enum Cmd {
         /// Worker processes.
         #[arg(long, default_value_t = 1)]
         workers: usize,
-        /// Run every connection over TLS (mutual, gRPC) with the certificates `certs generate`
-        /// wrote to this directory: node-0 for the coordinator, then the servers, then the
-        /// workers.
+        /// Run every connection over TLS (mutual authentication; framed TCP or, with
+        /// --transport grpc, gRPC) with the certificates `certs generate` wrote to this
+        /// directory: node-0 for the coordinator, then the servers, then the workers.
         #[arg(long)]
         tls_dir: Option<std::path::PathBuf>,
         /// Inject a fault (repeatable), TIME like `2s`, `1.5s` or `800ms` from the start:
@@ -336,13 +336,11 @@ fn run(cli: Cli, s: Settings, exe: &Program) -> Result<()> {
                     parsed.check_checkpoints()?;
                 }
             }
-            let mut s = s.clone();
             if let Some(dir) = &tls_dir {
                 anyhow::ensure!(s.tls.is_none(), "--tls-dir replaces --tls-cert/--tls-key/--tls-ca: give one or the other");
                 for i in 0..1 + servers + workers {
                     downpour_cluster::certs::node_files(dir, i)?;
                 }
-                s.transport = downpour_transport::TransportKind::Grpc;
             }
             downpour_cluster::launch_local(LocalRun {
                 exe,

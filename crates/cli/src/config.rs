@@ -48,7 +48,7 @@ pub struct CommonArgs {
     #[arg(long = "auth-token-from-env", global = true, env = "DOWNPOUR_AUTH_TOKEN", hide = true, hide_env_values = true)]
     pub auth_token_env: Option<String>,
     /// This node's TLS certificate (PEM); with --tls-key and --tls-ca, every connection is
-    /// TLS (needs --transport grpc).
+    /// TLS with mutual authentication, on either transport (framed TCP or gRPC).
     #[arg(long, global = true, env = "DOWNPOUR_TLS_CERT")]
     pub tls_cert: Option<PathBuf>,
     /// This node's TLS private key (PEM).
@@ -229,7 +229,6 @@ impl CommonArgs {
         let tls = match tls_paths {
             (None, None, None) => None,
             (Some(c), Some(k), Some(a)) => {
-                anyhow::ensure!(transport == TransportKind::Grpc, "TLS needs the gRPC transport: add --transport grpc");
                 let no_client_auth = self.tls_no_client_auth || file.tls_no_client_auth.unwrap_or(false);
                 let server_name = self.tls_server_name.clone().or(file.tls_server_name);
                 let cfg = TlsConfig::from_files(&c, &k, &a, !no_client_auth, server_name).map_err(anyhow::Error::msg)?;

@@ -19,14 +19,19 @@ fn certs_generate_output_runs_a_tls_cluster_with_a_token_under_launch() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let token = dir.path().join("token");
     std::fs::write(&token, "a-test-cluster-secret-0123\n").unwrap();
-    let o = downpour()
-        .args(["--auth-token-file", token.to_str().unwrap(), "launch", "--tls-dir", certs.to_str().unwrap()])
-        .args(["--servers", "1", "--workers", "2", "--", "counter", "--keys", "300", "--rounds", "3"])
-        .output()
-        .unwrap();
-    let out = String::from_utf8_lossy(&o.stdout);
-    assert!(o.status.success(), "{out}\n{}", String::from_utf8_lossy(&o.stderr));
-    assert_eq!(out.matches("counter: OK keys=300").count(), 2, "{out}");
+    // framed TCP (the default) and gRPC, both over mutual TLS
+    for transport in ["tcp", "grpc"] {
+        let o = downpour()
+            .args(["--auth-token-file", token.to_str().unwrap(), "--transport", transport, "launch", "--tls-dir", certs.to_str().unwrap()])
+            .args(["--servers", "1", "--workers", "2", "--", "counter", "--keys", "300", "--rounds", "3"])
+            .output()
+            .unwrap();
+        let out = String::from_utf8_lossy(&o.stdout);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{transport}: {out}\n{err}");
+        assert_eq!(out.matches("counter: OK keys=300").count(), 2, "{transport}: {out}");
+        assert!(!err.contains("WARN"), "{transport}: a clean TLS run warns of nothing:\n{err}");
+    }
     // four certificates do not cover 1 + 2 + 2 processes: a clear error before anything starts
     let o = downpour()
         .args(["launch", "--tls-dir", certs.to_str().unwrap(), "--servers", "2", "--workers", "2", "--", "counter"])

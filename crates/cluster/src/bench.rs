@@ -27,7 +27,7 @@ pub struct BenchConfig {
     #[cfg_attr(feature = "cli", arg(long))]
     pub embedded: bool,
     /// Run every connection over mutual TLS with the certificates `certs generate` wrote here
-    /// (as `launch --tls-dir`; switches to the gRPC transport).
+    /// (as `launch --tls-dir`; over the transport `--transport` names).
     #[cfg_attr(feature = "cli", arg(long, conflicts_with = "embedded"))]
     pub tls_dir: Option<std::path::PathBuf>,
     /// Dense value sizes, comma-separated (suffixes B, KiB, MiB, GiB).
@@ -103,14 +103,11 @@ pub struct BenchRun {
 /// unless `cfg.embedded`. Lines the workers print that are not samples go to `report`.
 pub fn run(cfg: &BenchConfig, s: &Settings, exe: &crate::Program, report: Report, interrupted: Arc<AtomicBool>) -> Result<BenchRun> {
     let a = cfg;
-    let mut s = s.clone();
     if let Some(dir) = &a.tls_dir {
         for i in 0..1 + a.servers + a.workers {
             crate::certs::node_files(dir, i)?;
         }
-        s.transport = downpour_transport::TransportKind::Grpc;
     }
-    let s = &s;
     let mut sizes: Vec<u64> = a.sizes.split(',').filter(|x| !x.trim().is_empty()).map(parse_size).collect::<Result<_>>()?;
     if let Some(m) = a.cases.dnn_model {
         // the raw path at the model's size, for comparison in the same run

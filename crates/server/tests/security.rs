@@ -114,33 +114,43 @@ fn tls((cert, key, ca): &(String, String, String)) -> TlsConfig {
 }
 
 #[test]
-fn a_tls_server_refuses_plaintext_and_certificates_of_another_ca() {
-    let cluster = pki();
-    let st = network_transport(TransportKind::Grpc, net(Some(GOOD), Some(tls(&cluster)))).unwrap();
-    let h = server(st.as_ref(), ServerConfig::default());
+fn a_tls_server_refuses_plaintext_and_certificates_of_another_ca_on_either_transport() {
+    for kind in [TransportKind::Tcp, TransportKind::Grpc] {
+        let cluster = pki();
+        let st = network_transport(kind, net(Some(GOOD), Some(tls(&cluster)))).unwrap();
+        let h = server(st.as_ref(), ServerConfig::default());
 
-    // a node of the cluster: works
-    let ok = network_transport(TransportKind::Grpc, net(Some(GOOD), Some(tls(&cluster)))).unwrap();
-    let mut kv = connect(ok.as_ref(), &h).unwrap();
-    kv.create_table(table(1, 1)).unwrap();
-    let ts = kv.push(1, &[7], &[3.0]).unwrap();
-    kv.wait(ts).unwrap();
+        // a node of the cluster: works
+        let ok = network_transport(kind, net(Some(GOOD), Some(tls(&cluster)))).unwrap();
+        let mut kv = connect(ok.as_ref(), &h).unwrap();
+        kv.create_table(table(1, 1)).unwrap();
+        let ts = kv.push(1, &[7], &[3.0]).unwrap();
+        kv.wait(ts).unwrap();
 
-    // plaintext gRPC with the right token: no TLS handshake, no connection
-    let plain = network_transport(TransportKind::Grpc, net(Some(GOOD), None)).unwrap();
-    assert!(connect(plain.as_ref(), &h).is_err(), "a plaintext client must not get in");
-    // a certificate from another CA, right token: refused in the handshake
-    let mut stranger = tls(&pki());
-    stranger.ca_pem = cluster.2.as_bytes().to_vec();
-    let other = network_transport(TransportKind::Grpc, net(Some(GOOD), Some(stranger))).unwrap();
-    assert!(connect(other.as_ref(), &h).is_err(), "a certificate of another CA must be refused");
-    // raw bytes at the TLS port
-    {
-        use std::io::Write;
-        let mut s = std::net::TcpStream::connect(&h.addr).unwrap();
-        let _ = s.write_all(&[0xff; 256]);
+        // plaintext with the right token: no TLS handshake, no connection
+        let plain = network_transport(kind, net(Some(GOOD), None)).unwrap();
+        assert!(connect(plain.as_ref(), &h).is_err(), "{kind:?}: a plaintext client must not get in");
+        // a certificate from another CA, right token: refused in the handshake
+        let mut stranger = tls(&pki());
+        stranger.ca_pem = cluster.2.as_bytes().to_vec();
+        let other = network_transport(kind, net(Some(GOOD), Some(stranger))).unwrap();
+        assert!(connect(other.as_ref(), &h).is_err(), "{kind:?}: a certificate of another CA must be refused");
+        // a client that trusts another CA: the server's certificate is refused by the client
+        let mut wrong_ca = tls(&cluster);
+        wrong_ca.ca_pem = pki().2.as_bytes().to_vec();
+        let doubter = network_transport(kind, net(Some(GOOD), Some(wrong_ca))).unwrap();
+        let e = connect(doubter.as_ref(), &h).err().expect("a server certificate of an unknown CA must be refused");
+        if kind == TransportKind::Tcp {
+            assert!(e.contains("TLS handshake"), "{e}");
+        }
+        // raw bytes at the TLS port
+        {
+            use std::io::Write;
+            let mut s = std::net::TcpStream::connect(&h.addr).unwrap();
+            let _ = s.write_all(&[0xff; 256]);
+        }
+        assert_eq!(peek(&mut kv, &[7]), vec![3.0], "{kind:?}: the server kept serving, and only the cluster's push landed");
     }
-    assert_eq!(peek(&mut kv, &[7]), vec![3.0], "the server kept serving, and only the cluster's push landed");
 }
 
 #[test]

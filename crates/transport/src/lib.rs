@@ -25,6 +25,7 @@ pub mod grpc;
 pub mod inproc;
 pub mod security;
 pub mod tcp;
+mod tls;
 
 pub use security::{AuthToken, TlsConfig};
 
@@ -201,19 +202,11 @@ impl Default for NetConfig {
     }
 }
 
-/// Builds the network transport `kind`. TLS needs gRPC: asking for it with framed TCP is an
-/// error rather than a silently plaintext cluster.
+/// Builds the network transport `kind`, over TLS on every connection when `cfg.tls` is set
+/// (either transport). Unusable TLS material is an error, never a plaintext cluster.
 pub fn network_transport(kind: TransportKind, cfg: NetConfig) -> Result<Arc<dyn Transport>> {
     Ok(match kind {
-        TransportKind::Tcp => {
-            if cfg.tls.is_some() {
-                return Err(TransportError::Bind {
-                    addr: "tcp transport".into(),
-                    reason: "TLS is only available with the gRPC transport (--transport grpc)".into(),
-                });
-            }
-            Arc::new(tcp::TcpTransport::new(cfg))
-        }
+        TransportKind::Tcp => Arc::new(tcp::TcpTransport::new(cfg)?),
         TransportKind::Grpc => Arc::new(grpc::GrpcTransport::new(cfg)?),
     })
 }
@@ -311,8 +304,19 @@ mod tests {
 
     fn readable_tells_a_waiting_frame_and_a_close_without_consuming(t: &dyn Transport, addr: &str) {
         let mut l = t.listen(addr).unwrap();
-        let mut c = t.connect(&l.local_addr(), Duration::from_secs(5)).unwrap();
-        let mut s = l.accept(Duration::from_secs(5)).unwrap().unwrap();
+        let local = l.local_addr();
+        // connecting over TLS waits for the handshake, which the accepted side answers
+        let (mut c, mut s) = std::thread::scope(|sc| {
+            let c = sc.spawn(|| t.connect(&local, Duration::from_secs(5)).unwrap());
+            let mut s = l.accept(Duration::from_secs(5)).unwrap().unwrap();
+            if t.name() == "tcp" {
+                // the server side's handshake (TLS) runs on its first read; no frame comes
+                let _ = s.set_recv_timeout(Some(Duration::from_millis(200)));
+                let _ = s.recv_header();
+                s.set_recv_timeout(None).unwrap();
+            }
+            (c.join().unwrap(), s)
+        });
         assert!(!s.readable().unwrap(), "{}: nothing sent yet", t.name());
         let mut h = msg::request(Op::Push, 7, 42, 0, 1);
         c.send(&mut h, &[], &[1, 0, 0, 0]).unwrap();
@@ -330,7 +334,27 @@ mod tests {
 
     #[test]
     fn tcp_readable_tells_a_waiting_frame_and_a_close_without_consuming() {
-        readable_tells_a_waiting_frame_and_a_close_without_consuming(&tcp::TcpTransport::new(NetConfig::default()), "127.0.0.1:0");
+        readable_tells_a_waiting_frame_and_a_close_without_consuming(&tcp::TcpTransport::new(NetConfig::default()).unwrap(), "127.0.0.1:0");
+    }
+
+    #[test]
+    fn tls_tcp_readable_tells_a_waiting_frame_and_a_close_without_consuming() {
+        use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca_cert = ca.self_signed(&ca_key).unwrap();
+        let key = KeyPair::generate().unwrap();
+        let cert = CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap().signed_by(&key, &ca_cert, &ca_key).unwrap();
+        let tls = TlsConfig {
+            cert_pem: cert.pem().into_bytes(),
+            key_pem: key.serialize_pem().into_bytes(),
+            ca_pem: ca_cert.pem().into_bytes(),
+            require_client_cert: true,
+            server_name: None,
+        };
+        let t = tcp::TcpTransport::new(NetConfig { tls: Some(tls), ..NetConfig::default() }).unwrap();
+        readable_tells_a_waiting_frame_and_a_close_without_consuming(&t, "127.0.0.1:0");
     }
 
     #[test]

@@ -1,23 +1,33 @@
-//! Framed TCP: the frame layout of [`downpour_core::codec`] over blocking sockets.
+//! Framed TCP: the frame layout of [`downpour_core::codec`] over blocking sockets, in the
+//! clear or over TLS ([`crate::tls`]) when the [`NetConfig`] carries TLS material.
 
 use crate::security::{check_token, AuthToken, RefusalLog, HANDSHAKE_TIMEOUT};
+use crate::tls::{Half, TlsSetup};
 use crate::{ConnSlot, ConnSlots, Connection, Listener, NetConfig, Result, TrafficStats, Transport, TransportError};
 use downpour_core::codec::{self, FrameLimits};
 use downpour_core::msg::{self, Op, Status};
 use downpour_core::proto::FrameHeader;
 use std::io::{self, BufReader, IoSlice, Read, Write};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Framed TCP transport.
 pub struct TcpTransport {
     cfg: NetConfig,
+    tls: Option<Arc<TlsSetup>>,
 }
 
 impl TcpTransport {
-    /// A transport enforcing `cfg.limits` on receive.
-    pub fn new(cfg: NetConfig) -> Self {
-        TcpTransport { cfg }
+    /// A transport enforcing `cfg.limits` on receive, over TLS when `cfg.tls` is set (every
+    /// connection, both ways: mutual authentication against the CA when
+    /// `require_client_cert`). Fails when the TLS material is unusable, saying why.
+    pub fn new(cfg: NetConfig) -> Result<Self> {
+        let tls = match &cfg.tls {
+            Some(t) => Some(Arc::new(TlsSetup::new(t).map_err(|reason| TransportError::Bind { addr: "tcp transport".into(), reason })?)),
+            None => None,
+        };
+        Ok(TcpTransport { cfg, tls })
     }
 }
 
@@ -34,7 +44,17 @@ impl Transport for TcpTransport {
             .next()
             .ok_or_else(|| err("address resolves to nothing".into()))?;
         let stream = TcpStream::connect_timeout(&sa, timeout).map_err(|e| err(e.to_string()))?;
-        let mut c = TcpConnection::new(stream, addr.to_string(), self.cfg.limits, None).map_err(|e| err(e.to_string()))?;
+        let tls = match &self.tls {
+            Some(setup) => {
+                let mut t = setup.client(stream.try_clone().map_err(|e| err(e.to_string()))?, addr).map_err(err)?;
+                stream.set_read_timeout(Some(timeout)).map_err(|e| err(e.to_string()))?;
+                t.handshake().map_err(|e| err(format!("TLS handshake: {e}")))?;
+                stream.set_read_timeout(None).map_err(|e| err(e.to_string()))?;
+                Some(t)
+            }
+            None => None,
+        };
+        let mut c = TcpConnection::new(stream, tls, addr.to_string(), self.cfg.limits, None).map_err(|e| err(e.to_string()))?;
         if let Some(token) = &self.cfg.auth {
             c.client_hello(token, timeout).map_err(err)?;
         }
@@ -55,6 +75,7 @@ impl Transport for TcpTransport {
         Ok(Box::new(TcpListenerBox {
             l,
             local,
+            tls: self.tls.clone(),
             limits: self.cfg.limits,
             auth: self.cfg.auth.clone(),
             slots: ConnSlots::new(self.cfg.max_connections),
@@ -66,6 +87,7 @@ impl Transport for TcpTransport {
 struct TcpListenerBox {
     l: TcpListener,
     local: String,
+    tls: Option<Arc<TlsSetup>>,
     limits: FrameLimits,
     auth: Option<AuthToken>,
     slots: ConnSlots,
@@ -92,7 +114,18 @@ impl Listener for TcpListenerBox {
                         continue;
                     };
                     let side = Accepted { auth: self.auth.clone(), refusals: self.refusals.clone(), _slot: slot, handshake: true };
-                    let c = match TcpConnection::new(s, peer.to_string(), self.limits, Some(side)) {
+                    // the TLS handshake runs in the connection's thread, on its first read
+                    let tls = match &self.tls {
+                        Some(setup) => match s.try_clone().map_err(|e| e.to_string()).and_then(|c| setup.server(c)) {
+                            Ok(t) => Some(t),
+                            Err(why) => {
+                                self.refusals.refused(&peer.to_string(), &why);
+                                continue;
+                            }
+                        },
+                        None => None,
+                    };
+                    let c = match TcpConnection::new(s, tls, peer.to_string(), self.limits, Some(side)) {
                         Ok(c) => c,
                         // The peer went away before we set the socket up: its problem.
                         Err(_) if Instant::now() >= deadline => return Ok(None),
@@ -129,8 +162,11 @@ struct Accepted {
 
 /// One framed TCP connection.
 pub struct TcpConnection {
-    reader: BufReader<TcpStream>,
-    writer: TcpStream,
+    reader: BufReader<Half>,
+    writer: Half,
+    /// The socket itself: timeouts, and peeking for [`Connection::readable`].
+    sock: TcpStream,
+    tls: bool,
     peer: String,
     limits: FrameLimits,
     hbuf: Vec<u8>,
@@ -141,18 +177,34 @@ pub struct TcpConnection {
 }
 
 impl TcpConnection {
-    fn new(stream: TcpStream, peer: String, limits: FrameLimits, accepted: Option<Accepted>) -> io::Result<Self> {
+    fn new(
+        stream: TcpStream,
+        tls: Option<crate::tls::TlsStream>,
+        peer: String,
+        limits: FrameLimits,
+        accepted: Option<Accepted>,
+    ) -> io::Result<Self> {
         stream.set_nonblocking(false)?;
         // Small frames must not wait for Nagle (44 ms stalls otherwise).
         stream.set_nodelay(true)?;
-        if accepted.as_ref().is_some_and(|a| a.auth.is_some()) {
-            // a peer that connects and says nothing does not hold the connection for long
+        if accepted.as_ref().is_some_and(|a| a.auth.is_some()) || (accepted.is_some() && tls.is_some()) {
+            // a peer that connects and says nothing (or never finishes the TLS handshake)
+            // does not hold the connection for long
             stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
         }
-        let reader = BufReader::with_capacity(64 << 10, stream.try_clone()?);
+        let is_tls = tls.is_some();
+        let (read_half, write_half) = match tls {
+            Some(t) => {
+                let t = Arc::new(parking_lot::Mutex::new(t));
+                (Half::Tls(t.clone()), Half::Tls(t))
+            }
+            None => (Half::Plain(stream.try_clone()?), Half::Plain(stream.try_clone()?)),
+        };
         Ok(TcpConnection {
-            reader,
-            writer: stream,
+            reader: BufReader::with_capacity(64 << 10, read_half),
+            writer: write_half,
+            sock: stream,
+            tls: is_tls,
             peer,
             limits,
             hbuf: Vec::with_capacity(256),
@@ -196,7 +248,7 @@ impl TcpConnection {
         };
         let refusals = acc.refusals.clone();
         // back to the caller's timeout (the handshake had its own)
-        self.reader.get_ref().set_read_timeout(self.timeout).map_err(|e| self.io_err(e))?;
+        self.sock.set_read_timeout(self.timeout).map_err(|e| self.io_err(e))?;
         if hello {
             if let Some((k, v)) = self.pending.take() {
                 io::copy(&mut (&mut self.reader).take(k + v), &mut io::sink()).map_err(|e| self.io_err(e))?;
@@ -259,19 +311,21 @@ impl Connection for TcpConnection {
             }
         }
         let mut bufs = &mut slices[..n];
+        let closed_or = |peer: String, e: io::Error| match e.kind() {
+            io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset => TransportError::Closed { peer },
+            _ => TransportError::Io { peer, source: e },
+        };
         while !bufs.is_empty() {
             match self.writer.write_vectored(bufs) {
                 Ok(0) => return Err(TransportError::Closed { peer: self.peer.clone() }),
                 Ok(n) => IoSlice::advance_slices(&mut bufs, n),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    let peer = self.peer.clone();
-                    return Err(match e.kind() {
-                        io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset => TransportError::Closed { peer },
-                        _ => TransportError::Io { peer, source: e },
-                    });
-                }
+                Err(e) => return Err(closed_or(self.peer.clone(), e)),
             }
+        }
+        if self.tls {
+            // the last record out of the TLS layer's buffer
+            self.writer.flush().map_err(|e| closed_or(self.peer.clone(), e))?;
         }
         self.stats.bytes_sent += total as u64;
         self.stats.frames_sent += 1;
@@ -279,6 +333,9 @@ impl Connection for TcpConnection {
     }
 
     fn recv_header(&mut self) -> Result<Option<FrameHeader>> {
+        if self.tls && self.accepted.as_ref().is_some_and(|a| a.handshake) {
+            self.tls_handshake()?;
+        }
         let h = self.read_header()?;
         match (h, &mut self.accepted) {
             (Some(h), Some(acc)) if acc.handshake => {
@@ -295,17 +352,17 @@ impl Connection for TcpConnection {
 
     fn set_recv_timeout(&mut self, timeout: Option<Duration>) -> Result<()> {
         self.timeout = timeout;
-        self.reader.get_ref().set_read_timeout(timeout).map_err(|e| TransportError::Io { peer: self.peer.clone(), source: e })
+        self.sock.set_read_timeout(timeout).map_err(|e| TransportError::Io { peer: self.peer.clone(), source: e })
     }
 
     fn readable(&mut self) -> Result<bool> {
-        if !self.reader.buffer().is_empty() {
+        if !self.reader.buffer().is_empty() || self.writer.bytes_waiting() {
             return Ok(true);
         }
         // One non-blocking peek (no change to the socket's blocking mode): a byte, the
         // peer's close (0) or an error other than "would block" all mean a read starts now.
         let mut b = [0u8; 1];
-        let fd = std::os::fd::AsRawFd::as_raw_fd(self.reader.get_ref());
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&self.sock);
         // SAFETY: `fd` is this connection's open socket and `b` a valid 1-byte buffer.
         let n = unsafe { libc::recv(fd, b.as_mut_ptr().cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
         if n >= 0 {
@@ -324,7 +381,33 @@ impl Connection for TcpConnection {
     }
 }
 
+impl Drop for TcpConnection {
+    fn drop(&mut self) {
+        self.writer.close();
+    }
+}
+
 impl TcpConnection {
+    /// (Accepting side, TLS.) Runs the handshake under the handshake timeout; a failure
+    /// (no certificate, one the CA did not sign, a plaintext peer) is a logged refusal.
+    fn tls_handshake(&mut self) -> Result<()> {
+        let Half::Tls(t) = &self.writer else { return Ok(()) };
+        let r = t.lock().handshake();
+        if let Err(e) = r {
+            let why = format!("TLS handshake failed: {e}");
+            if let Some(acc) = &mut self.accepted {
+                acc.refusals.refused(&self.peer, &why);
+                acc.handshake = false;
+            }
+            return Err(TransportError::Refused { peer: self.peer.clone(), reason: why });
+        }
+        if self.accepted.as_ref().is_some_and(|a| a.auth.is_none()) {
+            // no token to wait for: back to the caller's timeout
+            self.sock.set_read_timeout(self.timeout).map_err(|e| self.io_err(e))?;
+        }
+        Ok(())
+    }
+
     fn read_header(&mut self) -> Result<Option<FrameHeader>> {
         if let Some((k, v)) = self.pending.take() {
             // The caller skipped a payload: drain it to stay in sync.
@@ -332,11 +415,13 @@ impl TcpConnection {
             io::copy(&mut (&mut self.reader).take(k + v), &mut sink).map_err(|e| self.io_err(e))?;
         }
         let mut len = [0u8; 4];
-        // A clean close between frames is not an error.
+        // A clean close between frames is not an error (nor, on TLS, a close without the
+        // close_notify: a killed peer sends none, as a killed plaintext peer sends no FIN).
         match self.reader.read(&mut len[..1]) {
             Ok(0) => return Ok(None),
             Ok(_) => {}
             Err(e) if e.kind() == io::ErrorKind::ConnectionReset => return Ok(None),
+            Err(e) if self.tls && e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
             Err(e) => return Err(self.io_err(e)),
         }
         self.reader.read_exact(&mut len[1..]).map_err(|e| self.io_err(e))?;
