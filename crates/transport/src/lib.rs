@@ -189,7 +189,7 @@ pub struct NetConfig {
     /// The cluster secret: sent on every connection made, required of every connection
     /// accepted (`None`: none sent, none required).
     pub auth: Option<AuthToken>,
-    /// TLS on every connection (gRPC only).
+    /// TLS on every connection, either transport (mutual when `require_client_cert`).
     pub tls: Option<TlsConfig>,
     /// Accepted connections open at once, at most; more are closed at once (a flood of
     /// connections cannot exhaust the node's threads).
