@@ -320,6 +320,15 @@ impl PullGate {
         }
     }
 
+    /// `worker`'s push of `values` to the dense range from `begin` at `clock`, as
+    /// [`PullGate::push`] with its keys: `None` when the table applies pushes as they come.
+    pub fn push_range(&mut self, worker: usize, clock: u64, begin: u64, values: &[f32]) -> Result<Option<Accepted>> {
+        match &mut self.rounds {
+            Some(r) => r.push_range(worker, clock, begin, values).map(Some),
+            None => Ok(None),
+        }
+    }
+
     /// `worker` has no more iterations for now (its share is done): nobody waits for it
     /// until it clocks again.
     pub fn pause(&mut self, worker: usize) -> Result<Advanced> {

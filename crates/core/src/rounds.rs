@@ -83,12 +83,29 @@ impl FromStr for Aggregate {
     }
 }
 
-/// One worker's buffered update for a round: keys (sorted, unique within one push) and
-/// `value_len` values each, appended push after push.
+/// One buffered push: explicit keys (sorted, unique) or a dense range from `begin`, and
+/// `value_len` values per key.
+#[derive(Clone, Debug)]
+enum Piece {
+    Keys(Vec<u64>, Vec<f32>),
+    Range(u64, Vec<f32>),
+}
+
+impl Piece {
+    /// The push with explicit keys.
+    fn keyed(self, vl: usize) -> (Vec<u64>, Vec<f32>) {
+        match self {
+            Piece::Keys(k, v) => (k, v),
+            Piece::Range(b, v) => ((b..b + (v.len() / vl) as u64).collect(), v),
+        }
+    }
+}
+
+/// One worker's buffered update for a round, push after push.
 #[derive(Clone, Debug, Default)]
 struct Contribution {
-    /// Each push's keys and values, in arrival order (chunks of one push are consecutive).
-    pushes: Vec<(Vec<u64>, Vec<f32>)>,
+    /// Each push, in arrival order (chunks of one push are consecutive).
+    pushes: Vec<Piece>,
 }
 
 /// An update to apply to the table: push `values` to `keys`, in this order.
@@ -97,6 +114,15 @@ pub struct Update {
     /// Sorted, unique keys.
     pub keys: Vec<u64>,
     /// `keys.len() × value_len` values.
+    pub values: Vec<f32>,
+}
+
+/// An update to a dense range: push `values` to the keys `begin, begin + 1, …`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RangeUpdate {
+    /// The first key.
+    pub begin: u64,
+    /// `value_len` values per key.
     pub values: Vec<f32>,
 }
 
@@ -109,6 +135,10 @@ pub struct Round {
     pub contributors: usize,
     /// Updates to push to the table, in order.
     pub updates: Vec<Update>,
+    /// Then these range updates, in order: a summed or averaged round whose every push was
+    /// a range push ([`Rounds::push_range`]) of the same ranges (the workers' pushes of one
+    /// dense table), summed without explicit keys. Empty otherwise.
+    pub ranges: Vec<RangeUpdate>,
 }
 
 /// What happened to a buffered push.
@@ -217,10 +247,30 @@ impl Rounds {
             self.dropped += 1;
             return Ok(Accepted::Dropped);
         }
+        Ok(self.buffer(worker, round, Piece::Keys(keys.to_vec(), values.to_vec())))
+    }
+
+    /// Buffers `worker`'s push of `values` to the dense range from `begin` for `round`, as
+    /// [`Rounds::push`] with the keys `begin, begin + 1, …` would, without them: a summed
+    /// or averaged round made of range pushes alone is summed range by range. Precondition:
+    /// `values.len()` is a multiple of the value length (the table checks it first).
+    pub fn push_range(&mut self, worker: usize, round: u64, begin: u64, values: &[f32]) -> Result<Accepted> {
+        self.check_worker(worker)?;
+        if values.len() % self.value_len != 0 {
+            return Err(CoreError::Consistency(format!("{} values are not whole rows of {}", values.len(), self.value_len)));
+        }
+        if round < self.applied || round < self.clocks[worker] {
+            self.dropped += 1;
+            return Ok(Accepted::Dropped);
+        }
+        Ok(self.buffer(worker, round, Piece::Range(begin, values.to_vec())))
+    }
+
+    fn buffer(&mut self, worker: usize, round: u64, piece: Piece) -> Accepted {
         let workers = self.workers;
         let slot = self.pending.entry(round).or_insert_with(|| vec![Contribution::default(); workers]);
-        slot[worker].pushes.push((keys.to_vec(), values.to_vec()));
-        Ok(Accepted::Buffered)
+        slot[worker].pushes.push(piece);
+        Accepted::Buffered
     }
 
     /// `worker` has completed `clock` rounds (rounds `< clock`). Returns the rounds that are
@@ -272,11 +322,22 @@ impl Rounds {
             }
             let contributors = parts.len();
             let completed = self.clocks.iter().filter(|c| **c > k).count().max(1);
+            let vl = self.value_len;
+            let mut ranges = Vec::new();
             let updates = match self.aggregate {
-                Aggregate::None => parts.into_iter().flat_map(|c| c.pushes).map(|(keys, values)| Update { keys, values }).collect(),
+                Aggregate::None => {
+                    parts.into_iter().flat_map(|c| c.pushes).map(|p| p.keyed(vl)).map(|(keys, values)| Update { keys, values }).collect()
+                }
                 Aggregate::Sum | Aggregate::Avg => {
                     let scale = if self.aggregate == Aggregate::Avg { Some(completed as f32) } else { None };
-                    vec![merge(parts.into_iter().flat_map(|c| c.pushes.into_iter().map(|(k, v)| (k, v, 1.0))), self.value_len, scale)]
+                    let pieces: Vec<Piece> = parts.into_iter().flat_map(|c| c.pushes).collect();
+                    match merge_ranges(pieces, vl, scale) {
+                        Ok(r) => {
+                            ranges = r;
+                            Vec::new()
+                        }
+                        Err(pieces) => vec![merge(pieces.into_iter().map(|p| p.keyed(vl)).map(|(k, v)| (k, v, 1.0)), vl, scale)],
+                    }
                 }
                 Aggregate::Coded { .. } => {
                     let Some(code) = &self.code else { continue };
@@ -289,15 +350,60 @@ impl Rounds {
                     let weight = |w: usize| coef.iter().find(|c| c.0 == w).map_or(0.0, |c| c.1 as f32);
                     let weighted = parts.into_iter().zip(&who).flat_map(|(c, &w)| {
                         let a = weight(w);
-                        c.pushes.into_iter().map(move |(k, v)| (k, v, a))
+                        c.pushes.into_iter().map(move |p| {
+                            let (k, v) = p.keyed(vl);
+                            (k, v, a)
+                        })
                     });
-                    vec![merge(weighted.filter(|p| p.2 != 0.0), self.value_len, Some(self.workers as f32))]
+                    vec![merge(weighted.filter(|p| p.2 != 0.0), vl, Some(self.workers as f32))]
                 }
             };
-            out.push(Round { round: k, contributors, updates });
+            out.push(Round { round: k, contributors, updates, ranges });
         }
         out
     }
+}
+
+/// Sums range pushes that come as identical ranges (every worker pushing the same chunks of
+/// one dense table), in the order given (so, per key, in the order [`merge`] adds them), and
+/// divides by `scale` when given; the pieces back when a push has explicit keys or two
+/// ranges overlap without being equal (then the keyed merge does it).
+fn merge_ranges(pieces: Vec<Piece>, vl: usize, scale: Option<f32>) -> std::result::Result<Vec<RangeUpdate>, Vec<Piece>> {
+    // each piece's group: (begin, rows), in order of first appearance
+    let mut groups: Vec<(u64, u64)> = Vec::new();
+    let mut group_of = Vec::with_capacity(pieces.len());
+    for p in &pieces {
+        let Piece::Range(b, v) = p else { return Err(pieces) };
+        let key = (*b, (v.len() / vl) as u64);
+        let g = match groups.iter().position(|g| *g == key) {
+            Some(g) => g,
+            None => {
+                groups.push(key);
+                groups.len() - 1
+            }
+        };
+        group_of.push(g);
+    }
+    let mut sorted = groups.clone();
+    sorted.sort_unstable();
+    if sorted.windows(2).any(|w| w[0].0 + w[0].1 > w[1].0) {
+        return Err(pieces);
+    }
+    // the first piece of a group is its sum's buffer; the others add to it in order
+    let mut sums: Vec<Option<RangeUpdate>> = vec![None; groups.len()];
+    for (p, g) in pieces.into_iter().zip(group_of) {
+        let Piece::Range(begin, values) = p else { continue };
+        match &mut sums[g] {
+            Some(u) => u.values.iter_mut().zip(&values).for_each(|(d, s)| *d += *s),
+            none => *none = Some(RangeUpdate { begin, values }),
+        }
+    }
+    let mut out: Vec<RangeUpdate> = sums.into_iter().flatten().collect();
+    out.sort_by_key(|u| u.begin);
+    if let Some(s) = scale {
+        out.iter_mut().for_each(|u| u.values.iter_mut().for_each(|v| *v /= s));
+    }
+    Ok(out)
 }
 
 /// Sums pushes per key, in the order given (so rank order within a key), and divides by
@@ -367,6 +473,58 @@ fn merge(pushes: impl Iterator<Item = (Vec<u64>, Vec<f32>, f32)>, vl: usize, sca
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The values a round's updates leave on keys `0..n` of a zeroed dense table (rule add).
+    fn applied(round: &Round, n: usize, vl: usize) -> Vec<f32> {
+        let mut t = vec![0f32; n * vl];
+        for u in &round.updates {
+            for (k, v) in u.keys.iter().zip(u.values.chunks(vl)) {
+                t[*k as usize * vl..(*k as usize + 1) * vl].iter_mut().zip(v).for_each(|(d, s)| *d += *s);
+            }
+        }
+        for r in &round.ranges {
+            t[r.begin as usize * vl..r.begin as usize * vl + r.values.len()].iter_mut().zip(&r.values).for_each(|(d, s)| *d += *s);
+        }
+        t
+    }
+
+    #[test]
+    fn range_pushes_sum_without_keys_to_exactly_what_keyed_pushes_sum_to() {
+        let vl = 2;
+        let chunk = |w: usize, c: u64| -> Vec<f32> { (0..8).map(|i| 0.1 * (w as f32 + 1.0) + i as f32 * 0.37 + c as f32).collect() };
+        for agg in [Aggregate::Sum, Aggregate::Avg] {
+            let (mut ranged, mut keyed) = (Rounds::new(3, 0, agg, vl).unwrap(), Rounds::new(3, 0, agg, vl).unwrap());
+            for w in [2, 0, 1] {
+                // two chunks of 4 rows each: keys 0..4 and 4..8
+                for c in 0..2u64 {
+                    ranged.push_range(w, 0, 4 * c, &chunk(w, c)).unwrap();
+                    keyed.push(w, 0, &(4 * c..4 * c + 4).collect::<Vec<_>>(), &chunk(w, c)).unwrap();
+                }
+            }
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            for w in 0..3 {
+                a.extend(ranged.clock(w, 1).unwrap());
+                b.extend(keyed.clock(w, 1).unwrap());
+            }
+            assert!(a[0].updates.is_empty() && a[0].ranges.len() == 2, "{agg}: summed as ranges");
+            assert!(b[0].ranges.is_empty());
+            assert_eq!(applied(&a[0], 8, vl), applied(&b[0], 8, vl), "{agg}: bit for bit");
+        }
+        // ranges that overlap without being equal, or a keyed push among them: the keyed merge
+        let mut r = Rounds::new(2, 0, Aggregate::Sum, 1).unwrap();
+        r.push_range(0, 0, 0, &[1.0, 2.0, 3.0]).unwrap();
+        r.push_range(1, 0, 1, &[10.0, 20.0]).unwrap();
+        r.clock(0, 1).unwrap();
+        let done = r.clock(1, 1).unwrap();
+        assert!(done[0].ranges.is_empty());
+        assert_eq!(applied(&done[0], 3, 1), vec![1.0, 12.0, 23.0]);
+        let mut r = Rounds::new(2, 0, Aggregate::Avg, 1).unwrap();
+        r.push_range(0, 0, 0, &[2.0, 4.0]).unwrap();
+        r.push(1, 0, &[1], &[6.0]).unwrap();
+        r.clock(0, 1).unwrap();
+        let done = r.clock(1, 1).unwrap();
+        assert_eq!(applied(&done[0], 2, 1), vec![1.0, 5.0]);
+    }
 
     #[test]
     fn a_round_applies_only_when_every_worker_completed_it_in_rank_order() {

@@ -219,11 +219,14 @@ pub(crate) fn handle_frame(
                         let mut t = slot.table.write();
                         let before = t.bytes();
                         for round in &done.rounds {
-                            for u in &round.updates {
-                                if let Err(e) = t.push(&u.keys, &u.values) {
-                                    // Checked when buffered; a failure here is a bug, not bad input.
-                                    tracing::error!("table {}: round {} could not be applied: {e}", h.table, round.round);
-                                }
+                            let applied = round
+                                .updates
+                                .iter()
+                                .try_for_each(|u| t.push(&u.keys, &u.values).map(|_| ()))
+                                .and_then(|()| round.ranges.iter().try_for_each(|r| t.push_range(r.begin, &r.values).map(|_| ())));
+                            if let Err(e) = applied {
+                                // Checked when buffered; a failure here is a bug, not bad input.
+                                tracing::error!("table {}: round {} could not be applied: {e}", h.table, round.round);
                             }
                         }
                         account(st, before, t.bytes());
