@@ -256,7 +256,7 @@ impl Rounds {
     /// `values.len()` is a multiple of the value length (the table checks it first).
     pub fn push_range(&mut self, worker: usize, round: u64, begin: u64, values: &[f32]) -> Result<Accepted> {
         self.check_worker(worker)?;
-        if values.len() % self.value_len != 0 {
+        if !values.len().is_multiple_of(self.value_len) {
             return Err(CoreError::Consistency(format!("{} values are not whole rows of {}", values.len(), self.value_len)));
         }
         if round < self.applied || round < self.clocks[worker] {

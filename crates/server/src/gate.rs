@@ -97,7 +97,7 @@ pub(crate) fn buffer_push(st: &ServerState, slot: &TableSlot, g: &GateSlot, h: &
         if h.worker >= workers {
             return Err(ServerError::UnknownWorker { what: "push", worker: h.worker, workers });
         }
-        if ctx.vals.len() % vl != 0 {
+        if !ctx.vals.len().is_multiple_of(vl) {
             return Err(ServerError::Core(CoreError::Limit(format!("{} values are not whole rows of {vl}", ctx.vals.len()))));
         }
         let n = (ctx.vals.len() / vl) as u64;
