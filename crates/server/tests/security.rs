@@ -91,37 +91,15 @@ fn a_client_without_the_token_or_with_the_wrong_one_is_refused_and_nothing_reach
 }
 
 /// A CA and one node certificate signed by it: (cert, key, ca) PEM.
-fn pki() -> (String, String, String) {
-    use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca_cert = ca.self_signed(&ca_key).unwrap();
-    let key = KeyPair::generate().unwrap();
-    let p = CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
-    let cert = p.signed_by(&key, &ca_cert, &ca_key).unwrap();
-    (cert.pem(), key.serialize_pem(), ca_cert.pem())
-}
-
-fn tls((cert, key, ca): &(String, String, String)) -> TlsConfig {
-    TlsConfig {
-        cert_pem: cert.as_bytes().to_vec(),
-        key_pem: key.as_bytes().to_vec(),
-        ca_pem: ca.as_bytes().to_vec(),
-        require_client_cert: true,
-        server_name: None,
-    }
-}
-
 #[test]
 fn a_tls_server_refuses_plaintext_and_certificates_of_another_ca_on_either_transport() {
     for kind in [TransportKind::Tcp, TransportKind::Grpc] {
-        let cluster = pki();
-        let st = network_transport(kind, net(Some(GOOD), Some(tls(&cluster)))).unwrap();
+        let cluster = downpour_transport::security::throwaway_tls();
+        let st = network_transport(kind, net(Some(GOOD), Some(cluster.clone()))).unwrap();
         let h = server(st.as_ref(), ServerConfig::default());
 
         // a node of the cluster: works
-        let ok = network_transport(kind, net(Some(GOOD), Some(tls(&cluster)))).unwrap();
+        let ok = network_transport(kind, net(Some(GOOD), Some(cluster.clone()))).unwrap();
         let mut kv = connect(ok.as_ref(), &h).unwrap();
         kv.create_table(table(1, 1)).unwrap();
         let ts = kv.push(1, &[7], &[3.0]).unwrap();
@@ -131,13 +109,13 @@ fn a_tls_server_refuses_plaintext_and_certificates_of_another_ca_on_either_trans
         let plain = network_transport(kind, net(Some(GOOD), None)).unwrap();
         assert!(connect(plain.as_ref(), &h).is_err(), "{kind:?}: a plaintext client must not get in");
         // a certificate from another CA, right token: refused in the handshake
-        let mut stranger = tls(&pki());
-        stranger.ca_pem = cluster.2.as_bytes().to_vec();
+        let mut stranger = downpour_transport::security::throwaway_tls();
+        stranger.ca_pem = cluster.ca_pem.clone();
         let other = network_transport(kind, net(Some(GOOD), Some(stranger))).unwrap();
         assert!(connect(other.as_ref(), &h).is_err(), "{kind:?}: a certificate of another CA must be refused");
         // a client that trusts another CA: the server's certificate is refused by the client
-        let mut wrong_ca = tls(&cluster);
-        wrong_ca.ca_pem = pki().2.as_bytes().to_vec();
+        let mut wrong_ca = cluster.clone();
+        wrong_ca.ca_pem = downpour_transport::security::throwaway_tls().ca_pem;
         let doubter = network_transport(kind, net(Some(GOOD), Some(wrong_ca))).unwrap();
         let e = connect(doubter.as_ref(), &h).err().expect("a server certificate of an unknown CA must be refused");
         if kind == TransportKind::Tcp {

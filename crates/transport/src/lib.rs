@@ -337,23 +337,10 @@ mod tests {
         readable_tells_a_waiting_frame_and_a_close_without_consuming(&tcp::TcpTransport::new(NetConfig::default()).unwrap(), "127.0.0.1:0");
     }
 
+    #[cfg(feature = "test-tls")]
     #[test]
     fn tls_tcp_readable_tells_a_waiting_frame_and_a_close_without_consuming() {
-        use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
-        let ca_key = KeyPair::generate().unwrap();
-        let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
-        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        let ca_cert = ca.self_signed(&ca_key).unwrap();
-        let key = KeyPair::generate().unwrap();
-        let cert = CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap().signed_by(&key, &ca_cert, &ca_key).unwrap();
-        let tls = TlsConfig {
-            cert_pem: cert.pem().into_bytes(),
-            key_pem: key.serialize_pem().into_bytes(),
-            ca_pem: ca_cert.pem().into_bytes(),
-            require_client_cert: true,
-            server_name: None,
-        };
-        let t = tcp::TcpTransport::new(NetConfig { tls: Some(tls), ..NetConfig::default() }).unwrap();
+        let t = tcp::TcpTransport::new(NetConfig { tls: Some(security::throwaway_tls()), ..NetConfig::default() }).unwrap();
         readable_tells_a_waiting_frame_and_a_close_without_consuming(&t, "127.0.0.1:0");
     }
 

@@ -169,3 +169,27 @@ mod tests {
         assert!(check_token(&t, Some(b"correct-horse-battery-staple")).is_ok());
     }
 }
+
+/// A fresh throw-away CA and one node certificate it signed, valid for `localhost` and
+/// `127.0.0.1`, as mutual-TLS material (`require_client_cert`): for tests (feature
+/// `test-tls`). Every call makes a new CA, so two calls' materials do not trust each other.
+#[cfg(feature = "test-tls")]
+pub fn throwaway_tls() -> TlsConfig {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
+    let ca_key = KeyPair::generate().expect("key generation");
+    let mut ca = CertificateParams::new(Vec::<String>::new()).expect("CA parameters");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca_cert = ca.self_signed(&ca_key).expect("CA certificate");
+    let key = KeyPair::generate().expect("key generation");
+    let cert = CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])
+        .expect("node parameters")
+        .signed_by(&key, &ca_cert, &ca_key)
+        .expect("node certificate");
+    TlsConfig {
+        cert_pem: cert.pem().into_bytes(),
+        key_pem: key.serialize_pem().into_bytes(),
+        ca_pem: ca_cert.pem().into_bytes(),
+        require_client_cert: true,
+        server_name: None,
+    }
+}

@@ -17,26 +17,8 @@ use downpour_worker::{After, ClientError, KvClient, KvConfig};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Node TLS material signed by a fresh CA: the same for servers and clients (mutual TLS).
-fn tls() -> downpour_transport::TlsConfig {
-    use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca_cert = ca.self_signed(&ca_key).unwrap();
-    let key = KeyPair::generate().unwrap();
-    let cert = CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap().signed_by(&key, &ca_cert, &ca_key).unwrap();
-    downpour_transport::TlsConfig {
-        cert_pem: cert.pem().into_bytes(),
-        key_pem: key.serialize_pem().into_bytes(),
-        ca_pem: ca_cert.pem().into_bytes(),
-        require_client_cert: true,
-        server_name: None,
-    }
-}
-
 fn transports() -> Vec<(&'static str, Arc<dyn Transport>)> {
-    let tls = NetConfig { tls: Some(tls()), ..NetConfig::default() };
+    let tls = NetConfig { tls: Some(downpour_transport::security::throwaway_tls()), ..NetConfig::default() };
     vec![
         ("inproc", Arc::new(InProcTransport::new())),
         ("tcp", network_transport(TransportKind::Tcp, NetConfig::default()).unwrap()),
