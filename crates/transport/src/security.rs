@@ -149,27 +149,6 @@ impl fmt::Debug for TlsConfig {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_token_matches_only_itself_and_never_prints() {
-        let t = AuthToken::new("  correct-horse-battery-staple\n").unwrap();
-        assert!(t.matches(b"correct-horse-battery-staple"));
-        assert!(!t.matches(b"correct-horse-battery-stapl"));
-        assert!(!t.matches(b"correct-horse-battery-staplee"));
-        assert!(!t.matches(b"Correct-horse-battery-staple"));
-        assert!(!t.matches(b""));
-        assert!(!format!("{t:?}").contains("horse"));
-        assert!(AuthToken::new("short").is_err());
-        assert!(AuthToken::new("sixteen chars with spaces").is_err());
-        assert_eq!(check_token(&t, None).unwrap_err().split(':').next(), Some("authentication required"));
-        assert_eq!(check_token(&t, Some(b"nope")).unwrap_err(), "authentication failed: wrong auth token");
-        assert!(check_token(&t, Some(b"correct-horse-battery-staple")).is_ok());
-    }
-}
-
 /// A fresh throw-away CA and one node certificate it signed, valid for `localhost` and
 /// `127.0.0.1`, as mutual-TLS material (`require_client_cert`): for tests (feature
 /// `test-tls`). Every call makes a new CA, so two calls' materials do not trust each other.
@@ -191,5 +170,26 @@ pub fn throwaway_tls() -> TlsConfig {
         ca_pem: ca_cert.pem().into_bytes(),
         require_client_cert: true,
         server_name: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_matches_only_itself_and_never_prints() {
+        let t = AuthToken::new("  correct-horse-battery-staple\n").unwrap();
+        assert!(t.matches(b"correct-horse-battery-staple"));
+        assert!(!t.matches(b"correct-horse-battery-stapl"));
+        assert!(!t.matches(b"correct-horse-battery-staplee"));
+        assert!(!t.matches(b"Correct-horse-battery-staple"));
+        assert!(!t.matches(b""));
+        assert!(!format!("{t:?}").contains("horse"));
+        assert!(AuthToken::new("short").is_err());
+        assert!(AuthToken::new("sixteen chars with spaces").is_err());
+        assert_eq!(check_token(&t, None).unwrap_err().split(':').next(), Some("authentication required"));
+        assert_eq!(check_token(&t, Some(b"nope")).unwrap_err(), "authentication failed: wrong auth token");
+        assert!(check_token(&t, Some(b"correct-horse-battery-staple")).is_ok());
     }
 }
