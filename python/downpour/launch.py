@@ -44,7 +44,7 @@ def main(argv=None) -> int:
     if "OMP_NUM_THREADS" not in os.environ:
         os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(1, workers)))
     return cli(
-        ["downpour launch", "launch", "--exec", sys.executable, *argv],
+        ["downpour", "launch", "--exec", sys.executable, *argv],
         [sys.executable, "-m", "downpour"],
     )
 
