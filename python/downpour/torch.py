@@ -244,6 +244,8 @@ class DenseParameters:
         self._start = np.zeros(self.size, dtype=np.float32)
         self._delta = np.zeros(self.size, dtype=np.float32)
         self._grad = np.zeros(self.size, dtype=np.float32)
+        self._step_grad = np.empty(self.size, dtype=np.float32)  # this step's, reused
+        self._values = np.empty(self.size, dtype=np.float32)  # start + change, reused
         self._steps = 0
         self._table: Optional[Table] = None
         self._session: Optional[Session] = None
@@ -287,7 +289,8 @@ class DenseParameters:
     def _fetch(self) -> None:
         assert self._table is not None
         self._table.pull_range(0, out=self._delta)
-        values = torch.from_numpy(self._start + self._delta)
+        np.add(self._start, self._delta, out=self._values)
+        values = torch.from_numpy(self._values)
         at = 0
         with torch.no_grad():
             for p in self.params:
@@ -306,9 +309,8 @@ class DenseParameters:
             if self.size == 0:
                 return
             raise DownpourError("DenseParameters is not bound: use TrainCtx, or bind(session, table_id)")
-        grad = np.empty(self.size, dtype=np.float32)
-        self._flatten(lambda p: p.grad, grad)
-        self._grad += grad
+        self._flatten(lambda p: p.grad, self._step_grad)
+        self._grad += self._step_grad
         self._steps += 1
         if self.mode == "sync":
             self._table.push_range(0, self._grad)

@@ -136,66 +136,54 @@ pub(crate) enum TlsStream {
     Server(StreamOwned<ServerConnection, Sock>),
 }
 
+/// `$body` with `$s` bound to the stream of either side (the two differ only in type).
+macro_rules! either {
+    ($self:expr, $s:ident => $body:expr) => {
+        match $self {
+            TlsStream::Client($s) => $body,
+            TlsStream::Server($s) => $body,
+        }
+    };
+}
+
 impl TlsStream {
     /// Runs the handshake to its end (or its failure), under the socket's read timeout.
     pub(crate) fn handshake(&mut self) -> io::Result<()> {
-        match self {
-            TlsStream::Client(s) => {
-                while s.conn.is_handshaking() {
-                    s.conn.complete_io(&mut s.sock)?;
-                }
+        either!(self, s => {
+            while s.conn.is_handshaking() {
+                s.conn.complete_io(&mut s.sock)?;
             }
-            TlsStream::Server(s) => {
-                while s.conn.is_handshaking() {
-                    s.conn.complete_io(&mut s.sock)?;
-                }
-            }
-        }
+        });
         Ok(())
     }
 
     /// Whether bytes wait to be read without reading the socket: decrypted ones, or records
     /// in the socket buffer.
     fn bytes_waiting(&mut self) -> bool {
-        let (state, buffered) = match self {
-            TlsStream::Client(s) => (s.conn.process_new_packets(), !s.sock.r.buffer().is_empty()),
-            TlsStream::Server(s) => (s.conn.process_new_packets(), !s.sock.r.buffer().is_empty()),
-        };
+        let (state, buffered) = either!(self, s => (s.conn.process_new_packets(), !s.sock.r.buffer().is_empty()));
         // an error is for the next read to report
         buffered || state.map_or(true, |st| st.plaintext_bytes_to_read() > 0 || st.peer_has_closed())
     }
 
     /// Tells the peer this side closes (best effort: the connection is going away).
     fn close(&mut self) {
-        match self {
-            TlsStream::Client(s) => s.conn.send_close_notify(),
-            TlsStream::Server(s) => s.conn.send_close_notify(),
-        }
+        either!(self, s => s.conn.send_close_notify());
         let _ = self.flush();
     }
 }
 
 impl Read for TlsStream {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        match self {
-            TlsStream::Client(s) => s.read(buf),
-            TlsStream::Server(s) => s.read(buf),
-        }
+        either!(self, s => s.read(buf))
     }
 }
 
 impl Write for TlsStream {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        match self {
-            TlsStream::Client(s) => s.write(buf),
-            TlsStream::Server(s) => s.write(buf),
-        }
+        either!(self, s => s.write(buf))
     }
     fn flush(&mut self) -> io::Result<()> {
-        match self {
-            TlsStream::Client(s) => s.flush(),
-            TlsStream::Server(s) => s.flush(),
-        }
+        either!(self, s => s.flush())
     }
 }
 
