@@ -7,6 +7,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_client(true)
         .build_server(true)
         .bytes(".")
+        // prost's messages with buffers sized for whole chunks (grpc.rs)
+        .codec_path("crate::grpc::FrameCodec")
         .extern_path(".downpour.v1", "::downpour_core::proto")
         .compile_fds(fds)?;
     Ok(())

@@ -336,6 +336,12 @@ fn run(cli: Cli, s: Settings, exe: &Program) -> Result<()> {
                     parsed.check_checkpoints()?;
                 }
             }
+            if s.transport == downpour_transport::TransportKind::Grpc {
+                tracing::info!(
+                    "--transport grpc: bulk pushes and pulls run at about a quarter of framed TCP's speed \
+                     (docs/benchmarks.md); framed TCP, the default, has TLS too. gRPC is for networks that pass only HTTP/2."
+                );
+            }
             if let Some(dir) = &tls_dir {
                 anyhow::ensure!(s.tls.is_none(), "--tls-dir replaces --tls-cert/--tls-key/--tls-ca: give one or the other");
                 for i in 0..1 + servers + workers {

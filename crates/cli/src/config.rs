@@ -18,7 +18,9 @@ pub struct CommonArgs {
     /// TOML configuration file (keys as in docs/usage.md, "Configuration").
     #[arg(long, global = true, env = "DOWNPOUR_CONFIG")]
     pub config: Option<PathBuf>,
-    /// Network transport between nodes: tcp (framed TCP, fastest) or grpc.
+    /// Network transport between nodes: tcp (framed TCP: the default, fastest, TLS with
+    /// --tls-*) or grpc (HTTP/2, for networks that pass nothing else; about a quarter of
+    /// framed TCP's bulk throughput).
     #[arg(long, global = true, env = "DOWNPOUR_TRANSPORT")]
     pub transport: Option<TransportKind>,
     /// Largest request chunk in bytes; bigger requests are streamed in chunks.

@@ -3,14 +3,17 @@
 //! little-endian payloads as the framed-TCP transport.
 //!
 //! The blocking [`Connection`] calls run the async stream on a small tokio runtime owned by
-//! the transport. HTTP/2 windows are raised (16 MiB by default) and message limits follow
-//! the frame limits, so chunks of several MiB pass in one message.
+//! the transport. HTTP/2 windows are raised (16 MiB by default). A frame's payload travels
+//! in messages of at most [`CHUNK`] bytes (the proto's `Frame` says how), so the receiver
+//! copies a large frame out while the rest is on the way instead of waiting for all of it;
+//! the codec sizes its buffers for whole chunks (no growth copies).
 
 use crate::security::{check_token, RefusalLog, TOKEN_METADATA_KEY};
 use crate::{ConnSlot, ConnSlots, Connection, Listener, NetConfig, Result, TrafficStats, Transport, TransportError};
 use bytes::Bytes;
 use downpour_core::codec;
 use downpour_core::proto::{Frame, FrameHeader};
+use prost::Message;
 use std::pin::Pin;
 use std::sync::mpsc as std_mpsc;
 use std::time::Duration;
@@ -18,6 +21,7 @@ use tokio::runtime::{Handle, Runtime};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::Stream;
+use tonic::codec::BufferSettings;
 use tonic::metadata::MetadataValue;
 use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
 use tonic::{Request, Response, Status, Streaming};
@@ -32,6 +36,50 @@ use generated::data_plane_server::{DataPlane, DataPlaneServer};
 /// HTTP/2 frame size: 1 MiB frames instead of the default 16 KiB, so a chunk of a few MiB
 /// is a handful of frames rather than hundreds.
 const MAX_H2_FRAME: u32 = 1 << 20;
+
+/// Payload bytes per gRPC message at most: a larger frame is sent as several messages.
+pub(crate) const CHUNK: usize = 1 << 20;
+
+/// Room for one chunk's message (payload, header, protobuf tags).
+const CHUNK_BUF: usize = CHUNK + (64 << 10);
+
+/// prost's encoding of [`Frame`]s into a buffer reserved for the whole message, and its
+/// decoding (the payload fields come out as slices of the receive buffer, no copy), with
+/// buffers sized for whole chunks. Named by the generated code (`build.rs`).
+#[derive(Default)]
+pub(crate) struct FrameCodec;
+
+impl tonic::codec::Codec for FrameCodec {
+    type Encode = Frame;
+    type Decode = Frame;
+    type Encoder = FrameEncoder;
+    type Decoder = tonic_prost::ProstDecoder<Frame>;
+
+    fn encoder(&mut self) -> FrameEncoder {
+        FrameEncoder
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        tonic_prost::ProstDecoder::new(BufferSettings::new(CHUNK_BUF, 32 << 10))
+    }
+}
+
+/// [`FrameCodec`]'s encoder.
+pub(crate) struct FrameEncoder;
+
+impl tonic::codec::Encoder for FrameEncoder {
+    type Item = Frame;
+    type Error = Status;
+
+    fn encode(&mut self, item: Frame, dst: &mut tonic::codec::EncodeBuf<'_>) -> std::result::Result<(), Status> {
+        dst.reserve(item.encoded_len());
+        item.encode(dst).map_err(|e| Status::internal(format!("encoding a frame: {e}")))
+    }
+
+    fn buffer_settings(&self) -> BufferSettings {
+        BufferSettings::new(CHUNK_BUF, 32 << 10)
+    }
+}
 
 /// gRPC transport.
 pub struct GrpcTransport {
@@ -51,8 +99,11 @@ impl GrpcTransport {
         Ok(GrpcTransport { rt, cfg })
     }
 
+    /// The largest message either side sends or accepts: one chunk and a header. A frame's
+    /// whole size is checked against the frame limit from its header, before any buffer for
+    /// it is allocated.
     fn max_msg(&self) -> usize {
-        (self.cfg.limits.max_payload_bytes as usize).saturating_add(codec::MAX_HEADER_BYTES + 1024)
+        CHUNK + codec::MAX_HEADER_BYTES + 1024
     }
 }
 
@@ -108,6 +159,7 @@ impl Transport for GrpcTransport {
             inbound: Inbound::Client(inbound),
             peer: addr.to_string(),
             current: None,
+            max_payload: self.cfg.limits.max_payload_bytes,
             peeked: None,
             timeout: None,
             stats: Default::default(),
@@ -133,6 +185,7 @@ impl Transport for GrpcTransport {
             auth: self.cfg.auth.clone(),
             slots: ConnSlots::new(self.cfg.max_connections),
             refusals: RefusalLog::default(),
+            max_payload: self.cfg.limits.max_payload_bytes,
         };
         let mut builder = tonic::transport::Server::builder();
         if let Some(tls) = &self.cfg.tls {
@@ -173,6 +226,7 @@ struct Service {
     auth: Option<crate::AuthToken>,
     slots: ConnSlots,
     refusals: RefusalLog,
+    max_payload: u64,
 }
 
 type ReplyStream = Pin<Box<dyn Stream<Item = std::result::Result<Frame, Status>> + Send>>;
@@ -200,6 +254,7 @@ impl DataPlane for Service {
             inbound: Inbound::Server(request.into_inner()),
             peer,
             current: None,
+            max_payload: self.max_payload,
             peeked: None,
             timeout: None,
             stats: Default::default(),
@@ -243,7 +298,10 @@ struct GrpcConnection {
     tx: Outbound,
     inbound: Inbound,
     peer: String,
-    current: Option<(Bytes, Bytes)>,
+    /// The received frame's first message's payload, and what is still to come.
+    current: Option<Part>,
+    /// Largest payload of a frame accepted (the transport's frame limit).
+    max_payload: u64,
     /// What [`Connection::readable`] took off the stream, returned by the next receive.
     peeked: Option<std::result::Result<Option<Frame>, Status>>,
     timeout: Option<Duration>,
@@ -252,24 +310,34 @@ struct GrpcConnection {
     _slot: Option<ConnSlot>,
 }
 
-impl Connection for GrpcConnection {
-    fn send(&mut self, header: &mut FrameHeader, keys: &[u8], values: &[u8]) -> Result<()> {
-        header.keys_len = keys.len() as u64;
-        header.values_len = values.len() as u64;
-        let frame = Frame { header: Some(header.clone()), keys: Bytes::copy_from_slice(keys), values: Bytes::copy_from_slice(values) };
+/// The payload of a frame's first message, and how many bytes of keys and values follow in
+/// continuation messages.
+struct Part {
+    keys: Bytes,
+    values: Bytes,
+    rest_keys: u64,
+    rest_values: u64,
+}
+
+impl GrpcConnection {
+    fn malformed(&self, why: String) -> TransportError {
+        TransportError::Protocol { peer: self.peer.clone(), source: downpour_wire::WireError::Malformed(why) }
+    }
+
+    fn push(&mut self, frame: Frame) -> Result<()> {
         let ok = match &self.tx {
             Outbound::Client(t) => self.handle.block_on(t.send(frame)).is_ok(),
             Outbound::Server(t) => self.handle.block_on(t.send(Ok(frame))).is_ok(),
         };
-        if !ok {
-            return Err(TransportError::Closed { peer: self.peer.clone() });
+        if ok {
+            Ok(())
+        } else {
+            Err(TransportError::Closed { peer: self.peer.clone() })
         }
-        self.stats.bytes_sent += (keys.len() + values.len()) as u64;
-        self.stats.frames_sent += 1;
-        Ok(())
     }
 
-    fn recv_header(&mut self) -> Result<Option<FrameHeader>> {
+    /// The next message of the stream (None at its end), within the receive timeout.
+    fn next_message(&mut self) -> Result<Option<Frame>> {
         let stream = match &mut self.inbound {
             Inbound::Client(s) | Inbound::Server(s) => s,
         };
@@ -281,37 +349,103 @@ impl Connection for GrpcConnection {
                 Err(_) => return Err(TransportError::Timeout { peer: self.peer.clone(), after: t }),
             },
         };
-        let frame = match next {
-            Ok(Some(f)) => f,
-            Ok(None) => return Ok(None),
-            Err(s) if s.code() == tonic::Code::Cancelled || s.code() == tonic::Code::Unavailable => return Ok(None),
+        match next {
+            Ok(f) => Ok(f),
+            Err(s) if s.code() == tonic::Code::Cancelled || s.code() == tonic::Code::Unavailable => Ok(None),
             // The peer's process ended without closing its stream (the TCP connection went
             // away under HTTP/2): a close, like a reset TCP connection, not a protocol error.
-            Err(s) if s.code() == tonic::Code::Unknown && s.message().contains("error reading a body from connection") => return Ok(None),
-            Err(s) => {
-                return Err(TransportError::Io {
-                    peer: self.peer.clone(),
-                    source: std::io::Error::other(format!("gRPC status {:?}: {}", s.code(), s.message())),
-                })
+            Err(s) if s.code() == tonic::Code::Unknown && s.message().contains("error reading a body from connection") => Ok(None),
+            Err(s) => Err(TransportError::Io {
+                peer: self.peer.clone(),
+                source: std::io::Error::other(format!("gRPC status {:?}: {}", s.code(), s.message())),
+            }),
+        }
+    }
+
+    /// The next continuation message of the frame being received.
+    fn continuation(&mut self) -> Result<Frame> {
+        match self.next_message()? {
+            Some(f) if f.header.is_none() => Ok(f),
+            Some(_) => Err(self.malformed("a new frame began inside a frame's payload".into())),
+            None => Err(TransportError::Closed { peer: self.peer.clone() }),
+        }
+    }
+}
+
+impl Connection for GrpcConnection {
+    fn send(&mut self, header: &mut FrameHeader, keys: &[u8], values: &[u8]) -> Result<()> {
+        header.keys_len = keys.len() as u64;
+        header.values_len = values.len() as u64;
+        let (mut k, mut v) = (keys, values);
+        let mut first = Some(header.clone());
+        loop {
+            let nk = k.len().min(CHUNK);
+            let nv = v.len().min(CHUNK - nk);
+            let frame = Frame { header: first.take(), keys: Bytes::copy_from_slice(&k[..nk]), values: Bytes::copy_from_slice(&v[..nv]) };
+            (k, v) = (&k[nk..], &v[nv..]);
+            self.push(frame)?;
+            if k.is_empty() && v.is_empty() {
+                break;
             }
-        };
-        let mut h = frame.header.ok_or_else(|| TransportError::Protocol {
-            peer: self.peer.clone(),
-            source: downpour_wire::WireError::Malformed("frame without header".into()),
-        })?;
-        h.keys_len = frame.keys.len() as u64;
-        h.values_len = frame.values.len() as u64;
-        codec::check_payload(&h, &downpour_core::codec::FrameLimits { max_payload_bytes: u64::MAX })
+        }
+        self.stats.bytes_sent += (keys.len() + values.len()) as u64;
+        self.stats.frames_sent += 1;
+        Ok(())
+    }
+
+    fn recv_header(&mut self) -> Result<Option<FrameHeader>> {
+        if let Some(p) = self.current.take() {
+            // The caller skipped a payload: drain its continuations to stay in sync.
+            let mut left = p.rest_keys + p.rest_values;
+            while left > 0 {
+                let f = self.continuation()?;
+                left = left
+                    .checked_sub((f.keys.len() + f.values.len()) as u64)
+                    .ok_or_else(|| self.malformed("a continuation longer than its frame".into()))?;
+            }
+        }
+        let Some(frame) = self.next_message()? else { return Ok(None) };
+        let h = frame.header.ok_or_else(|| self.malformed("frame without header".into()))?;
+        let (fk, fv) = (frame.keys.len() as u64, frame.values.len() as u64);
+        // the first message begins the payload: keys first, values once the keys are whole
+        if fk > h.keys_len || fv > h.values_len || (fv > 0 && fk < h.keys_len) {
+            return Err(self.malformed(format!("a frame of {}+{} bytes whose first message carries {fk}+{fv}", h.keys_len, h.values_len)));
+        }
+        codec::check_payload(&h, &downpour_core::codec::FrameLimits { max_payload_bytes: self.max_payload })
             .map_err(|e| TransportError::Protocol { peer: self.peer.clone(), source: e })?;
         self.stats.bytes_received += h.keys_len + h.values_len;
         self.stats.frames_received += 1;
-        self.current = Some((frame.keys, frame.values));
+        self.current = Some(Part { keys: frame.keys, values: frame.values, rest_keys: h.keys_len - fk, rest_values: h.values_len - fv });
         Ok(Some(h))
     }
 
     fn recv_payload(&mut self, keys: &mut [u8], values: &mut [u8]) -> Result<()> {
-        let (k, v) = self.current.take().unwrap_or_default();
-        crate::fill_payload(&self.peer, &k, &v, keys, values)
+        let Some(p) = self.current.take() else { return crate::fill_payload(&self.peer, &[], &[], keys, values) };
+        let (fk, fv) = (p.keys.len(), p.values.len());
+        if keys.len() as u64 != fk as u64 + p.rest_keys || values.len() as u64 != fv as u64 + p.rest_values {
+            return Err(self.malformed(format!(
+                "payload buffers of {}+{} bytes for a frame of {}+{} bytes",
+                keys.len(),
+                values.len(),
+                fk as u64 + p.rest_keys,
+                fv as u64 + p.rest_values
+            )));
+        }
+        keys[..fk].copy_from_slice(&p.keys);
+        values[..fv].copy_from_slice(&p.values);
+        drop(p);
+        let (mut ka, mut va) = (fk, fv);
+        while ka < keys.len() || va < values.len() {
+            let f = self.continuation()?;
+            let (nk, nv) = (f.keys.len(), f.values.len());
+            if ka + nk > keys.len() || va + nv > values.len() || (nv > 0 && ka + nk < keys.len()) {
+                return Err(self.malformed("a continuation that does not fit its frame".into()));
+            }
+            keys[ka..ka + nk].copy_from_slice(&f.keys);
+            values[va..va + nv].copy_from_slice(&f.values);
+            (ka, va) = (ka + nk, va + nv);
+        }
+        Ok(())
     }
 
     fn set_recv_timeout(&mut self, timeout: Option<Duration>) -> Result<()> {
