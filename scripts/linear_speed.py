@@ -6,7 +6,7 @@ $EXAMPLES examples (default 2,000,000) x 40 features over a 2^24 key space and a
 test set of the same hidden model, writes the VW-format copies, then, $RUNS times (default 3):
   - Vowpal Wabbit (PyPI vowpalwabbit, its command line via `python3 -m vowpalwabbit`):
     logistic loss, -b 24, one pass; then its test log loss;
-  - Downpour embedded, 1 server + 1 worker;
+  - Downpour embedded, 1 server + 1 worker and 1 server + 2 workers;
   - Downpour local multi-process (`launch`), 2 servers + 1 worker and 2 servers + 2 workers.
 Prints one JSON line per run: examples/s (training examples / training wall seconds), test
 log loss and AUC, and wall seconds including start-up and the test evaluation.
@@ -31,7 +31,8 @@ if not os.path.exists(tr):
     gen = ("data", "synth-ctr", "--nnz", "40", "--key-space", "16777216", "--zipf", "1.1", "--seed", "1")
     run(BIN, *gen, "--examples", str(N), "--out", tr)
     run(BIN, *gen, "--examples", "200000", "--start", str(N), "--out", te)
-    for src in (tr, te):
+for src in (tr, te):
+    if not os.path.exists(src + ".vw"):
         with open(src) as f, open(src + ".vw", "w") as g:
             for l in f:
                 p = l.split()
@@ -61,6 +62,7 @@ for r in range(RUNS):
     p = [float(l) for l in open(f"{D}/vw.pred")]
     print(json.dumps({"system": "vowpal wabbit (1 pass)", "examples_per_s": round(N / train_s), "test_logloss": round(logloss(p, y), 5),
                       "test_auc": round(auc(p, y), 5), "wall_s": round(wall, 2)}), flush=True)
-    report("downpour embedded 1 server + 1 worker", (BIN, "--log", "warn", *JOB, "--servers", "1", "--workers", "1"))
+    for w in (1, 2):
+        report(f"downpour embedded 1 server + {w} worker(s)", (BIN, "--log", "warn", *JOB, "--servers", "1", "--workers", str(w)))
     for w in (1, 2):
         report(f"downpour launch 2 servers + {w} worker(s)", (BIN, "--log", "warn", "launch", "--servers", "2", "--workers", str(w), "--", *JOB))
