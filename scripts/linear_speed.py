@@ -6,7 +6,8 @@ $EXAMPLES examples (default 2,000,000) x 40 features over a 2^24 key space and a
 test set of the same hidden model, writes the VW-format copies, then, $RUNS times (default 3):
   - Vowpal Wabbit (PyPI vowpalwabbit, its command line via `python3 -m vowpalwabbit`):
     logistic loss, -b 24, one pass; then its test log loss;
-  - Downpour embedded, 1 server + 1 worker and 1 server + 2 workers;
+  - Downpour embedded, 1 server + 1 worker and 1 server + 2 workers, each with the default
+    minibatch (100 examples) and with --batch 300;
   - Downpour local multi-process (`launch`), 2 servers + 1 worker and 2 servers + 2 workers.
 Prints one JSON line per run: examples/s (training examples / training wall seconds), test
 log loss and AUC, and wall seconds including start-up and the test evaluation.
@@ -64,5 +65,7 @@ for r in range(RUNS):
                       "test_auc": round(auc(p, y), 5), "wall_s": round(wall, 2)}), flush=True)
     for w in (1, 2):
         report(f"downpour embedded 1 server + {w} worker(s)", (BIN, "--log", "warn", *JOB, "--servers", "1", "--workers", str(w)))
+        report(f"downpour embedded 1 server + {w} worker(s), --batch 300",
+               (BIN, "--log", "warn", *JOB, "--servers", "1", "--workers", str(w), "--batch", "300"))
     for w in (1, 2):
         report(f"downpour launch 2 servers + {w} worker(s)", (BIN, "--log", "warn", "launch", "--servers", "2", "--workers", str(w), "--", *JOB))
