@@ -439,6 +439,17 @@ fn synchronous_rounds_on_two_copies_lose_and_double_no_update_through_a_kill_a_j
     }
 }
 
+/// The same for a dense bsp table pushed whole-range: the heads buffer each round's pushes
+/// as ranges, sum them without keys and forward the sums by range.
+#[test]
+fn synchronous_dense_range_rounds_on_two_copies_lose_and_double_no_update_through_a_kill_a_join_and_a_drain() {
+    let cases: [&[&str]; 2] =
+        [&["--fault", "kill server:1 at 400ms"], &["--fault", "start server at 300ms", "--fault", "drain server:0 at 700ms"]];
+    for err in exact_through_faults(&cases, &["--rounds", "1000", "--sync", "--dense"]) {
+        assert!(err.contains("rounds applied on the shards it heads"), "the table was a replicated bsp table: {err}");
+    }
+}
+
 /// Dense tables pushed whole-range (as dense models are: each push one contiguous run per
 /// head, forwarded down the chains by range), through a server SIGKILLed mid-job and through
 /// a join followed by a drain: every key ends exact.

@@ -28,7 +28,7 @@
 use crate::rounds::{Accepted, Aggregate, Round, Rounds};
 use crate::shards::{ShardMap, Watermarks};
 use crate::table::Table;
-use crate::{CoreError, Result};
+use crate::{CoreError, KeyRange, Result};
 use std::collections::VecDeque;
 
 /// Bits of a round-slot request id that number a round's updates.
@@ -263,6 +263,46 @@ impl ChainRounds {
         })
     }
 
+    /// [`ChainRounds::push`] for a range push to a dense table: `values` for the keys
+    /// `begin, begin + 1, …`, admitted by [`Watermarks::admit_range`] and buffered as a range
+    /// (a round of equal range pushes is summed range by range, no keys materialised).
+    /// Preconditions: `values.len()` a multiple of the value length, the range's end fits in
+    /// u64, [`ChainRounds::ensure_started`] called.
+    #[allow(clippy::too_many_arguments)]
+    pub fn push_range(
+        &mut self,
+        shard: usize,
+        worker: usize,
+        request: u64,
+        round: u64,
+        begin: u64,
+        values: &[f32],
+        marks: &mut Watermarks,
+    ) -> Result<Buffered> {
+        let vl = self.value_len;
+        if worker >= self.workers {
+            return Err(CoreError::Consistency(format!("worker {worker} is not one of the {} workers", self.workers)));
+        }
+        let h = self.head(shard)?;
+        if round < h.rounds.applied() {
+            return Ok(Buffered::AlreadyApplied);
+        }
+        let range = KeyRange::new(begin, begin + (values.len() / vl) as u64);
+        let from = marks.admit_range(shard, worker, request, range)?;
+        if from == range.end && !range.is_empty() {
+            return Ok(Buffered::Duplicate);
+        }
+        Ok(match h.rounds.push_range(worker, round, from, &values[(from - begin) as usize * vl..])? {
+            Accepted::Buffered => Buffered::Buffered,
+            Accepted::Dropped => Buffered::Dropped,
+        })
+    }
+
+    /// Values per key of the table.
+    pub fn value_len(&self) -> usize {
+        self.value_len
+    }
+
     /// `worker` completed `clock` rounds (or, with `pause`, will not clock until its next
     /// clock). Every started headed shard releases the rounds now complete: returned as
     /// `(shard, round)`, to apply in this order ([`ChainRounds::round`]); each stays
@@ -295,10 +335,18 @@ impl ChainRounds {
     pub fn apply_released(&self, released: &[(usize, u64)], table: &mut Table, marks: &mut Watermarks) -> Result<()> {
         let vl = self.value_len;
         for &(shard, k) in released {
-            for (i, u) in self.round(shard, k).map(|r| r.updates.as_slice()).unwrap_or_default().iter().enumerate() {
+            let Some(r) = self.round(shard, k) else { continue };
+            for (i, u) in r.updates.iter().enumerate() {
                 let id = round_request(k, i)?;
                 let from = marks.admit(shard, self.workers, id, &u.keys)?;
                 table.push(&u.keys[from..], &u.values[from * vl..])?;
+            }
+            // then the range updates, numbered after the keyed ones
+            for (j, u) in r.ranges.iter().enumerate() {
+                let id = round_request(k, r.updates.len() + j)?;
+                let range = KeyRange::new(u.begin, u.begin + (u.values.len() / vl) as u64);
+                let from = marks.admit_range(shard, self.workers, id, range)?;
+                table.push_range(from, &u.values[(from - u.begin) as usize * vl..])?;
             }
         }
         Ok(())
@@ -441,6 +489,38 @@ mod tests {
         assert!(!c.done(2));
         // a push of an applied round (sent again after a routing change) is already in
         assert_eq!(c.push(0, 1, 9, 0, &[1], &[5.0], &mut m).unwrap(), Buffered::AlreadyApplied);
+    }
+
+    #[test]
+    fn range_pushes_are_summed_as_ranges_applied_once_and_a_replay_applies_only_what_is_missing() {
+        use crate::table::{Storage, TableDef};
+        let dense = || {
+            let def = TableDef { storage: Storage::Dense(KeyRange::new(0, 8)), ..TableDef::new(1, "dense") };
+            Table::new(def, KeyRange::new(0, 8), &crate::rule::RuleRegistry::new()).unwrap()
+        };
+        let mut m = marks(1, 2);
+        let mut c = ChainRounds::new(1, 2, 0, Aggregate::Sum, 1, 1, |_| true).unwrap();
+        c.ensure_started(&mut m).unwrap();
+        assert_eq!(c.push_range(0, 0, 1, 0, 2, &[1.0, 2.0, 3.0], &mut m).unwrap(), Buffered::Buffered);
+        assert_eq!(c.push_range(0, 0, 1, 0, 2, &[1.0, 2.0, 3.0], &mut m).unwrap(), Buffered::Duplicate, "the same request again");
+        assert_eq!(c.push_range(0, 1, 1, 0, 2, &[10.0, 20.0, 30.0], &mut m).unwrap(), Buffered::Buffered);
+        c.clock(0, 1, false).unwrap();
+        let released = c.clock(1, 1, false).unwrap();
+        assert_eq!(released, vec![(0, 0)]);
+        let r = c.round(0, 0).unwrap();
+        assert!(r.updates.is_empty() && r.ranges.len() == 1, "summed without keys: {r:?}");
+        // the head applies the round; a successor that had its first part applies the rest
+        let (mut head, mut tail) = (dense(), dense());
+        let mut tail_marks = marks(1, 2);
+        tail_marks.admit_range(0, 2, round_request(0, 0).unwrap(), KeyRange::new(2, 3)).unwrap();
+        tail.push_range(2, &[11.0]).unwrap();
+        for (t, mk) in [(&mut head, &mut m), (&mut tail, &mut tail_marks)] {
+            c.apply_released(&released, t, mk).unwrap();
+            c.apply_released(&released, t, mk).unwrap();
+            let mut out = vec![0.0; 8];
+            t.pull(&(0..8).collect::<Vec<u64>>(), &mut out).unwrap();
+            assert_eq!(out, vec![0.0, 0.0, 11.0, 22.0, 33.0, 0.0, 0.0, 0.0], "each key once");
+        }
     }
 
     #[test]

@@ -84,6 +84,31 @@ pub(crate) fn check_round_push(st: &ServerState, h: &FrameHeader, op: Op, ctx: &
     Ok(())
 }
 
+/// Checks a range push to a dense `bsp` table as the table would (its worker, whole rows,
+/// inside `owned`) without materialising its keys: the keys it pushes.
+pub(crate) fn check_range_push(
+    st: &ServerState,
+    h: &FrameHeader,
+    ctx: &ConnCtx,
+    vl: usize,
+    owned: KeyRange,
+) -> Result<KeyRange, ServerError> {
+    let workers = st.num_workers.load(Ordering::Relaxed);
+    if h.worker >= workers {
+        return Err(ServerError::UnknownWorker { what: "push", worker: h.worker, workers });
+    }
+    if !ctx.vals.len().is_multiple_of(vl) {
+        return Err(ServerError::Core(CoreError::Limit(format!("{} values are not whole rows of {vl}", ctx.vals.len()))));
+    }
+    let n = (ctx.vals.len() / vl) as u64;
+    let end = h.range_begin.checked_add(n).ok_or_else(|| ServerError::Core(CoreError::Limit("range end overflows u64".into())))?;
+    if n > 0 && !(owned.contains(h.range_begin) && owned.contains(end - 1)) {
+        let key = if owned.contains(h.range_begin) { end - 1 } else { h.range_begin };
+        return Err(ServerError::Core(CoreError::KeyOutOfRange { table: h.table, key, range: owned }));
+    }
+    Ok(KeyRange::new(h.range_begin, end))
+}
+
 /// Checks a push to a `bsp` table as the table would, then buffers it under its round. A
 /// range push to a dense table is buffered as a range (a round of such pushes is summed
 /// without explicit keys); any other push with its keys.
@@ -93,19 +118,7 @@ pub(crate) fn buffer_push(st: &ServerState, slot: &TableSlot, g: &GateSlot, h: &
         (t.def().value_len, t.def().is_dense())
     };
     if op == Op::PushRange && dense {
-        let workers = st.num_workers.load(Ordering::Relaxed);
-        if h.worker >= workers {
-            return Err(ServerError::UnknownWorker { what: "push", worker: h.worker, workers });
-        }
-        if !ctx.vals.len().is_multiple_of(vl) {
-            return Err(ServerError::Core(CoreError::Limit(format!("{} values are not whole rows of {vl}", ctx.vals.len()))));
-        }
-        let n = (ctx.vals.len() / vl) as u64;
-        let end = h.range_begin.checked_add(n).ok_or_else(|| ServerError::Core(CoreError::Limit("range end overflows u64".into())))?;
-        if n > 0 && !(g.owned.contains(h.range_begin) && g.owned.contains(end - 1)) {
-            let key = if g.owned.contains(h.range_begin) { end - 1 } else { h.range_begin };
-            return Err(ServerError::Core(CoreError::KeyOutOfRange { table: h.table, key, range: g.owned }));
-        }
+        check_range_push(st, h, ctx, vl, g.owned)?;
         // a dense table's rows exist already: no quota to check
         match g.gate.lock().push_range(h.worker as usize, h.clock, h.range_begin, &ctx.vals).map_err(ServerError::Core)? {
             Some(Accepted::Dropped) => ctx.dropped += 1,

@@ -8,7 +8,7 @@ use super::rounds::{round_marks, stale_rounds};
 use super::{ChainSlot, TableRepl};
 use crate::conn::{ConnCtx, ReqResult};
 use crate::error::ServerError;
-use crate::gate::check_round_push;
+use crate::gate::{check_range_push, check_round_push};
 use crate::ops::table::{account, check_quota};
 use crate::state::{ServerState, TableSlot};
 use downpour_core::chain_push::{self, PushKeys, PushMeta};
@@ -159,6 +159,10 @@ pub(crate) fn replicated_push(
     Ok(Ok(()))
 }
 
+fn not_head(shard: usize, table: u32, epoch: u64) -> ServerError {
+    ServerError::NotInChain(format!("this server is not the head of shard {shard} of table {table} in routing epoch {epoch}"))
+}
+
 /// The header of a push forwarded down the chain: same request id, worker, clock, epoch
 /// and table; this server as the sender.
 pub(crate) fn forward_header(h: &FrameHeader, me: u32) -> FrameHeader {
@@ -203,10 +207,34 @@ pub(crate) fn chain_push(
 
 fn chain_buffer(st: &ServerState, slot: &TableSlot, r: &TableRepl, c: &ChainSlot, h: &FrameHeader, op: Op, ctx: &mut ConnCtx) -> ReqResult {
     fence_worker(st, h)?;
-    let (vl, domain) = {
+    let (vl, domain, dense) = {
         let t = slot.table.read();
-        (t.def().value_len, t.def().domain())
+        (t.def().value_len, t.def().domain(), t.def().is_dense())
     };
+    if op == Op::PushRange && dense {
+        // a range push to a dense table is buffered as ranges, one per shard (a dense
+        // table's rows exist already: no quota to check)
+        let range = check_range_push(st, h, ctx, vl, domain)?;
+        let map = r.map.read().clone();
+        let mut cr = c.rounds.lock();
+        if cr.epoch() != h.epoch {
+            return Err(stale_rounds(h.table, h.epoch, cr.epoch()));
+        }
+        let mut marks = r.marks.lock();
+        cr.ensure_started(&mut marks).map_err(ServerError::Core)?;
+        for (shard, part) in map.split_range(range) {
+            if !cr.is_head(shard) {
+                return Err(not_head(shard, h.table, cr.epoch()));
+            }
+            let vals = &ctx.vals[(part.begin - range.begin) as usize * vl..(part.end - range.begin) as usize * vl];
+            let got =
+                cr.push_range(shard, h.worker as usize, h.request_id, h.clock, part.begin, vals, &mut marks).map_err(ServerError::Core)?;
+            if got == Buffered::Dropped {
+                ctx.dropped += 1;
+            }
+        }
+        return Ok(());
+    }
     check_round_push(st, h, op, ctx, vl, domain)?;
     // the round applies these keys later: refuse now what could not be stored then
     check_quota(st, &slot.table.read(), &ctx.keys)?;
@@ -219,11 +247,7 @@ fn chain_buffer(st: &ServerState, slot: &TableSlot, r: &TableRepl, c: &ChainSlot
     cr.ensure_started(&mut marks).map_err(ServerError::Core)?;
     for (shard, range) in map.split_keys(&ctx.keys) {
         if !cr.is_head(shard) {
-            return Err(ServerError::NotInChain(format!(
-                "this server is not the head of shard {shard} of table {} in routing epoch {}",
-                h.table,
-                cr.epoch()
-            )));
+            return Err(not_head(shard, h.table, cr.epoch()));
         }
         let vals = &ctx.vals[range.start * vl..range.end * vl];
         let got =

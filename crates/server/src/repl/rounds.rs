@@ -147,6 +147,7 @@ fn forward_rounds_to(
     let map = r.map.read().clone();
     let epoch = cr.epoch();
     let slot_w = cr.workers() as u32;
+    let cr_vl = cr.value_len();
     if ctx.fwd.epoch != epoch {
         ctx.fwd.conns.clear();
         ctx.fwd.epoch = epoch;
@@ -167,6 +168,22 @@ fn forward_rounds_to(
                 // acknowledged together by the watermarks frame after them
                 fh.last = false;
                 conn.send(&mut fh, key_bytes(ks), value_bytes(vs)).map_err(|e| fail(next, e.to_string()))?;
+            }
+        }
+        // then the range updates (a round of dense range pushes), numbered after them
+        let vl = cr_vl;
+        let per = (st.cfg.chunk_bytes / (4 * vl)).max(1);
+        for (j, u) in round.ranges.iter().enumerate() {
+            let id = chain_rounds::round_request(round.round, round.updates.len() + j).map_err(ServerError::Core)?;
+            for (c, vs) in u.values.chunks(per * vl).enumerate() {
+                let mut fh = msg::request(Op::PushRange, me, id, epoch, table);
+                fh.range_begin = u.begin + (c * per) as u64;
+                fh.range_end = fh.range_begin + (vs.len() / vl) as u64;
+                fh.worker = slot_w;
+                fh.clock = round.round;
+                fh.forwarded = true;
+                fh.last = false;
+                conn.send(&mut fh, &[], value_bytes(vs)).map_err(|e| fail(next, e.to_string()))?;
             }
         }
     }
