@@ -398,6 +398,9 @@ impl Table {
             Store::Sparse(h) => {
                 let init = self.def.init;
                 let mut out = out;
+                if create {
+                    h.reserve_for(keys);
+                }
                 // In blocks, so a block's rows are still in cache from the lookup when the
                 // rule gathers, updates and scatters them.
                 for (c, kc) in keys.chunks(SPARSE_BLOCK).enumerate() {
