@@ -330,66 +330,69 @@ impl HashStore {
     /// missing keys are inserted with values from `init(key, row)` and zero state; without,
     /// they resolve to [`MISSING`]. Returned slots are all valid until the next call.
     /// Preconditions: no key equals [`EMPTY`]; duplicates are allowed.
-    pub fn resolve(&mut self, keys: &[u64], create: bool, slots: &mut Vec<Slot>, mut init: impl FnMut(u64, &mut [f32])) {
-        let mut hashes = std::mem::take(&mut self.hashes);
-        hashes.clear();
-        hashes.extend(keys.iter().map(|&k| self.hash()(k)));
-        slots.clear();
-        slots.reserve(keys.len());
+    pub fn resolve(&mut self, keys: &[u64], create: bool, slots: &mut Vec<Slot>, init: impl FnMut(u64, &mut [f32])) {
+        let mut init = init;
+        let mut v = self.view();
+        let complete = v.resolve(keys, create, slots, &mut init);
+        let parts = v.into_parts();
+        if self.finish(parts) || !complete {
+            // the keys cluster: under the mixed placement now, resolve them all again (those
+            // inserted before exist, the rest are inserted now)
+            let mut v = self.view();
+            v.resolve(keys, create, slots, &mut init);
+            let parts = v.into_parts();
+            self.finish(parts);
+        }
+    }
+
+    /// A view of every shard, to resolve and reach rows through; [`HashStore::finish`] after.
+    pub fn view(&mut self) -> ShardsMut<'_> {
+        let (vl, stride, ordered) = (self.vl, self.stride, self.ordered);
+        ShardsMut {
+            shards: &mut self.shards,
+            base: 0,
+            vl,
+            stride,
+            ordered,
+            hashes: std::mem::take(&mut self.hashes),
+            added: 0,
+            clustered: false,
+        }
+    }
+
+    /// Under ordered placement, two views: the shards before `at` and those from it, whose
+    /// keys are the keys below and from `at << 58` (so a sorted request splits at one index,
+    /// and the two parts can be resolved on two threads). None under mixed placement, where
+    /// a shard holds keys from the whole range.
+    pub fn split_views(&mut self, at: usize) -> Option<(ShardsMut<'_>, ShardsMut<'_>)> {
+        if !self.ordered || at == 0 || at >= SHARDS {
+            return None;
+        }
         let (vl, stride) = (self.vl, self.stride);
-        let mut grew = false;
-        for i in 0..keys.len() {
-            let (k, h) = (keys[i], hashes[i]);
-            if let Some(&ha) = hashes.get(i + PREFETCH_AHEAD) {
-                let sh = &self.shards[(ha >> SHARD_SHIFT) as usize];
-                prefetch(sh.data.as_ptr().wrapping_add(place(ha, sh.cap).1 * stride));
-            }
-            let slot = match self.lookup(k, h) {
-                Ok(t) => t,
-                Err(_) if !create => MISSING,
-                Err((si, mut j)) => {
-                    let hash = self.hash();
-                    let shard = &mut self.shards[si];
-                    let mut longest = displacement(place(h, shard.cap).1, j, shard.cap);
-                    if shard.needs_growth() {
-                        longest = shard.grow(stride, hash, 0);
-                        grew = true;
-                        j = match shard.find(k, place(h, shard.cap).1, stride) {
-                            Ok(x) | Err(x) => x,
-                        };
-                    }
-                    let row = shard.row_mut(j, stride);
-                    row[0] = k as u32;
-                    row[1] = (k >> 32) as u32;
-                    let (w, st) = bytemuck::cast_slice_mut::<u32, f32>(&mut row[2..]).split_at_mut(vl);
-                    init(k, w);
-                    st.iter_mut().for_each(|x| *x = 0.0);
-                    shard.len += 1;
-                    self.len += 1;
-                    if self.ordered && longest > MAX_DISPLACEMENT {
-                        // the keys cluster: mixed placement from now on (the rest of this
-                        // walk hashes anew; the second walk below finds every key again)
-                        self.mix_placement();
-                        for (x, &key) in hashes.iter_mut().zip(keys) {
-                            *x = mix(key);
-                        }
-                        grew = true;
-                    }
-                    Slot::new(si, j)
-                }
-            };
-            slots.push(slot);
+        let (a, b) = self.shards.split_at_mut(at);
+        let view = |shards, base, hashes| ShardsMut { shards, base, vl, stride, ordered: true, hashes, added: 0, clustered: false };
+        Some((view(a, 0, std::mem::take(&mut self.hashes)), view(b, at, Vec::new())))
+    }
+
+    /// The first key of shard `at` under ordered placement.
+    pub fn shard_start(at: usize) -> u64 {
+        (at as u64) << SHARD_SHIFT
+    }
+
+    /// Accounts for what a view did ([`ShardsMut::into_parts`]): `added` keys inserted;
+    /// `clustered` when it saw a probe longer than [`MAX_DISPLACEMENT`] under ordered
+    /// placement, which then moves the store to the mixed hash; its scratch buffer kept for
+    /// the next request. Returns whether the placement moved (slots taken before are stale).
+    pub fn finish(&mut self, (added, clustered, hashes): (usize, bool, Vec<u64>)) -> bool {
+        self.len += added;
+        if hashes.capacity() > self.hashes.capacity() {
+            self.hashes = hashes;
         }
-        if grew {
-            // A shard grew (or the placement changed) during the walk: slots resolved before
-            // that are stale. Every key exists now, so a second walk inserts nothing and
-            // grows nothing.
-            slots.clear();
-            for (&k, &h) in keys.iter().zip(&hashes) {
-                slots.push(self.lookup(k, h).unwrap_or(MISSING));
-            }
+        if clustered && self.ordered {
+            self.mix_placement();
+            return true;
         }
-        self.hashes = hashes;
+        false
     }
 
     /// Makes room for `keys` (unique) in every shard where they outnumber the stored keys (a
@@ -532,6 +535,136 @@ impl HashStore {
             keys.push(k);
             values.extend_from_slice(self.w(t));
         }
+    }
+}
+
+/// Some of a store's shards (all of them, or those on one side of a split), borrowed
+/// mutably: keys are resolved and rows reached through it. Slots are the store's.
+pub struct ShardsMut<'a> {
+    shards: &'a mut [Shard],
+    base: usize,
+    vl: usize,
+    stride: usize,
+    ordered: bool,
+    hashes: Vec<u64>,
+    added: usize,
+    clustered: bool,
+}
+
+impl ShardsMut<'_> {
+    #[inline]
+    fn hash(&self) -> fn(u64) -> u64 {
+        if self.ordered {
+            identity
+        } else {
+            mix
+        }
+    }
+
+    #[inline]
+    fn lookup(&self, k: u64, h: u64) -> Result<Slot, (usize, usize)> {
+        let si = place(h, 1).0;
+        let shard = &self.shards[si - self.base];
+        if shard.cap == 0 {
+            return Err((si, 0));
+        }
+        match shard.find(k, place(h, shard.cap).1, self.stride) {
+            Ok(j) => Ok(Slot::new(si, j)),
+            Err(j) => Err((si, j)),
+        }
+    }
+
+    /// [`HashStore::resolve`] within this view's shards. Precondition: every key's shard is
+    /// in the view. Returns false when it stopped early: an insertion probed further than
+    /// [`MAX_DISPLACEMENT`] under ordered placement (the keys cluster, and going on would
+    /// cost a probe of the cluster's length per key); `slots` is then incomplete, the keys
+    /// inserted so far are stored, and [`HashStore::finish`] moves the store to the mixed
+    /// hash, under which the caller resolves the keys again.
+    pub fn resolve(&mut self, keys: &[u64], create: bool, slots: &mut Vec<Slot>, mut init: impl FnMut(u64, &mut [f32])) -> bool {
+        let hash = self.hash();
+        let mut hashes = std::mem::take(&mut self.hashes);
+        hashes.clear();
+        hashes.extend(keys.iter().map(|&k| hash(k)));
+        slots.clear();
+        slots.reserve(keys.len());
+        let (vl, stride, base) = (self.vl, self.stride, self.base);
+        let mut grew = false;
+        for (i, (&k, &h)) in keys.iter().zip(&hashes).enumerate() {
+            if let Some(&ha) = hashes.get(i + PREFETCH_AHEAD) {
+                if let Some(sh) = self.shards.get(((ha >> SHARD_SHIFT) as usize).wrapping_sub(base)) {
+                    prefetch(sh.data.as_ptr().wrapping_add(place(ha, sh.cap).1 * stride));
+                }
+            }
+            let slot = match self.lookup(k, h) {
+                Ok(t) => t,
+                Err(_) if !create => MISSING,
+                Err((si, mut j)) => {
+                    let shard = &mut self.shards[si - base];
+                    let mut longest = displacement(place(h, shard.cap).1, j, shard.cap);
+                    if shard.needs_growth() {
+                        longest = shard.grow(stride, hash, 0);
+                        grew = true;
+                        j = match shard.find(k, place(h, shard.cap).1, stride) {
+                            Ok(x) | Err(x) => x,
+                        };
+                    }
+                    let row = shard.row_mut(j, stride);
+                    row[0] = k as u32;
+                    row[1] = (k >> 32) as u32;
+                    let (w, st) = bytemuck::cast_slice_mut::<u32, f32>(&mut row[2..]).split_at_mut(vl);
+                    init(k, w);
+                    st.iter_mut().for_each(|x| *x = 0.0);
+                    shard.len += 1;
+                    self.added += 1;
+                    if self.ordered && longest > MAX_DISPLACEMENT {
+                        self.clustered = true;
+                        self.hashes = hashes;
+                        return false;
+                    }
+                    Slot::new(si, j)
+                }
+            };
+            slots.push(slot);
+        }
+        if grew {
+            // A shard grew during the walk: slots resolved before that are stale. Every key
+            // exists now, so a second walk inserts nothing and grows nothing.
+            slots.clear();
+            for (&k, &h) in keys.iter().zip(&hashes) {
+                slots.push(self.lookup(k, h).unwrap_or(MISSING));
+            }
+        }
+        self.hashes = hashes;
+        true
+    }
+
+    /// What the view did, for [`HashStore::finish`]: keys inserted, whether it saw the keys
+    /// cluster, and its scratch buffer.
+    pub fn into_parts(self) -> (usize, bool, Vec<u64>) {
+        (self.added, self.clustered, self.hashes)
+    }
+
+    /// Hints the CPU to load a row soon (a missing slot is ignored).
+    #[inline]
+    pub fn prefetch_row(&self, t: Slot) {
+        if let Some(sh) = self.shards.get(t.shard().wrapping_sub(self.base)) {
+            prefetch(sh.data.as_ptr().wrapping_add(t.index() * self.stride));
+        }
+    }
+
+    /// The values of a row.
+    #[inline]
+    pub fn w(&self, t: Slot) -> &[f32] {
+        let b = t.index() * self.stride + 2;
+        bytemuck::cast_slice(&self.shards[t.shard() - self.base].data[b..b + self.vl])
+    }
+
+    /// The values and state of a row, mutable.
+    #[inline]
+    pub fn row_mut(&mut self, t: Slot) -> (&mut [f32], &mut [f32]) {
+        let (vl, stride) = (self.vl, self.stride);
+        let row = self.shards[t.shard() - self.base].row_mut(t.index(), stride);
+        bytemuck::cast_slice_mut::<u32, f32>(&mut row[2..]).split_at_mut(vl)
     }
 }
 

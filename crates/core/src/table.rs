@@ -12,7 +12,7 @@
 
 use crate::consistency::Consistency;
 use crate::filter::FilterSpec;
-use crate::hashstore::{HashStore, Slot, MISSING};
+use crate::hashstore::{HashStore, ShardsMut, Slot, MISSING, SHARDS};
 use crate::init::Init;
 use crate::keys::{check_lengths, check_sorted_unique};
 use crate::proto;
@@ -25,6 +25,76 @@ pub const MAX_VALUE_LEN: usize = 1 << 24;
 
 /// Keys of a sparse request handled together (lookup, gather, update, scatter).
 const SPARSE_BLOCK: usize = 512;
+
+/// Requests of at least this many keys to a sparse table are resolved and applied on two
+/// threads, half of the shards each (when the machine has two cores or more).
+const PARALLEL_MIN: usize = 32 << 10;
+
+/// The sparse part of [`Table::batch`] over one view of the store's shards: `keys` (and the
+/// rows of `values` and `out` at the same positions) in blocks of [`SPARSE_BLOCK`], so a
+/// block's rows are still in cache from the lookup when the rule gathers, updates and
+/// scatters them. Returns where it stopped when the view found the keys clustering
+/// ([`ShardsMut::resolve`]): the blocks before are done, the rest is the caller's to do again
+/// once the store has moved to the mixed hash.
+#[allow(clippy::too_many_arguments)]
+fn sparse_blocks(
+    h: &mut ShardsMut<'_>,
+    rule: &Rule,
+    init: Init,
+    (vl, sl): (usize, usize),
+    keys: &[u64],
+    values: Option<&[f32]>,
+    mut out: Option<&mut [f32]>,
+    create: bool,
+    sc: &mut Scratch,
+) -> Option<usize> {
+    for (c, kc) in keys.chunks(SPARSE_BLOCK).enumerate() {
+        let base = c * SPARSE_BLOCK;
+        if !h.resolve(kc, create, &mut sc.hslots, |k, w| init.fill(k, w)) {
+            return Some(base);
+        }
+        let m = kc.len();
+        if let Some(g) = values {
+            // Gather the rows, apply the rule to the block at once, scatter back.
+            sc.w.clear();
+            sc.s.clear();
+            for (i, &t) in sc.hslots.iter().enumerate() {
+                if let Some(&ahead) = sc.hslots.get(i + 8) {
+                    h.prefetch_row(ahead);
+                }
+                let (w, s) = h.row_mut(t);
+                for x in w.iter() {
+                    sc.w.push(*x);
+                }
+                for x in s.iter() {
+                    sc.s.push(*x);
+                }
+            }
+            rule.apply(&mut sc.w, &mut sc.s, &g[base * vl..(base + m) * vl]);
+            for (i, &t) in sc.hslots.iter().enumerate() {
+                let (w, s) = h.row_mut(t);
+                copy_small(w, &sc.w[i * vl..(i + 1) * vl]);
+                copy_small(s, &sc.s[i * sl..(i + 1) * sl]);
+            }
+            if let Some(out) = out.as_deref_mut() {
+                out[base * vl..(base + m) * vl].copy_from_slice(&sc.w);
+            }
+        } else if let Some(out) = out.as_deref_mut() {
+            let o = &mut out[base * vl..(base + m) * vl];
+            for (i, ((o, &t), &k)) in o.chunks_exact_mut(vl).zip(&sc.hslots).zip(kc).enumerate() {
+                if let Some(&ahead) = sc.hslots.get(i + 8) {
+                    h.prefetch_row(ahead);
+                }
+                if t == MISSING {
+                    init.fill(k, o);
+                } else {
+                    copy_small(o, h.w(t));
+                }
+            }
+        }
+    }
+    None
+}
 
 /// Copies a short row element by element (no call into `memcpy` for a 1- to 3-element row).
 #[inline(always)]
@@ -182,6 +252,10 @@ pub struct Table {
     sl: usize,
     store: Store,
     scratch: Scratch,
+    /// The second thread's buffers of a large request.
+    scratch2: Scratch,
+    /// Large sparse requests may use two threads (the machine has two cores or more).
+    parallel: bool,
 }
 
 /// Reused per-request buffers (the table is used under a lock, one request at a time).
@@ -227,7 +301,8 @@ impl Table {
                 Store::Dense(DenseStore { range: owned, w, s: vec![0f32; n / vl * sl] })
             }
         };
-        Ok(Table { def, rule, owned, vl, sl, store, scratch: Scratch::default() })
+        let parallel = std::thread::available_parallelism().is_ok_and(|n| n.get() >= 2);
+        Ok(Table { def, rule, owned, vl, sl, store, scratch: Scratch::default(), scratch2: Scratch::default(), parallel })
     }
 
     /// The table definition.
@@ -397,54 +472,65 @@ impl Table {
             }
             Store::Sparse(h) => {
                 let init = self.def.init;
-                let mut out = out;
                 if create {
                     h.reserve_for(keys);
                 }
-                // In blocks, so a block's rows are still in cache from the lookup when the
-                // rule gathers, updates and scatters them.
-                for (c, kc) in keys.chunks(SPARSE_BLOCK).enumerate() {
-                    let base = c * SPARSE_BLOCK;
-                    h.resolve(kc, create, &mut sc.hslots, |k, w| init.fill(k, w));
-                    let m = kc.len();
-                    if let Some(g) = values {
-                        // Gather the rows, apply the rule to the block at once, scatter back.
-                        sc.w.clear();
-                        sc.s.clear();
-                        for (i, &t) in sc.hslots.iter().enumerate() {
-                            if let Some(&ahead) = sc.hslots.get(i + 8) {
-                                h.prefetch_row(ahead);
+                let rule = &self.rule;
+                let mut out = out;
+                // a large request on a machine with cores to spare: the two halves of the
+                // shards on two threads (ordered placement puts them at the two ends of the
+                // sorted keys)
+                let at = keys.partition_point(|&k| k < HashStore::shard_start(SHARDS / 2));
+                let halves = if self.parallel && n >= PARALLEL_MIN && at > 0 && at < n { h.split_views(SHARDS / 2) } else { None };
+                // (where a part stopped, relative to `keys`, to finish under the mixed hash)
+                let mut rest: Vec<(usize, usize)> = Vec::new();
+                match halves {
+                    Some((mut va, mut vb)) => {
+                        let (ka, kb) = keys.split_at(at);
+                        let (ga, gb) = match values {
+                            Some(g) => {
+                                let (x, y) = g.split_at(at * vl);
+                                (Some(x), Some(y))
                             }
-                            let (w, s) = h.row_mut(t);
-                            for x in w.iter() {
-                                sc.w.push(*x);
+                            None => (None, None),
+                        };
+                        let (oa, ob) = match out.as_deref_mut() {
+                            Some(o) => {
+                                let (x, y) = o.split_at_mut(at * vl);
+                                (Some(x), Some(y))
                             }
-                            for x in s.iter() {
-                                sc.s.push(*x);
-                            }
-                        }
-                        self.rule.apply(&mut sc.w, &mut sc.s, &g[base * vl..(base + m) * vl]);
-                        for (i, &t) in sc.hslots.iter().enumerate() {
-                            let (w, s) = h.row_mut(t);
-                            copy_small(w, &sc.w[i * vl..(i + 1) * vl]);
-                            copy_small(s, &sc.s[i * sl..(i + 1) * sl]);
-                        }
-                        if let Some(out) = out.as_deref_mut() {
-                            out[base * vl..(base + m) * vl].copy_from_slice(&sc.w);
-                        }
-                    } else if let Some(out) = out.as_deref_mut() {
-                        let o = &mut out[base * vl..(base + m) * vl];
-                        for (i, ((o, &t), &k)) in o.chunks_exact_mut(vl).zip(&sc.hslots).zip(kc).enumerate() {
-                            if let Some(&ahead) = sc.hslots.get(i + 8) {
-                                h.prefetch_row(ahead);
-                            }
-                            if t == MISSING {
-                                init.fill(k, o);
-                            } else {
-                                copy_small(o, h.w(t));
-                            }
-                        }
+                            None => (None, None),
+                        };
+                        let mut sc2 = std::mem::take(&mut self.scratch2);
+                        let (sa, sb) = std::thread::scope(|scope| {
+                            let b = scope.spawn(|| sparse_blocks(&mut vb, rule, init, (vl, sl), kb, gb, ob, create, &mut sc2));
+                            let a = sparse_blocks(&mut va, rule, init, (vl, sl), ka, ga, oa, create, &mut sc);
+                            // a panic of the other thread is this thread's
+                            (a, b.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                        });
+                        self.scratch2 = sc2;
+                        rest.extend(sa.map(|i| (i, at)));
+                        rest.extend(sb.map(|i| (at + i, n)));
+                        let (a, b) = (va.into_parts(), vb.into_parts());
+                        h.finish((a.0 + b.0, a.1 || b.1, a.2));
                     }
+                    None => {
+                        let mut v = h.view();
+                        let stopped = sparse_blocks(&mut v, rule, init, (vl, sl), keys, values, out.as_deref_mut(), create, &mut sc);
+                        rest.extend(stopped.map(|i| (i, n)));
+                        let parts = v.into_parts();
+                        h.finish(parts);
+                    }
+                }
+                // the keys clustered: the store has moved to the mixed hash; the parts not
+                // done yet are done under it (blocks already applied are not applied again)
+                for (from, to) in rest {
+                    let mut v = h.view();
+                    let g = values.map(|g| &g[from * vl..to * vl]);
+                    let o = out.as_deref_mut().map(|o| &mut o[from * vl..to * vl]);
+                    sparse_blocks(&mut v, rule, init, (vl, sl), &keys[from..to], g, o, create, &mut sc);
+                    let parts = v.into_parts();
+                    h.finish(parts);
                 }
             }
         }
@@ -609,6 +695,44 @@ pub(crate) mod tests {
             storage: dense.map(Storage::Dense).unwrap_or(Storage::Sparse),
             rule: proto::Rule { name: rule.into(), lr: 0.1, ..Default::default() },
             ..TableDef::new(1, "t")
+        }
+    }
+
+    /// A large request (applied on two threads, half the shards each, where the machine has
+    /// two cores) gives what one thread gives, key by key: on uniform keys (ordered store),
+    /// on sequential ids (mixed store, one thread), each with adagrad's state.
+    #[test]
+    fn large_requests_split_over_two_threads_give_what_one_thread_gives() {
+        let reg = RuleRegistry::new();
+        let uniform: Vec<u64> = {
+            let mut k: Vec<u64> = (0..80_000u64).map(crate::keys::scramble).collect();
+            k.sort_unstable();
+            k
+        };
+        let sequential: Vec<u64> = (1..80_001).collect();
+        for keys in [uniform, sequential] {
+            let g: Vec<f32> = (0..keys.len() * 2).map(|i| ((i % 13) as f32 - 6.0) / 5.0).collect();
+            let mut split = Table::new(def(None, 2, "adagrad"), KeyRange::FULL, &reg).unwrap();
+            let mut one = Table::new(def(None, 2, "adagrad"), KeyRange::FULL, &reg).unwrap();
+            one.parallel = false;
+            for _ in 0..2 {
+                split.push(&keys, &g).unwrap();
+            }
+            // one thread: the same pushes in small requests
+            for _ in 0..2 {
+                for (kc, gc) in keys.chunks(1000).zip(g.chunks(2000)) {
+                    one.push(kc, gc).unwrap();
+                }
+            }
+            let (mut a, mut b) = (vec![0f32; keys.len() * 2], vec![0f32; keys.len() * 2]);
+            split.pull(&keys, &mut a).unwrap();
+            one.pull(&keys, &mut b).unwrap();
+            assert!(a == b, "the split request differs");
+            assert_eq!(split.len(), keys.len());
+            let (mut ka, mut ra, mut kb, mut rb) = (vec![], vec![], vec![], vec![]);
+            split.export_rows(KeyRange::FULL, &mut ka, &mut ra);
+            one.export_rows(KeyRange::FULL, &mut kb, &mut rb);
+            assert!(ka == kb && ra == rb, "rule state differs");
         }
     }
 
