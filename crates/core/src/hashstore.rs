@@ -379,6 +379,11 @@ impl HashStore {
         (at as u64) << SHARD_SHIFT
     }
 
+    /// The shard of key `k` under ordered placement.
+    pub fn ordered_shard(k: u64) -> usize {
+        (k >> SHARD_SHIFT) as usize
+    }
+
     /// Accounts for what a view did ([`ShardsMut::into_parts`]): `added` keys inserted;
     /// `clustered` when it saw a probe longer than [`MAX_DISPLACEMENT`] under ordered
     /// placement, which then moves the store to the mixed hash; its scratch buffer kept for

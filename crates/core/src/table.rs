@@ -12,7 +12,7 @@
 
 use crate::consistency::Consistency;
 use crate::filter::FilterSpec;
-use crate::hashstore::{HashStore, ShardsMut, Slot, MISSING, SHARDS};
+use crate::hashstore::{HashStore, ShardsMut, Slot, MISSING};
 use crate::init::Init;
 use crate::keys::{check_lengths, check_sorted_unique};
 use crate::proto;
@@ -27,7 +27,8 @@ pub const MAX_VALUE_LEN: usize = 1 << 24;
 const SPARSE_BLOCK: usize = 512;
 
 /// Requests of at least this many keys to a sparse table are resolved and applied on two
-/// threads, half of the shards each (when the machine has two cores or more).
+/// threads, each the shards on one side of the request's middle (when the machine has two
+/// cores or more).
 const PARALLEL_MIN: usize = 32 << 10;
 
 /// The sparse part of [`Table::batch`] over one view of the store's shards: `keys` (and the
@@ -477,11 +478,18 @@ impl Table {
                 }
                 let rule = &self.rule;
                 let mut out = out;
-                // a large request on a machine with cores to spare: the two halves of the
-                // shards on two threads (ordered placement puts them at the two ends of the
-                // sorted keys)
-                let at = keys.partition_point(|&k| k < HashStore::shard_start(SHARDS / 2));
-                let halves = if self.parallel && n >= PARALLEL_MIN && at > 0 && at < n { h.split_views(SHARDS / 2) } else { None };
+                // a large request on a machine with cores to spare: its keys split at the
+                // shard boundary nearest their middle (ordered placement puts a shard's keys
+                // together in a sorted request), the shards on either side on two threads
+                let (at, split) = match keys.get(n / 2) {
+                    Some(&mid) if self.parallel && n >= PARALLEL_MIN => {
+                        let s = HashStore::ordered_shard(mid);
+                        let s = if HashStore::ordered_shard(keys[0]) == s { s + 1 } else { s };
+                        (keys.partition_point(|&k| HashStore::ordered_shard(k) < s), s)
+                    }
+                    _ => (0, 0),
+                };
+                let halves = if at > 0 && at < n { h.split_views(split) } else { None };
                 // (where a part stopped, relative to `keys`, to finish under the mixed hash)
                 let mut rest: Vec<(usize, usize)> = Vec::new();
                 match halves {
