@@ -400,8 +400,8 @@ impl HashStore {
         false
     }
 
-    /// Makes room for `keys` (unique) in every shard where they outnumber the stored keys (a
-    /// bulk load): such a shard grows at once to hold its stored keys and all of the
+    /// Makes room for `keys` (sorted, unique) in every shard where they outnumber the stored
+    /// keys (a bulk load): such a shard grows at once to hold its stored keys and all of the
     /// request's at the growth threshold. Under ordered placement this is what keeps a large
     /// sorted request from piling up at the front of shards sized for its first keys (their
     /// homes are where the final size puts them). A request's keys that exist already never
@@ -411,33 +411,38 @@ impl HashStore {
         if keys.len() < 1024 {
             return;
         }
-        let hash = self.hash();
-        // per shard: the request's keys, and (ordered) the first and last of their positions
-        // in the shard's key range
-        let mut count = [0usize; SHARDS];
-        let mut span = [(u64::MAX, 0u64); SHARDS];
-        for &k in keys {
-            let h = hash(k);
-            let si = place(h, 1).0;
-            count[si] += 1;
-            let pos = (h << SHARDS.trailing_zeros()) >> 32;
-            span[si] = (span[si].0.min(pos), span[si].1.max(pos));
-        }
         let stride = self.stride;
-        for ((sh, &n), &(lo, hi)) in self.shards.iter_mut().zip(&count).zip(&span) {
-            if n <= sh.len {
-                continue;
+        if !self.ordered {
+            let mut count = [0usize; SHARDS];
+            for &k in keys {
+                count[place(mix(k), 1).0] += 1;
             }
-            let mut rows = sh.len + n;
-            if self.ordered {
+            for (sh, &n) in self.shards.iter_mut().zip(&count) {
+                if n > sh.len && (sh.len + n) * MAX_LOAD_DEN > sh.cap * MAX_LOAD_NUM {
+                    sh.grow(stride, mix, sh.len + n);
+                }
+            }
+            return;
+        }
+        // sorted keys in key order: each shard's keys are one run, found by binary search
+        let pos = |k: u64| (k << SHARDS.trailing_zeros()) >> 32;
+        let mut from = 0;
+        for (si, sh) in self.shards.iter_mut().enumerate() {
+            let end = match si + 1 {
+                SHARDS => keys.len(),
+                next => from + keys[from..].partition_point(|&k| k < HashStore::shard_start(next)),
+            };
+            let n = end - from;
+            if n > sh.len {
                 // sorted keys covering part of a shard's range: the rest of it will fill as
                 // densely (uniform keys), and their homes are laid out for the whole shard
-                let covered = ((hi - lo + 1) as f64 / (1u64 << 32) as f64).max(1e-9);
-                rows = rows.max(((n as f64 / covered) as usize).min(4 * n));
+                let covered = ((pos(keys[end - 1]) - pos(keys[from]) + 1) as f64 / (1u64 << 32) as f64).max(1e-9);
+                let rows = (sh.len + n).max(((n as f64 / covered) as usize).min(4 * n));
+                if rows * MAX_LOAD_DEN > sh.cap * MAX_LOAD_NUM {
+                    sh.grow(stride, identity, rows);
+                }
             }
-            if rows * MAX_LOAD_DEN > sh.cap * MAX_LOAD_NUM {
-                sh.grow(stride, hash, rows);
-            }
+            from = end;
         }
     }
 
