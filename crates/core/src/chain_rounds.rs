@@ -222,6 +222,16 @@ impl ChainRounds {
         Ok(())
     }
 
+    /// The state of headed `shard` for a push of `worker` to `round`; None when the round
+    /// is applied already (a push sent again after a routing change).
+    fn head_for_push(&mut self, shard: usize, worker: usize, round: u64) -> Result<Option<&mut HeadState>> {
+        if worker >= self.workers {
+            return Err(CoreError::Consistency(format!("worker {worker} is not one of the {} workers", self.workers)));
+        }
+        let h = self.head(shard)?;
+        Ok((round >= h.rounds.applied()).then_some(h))
+    }
+
     fn head(&mut self, shard: usize) -> Result<&mut HeadState> {
         match self.shards.get_mut(shard) {
             Some(Shard::Head(Some(h))) => Ok(h),
@@ -246,13 +256,7 @@ impl ChainRounds {
         marks: &mut Watermarks,
     ) -> Result<Buffered> {
         let vl = self.value_len;
-        if worker >= self.workers {
-            return Err(CoreError::Consistency(format!("worker {worker} is not one of the {} workers", self.workers)));
-        }
-        let h = self.head(shard)?;
-        if round < h.rounds.applied() {
-            return Ok(Buffered::AlreadyApplied);
-        }
+        let Some(h) = self.head_for_push(shard, worker, round)? else { return Ok(Buffered::AlreadyApplied) };
         let from = marks.admit(shard, worker, request, keys)?;
         if from == keys.len() && !keys.is_empty() {
             return Ok(Buffered::Duplicate);
@@ -280,13 +284,7 @@ impl ChainRounds {
         marks: &mut Watermarks,
     ) -> Result<Buffered> {
         let vl = self.value_len;
-        if worker >= self.workers {
-            return Err(CoreError::Consistency(format!("worker {worker} is not one of the {} workers", self.workers)));
-        }
-        let h = self.head(shard)?;
-        if round < h.rounds.applied() {
-            return Ok(Buffered::AlreadyApplied);
-        }
+        let Some(h) = self.head_for_push(shard, worker, round)? else { return Ok(Buffered::AlreadyApplied) };
         let range = KeyRange::new(begin, begin + (values.len() / vl) as u64);
         let from = marks.admit_range(shard, worker, request, range)?;
         if from == range.end && !range.is_empty() {

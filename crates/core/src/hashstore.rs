@@ -82,6 +82,16 @@ fn identity(k: u64) -> u64 {
     k
 }
 
+/// The hash of the placement in force: the key itself while `ordered`, else its mix.
+#[inline]
+fn placement(ordered: bool) -> fn(u64) -> u64 {
+    if ordered {
+        identity
+    } else {
+        mix
+    }
+}
+
 #[inline]
 fn prefetch<T>(p: *const T) {
     #[cfg(target_arch = "x86_64")]
@@ -268,11 +278,7 @@ impl HashStore {
     /// The placement's hash.
     #[inline]
     fn hash(&self) -> fn(u64) -> u64 {
-        if self.ordered {
-            identity
-        } else {
-            mix
-        }
+        placement(self.ordered)
     }
 
     /// Leaves order-preserving placement: every row moved to its shard and slot under the
@@ -489,7 +495,7 @@ impl HashStore {
             });
             if hit {
                 let cap = sh.cap;
-                removed += sh.rebuild(cap, stride, |k| !(lo..hi).contains(&k), if self.ordered { identity } else { mix }).0;
+                removed += sh.rebuild(cap, stride, |k| !(lo..hi).contains(&k), placement(self.ordered)).0;
             }
         }
         self.len -= removed;
@@ -564,11 +570,7 @@ pub struct ShardsMut<'a> {
 impl ShardsMut<'_> {
     #[inline]
     fn hash(&self) -> fn(u64) -> u64 {
-        if self.ordered {
-            identity
-        } else {
-            mix
-        }
+        placement(self.ordered)
     }
 
     #[inline]

@@ -211,33 +211,16 @@ fn chain_buffer(st: &ServerState, slot: &TableSlot, r: &TableRepl, c: &ChainSlot
         let t = slot.table.read();
         (t.def().value_len, t.def().domain(), t.def().is_dense())
     };
-    if op == Op::PushRange && dense {
-        // a range push to a dense table is buffered as ranges, one per shard (a dense
-        // table's rows exist already: no quota to check)
-        let range = check_range_push(st, h, ctx, vl, domain)?;
-        let map = r.map.read().clone();
-        let mut cr = c.rounds.lock();
-        if cr.epoch() != h.epoch {
-            return Err(stale_rounds(h.table, h.epoch, cr.epoch()));
-        }
-        let mut marks = r.marks.lock();
-        cr.ensure_started(&mut marks).map_err(ServerError::Core)?;
-        for (shard, part) in map.split_range(range) {
-            if !cr.is_head(shard) {
-                return Err(not_head(shard, h.table, cr.epoch()));
-            }
-            let vals = &ctx.vals[(part.begin - range.begin) as usize * vl..(part.end - range.begin) as usize * vl];
-            let got =
-                cr.push_range(shard, h.worker as usize, h.request_id, h.clock, part.begin, vals, &mut marks).map_err(ServerError::Core)?;
-            if got == Buffered::Dropped {
-                ctx.dropped += 1;
-            }
-        }
-        return Ok(());
-    }
-    check_round_push(st, h, op, ctx, vl, domain)?;
-    // the round applies these keys later: refuse now what could not be stored then
-    check_quota(st, &slot.table.read(), &ctx.keys)?;
+    // a range push to a dense table is buffered as ranges, one per shard (a dense table's
+    // rows exist already: no quota to check); any other push with its keys
+    let range = if op == Op::PushRange && dense {
+        Some(check_range_push(st, h, ctx, vl, domain)?)
+    } else {
+        check_round_push(st, h, op, ctx, vl, domain)?;
+        // the round applies these keys later: refuse now what could not be stored then
+        check_quota(st, &slot.table.read(), &ctx.keys)?;
+        None
+    };
     let map = r.map.read().clone();
     let mut cr = c.rounds.lock();
     if cr.epoch() != h.epoch {
@@ -245,15 +228,33 @@ fn chain_buffer(st: &ServerState, slot: &TableSlot, r: &TableRepl, c: &ChainSlot
     }
     let mut marks = r.marks.lock();
     cr.ensure_started(&mut marks).map_err(ServerError::Core)?;
-    for (shard, range) in map.split_keys(&ctx.keys) {
+    let (worker, request) = (h.worker as usize, h.request_id);
+    // one shard's part: its keys, or the range from `begin`
+    let mut push = |shard: usize, keys: Option<&[u64]>, begin: u64, vals: &[f32]| {
         if !cr.is_head(shard) {
             return Err(not_head(shard, h.table, cr.epoch()));
         }
-        let vals = &ctx.vals[range.start * vl..range.end * vl];
-        let got =
-            cr.push(shard, h.worker as usize, h.request_id, h.clock, &ctx.keys[range], vals, &mut marks).map_err(ServerError::Core)?;
-        if got == Buffered::Dropped {
+        let got = match keys {
+            Some(k) => cr.push(shard, worker, request, h.clock, k, vals, &mut marks),
+            None => cr.push_range(shard, worker, request, h.clock, begin, vals, &mut marks),
+        };
+        if got.map_err(ServerError::Core)? == Buffered::Dropped {
             ctx.dropped += 1;
+        }
+        Ok(())
+    };
+    match range {
+        Some(range) => {
+            for (shard, part) in map.split_range(range) {
+                let vals = &ctx.vals[(part.begin - range.begin) as usize * vl..(part.end - range.begin) as usize * vl];
+                push(shard, None, part.begin, vals)?;
+            }
+        }
+        None => {
+            for (shard, at) in map.split_keys(&ctx.keys) {
+                let vals = &ctx.vals[at.start * vl..at.end * vl];
+                push(shard, Some(&ctx.keys[at]), 0, vals)?;
+            }
         }
     }
     Ok(())
