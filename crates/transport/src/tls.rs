@@ -164,31 +164,25 @@ trait HandshakeSide {
     fn into_kernel(self) -> Result<(ExtractedSecrets, KernelConnection<Self::Data>), rustls::Error>;
 }
 
-impl HandshakeSide for UnbufferedClientConnection {
-    type Data = ClientConnectionData;
-    fn process<'c, 'i>(&'c mut self, incoming: &'i mut [u8]) -> UnbufferedStatus<'c, 'i, Self::Data> {
-        self.process_tls_records(incoming)
-    }
-    fn handshaking(&self) -> bool {
-        self.is_handshaking()
-    }
-    fn into_kernel(self) -> Result<(ExtractedSecrets, KernelConnection<Self::Data>), rustls::Error> {
-        self.dangerous_into_kernel_connection()
-    }
+/// The two sides' connections have the same inherent methods under different types.
+macro_rules! handshake_side {
+    ($conn:ty, $data:ty) => {
+        impl HandshakeSide for $conn {
+            type Data = $data;
+            fn process<'c, 'i>(&'c mut self, incoming: &'i mut [u8]) -> UnbufferedStatus<'c, 'i, Self::Data> {
+                self.process_tls_records(incoming)
+            }
+            fn handshaking(&self) -> bool {
+                self.is_handshaking()
+            }
+            fn into_kernel(self) -> Result<(ExtractedSecrets, KernelConnection<Self::Data>), rustls::Error> {
+                self.dangerous_into_kernel_connection()
+            }
+        }
+    };
 }
-
-impl HandshakeSide for UnbufferedServerConnection {
-    type Data = ServerConnectionData;
-    fn process<'c, 'i>(&'c mut self, incoming: &'i mut [u8]) -> UnbufferedStatus<'c, 'i, Self::Data> {
-        self.process_tls_records(incoming)
-    }
-    fn handshaking(&self) -> bool {
-        self.is_handshaking()
-    }
-    fn into_kernel(self) -> Result<(ExtractedSecrets, KernelConnection<Self::Data>), rustls::Error> {
-        self.dangerous_into_kernel_connection()
-    }
-}
+handshake_side!(UnbufferedClientConnection, ClientConnectionData);
+handshake_side!(UnbufferedServerConnection, ServerConnectionData);
 
 /// What the record layer needs of rustls after the handshake: the next traffic keys of
 /// either direction (RFC 8446 §7.2).
