@@ -221,6 +221,21 @@ impl Shard {
     }
 }
 
+/// Finds key `k` (hash `h`) in `shards`, the store's shards from `base` on: its slot, or the
+/// shard and slot where it would go.
+#[inline]
+fn lookup_in(shards: &[Shard], base: usize, stride: usize, k: u64, h: u64) -> Result<Slot, (usize, usize)> {
+    let si = place(h, 1).0;
+    let shard = &shards[si - base];
+    if shard.cap == 0 {
+        return Err((si, 0));
+    }
+    match shard.find(k, place(h, shard.cap).1, stride) {
+        Ok(j) => Ok(Slot::new(si, j)),
+        Err(j) => Err((si, j)),
+    }
+}
+
 /// How far slot `i` lies after home slot `home` in a shard of `cap` slots (probes wrap).
 #[inline]
 fn displacement(home: usize, i: usize, cap: usize) -> usize {
@@ -321,15 +336,7 @@ impl HashStore {
 
     #[inline]
     fn lookup(&self, k: u64, h: u64) -> Result<Slot, (usize, usize)> {
-        let (si, _) = place(h, 1);
-        let shard = &self.shards[si];
-        if shard.cap == 0 {
-            return Err((si, 0));
-        }
-        match shard.find(k, place(h, shard.cap).1, self.stride) {
-            Ok(j) => Ok(Slot::new(si, j)),
-            Err(j) => Err((si, j)),
-        }
+        lookup_in(&self.shards, 0, self.stride, k, h)
     }
 
     /// Resolves every key of `keys` to its row, writing `slots` (same order). With `create`,
@@ -414,7 +421,10 @@ impl HashStore {
     /// outnumber a shard's, so reads of stored keys reserve nothing, and a reservation at
     /// most doubles what the shard would hold.
     pub fn reserve_for(&mut self, keys: &[u64]) {
-        if keys.len() < 1024 {
+        // no shard can be outnumbered by a request no larger than the smallest shard (the
+        // steady state of a trained table): no pass over the keys
+        let smallest = self.shards.iter().map(|s| s.len).min().unwrap_or(0);
+        if keys.len() < 1024 || keys.len() <= smallest {
             return;
         }
         let stride = self.stride;
@@ -449,14 +459,6 @@ impl HashStore {
                 }
             }
             from = end;
-        }
-    }
-
-    /// Hints the CPU to load a row soon (a missing slot is ignored).
-    #[inline]
-    pub fn prefetch_row(&self, t: Slot) {
-        if let Some(sh) = self.shards.get(t.shard()) {
-            prefetch(sh.data.as_ptr().wrapping_add(t.index() * self.stride));
         }
     }
 
@@ -575,15 +577,7 @@ impl ShardsMut<'_> {
 
     #[inline]
     fn lookup(&self, k: u64, h: u64) -> Result<Slot, (usize, usize)> {
-        let si = place(h, 1).0;
-        let shard = &self.shards[si - self.base];
-        if shard.cap == 0 {
-            return Err((si, 0));
-        }
-        match shard.find(k, place(h, shard.cap).1, self.stride) {
-            Ok(j) => Ok(Slot::new(si, j)),
-            Err(j) => Err((si, j)),
-        }
+        lookup_in(self.shards, self.base, self.stride, k, h)
     }
 
     /// [`HashStore::resolve`] within this view's shards. Precondition: every key's shard is

@@ -323,10 +323,6 @@ impl Connection for TcpConnection {
                 Err(e) => return Err(closed_or(self.peer.clone(), e)),
             }
         }
-        if self.tls {
-            // the last record out of the TLS layer's buffer
-            self.writer.flush().map_err(|e| closed_or(self.peer.clone(), e))?;
-        }
         self.stats.bytes_sent += total as u64;
         self.stats.frames_sent += 1;
         Ok(())
