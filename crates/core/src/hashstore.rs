@@ -12,8 +12,9 @@
 //!   within 53–80 % and a stored FTRL key costs 25–38 bytes.
 //! * **Shards** bound the transient memory of growth: rehashing one shard holds its old and
 //!   new arrays at once, 1/64 of the table, instead of twice the whole table.
-//! * **Batch lookups** hash a whole request first and prefetch each key's home slot a few
-//!   keys ahead, so the cache misses of a large request overlap.
+//! * **One walk per request** ([`ShardsMut::walk`]): each key is found (or inserted) and its
+//!   row handed to the caller at once, while it is in cache; under the mixed hash each key's
+//!   home slot is prefetched a few keys ahead, so the cache misses of a request overlap.
 //! * **Order-preserving placement while the keys allow it.** A key's home is taken from its
 //!   high bits (shard from the top six, slot from the next ones), so under the identity as
 //!   hash, rows lie in key order and a request's sorted keys walk each shard's array
@@ -24,7 +25,7 @@
 //!
 //! A row is addressed by a [`Slot`] (`shard << 32 | index`), valid until the next insertion
 //! into that shard (which may grow it). [`HashStore::resolve`] returns slots for a whole
-//! batch that are all valid together.
+//! batch that are all valid together (for callers that need them; the tables walk).
 
 // The key's hash: a full-avalanche mix (MurmurHash3's finaliser, the same bijection the
 // applications use to spread ids over servers), so sequential ids and ids that differ only
@@ -252,7 +253,6 @@ pub struct HashStore {
     stride: usize,
     shards: Vec<Shard>,
     len: usize,
-    hashes: Vec<u64>,
     /// Placement by the key itself (rows in key order) rather than by its mix.
     ordered: bool,
 }
@@ -260,14 +260,7 @@ pub struct HashStore {
 impl HashStore {
     /// An empty store of rows with `vl` values and `sl` state values each.
     pub fn new(vl: usize, sl: usize) -> HashStore {
-        HashStore {
-            vl,
-            stride: 2 + vl + sl,
-            shards: (0..SHARDS).map(|_| Shard::default()).collect(),
-            len: 0,
-            hashes: Vec::new(),
-            ordered: true,
-        }
+        HashStore { vl, stride: 2 + vl + sl, shards: (0..SHARDS).map(|_| Shard::default()).collect(), len: 0, ordered: true }
     }
 
     /// Number of keys stored.
@@ -344,33 +337,41 @@ impl HashStore {
     /// they resolve to [`MISSING`]. Returned slots are all valid until the next call.
     /// Preconditions: no key equals [`EMPTY`]; duplicates are allowed.
     pub fn resolve(&mut self, keys: &[u64], create: bool, slots: &mut Vec<Slot>, init: impl FnMut(u64, &mut [f32])) {
-        let mut init = init;
-        let mut v = self.view();
-        let complete = v.resolve(keys, create, slots, &mut init);
-        let parts = v.into_parts();
-        if self.finish(parts) || !complete {
-            // the keys cluster: under the mixed placement now, resolve them all again (those
-            // inserted before exist, the rest are inserted now)
+        if create {
+            self.walk(keys, true, init, |_, _| {});
+        }
+        let hash = self.hash();
+        slots.clear();
+        slots.extend(keys.iter().map(|&k| self.lookup(k, hash(k)).unwrap_or(MISSING)));
+    }
+
+    /// [`ShardsMut::walk`] over every shard, to the end: when the keys turn out to cluster,
+    /// the store moves to the mixed hash and the walk goes on under it from the key where it
+    /// stopped (`f` runs once per key).
+    pub fn walk<I, F>(&mut self, keys: &[u64], create: bool, init: I, f: F)
+    where
+        I: FnMut(u64, &mut [f32]),
+        F: FnMut(usize, Option<(&mut [f32], &mut [f32])>),
+    {
+        let (mut init, mut f) = (init, f);
+        let mut from = 0;
+        loop {
             let mut v = self.view();
-            v.resolve(keys, create, slots, &mut init);
+            let stopped = v.walk(&keys[from..], create, &mut init, |i, row| f(from + i, row));
             let parts = v.into_parts();
             self.finish(parts);
+            match stopped {
+                // (under the mixed hash now, where a walk never stops)
+                Some(i) => from += i,
+                None => return,
+            }
         }
     }
 
-    /// A view of every shard, to resolve and reach rows through; [`HashStore::finish`] after.
+    /// A view of every shard, to walk keys and reach rows through; [`HashStore::finish`] after.
     pub fn view(&mut self) -> ShardsMut<'_> {
         let (vl, stride, ordered) = (self.vl, self.stride, self.ordered);
-        ShardsMut {
-            shards: &mut self.shards,
-            base: 0,
-            vl,
-            stride,
-            ordered,
-            hashes: std::mem::take(&mut self.hashes),
-            added: 0,
-            clustered: false,
-        }
+        ShardsMut { shards: &mut self.shards, base: 0, vl, stride, ordered, added: 0, clustered: false }
     }
 
     /// Under ordered placement, two views: the shards before `at` and those from it, whose
@@ -383,8 +384,8 @@ impl HashStore {
         }
         let (vl, stride) = (self.vl, self.stride);
         let (a, b) = self.shards.split_at_mut(at);
-        let view = |shards, base, hashes| ShardsMut { shards, base, vl, stride, ordered: true, hashes, added: 0, clustered: false };
-        Some((view(a, 0, std::mem::take(&mut self.hashes)), view(b, at, Vec::new())))
+        let view = |shards, base| ShardsMut { shards, base, vl, stride, ordered: true, added: 0, clustered: false };
+        Some((view(a, 0), view(b, at)))
     }
 
     /// The first key of shard `at` under ordered placement.
@@ -399,13 +400,10 @@ impl HashStore {
 
     /// Accounts for what a view did ([`ShardsMut::into_parts`]): `added` keys inserted;
     /// `clustered` when it saw a probe longer than [`MAX_DISPLACEMENT`] under ordered
-    /// placement, which then moves the store to the mixed hash; its scratch buffer kept for
-    /// the next request. Returns whether the placement moved (slots taken before are stale).
-    pub fn finish(&mut self, (added, clustered, hashes): (usize, bool, Vec<u64>)) -> bool {
+    /// placement, which then moves the store to the mixed hash. Returns whether the placement
+    /// moved (slots taken before are stale).
+    pub fn finish(&mut self, (added, clustered): (usize, bool)) -> bool {
         self.len += added;
-        if hashes.capacity() > self.hashes.capacity() {
-            self.hashes = hashes;
-        }
         if clustered && self.ordered {
             self.mix_placement();
             return true;
@@ -564,52 +562,70 @@ pub struct ShardsMut<'a> {
     vl: usize,
     stride: usize,
     ordered: bool,
-    hashes: Vec<u64>,
     added: usize,
     clustered: bool,
 }
 
 impl ShardsMut<'_> {
+    /// Walks `keys` in order: finds each key's row (with `create`, inserts a missing key, its
+    /// values from `init` and its state zero) and hands it at once to `f(i, row)`, with `row`
+    /// the row's `(values, state)`, or None for a missing key without `create`. One pass, the
+    /// row still in cache when `f` runs; a shard that must grow grows between two keys
+    /// (nothing is held across keys). Under the mixed hash each key's home slot is
+    /// prefetched a few keys ahead; under ordered placement a sorted request walks each
+    /// shard's array forwards, which the hardware prefetches.
+    ///
+    /// Precondition: every key's shard is in the view. Returns `Some(i)` when it stopped
+    /// early: inserting key `i` probed further than [`MAX_DISPLACEMENT`] under ordered
+    /// placement (the keys cluster, and going on would cost a probe of the cluster's length
+    /// per key). Key `i` is stored then, `f` ran for the keys before it only, and
+    /// [`HashStore::finish`] moves the store to the mixed hash, under which the caller walks
+    /// `keys[i..]` again.
     #[inline]
-    fn hash(&self) -> fn(u64) -> u64 {
-        placement(self.ordered)
+    pub fn walk<I, F>(&mut self, keys: &[u64], create: bool, init: I, f: F) -> Option<usize>
+    where
+        I: FnMut(u64, &mut [f32]),
+        F: FnMut(usize, Option<(&mut [f32], &mut [f32])>),
+    {
+        if self.ordered {
+            self.walk_with::<false, I, F>(keys, create, init, f)
+        } else {
+            self.walk_with::<true, I, F>(keys, create, init, f)
+        }
     }
 
-    #[inline]
-    fn lookup(&self, k: u64, h: u64) -> Result<Slot, (usize, usize)> {
-        lookup_in(self.shards, self.base, self.stride, k, h)
-    }
-
-    /// [`HashStore::resolve`] within this view's shards. Precondition: every key's shard is
-    /// in the view. Returns false when it stopped early: an insertion probed further than
-    /// [`MAX_DISPLACEMENT`] under ordered placement (the keys cluster, and going on would
-    /// cost a probe of the cluster's length per key); `slots` is then incomplete, the keys
-    /// inserted so far are stored, and [`HashStore::finish`] moves the store to the mixed
-    /// hash, under which the caller resolves the keys again.
-    pub fn resolve(&mut self, keys: &[u64], create: bool, slots: &mut Vec<Slot>, mut init: impl FnMut(u64, &mut [f32])) -> bool {
-        let hash = self.hash();
-        let mut hashes = std::mem::take(&mut self.hashes);
-        hashes.clear();
-        hashes.extend(keys.iter().map(|&k| hash(k)));
-        slots.clear();
-        slots.reserve(keys.len());
+    /// [`ShardsMut::walk`] under one placement, compiled for it.
+    #[inline(always)]
+    fn walk_with<const MIXED: bool, I, F>(&mut self, keys: &[u64], create: bool, mut init: I, mut f: F) -> Option<usize>
+    where
+        I: FnMut(u64, &mut [f32]),
+        F: FnMut(usize, Option<(&mut [f32], &mut [f32])>),
+    {
         let (vl, stride, base) = (self.vl, self.stride, self.base);
-        let mut grew = false;
-        for (i, (&k, &h)) in keys.iter().zip(&hashes).enumerate() {
-            if let Some(&ha) = hashes.get(i + PREFETCH_AHEAD) {
-                if let Some(sh) = self.shards.get(((ha >> SHARD_SHIFT) as usize).wrapping_sub(base)) {
-                    prefetch(sh.data.as_ptr().wrapping_add(place(ha, sh.cap).1 * stride));
+        let hash = |k: u64| if MIXED { mix(k) } else { k };
+        for (i, &k) in keys.iter().enumerate() {
+            if MIXED {
+                if let Some(&ka) = keys.get(i + PREFETCH_AHEAD) {
+                    let ha = mix(ka);
+                    if let Some(sh) = self.shards.get(((ha >> SHARD_SHIFT) as usize).wrapping_sub(base)) {
+                        prefetch(sh.data.as_ptr().wrapping_add(place(ha, sh.cap).1 * stride));
+                    }
                 }
             }
-            let slot = match self.lookup(k, h) {
-                Ok(t) => t,
-                Err(_) if !create => MISSING,
-                Err((si, mut j)) => {
-                    let shard = &mut self.shards[si - base];
-                    let mut longest = displacement(place(h, shard.cap).1, j, shard.cap);
+            let h = hash(k);
+            let shard = &mut self.shards[(h >> SHARD_SHIFT) as usize - base];
+            let home = place(h, shard.cap).1;
+            let found = if shard.cap == 0 { Err(0) } else { shard.find(k, home, stride) };
+            let j = match found {
+                Ok(j) => j,
+                Err(_) if !create => {
+                    f(i, None);
+                    continue;
+                }
+                Err(mut j) => {
+                    let mut longest = displacement(home, j, shard.cap);
                     if shard.needs_growth() {
-                        longest = shard.grow(stride, hash, 0);
-                        grew = true;
+                        longest = shard.grow(stride, placement(!MIXED), 0);
                         j = match shard.find(k, place(h, shard.cap).1, stride) {
                             Ok(x) | Err(x) => x,
                         };
@@ -622,55 +638,23 @@ impl ShardsMut<'_> {
                     st.iter_mut().for_each(|x| *x = 0.0);
                     shard.len += 1;
                     self.added += 1;
-                    if self.ordered && longest > MAX_DISPLACEMENT {
+                    if !MIXED && longest > MAX_DISPLACEMENT {
                         self.clustered = true;
-                        self.hashes = hashes;
-                        return false;
+                        return Some(i);
                     }
-                    Slot::new(si, j)
+                    j
                 }
             };
-            slots.push(slot);
+            let (w, st) = bytemuck::cast_slice_mut::<u32, f32>(&mut shard.row_mut(j, stride)[2..]).split_at_mut(vl);
+            f(i, Some((w, st)));
         }
-        if grew {
-            // A shard grew during the walk: slots resolved before that are stale. Every key
-            // exists now, so a second walk inserts nothing and grows nothing.
-            slots.clear();
-            for (&k, &h) in keys.iter().zip(&hashes) {
-                slots.push(self.lookup(k, h).unwrap_or(MISSING));
-            }
-        }
-        self.hashes = hashes;
-        true
+        None
     }
 
-    /// What the view did, for [`HashStore::finish`]: keys inserted, whether it saw the keys
-    /// cluster, and its scratch buffer.
-    pub fn into_parts(self) -> (usize, bool, Vec<u64>) {
-        (self.added, self.clustered, self.hashes)
-    }
-
-    /// Hints the CPU to load a row soon (a missing slot is ignored).
-    #[inline]
-    pub fn prefetch_row(&self, t: Slot) {
-        if let Some(sh) = self.shards.get(t.shard().wrapping_sub(self.base)) {
-            prefetch(sh.data.as_ptr().wrapping_add(t.index() * self.stride));
-        }
-    }
-
-    /// The values of a row.
-    #[inline]
-    pub fn w(&self, t: Slot) -> &[f32] {
-        let b = t.index() * self.stride + 2;
-        bytemuck::cast_slice(&self.shards[t.shard() - self.base].data[b..b + self.vl])
-    }
-
-    /// The values and state of a row, mutable.
-    #[inline]
-    pub fn row_mut(&mut self, t: Slot) -> (&mut [f32], &mut [f32]) {
-        let (vl, stride) = (self.vl, self.stride);
-        let row = self.shards[t.shard() - self.base].row_mut(t.index(), stride);
-        bytemuck::cast_slice_mut::<u32, f32>(&mut row[2..]).split_at_mut(vl)
+    /// What the view did, for [`HashStore::finish`]: keys inserted, and whether it saw the
+    /// keys cluster.
+    pub fn into_parts(self) -> (usize, bool) {
+        (self.added, self.clustered)
     }
 }
 

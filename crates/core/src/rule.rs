@@ -15,6 +15,9 @@ use std::sync::Arc;
 /// batch, not per element). `Custom` rules are handled by the callers.
 macro_rules! with_step {
     ($rule:expr, $step:ident => $body:block) => {
+        with_step!($rule, $step => $body else {})
+    };
+    ($rule:expr, $step:ident => $body:block else $other:block) => {
         match *$rule {
             Rule::Assign => {
                 let $step = |w: &mut f32, _s: &mut [f32], g: f32| *w = g;
@@ -57,7 +60,7 @@ macro_rules! with_step {
                 let $step = |w: &mut f32, s: &mut [f32], g: f32| *w = ftrl_step(*w, s, g, alpha, beta, l1, l2);
                 $body
             }
-            Rule::Custom(..) | Rule::Bpg { .. } | Rule::AdagradNorm { .. } | Rule::FtrlNorm { .. } => {}
+            Rule::Custom(..) | Rule::Bpg { .. } | Rule::AdagradNorm { .. } | Rule::FtrlNorm { .. } => $other
         }
     };
 }
@@ -144,6 +147,18 @@ pub trait UpdateRule: Send + Sync + 'static {
     fn state_per_element(&self) -> usize;
     /// Applies the pushed `grad` to the stored weights `w`.
     fn apply(&self, w: &mut [f32], state: &mut [f32], grad: &[f32]);
+}
+
+/// A computation over rows that is compiled once per rule: [`Rule::with_row_step`] hands
+/// [`RowStepUser::run`] the step of the rule at hand, `step(values, state, pushed)` on one
+/// row (`values` and `pushed` of the table's value length, `state` of value length ×
+/// [`Rule::state_per_element`]), so a loop over rows has the rule inlined and no branch on
+/// it per row.
+pub trait RowStepUser {
+    /// What the computation returns.
+    type Output;
+    /// Runs the computation with `step`.
+    fn run<S: Fn(&mut [f32], &mut [f32], &[f32])>(self, step: S) -> Self::Output;
 }
 
 /// A table's update rule: the built-ins are matched once per run and compiled into tight
@@ -301,6 +316,37 @@ impl Rule {
                 step(w, &mut state[i * k..(i + 1) * k], *g);
             }
         });
+    }
+
+    /// Runs `user` with this rule's row step ([`RowStepUser`]). The rows are those of a
+    /// table with this rule: the value lengths that [`crate::table::Table::new`] checks
+    /// (3 for [`Rule::Bpg`], 2 for the normalised rules).
+    #[inline]
+    pub fn with_row_step<U: RowStepUser>(&self, user: U) -> U::Output {
+        let k = self.state_per_element();
+        with_step!(self, step => {
+            user.run(move |w: &mut [f32], s: &mut [f32], g: &[f32]| {
+                for (e, (w, g)) in w.iter_mut().zip(g).enumerate() {
+                    step(w, &mut s[e * k..(e + 1) * k], *g);
+                }
+            })
+        } else {
+            match *self {
+                Rule::Bpg { l1 } => user.run(move |w: &mut [f32], _s: &mut [f32], g: &[f32]| bpg_step(w, g, l1)),
+                Rule::AdagradNorm { lr, eps } => user.run(move |w: &mut [f32], s: &mut [f32], g: &[f32]| {
+                    normalised_step(w, g, s, |w, g, s| {
+                        s[0] += g * g;
+                        w - lr * g / (s[0].sqrt() + eps)
+                    })
+                }),
+                Rule::FtrlNorm { alpha, beta, l1, l2 } => user.run(move |w: &mut [f32], s: &mut [f32], g: &[f32]| {
+                    normalised_step(w, g, s, |w, g, s| ftrl_step(w, s, g, alpha, beta, l1, l2))
+                }),
+                // user code (the element-wise built-ins are the arms above): dispatched through
+                // its trait per row
+                _ => user.run(|w: &mut [f32], s: &mut [f32], g: &[f32]| self.apply(w, s, g)),
+            }
+        })
     }
 
     /// Applies `grad[i]` to element `slots[i]` of `w` (state `state[slots[i]*k..]`), for
