@@ -325,7 +325,7 @@ impl Rule {
     pub fn with_row_step<U: RowStepUser>(&self, user: U) -> U::Output {
         let k = self.state_per_element();
         with_step!(self, step => {
-            user.run(move |w: &mut [f32], s: &mut [f32], g: &[f32]| {
+            user.run(#[inline(always)] move |w: &mut [f32], s: &mut [f32], g: &[f32]| {
                 for (e, (w, g)) in w.iter_mut().zip(g).enumerate() {
                     step(w, &mut s[e * k..(e + 1) * k], *g);
                 }
