@@ -571,9 +571,10 @@ impl ShardsMut<'_> {
     /// values from `init` and its state zero) and hands it at once to `f(i, row)`, with `row`
     /// the row's `(values, state)`, or None for a missing key without `create`. One pass, the
     /// row still in cache when `f` runs; a shard that must grow grows between two keys
-    /// (nothing is held across keys). Under the mixed hash each key's home slot is
-    /// prefetched a few keys ahead; under ordered placement a sorted request walks each
-    /// shard's array forwards, which the hardware prefetches.
+    /// (nothing is held across keys). Each key's home slot is prefetched a few keys ahead,
+    /// so the cache misses of a request that touches a few keys of a large table overlap;
+    /// under ordered placement, a request that covers a good part of the rows walks the
+    /// shards' arrays forwards, which the hardware prefetches without help.
     ///
     /// Precondition: every key's shard is in the view. Returns `Some(i)` when it stopped
     /// early: inserting key `i` probed further than [`MAX_DISPLACEMENT`] under ordered
@@ -603,13 +604,16 @@ impl ShardsMut<'_> {
     {
         let (vl, stride, base) = (self.vl, self.stride, self.base);
         let hash = |k: u64| if MIXED { mix(k) } else { k };
+        // Prefetch each key's home slot a few keys ahead unless a sorted request covers a
+        // good part of the rows under ordered placement: it then walks the shards' arrays
+        // forwards, which the hardware prefetches by itself.
+        let rows: usize = self.shards.iter().map(|s| s.len).sum();
+        let scattered = MIXED || keys.len() * 4 < rows;
         for (i, &k) in keys.iter().enumerate() {
-            if MIXED {
-                if let Some(&ka) = keys.get(i + PREFETCH_AHEAD) {
-                    let ha = mix(ka);
-                    if let Some(sh) = self.shards.get(((ha >> SHARD_SHIFT) as usize).wrapping_sub(base)) {
-                        prefetch(sh.data.as_ptr().wrapping_add(place(ha, sh.cap).1 * stride));
-                    }
+            if let (true, Some(&ka)) = (scattered, keys.get(i + PREFETCH_AHEAD)) {
+                let ha = hash(ka);
+                if let Some(sh) = self.shards.get(((ha >> SHARD_SHIFT) as usize).wrapping_sub(base)) {
+                    prefetch(sh.data.as_ptr().wrapping_add(place(ha, sh.cap).1 * stride));
                 }
             }
             let h = hash(k);

@@ -49,15 +49,21 @@ fn sparse_walk(
         Some(g) => rule.with_row_step(PushWalk { h, fill, vl, keys, g, out, create }),
         None => {
             let mut out = out;
-            h.walk(keys, create, fill, #[inline(always)] |i, row| {
-                if let Some(o) = out.as_deref_mut() {
-                    let o = &mut o[i * vl..(i + 1) * vl];
-                    match row {
-                        Some((w, _)) => copy_small(o, w),
-                        None => init.fill(keys[i], o),
+            h.walk(
+                keys,
+                create,
+                fill,
+                #[inline(always)]
+                |i, row| {
+                    if let Some(o) = out.as_deref_mut() {
+                        let o = &mut o[i * vl..(i + 1) * vl];
+                        match row {
+                            Some((w, _)) => copy_small(o, w),
+                            None => init.fill(keys[i], o),
+                        }
                     }
-                }
-            })
+                },
+            )
         }
     }
 }
@@ -79,15 +85,21 @@ impl<I: FnMut(u64, &mut [f32])> RowStepUser for PushWalk<'_, '_, I> {
     #[inline]
     fn run<S: Fn(&mut [f32], &mut [f32], &[f32])>(self, step: S) -> Option<usize> {
         let PushWalk { h, fill, vl, keys, g, mut out, create } = self;
-        h.walk(keys, create, fill, #[inline(always)] |i, row| {
-            // (a push creates its keys: a row is always there)
-            if let Some((w, s)) = row {
-                step(w, s, &g[i * vl..(i + 1) * vl]);
-                if let Some(o) = out.as_deref_mut() {
-                    copy_small(&mut o[i * vl..(i + 1) * vl], w);
+        h.walk(
+            keys,
+            create,
+            fill,
+            #[inline(always)]
+            |i, row| {
+                // (a push creates its keys: a row is always there)
+                if let Some((w, s)) = row {
+                    step(w, s, &g[i * vl..(i + 1) * vl]);
+                    if let Some(o) = out.as_deref_mut() {
+                        copy_small(&mut o[i * vl..(i + 1) * vl], w);
+                    }
                 }
-            }
-        })
+            },
+        )
     }
 }
 
