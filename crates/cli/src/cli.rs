@@ -456,4 +456,114 @@ mod tests {
         let s = CommonArgs::default().resolve().unwrap();
         assert_eq!(format!("{s:?}"), format!("{:?}", Settings::default()));
     }
+
+    /// The shell lines of a Markdown file's code blocks, continuation lines joined and
+    /// comments dropped.
+    fn shell_lines(md: &str) -> Vec<String> {
+        let mut lines = Vec::new();
+        let (mut in_block, mut shell, mut cur) = (false, false, String::new());
+        for l in md.lines() {
+            if let Some(lang) = l.trim_start().strip_prefix("```") {
+                shell = !in_block && matches!(lang.trim(), "sh" | "bash" | "console" | "");
+                in_block = !in_block;
+                continue;
+            }
+            if !(in_block && shell) {
+                continue;
+            }
+            // a comment starts at a `#` after a space, outside quotes
+            let mut quoted = false;
+            let mut end = l.len();
+            for (i, c) in l.char_indices() {
+                match c {
+                    '"' => quoted = !quoted,
+                    '#' if !quoted && (i == 0 || l[..i].ends_with(' ')) => {
+                        end = i;
+                        break;
+                    }
+                    _ => {}
+                }
+            }
+            let code = l[..end].trim_end();
+            match code.strip_suffix('\\') {
+                Some(head) => {
+                    cur.push_str(head);
+                    cur.push(' ');
+                }
+                None => {
+                    cur.push_str(code);
+                    lines.push(std::mem::take(&mut cur));
+                }
+            }
+        }
+        lines
+    }
+
+    /// Splits a command line into words: spaces separate, double quotes group; `[` and `]`
+    /// (the docs' optional parts) are dropped, so an optional part is checked as given; `W`
+    /// and `S`, the docs' names for a number of workers and a seed, read as 2.
+    fn words(line: &str) -> Vec<String> {
+        let (mut out, mut cur, mut quoted, mut any) = (Vec::new(), String::new(), false, false);
+        for c in line.chars() {
+            match c {
+                '"' => {
+                    quoted = !quoted;
+                    any = true;
+                }
+                '[' | ']' if !quoted => {}
+                ' ' | '\t' if !quoted => {
+                    if any || !cur.is_empty() {
+                        out.push(std::mem::take(&mut cur));
+                    }
+                    any = false;
+                }
+                c => cur.push(c),
+            }
+        }
+        if any || !cur.is_empty() {
+            out.push(cur);
+        }
+        out.into_iter().map(|w| if w == "W" || w == "S" { "2".into() } else { w }).collect()
+    }
+
+    /// Every `downpour …` command in the README's and docs' shell blocks is one the binary
+    /// accepts, and so is the job it launches: a renamed or dropped flag breaks this test,
+    /// not a reader's first try.
+    #[test]
+    fn every_command_in_the_readme_and_docs_parses() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let mut files = vec![root.join("README.md")];
+        let mut docs: Vec<_> = std::fs::read_dir(root.join("docs"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "md"))
+            .collect();
+        docs.sort();
+        files.extend(docs);
+        let (mut checked, mut failures) = (0, Vec::new());
+        for f in &files {
+            let text = std::fs::read_to_string(f).unwrap();
+            for line in shell_lines(&text) {
+                // the command may follow `do` or `;` in a loop
+                let Some(at) = line.match_indices("downpour ").map(|(i, _)| i).find(|&i| {
+                    i == line.len() - line.trim_start().len()
+                        || line[..i].trim_end().ends_with(['|', ';'])
+                        || line[..i].trim_end().ends_with(" do")
+                }) else {
+                    continue;
+                };
+                let argv = words(&line[at..]);
+                checked += 1;
+                let parsed = Cli::try_parse_from(&argv).map_err(|e| e.to_string()).and_then(|cli| match cli.cmd {
+                    Cmd::Launch { job, exec: None, .. } => parse_job(&job).map(|_| ()).map_err(|e| format!("its job: {e}")),
+                    _ => Ok(()),
+                });
+                if let Err(e) = parsed {
+                    failures.push(format!("{}: `{}`: {}", f.display(), line.trim(), e.lines().next().unwrap_or("")));
+                }
+            }
+        }
+        assert!(checked >= 40, "only {checked} commands found in the docs");
+        assert!(failures.is_empty(), "{} of {checked} commands in the docs do not parse:\n{}", failures.len(), failures.join("\n"));
+    }
 }

@@ -31,6 +31,17 @@
 
 pub mod bench;
 pub mod certs;
+/// The README's and docs' Rust code blocks, compiled (and, unless marked `no_run`, run) by
+/// `cargo test` as doctests of this crate, so the docs cannot drift from the API.
+#[cfg(doctest)]
+pub mod docs {
+    #[doc = include_str!("../../../README.md")]
+    pub struct Readme;
+    #[doc = include_str!("../../../docs/usage.md")]
+    pub struct Usage;
+    #[doc = include_str!("../../../docs/dnn.md")]
+    pub struct Dnn;
+}
 mod embedded;
 pub mod experiment;
 pub mod fault;

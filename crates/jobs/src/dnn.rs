@@ -136,6 +136,42 @@ pub struct DnnConfig {
     /// No progress lines.
     #[cfg_attr(feature = "cli", arg(long))]
     pub quiet: bool,
+    /// A model of your own instead of `model` (library use; no flag): built by every
+    /// worker from the data's shape. See [`UserModel`].
+    #[cfg_attr(feature = "cli", arg(skip))]
+    pub user_model: Option<UserModel>,
+}
+
+/// The shape of the data a model is built for: images of `rows × cols` pixels (the model's
+/// input is `rows * cols` values in [0, 1]) and `classes` labels (at least 2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DataShape {
+    /// Image height.
+    pub rows: usize,
+    /// Image width.
+    pub cols: usize,
+    /// Number of classes.
+    pub classes: usize,
+}
+
+/// A model of your own for `train dnn` ([`DnnConfig::user_model`]): a function that every
+/// worker calls once, with the data's shape, to build its copy of the model. Everything after
+/// that (tables, initialisation, the algorithms, evaluation, export) works on the
+/// [`Model`] trait. Every worker must build the same parameter layout.
+#[derive(Clone)]
+pub struct UserModel(std::sync::Arc<dyn Fn(DataShape) -> Result<Box<dyn Model>> + Send + Sync>);
+
+impl UserModel {
+    /// Wraps the builder `build`.
+    pub fn new(build: impl Fn(DataShape) -> Result<Box<dyn Model>> + Send + Sync + 'static) -> UserModel {
+        UserModel(std::sync::Arc::new(build))
+    }
+}
+
+impl std::fmt::Debug for UserModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("UserModel(..)")
+    }
 }
 
 impl Default for DnnConfig {
@@ -164,6 +200,7 @@ impl Default for DnnConfig {
             out: None,
             model_out: None,
             quiet: false,
+            user_model: None,
         }
     }
 }
@@ -264,14 +301,26 @@ fn load(a: &DnnConfig, rank: usize) -> Result<Ctx> {
     );
     let classes = 1 + *train.labels.iter().chain(&test.labels).max().context("the data set has no labels")? as usize;
     let classes = classes.max(2);
-    let model: Box<dyn Model> = match a.model {
-        ModelKind::Mlp => {
+    let model: Box<dyn Model> = match (&a.user_model, a.model) {
+        (Some(user), _) => {
+            let m = (user.0)(DataShape { rows, cols, classes }).context("building the user model")?;
+            ensure!(
+                m.input_len() == rows * cols && m.classes() == classes,
+                "the user model takes {} inputs and {} classes; the data has {}×{} images and {classes} classes",
+                m.input_len(),
+                m.classes(),
+                rows,
+                cols
+            );
+            m
+        }
+        (None, ModelKind::Mlp) => {
             let mut sizes = vec![rows * cols];
             sizes.extend(&a.hidden);
             sizes.push(classes);
             Box::new(Mlp::new(&sizes)?)
         }
-        ModelKind::Cnn => {
+        (None, ModelKind::Cnn) => {
             ensure!(rows == cols, "the CNN needs square images, these are {rows}×{cols}");
             Box::new(Cnn::new(CnnConfig { side: rows, classes, ..CnnConfig::default() })?)
         }
