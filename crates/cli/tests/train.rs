@@ -803,3 +803,75 @@ fn libsvm_files_labelled_1_and_2_train_with_the_larger_label_positive_and_other_
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }
+
+/// Data handed out by the scheduler (`--data-assignment dynamic`): every example is trained
+/// exactly once per epoch, the fast worker takes most of the chunks when the other is an
+/// 8× straggler, the model is as good as with static shares; and what it cannot do is refused
+/// up front with the reason.
+#[test]
+fn data_handed_out_in_chunks_trains_each_example_once_per_epoch_and_the_fast_worker_takes_more() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, test) = (dir.path().join("train.svm"), dir.path().join("test.svm"));
+    write_data(&train, 60_000, 1);
+    write_data(&test, 5_000, 2);
+    let out = dir.path().join("m.json");
+    let o = downpour()
+        .args(["train", "linear", "--train", train.to_str().unwrap(), "--test", test.to_str().unwrap(), "--algorithm", "sgd"])
+        .args(["--epochs", "2", "--servers", "1", "--workers", "2", "--straggler", "1:8", "--data-assignment", "dynamic", "--quiet"])
+        .args(["--out", out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let m: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(m["data_assignment"], "dynamic");
+    assert_eq!(m["train_examples"], 120_000, "each example once per epoch");
+    let (chunks, by0) = (m["chunks"].as_u64().unwrap(), m["chunks_trained_by_worker0"].as_u64().unwrap());
+    assert!(chunks >= 8, "{chunks} chunks");
+    assert!(by0 > chunks, "worker 0 trained {by0} of the {} chunk trainings: more than half", 2 * chunks);
+    assert!(m["test_auc"].as_f64().unwrap() > 0.75, "{m}");
+    let refused = |extra: &[&str], why: &str| {
+        let o = downpour()
+            .args(["train", "linear", "--train", train.to_str().unwrap(), "--algorithm", "sgd", "--data-assignment", "dynamic"])
+            .args(extra)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains(why), "{extra:?}: {err}");
+    };
+    refused(&["--consistency", "ssp:2"], "needs --consistency async");
+    let gz = dir.path().join("train.svm.gz");
+    let mut enc = flate2::write::GzEncoder::new(std::fs::File::create(&gz).unwrap(), flate2::Compression::fast());
+    enc.write_all(&std::fs::read(&train).unwrap()).unwrap();
+    enc.finish().unwrap();
+    let o = downpour()
+        .args(["train", "linear", "--train", gz.to_str().unwrap(), "--algorithm", "sgd", "--data-assignment", "dynamic"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("uncompressed"), "{err}");
+}
+
+/// A worker lost in the middle of a chunk (replicated job, no replacement started): its
+/// unfinished chunks go back to the board and the other workers train them. The job can
+/// only end once the board has every chunk of every epoch trained (the workers' last
+/// epoch waits for it); the lost worker's partial chunk is trained again from its start.
+#[test]
+fn a_lost_workers_unfinished_chunks_go_to_the_other_workers() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, test) = (dir.path().join("train.svm"), dir.path().join("test.svm"));
+    write_data(&train, 60_000, 3);
+    write_data(&test, 5_000, 4);
+    let out = dir.path().join("m.json");
+    let o = Command::new(env!("CARGO_BIN_EXE_downpour"))
+        .args(["launch", "--servers", "2", "--workers", "2", "--replication", "2", "--reassign-after-s", "0.5"])
+        .args(["--fault", "lose worker:1 at 1s", "--", "train", "linear", "--train", train.to_str().unwrap(), "--algorithm", "sgd"])
+        .args(["--test", test.to_str().unwrap()])
+        .args(["--epochs", "3", "--straggler", "1:40", "--data-assignment", "dynamic", "--quiet", "--out", out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("unfinished chunk(s) of training data go to the other workers"), "{err}");
+    let m: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert!(m["test_auc"].as_f64().unwrap() > 0.75, "{m}");
+}

@@ -225,6 +225,13 @@ impl ControlClient {
         decode_body(&r).map_err(ControlError::Malformed)
     }
 
+    /// A call to the coordinator's chunk board (data handed out by the scheduler; held with
+    /// `wait` until a chunk comes back or the epoch is done).
+    pub fn chunks(&mut self, req: &proto::ChunkRequest) -> Result<proto::ChunkReply, ControlError> {
+        let r = self.call(Op::Chunks, req.encode_to_vec())?;
+        decode_body(&r).map_err(ControlError::Malformed)
+    }
+
     /// Reports a finished model-parallel round and returns this worker's blocks of the next
     /// (held until every worker finished the round).
     pub fn blocks(&mut self, req: &proto::BlocksRequest) -> Result<proto::BlocksReply, ControlError> {

@@ -211,6 +211,17 @@ pub enum CoordError {
     /// The piece board refused a call.
     #[error(transparent)]
     Pieces(CoreError),
+    /// The chunk board refused a call.
+    #[error(transparent)]
+    Chunks(CoreError),
+    /// Workers of one job sent different numbers of chunks per epoch.
+    #[error("chunk request for {sent} chunks per epoch, the job's board has {board}: every worker must cut the same files alike")]
+    ChunksDiffer {
+        /// What the call said.
+        sent: u32,
+        /// What the board has.
+        board: u32,
+    },
     /// A piece board call wanting something unknown.
     #[error("unknown piece request want={want}")]
     UnknownPieceWant {
@@ -319,6 +330,8 @@ impl CoordError {
             | Blocks(_)
             | OnlyWorkerZero(_)
             | Pieces(_)
+            | Chunks(_)
+            | ChunksDiffer { .. }
             | UnknownPieceWant { .. }
             | BadRequest(_) => Status::InvalidArgument,
             Unsupported { .. } => Status::Unsupported,

@@ -4,6 +4,7 @@
 use crate::error::CoordError;
 use crate::service::Coordinator;
 use downpour_core::blocks::{self, BlockRounds};
+use downpour_core::chunks::{ChunkBoard, Next};
 use downpour_core::pieces::PieceBoard;
 use downpour_core::proto;
 use downpour_core::schedule::{wire, BpgScheduler};
@@ -141,6 +142,60 @@ impl Coordinator {
                     }
                 }
                 _ => return Ok(reply),
+            }
+            self.park(&self.sched_cv, &mut st, Duration::from_millis(200));
+        }
+    }
+
+    /// A worker's call to the chunk board (data handed out by the scheduler): see
+    /// `ChunkRequest`.
+    pub(crate) fn chunks(&self, node: u32, req: proto::ChunkRequest) -> Result<proto::ChunkReply, CoordError> {
+        let invalid = CoordError::Chunks;
+        let mut st = self.state.lock();
+        let rank = match st.roles.get(&node) {
+            Some(("worker", rank)) => *rank as usize,
+            _ => return Err(CoordError::NotRegisteredWorker { node: st.describe(node) }),
+        };
+        match &st.chunks {
+            None => {
+                if st.scheduled {
+                    return Err(CoordError::SchedulerRestarted { what: "chunk board" });
+                }
+                st.chunks = Some(ChunkBoard::new(self.cfg.workers, req.chunks).map_err(invalid)?);
+                st.scheduled = true;
+                self.persist(&mut st, true);
+            }
+            Some(b) if b.chunks() != req.chunks => return Err(CoordError::ChunksDiffer { sent: req.chunks, board: b.chunks() }),
+            Some(_) => {}
+        }
+        let board = st.chunks.as_mut().ok_or(CoordError::Invariant("no chunk board"))?;
+        if req.has_completed {
+            board.complete(rank, req.completed_epoch, req.completed).map_err(invalid)?;
+            self.sched_cv.notify_all();
+        }
+        let mut reply = proto::ChunkReply::default();
+        if !req.want {
+            return Ok(reply);
+        }
+        loop {
+            if let Some(r) = &st.failed {
+                return Err(CoordError::JobFailed { reason: r.clone() });
+            }
+            let board = st.chunks.as_mut().ok_or(CoordError::Invariant("no chunk board"))?;
+            match board.next(rank, req.epoch).map_err(invalid)? {
+                Next::Chunk { epoch, chunk } => {
+                    (reply.next, reply.epoch, reply.chunk) = (0, epoch, chunk);
+                    return Ok(reply);
+                }
+                Next::Done => {
+                    (reply.next, reply.epoch) = (2, req.epoch);
+                    return Ok(reply);
+                }
+                Next::Running if !req.wait => {
+                    (reply.next, reply.epoch) = (1, req.epoch);
+                    return Ok(reply);
+                }
+                Next::Running => {}
             }
             self.park(&self.sched_cv, &mut st, Duration::from_millis(200));
         }

@@ -257,6 +257,10 @@ impl Coordinator {
                 let req = proto::PieceRequest::decode(h.meta.as_ref()).map_err(bad)?;
                 self.pieces(h.sender, req).map(|r| r.encode_to_vec())
             }
+            Some(Op::Chunks) => {
+                let req = proto::ChunkRequest::decode(h.meta.as_ref()).map_err(bad)?;
+                self.chunks(h.sender, req).map(|r| r.encode_to_vec())
+            }
             Some(Op::Blocks) => {
                 let req = proto::BlocksRequest::decode(h.meta.as_ref()).map_err(bad)?;
                 self.blocks(h.sender, req).map(|r| r.encode_to_vec())

@@ -19,6 +19,7 @@ pub mod chain_epoch;
 pub mod chain_push;
 pub mod chain_rounds;
 pub mod checkpoint;
+pub mod chunks;
 pub mod consistency;
 pub mod epochs;
 pub mod error;

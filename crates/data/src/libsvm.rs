@@ -34,6 +34,14 @@ pub enum DataError {
         /// What is wrong.
         what: String,
     },
+    /// A file cannot be used this way.
+    #[error("{path}: {msg}")]
+    Unsuitable {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        msg: String,
+    },
 }
 
 /// How LIBSVM labels map to the classes.

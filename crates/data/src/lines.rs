@@ -67,6 +67,35 @@ fn is_gzip(path: &Path) -> Result<bool, DataError> {
     Ok(n == 2 && magic == [0x1f, 0x8b])
 }
 
+/// Bytes below which a file is not cut into more chunks ([`plan_chunks`]).
+const MIN_CHUNK: u64 = 256 << 10;
+/// Most chunks per worker per file ([`plan_chunks`]).
+const MAX_CHUNKS_PER_WORKER: u64 = 64;
+
+/// The chunks of `files` that the coordinator hands out as workers ask for work (data
+/// handed out by the scheduler, `downpour_core::chunks`): every file cut into byte ranges of
+/// at least 256 KiB, at most 64 per worker, in file order. Every worker computes the same
+/// list from the same files; every line belongs to exactly one chunk. Fails on a gzip file
+/// (which cannot be entered in the middle, so it cannot be cut into chunks) or one that
+/// cannot be opened.
+pub fn plan_chunks(files: &[PathBuf], workers: usize) -> Result<Vec<Piece>, DataError> {
+    let w = workers.max(1) as u64;
+    let mut chunks = Vec::new();
+    for path in files {
+        if is_gzip(path)? {
+            return Err(DataError::Unsuitable {
+                path: path.clone(),
+                msg: "data handed out in chunks needs uncompressed files (a gzip file cannot be entered in the middle): gunzip it, or use static shares".into(),
+            });
+        }
+        let len = std::fs::metadata(path).map_err(|source| DataError::Io { path: path.clone(), source })?.len();
+        let n = (len / MIN_CHUNK).clamp(1, w * MAX_CHUNKS_PER_WORKER);
+        let cut = |i: u64| ((len as u128 * i as u128) / n as u128) as u64;
+        chunks.extend((0..n).map(|i| Piece::Bytes { path: path.clone(), begin: cut(i), end: cut(i + 1) }));
+    }
+    Ok(chunks)
+}
+
 /// Bytes below which an uncompressed file is not cut into more blocks than workers.
 const MIN_BLOCK: u64 = 64 << 10;
 /// Most blocks per worker per file.
@@ -271,6 +300,30 @@ mod tests {
             out.push(String::from_utf8(l.to_vec()).unwrap());
         }
         out
+    }
+
+    #[test]
+    fn chunks_give_every_line_to_exactly_one_chunk_and_gzip_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("a.svm");
+        let lines: Vec<String> = (0..200_000).map(|i| format!("{} {}:1", i % 2, i)).collect();
+        std::fs::write(&p, lines.join("\n") + "\n").unwrap();
+        let chunks = plan_chunks(std::slice::from_ref(&p), 2).unwrap();
+        assert!(chunks.len() > 1, "{} chunks", chunks.len());
+        let mut seen = Vec::new();
+        for c in &chunks {
+            let mut src = LineSource::open_piece(c).unwrap();
+            while let Some(l) = src.next_line().unwrap() {
+                seen.push(String::from_utf8(l.to_vec()).unwrap());
+            }
+        }
+        assert_eq!(seen, lines);
+        let gz = dir.path().join("a.svm.gz");
+        let mut enc = flate2::write::GzEncoder::new(std::fs::File::create(&gz).unwrap(), flate2::Compression::fast());
+        std::io::Write::write_all(&mut enc, b"1 1:1\n").unwrap();
+        enc.finish().unwrap();
+        let e = plan_chunks(&[gz], 2).unwrap_err().to_string();
+        assert!(e.contains("a.svm.gz") && e.contains("uncompressed"), "{e}");
     }
 
     #[test]

@@ -313,6 +313,7 @@ pub(crate) fn handle_frame(
         | Op::Schedule
         | Op::Pieces
         | Op::Blocks
+        | Op::Chunks
         | Op::EpochReady
         | Op::Drain
         | Op::CheckpointJoin

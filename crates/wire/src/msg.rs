@@ -100,6 +100,10 @@ pub enum Op {
     /// blocks (held until every worker finished the round). Body: `BlocksRequest`; reply
     /// body: `BlocksReply` (see `downpour_core::blocks::BlockRounds`).
     Blocks = 38,
+    /// Worker to coordinator: data handed out by the scheduler, a chunk completed and the
+    /// next one asked for. Body: `ChunkRequest`; reply body: `ChunkReply` (see
+    /// `downpour_core::chunks::ChunkBoard`).
+    Chunks = 39,
 }
 
 impl Op {
@@ -136,6 +140,7 @@ impl Op {
             36 => Checkpoint,
             37 => Progress,
             38 => Blocks,
+            39 => Chunks,
             _ => return None,
         })
     }
@@ -268,6 +273,7 @@ mod tests {
             Op::Checkpoint,
             Op::Progress,
             Op::Blocks,
+            Op::Chunks,
         ] {
             assert_eq!(Op::from_u32(op as u32), Some(op));
         }

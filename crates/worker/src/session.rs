@@ -97,6 +97,10 @@ pub struct WorkerSession {
     routing: downpour_core::proto::Routing,
     kv_cfg: KvConfig,
     control: ControlClient,
+    /// How to open more connections to the coordinator ([`WorkerSession::open_control`]):
+    /// the transport, its address, the connect timeout, and (a coordinator that may restart)
+    /// how long to try reconnecting.
+    control_to: (Arc<dyn Transport>, String, Duration, Option<Duration>),
     hb_stop: Arc<AtomicBool>,
     hb_error: Arc<Mutex<Option<String>>>,
     hb_thread: Option<JoinHandle<()>>,
@@ -241,7 +245,7 @@ pub fn join_job(transport: Arc<dyn Transport>, cfg: &SessionConfig) -> Result<Wo
         c.set_node_id(reg.node_id);
         c.set_timeout(Some(cfg.connect_timeout + Duration::from_secs(5)))?;
         reconnect(&mut c);
-        kv.enable_failover(shared, Box::new(CoordinatorRouting(c)), credential.clone(), cfg.failover_timeout);
+        kv.enable_failover(shared.clone(), Box::new(CoordinatorRouting(c)), credential.clone(), cfg.failover_timeout);
     }
     // A barrier may legitimately wait for slow peers: no timeout on the job connection.
     control.set_timeout(None)?;
@@ -302,6 +306,7 @@ pub fn join_job(transport: Arc<dyn Transport>, cfg: &SessionConfig) -> Result<Wo
         routing,
         kv_cfg: cfg.kv,
         control,
+        control_to: (shared.clone(), cfg.coordinator.clone(), cfg.connect_timeout, restartable.is_some().then_some(cfg.failover_timeout)),
         hb_stop,
         hb_error,
         hb_thread: Some(hb_thread),
@@ -361,6 +366,27 @@ impl WorkerSession {
     pub fn blocks(&mut self, req: &downpour_core::proto::BlocksRequest) -> Result<downpour_core::proto::BlocksReply, SessionError> {
         self.check()?;
         Ok(self.control.blocks(req)?)
+    }
+
+    /// One call to the coordinator's chunk board (data handed out by the scheduler, see
+    /// `downpour_core::chunks`).
+    pub fn chunks(&mut self, req: &downpour_core::proto::ChunkRequest) -> Result<downpour_core::proto::ChunkReply, SessionError> {
+        self.check()?;
+        Ok(self.control.chunks(req)?)
+    }
+
+    /// One more connection to the coordinator as this worker, for a thread of the job's
+    /// own (e.g. a reader asking the chunk board for data while the job trains). No timeout
+    /// on its calls (some are held); it reconnects to a coordinator that restarts, as the
+    /// session's own connection does.
+    pub fn open_control(&self) -> Result<ControlClient, SessionError> {
+        let (transport, addr, timeout, reconnect) = &self.control_to;
+        let mut c = ControlClient::connect(transport.as_ref(), addr, *timeout)?;
+        c.set_node_id(self.node_id);
+        if let Some(within) = reconnect {
+            c.enable_reconnect(transport.clone(), *within);
+        }
+        Ok(c)
     }
 
     /// One call to the coordinator's piece board (Sandblaster L-BFGS, see

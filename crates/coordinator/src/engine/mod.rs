@@ -30,6 +30,7 @@ pub(crate) use checkpoints::Checkpoints;
 use crate::config::CoordinatorConfig;
 use crate::error::NodeDesc;
 use downpour_core::blocks::BlockRounds;
+use downpour_core::chunks::ChunkBoard;
 use downpour_core::epochs::Epochs;
 use downpour_core::pieces::PieceBoard;
 use downpour_core::proto;
@@ -107,6 +108,9 @@ pub struct Engine {
     pub(crate) schedule: Option<BpgScheduler>,
     /// Sandblaster's piece board, made at the first `Pieces` call.
     pub(crate) pieces: Option<PieceBoard>,
+    /// The training data's chunks, handed out as workers ask (made at the first `Chunks`
+    /// call).
+    pub(crate) chunks: Option<ChunkBoard>,
     /// A model-parallel job's block rounds, built from the first worker's plan.
     pub(crate) blocks: Option<BlockRounds>,
     /// The job used the BPG scheduler, the piece board or block rounds (whose state is not kept on disk).
@@ -146,6 +150,7 @@ impl Engine {
             ckpt: Checkpoints::default(),
             schedule: None,
             pieces: None,
+            chunks: None,
             blocks: None,
             scheduled: false,
             restored: false,

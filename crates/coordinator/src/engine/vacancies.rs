@@ -72,6 +72,13 @@ impl Engine {
         self.last_seen.remove(&id);
         self.heartbeating.remove(&id);
         self.vacant.insert(rank, (now, reason.to_string()));
+        // the chunks of data it was training go to the workers that ask next
+        if let Some(b) = self.chunks.as_mut() {
+            let n = b.release(rank as usize);
+            if n > 0 {
+                tracing::warn!("worker {rank}'s {n} unfinished chunk(s) of training data go to the other workers");
+            }
+        }
         Ok(())
     }
 

@@ -232,6 +232,12 @@ pub struct LinearConfig {
     /// Seed of the shuffle (and of `--straggler-tail`).
     #[cfg_attr(feature = "cli", arg(long, default_value_t = 1))]
     pub seed: u64,
+    /// How workers get their data: `static` (each reads a fixed share of the files) or
+    /// `dynamic` (the coordinator hands out chunks of the files as workers ask for work, so
+    /// a faster worker trains more, and a lost worker's unfinished chunks go to the others;
+    /// each chunk is trained to its end once per epoch; uncompressed files only).
+    #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t = DataAssignment::Static))]
+    pub data_assignment: DataAssignment,
     /// Make worker ID a straggler: its own work per minibatch (reading, communicating,
     /// computing; not the time spent held by a staleness bound) takes FACTOR times as long.
     /// Format `ID:FACTOR`.
@@ -284,6 +290,7 @@ impl Default for LinearConfig {
             scale: Scale::Auto,
             shuffle_buffer: 10_000,
             seed: 1,
+            data_assignment: DataAssignment::Static,
             straggler: None,
             straggler_tail: None,
             model_out: None,
@@ -292,6 +299,16 @@ impl Default for LinearConfig {
             eval_every: 0,
         }
     }
+}
+
+/// How workers get their training data (`--data-assignment`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
+pub enum DataAssignment {
+    /// Each worker reads a fixed share of the files.
+    Static,
+    /// The coordinator hands out chunks as workers ask (`downpour_core::chunks`).
+    Dynamic,
 }
 
 /// How feature values are scaled before training (`--scale`).

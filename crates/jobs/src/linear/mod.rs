@@ -30,7 +30,7 @@ use downpour_core::proto;
 use downpour_core::rounds::Aggregate;
 use downpour_core::table::{Storage, TableDef};
 use downpour_data::batch::Batch;
-use downpour_data::libsvm::DataError;
+use downpour_data::lines::{plan_chunks, Piece};
 use downpour_data::scaling::{dense_fraction, feature_maxima, feature_moments, Scaling};
 use downpour_data::share::ShareReader;
 use downpour_data::Format;
@@ -177,10 +177,19 @@ fn table_def(a: &LinearConfig, normalized: bool) -> TableDef {
     }
 }
 
-/// One minibatch from the reader thread, with the fraction of the share read so far.
-/// `Ok(None)` marks the end of the share, so a reader that died is told apart from one
-/// that finished.
-type BatchMsg = Result<Option<(Batch, Option<f64>)>, DataError>;
+/// What the reader thread sends: minibatches, the ends of chunks handed out by the
+/// coordinator (to report once their minibatches are trained) and the end of the epoch's
+/// data, so a reader that died is told apart from one that finished.
+enum Read {
+    /// One minibatch, with the fraction of the share read so far (static shares).
+    Batch(Batch, Option<f64>),
+    /// Every minibatch of chunk `chunk` of epoch `epoch` was sent.
+    ChunkEnd { epoch: u64, chunk: u32 },
+    /// No more data this epoch.
+    End,
+}
+
+type BatchMsg = Result<Read>;
 
 /// Reads and prepares this worker's minibatches on a thread of its own (parsing, shuffling,
 /// building the sorted key union), a few batches ahead of training, so the training thread
@@ -191,10 +200,117 @@ fn spawn_reader(mut reader: ShareReader, batch: usize) -> Result<Receiver<BatchM
     std::thread::Builder::new()
         .name("reader".into())
         .spawn(move || loop {
-            let msg = reader.next_batch(batch).map(|b| b.map(|b| (b, reader.progress())));
-            let last = !matches!(msg, Ok(Some(_)));
+            let msg = match reader.next_batch(batch) {
+                Ok(Some(b)) => Ok(Read::Batch(b, reader.progress())),
+                Ok(None) => Ok(Read::End),
+                Err(e) => Err(e.into()),
+            };
+            let last = !matches!(msg, Ok(Read::Batch(..)));
             if tx.send(msg).is_err() || last {
                 break;
+            }
+        })
+        .context("cannot start the reader thread")?;
+    Ok(rx)
+}
+
+/// What the trainer takes from the reader next.
+enum Fetched {
+    Batch(Batch, Option<f64>),
+    /// A chunk's minibatches all came (noted in the caller's list): train what is in hand,
+    /// report the chunk, then fetch again.
+    Boundary,
+    End,
+}
+
+/// The next minibatch from the reader, a chunk's end (noted in `ends`) or the end of the
+/// epoch's data.
+fn next_read(batches: &Receiver<BatchMsg>, ends: &mut Vec<(u64, u32)>) -> Result<Fetched> {
+    match batches.recv() {
+        Ok(msg) => Ok(match msg? {
+            Read::Batch(b, f) => Fetched::Batch(b, f),
+            Read::ChunkEnd { epoch, chunk } => {
+                ends.push((epoch, chunk));
+                Fetched::Boundary
+            }
+            Read::End => Fetched::End,
+        }),
+        Err(_) => anyhow::bail!("the reader thread stopped before the end of the data"),
+    }
+}
+
+/// The next minibatch when none is in hand (so a chunk that ends now has all its minibatches
+/// trained: it is reported at once), or None at the end of the epoch's data.
+fn next_batch(
+    batches: &Receiver<BatchMsg>,
+    ends: &mut Vec<(u64, u32)>,
+    s: &mut WorkerSession,
+    feed: &mut Option<ChunkFeed>,
+) -> Result<Option<(Batch, Option<f64>)>> {
+    loop {
+        match next_read(batches, ends)? {
+            Fetched::Batch(b, f) => return Ok(Some((b, f))),
+            Fetched::Boundary => report_chunks(s, feed, ends)?,
+            Fetched::End => return Ok(None),
+        }
+    }
+}
+
+/// Tells the coordinator that the chunks in `ends` are trained (their last minibatch's push
+/// is sent; a lost worker's pushes already sent are applied, so a chunk it left is trained
+/// again from its start by another worker).
+fn report_chunks(s: &mut WorkerSession, feed: &mut Option<ChunkFeed>, ends: &mut Vec<(u64, u32)>) -> Result<()> {
+    let Some(feed) = feed.as_mut() else { return Ok(()) };
+    let n = feed.chunks.len() as u32;
+    for (epoch, chunk) in ends.drain(..) {
+        s.chunks(&proto::ChunkRequest { chunks: n, has_completed: true, completed_epoch: epoch, completed: chunk, ..Default::default() })?;
+        feed.trained += 1;
+    }
+    Ok(())
+}
+
+/// Data handed out by the scheduler: the chunks of the training files, the coordinator
+/// connection the reader asks for them on, and how each chunk is read.
+struct ChunkFeed {
+    chunks: Vec<Piece>,
+    control: Arc<parking_lot::Mutex<downpour_control::ControlClient>>,
+    open: Arc<dyn Fn(Piece, u64) -> ShareReader + Send + Sync>,
+    /// Chunks this worker trained to their end.
+    trained: u64,
+}
+
+/// The reader of epoch `epoch` under `--data-assignment dynamic`: asks the coordinator for
+/// chunks (of this epoch, or an earlier one a lost worker left) until none is left to hand
+/// out, sending each chunk's minibatches and then its end. In the last epoch it waits for
+/// chunks still running elsewhere (one may come back if its worker is lost) until every
+/// chunk is done.
+fn spawn_chunk_reader(feed: &ChunkFeed, epoch: u64, last: bool, batch: usize) -> Result<Receiver<BatchMsg>> {
+    let (tx, rx) = sync_channel::<BatchMsg>(8);
+    let (control, open, chunks) = (feed.control.clone(), feed.open.clone(), feed.chunks.clone());
+    let n = chunks.len() as u32;
+    std::thread::Builder::new()
+        .name("reader".into())
+        .spawn(move || {
+            let read = || -> Result<()> {
+                loop {
+                    let req = proto::ChunkRequest { chunks: n, epoch, want: true, wait: last, ..Default::default() };
+                    let reply = control.lock().chunks(&req).context("asking the coordinator for data")?;
+                    if reply.next != 0 {
+                        return tx.send(Ok(Read::End)).map_err(|_| anyhow::anyhow!("the trainer stopped"));
+                    }
+                    let piece = chunks
+                        .get(reply.chunk as usize)
+                        .with_context(|| format!("the coordinator handed out chunk {} of {n}", reply.chunk))?;
+                    let mut reader = open(piece.clone(), reply.epoch ^ (u64::from(reply.chunk) << 20));
+                    while let Some(b) = reader.next_batch(batch)? {
+                        tx.send(Ok(Read::Batch(b, None))).map_err(|_| anyhow::anyhow!("the trainer stopped"))?;
+                    }
+                    tx.send(Ok(Read::ChunkEnd { epoch: reply.epoch, chunk: reply.chunk }))
+                        .map_err(|_| anyhow::anyhow!("the trainer stopped"))?;
+                }
+            };
+            if let Err(e) = read() {
+                let _ = tx.send(Err(e));
             }
         })
         .context("cannot start the reader thread")?;
@@ -241,7 +357,27 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
     let first = a.train.first().context("--train needs a file")?;
     let format = a.input.data_format_for(first)?;
     let replicated = s.kv.replication() >= 2;
-    let algorithm = a.resolved_algorithm(s.checkpointing(), replicated);
+    let dynamic = a.data_assignment == DataAssignment::Dynamic;
+    let algorithm = match a.resolved_algorithm(s.checkpointing(), replicated) {
+        // chunks handed out as workers ask are streamed
+        Algorithm::Lbfgs if dynamic && a.algorithm == Algorithm::Auto => Algorithm::Sgd,
+        x => x,
+    };
+    if dynamic {
+        ensure!(
+            !matches!(algorithm, Algorithm::Lbfgs | Algorithm::Owlqn),
+            "--data-assignment dynamic streams chunks to the workers: use --algorithm sgd (the batch solvers read fixed shares)"
+        );
+        ensure!(
+            a.consistency == Consistency::Async,
+            "--data-assignment dynamic needs --consistency async: a worker waiting for data would hold the others' clocks under {}",
+            a.consistency
+        );
+        ensure!(
+            !s.checkpointing(),
+            "--data-assignment dynamic does not take checkpoints yet (the coordinator keeps the chunk board in memory)"
+        );
+    }
     if matches!(algorithm, Algorithm::Lbfgs | Algorithm::Owlqn) {
         let streaming = a.streaming_options();
         let name = if algorithm == Algorithm::Owlqn { "owlqn" } else { "lbfgs" };
@@ -345,35 +481,61 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
         _ => None,
     };
 
+    // Data handed out by the scheduler: every worker cuts the files into the same chunks.
+    let mut feed = if dynamic {
+        let open_format = format.clone();
+        let (shuffle, seed, bias, scaling) = (a.shuffle_buffer, a.seed, a.bias, scale.clone());
+        Some(ChunkFeed {
+            chunks: plan_chunks(&a.train, s.num_workers)?,
+            control: Arc::new(parking_lot::Mutex::new(s.open_control()?)),
+            open: Arc::new(move |piece, salt| {
+                ShareReader::new(vec![piece], &open_format)
+                    .with_shuffle(shuffle, seed ^ salt.wrapping_mul(0x9E37_79B9))
+                    .with_bias(bias)
+                    .with_key_map(scramble)
+                    .with_scaling(scaling.clone())
+            }),
+            trained: 0,
+        })
+    } else {
+        None
+    };
+    if dynamic {
+        // a replacement of a lost worker starts its epoch afresh: the lost worker's chunks
+        // went back to the board
+        skip = 0;
+    }
     let mut warned_divergence = false;
     for epoch in first_epoch..=passes {
         let te = Instant::now();
         let shuffle_seed = a.seed ^ (epoch as u64).wrapping_mul(0x9E37_79B9) ^ (s.rank as u64).wrapping_mul(0x85EB_CA6B);
-        let reader = ShareReader::for_worker(&a.train, &format, s.rank, s.num_workers)?
-            .with_shuffle(a.shuffle_buffer, shuffle_seed)
-            .with_bias(a.bias)
-            .with_key_map(scramble)
-            .with_scaling(scale.clone());
-        let batches = spawn_reader(reader, a.batch)?;
+        let batches = match &feed {
+            Some(feed) => spawn_chunk_reader(feed, epoch as u64, epoch == passes, a.batch)?,
+            None => {
+                let reader = ShareReader::for_worker(&a.train, &format, s.rank, s.num_workers)?
+                    .with_shuffle(a.shuffle_buffer, shuffle_seed)
+                    .with_bias(a.bias)
+                    .with_key_map(scramble)
+                    .with_scaling(scale.clone());
+                spawn_reader(reader, a.batch)?
+            }
+        };
+        // chunks whose minibatches were all read: reported done once those are trained
+        let mut chunk_ends: Vec<(u64, u32)> = Vec::new();
         let mut progress = Progress::new(report, !a.quiet && s.rank == 0, format!("epoch {epoch}/{passes}"));
         let (mut seen, mut loss_sum, mut loss_n) = (0usize, 0f64, 0usize);
         let mut slowdown = Slowdown::new(a, s.rank);
         let (mut mark, mut held_mark) = (Instant::now(), s.kv.held());
         let (mut grad, mut w, mut pushed) = (Vec::new(), Vec::new(), Vec::new());
-        let next_batch = || -> Result<Option<(Batch, Option<f64>)>> {
-            match batches.recv() {
-                Ok(msg) => Ok(msg?),
-                Err(_) => anyhow::bail!("the reader thread stopped before the end of the data"),
-            }
-        };
+
         // Minibatches a resumed job trained before its checkpoint (the share and its shuffle
         // are the same for the same flags): read past them.
         let to_skip = std::mem::take(&mut skip);
         let mut in_epoch = 0usize;
-        let mut first = next_batch()?;
+        let mut first = next_batch(&batches, &mut chunk_ends, s, &mut feed)?;
         while in_epoch < to_skip && first.is_some() {
             in_epoch += 1;
-            first = next_batch()?;
+            first = next_batch(&batches, &mut chunk_ends, s, &mut feed)?;
         }
         // Progress records (replicated jobs: a replacement of this worker goes on from its
         // last one) are taken after each clock, when the next minibatch's pull is already
@@ -397,7 +559,13 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
             progress_started = true;
         }
         while let Some((b, frac, ts)) = cur.take() {
-            let next = next_batch()?;
+            // at a chunk's end, this minibatch is trained and the chunk reported before the
+            // next is fetched (the reader may be waiting for the report in the last epoch)
+            let (next, boundary) = match next_read(&batches, &mut chunk_ends)? {
+                Fetched::Batch(nb, f) => (Some((nb, f)), false),
+                Fetched::Boundary => (None, true),
+                Fetched::End => (None, false),
+            };
             let next_ts = match &next {
                 Some((nb, _)) => Some(s.kv.pull(TABLE, &nb.keys)?),
                 None => None,
@@ -429,6 +597,7 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
                 s.kv.push(TABLE, &b.keys, &pushed)?;
             }
             s.kv.clock()?;
+            report_chunks(s, &mut feed, &mut chunk_ends)?;
             in_epoch += 1;
             s.checkpoint_point(|| format!("{epoch}:{in_epoch}"))?;
             loss_sum += l * b.len() as f64;
@@ -449,9 +618,18 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
             }
             cur = match (next, next_ts) {
                 (Some((nb, f)), Some(t)) => Some((nb, f, t)),
+                _ if boundary => match next_batch(&batches, &mut chunk_ends, s, &mut feed)? {
+                    Some((nb, f)) => {
+                        let t = s.kv.pull(TABLE, &nb.keys)?;
+                        Some((nb, f, t))
+                    }
+                    None => None,
+                },
                 _ => None,
             };
         }
+        // (chunks that gave no minibatch)
+        report_chunks(s, &mut feed, &mut chunk_ends)?;
         progress.finish();
         total_examples += seen;
         // A running loss worse than predicting the base rate means the steps are too large
@@ -515,6 +693,9 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
         if final_epoch {
             s.barrier("linear-evaluated")?;
         }
+    }
+    if let (Some(f), false) = (&feed, a.quiet) {
+        tracing::info!("worker {} trained {} chunks of data ({} per epoch, {passes} epochs)", s.rank, f.trained, f.chunks.len());
     }
     // Sum the examples seen over workers through the servers (split so f32 sums stay exact).
     s.kv.create_table(TableDef { storage: Storage::Dense(downpour_core::KeyRange::new(0, 3)), ..TableDef::new(STATS, "linear-stats") })?;
@@ -593,6 +774,9 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
             "aggregate": a.aggregate.to_string(),
             "backup_workers": a.backup_workers,
             "dropped_pushes": dropped,
+            "data_assignment": if dynamic { "dynamic" } else { "static" },
+            "chunks": feed.as_ref().map(|f| f.chunks.len()),
+            "chunks_trained_by_worker0": feed.as_ref().map(|f| f.trained),
             "filters": a.filters.to_string(),
             "filter_traffic": filter_traffic.iter().map(|(dir, f)| serde_json::json!({
                 "direction": dir, "filter": f.name, "messages": f.messages, "bytes_in": f.bytes_in, "bytes_out": f.bytes_out,
