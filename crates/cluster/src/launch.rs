@@ -107,7 +107,7 @@ pub struct LocalRun<'a> {
     /// arguments of that program.
     pub job_args: &'a [String],
     /// Run each worker as this program with `job_args` instead of `downpour worker`, the
-    /// cluster in its environment ([`exec_worker_env`]).
+    /// cluster in its environment (`exec_worker_env`).
     pub exec: Option<&'a std::path::Path>,
     /// If set, workers' stdout lines go here instead of the terminal.
     pub capture: Option<Report>,

@@ -46,7 +46,7 @@ const PREFETCH_AHEAD: usize = 8;
 /// A probe this far from its home slot means the keys are not uniform: the store moves from
 /// order-preserving placement to the mixed hash (uniform keys at 80 % load stay within a few
 /// hundred slots).
-const MAX_DISPLACEMENT: usize = 1024;
+pub const MAX_DISPLACEMENT: usize = 1024;
 /// Marks a key that a read-only lookup did not find.
 pub const MISSING: Slot = Slot(u64::MAX);
 

@@ -7,7 +7,7 @@
 //! * `sync`: synchronous minibatch SGD: a `bsp` table averages every worker's gradient of a
 //!   round before one momentum-SGD update (`--backup-workers`, `--gradient-coding`);
 //! * `model-avg`: local SGD for `--local-steps`, then the servers average the models;
-//! * `lbfgs`: Sandblaster L-BFGS (see [`super::dnn_lbfgs`]).
+//! * `lbfgs`: Sandblaster L-BFGS (see `dnn_lbfgs`).
 //!
 //! The model's tensors are laid out in one dense table (`downpour_nn::Layout`), which the
 //! range partitioning spreads over the servers. Worker 0 writes the initial values, reports

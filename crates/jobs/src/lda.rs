@@ -76,7 +76,7 @@ pub struct LdaConfig {
     #[cfg_attr(feature = "cli", arg(long))]
     pub out: Option<PathBuf>,
     /// Export the model as safetensors: `word_topic` (F32 [vocabulary, K], counts) and
-    /// `topic_totals` (F32 [K]); alpha and eta in the metadata.
+    /// `topic_totals` (F32 \[K\]); alpha and eta in the metadata.
     #[cfg_attr(feature = "cli", arg(long))]
     pub model_out: Option<PathBuf>,
     /// Only the final line.

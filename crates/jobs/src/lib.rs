@@ -12,7 +12,7 @@
 //! | `train mf` | [`mf`] | matrix factorisation, model-parallel by a block schedule (DSGD / STRADS) |
 //! | `train lda` | [`lda`] | topic models by collapsed Gibbs sampling, model-parallel over the vocabulary (LightLDA / STRADS) |
 //! | `train dnn` | [`dnn`] | MLP/CNN: Downpour SGD, synchronous SGD, model averaging, Sandblaster L-BFGS |
-//! | `bench-job` | [`bench`] | the benchmark's worker side |
+//! | `bench-job` | [`mod@bench`] | the benchmark's worker side |
 
 pub mod bench;
 pub mod counter;

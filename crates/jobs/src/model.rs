@@ -1,4 +1,4 @@
-//! Model files: safetensors with two tensors, `keys` (U64 [n], sorted) and `values`
+//! Model files: safetensors with two tensors, `keys` (U64 \[n\], sorted) and `values`
 //! (F32 [n, d]), so `safetensors.numpy.load_file(path)` gives a Python user both arrays.
 //! `downpour predict` loads them and scores examples exactly as training-time evaluation
 //! does (same margin arithmetic; keys absent from the model weigh 0; the weight of

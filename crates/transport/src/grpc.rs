@@ -4,7 +4,7 @@
 //!
 //! The blocking [`Connection`] calls run the async stream on a small tokio runtime owned by
 //! the transport. HTTP/2 windows are raised (16 MiB by default). A frame's payload travels
-//! in messages of at most [`CHUNK`] bytes (the proto's `Frame` says how), so the receiver
+//! in messages of at most `CHUNK` (1 MiB) bytes (the proto's `Frame` says how), so the receiver
 //! copies a large frame out while the rest is on the way instead of waiting for all of it;
 //! the codec sizes its buffers for whole chunks (no growth copies).
 

@@ -1,5 +1,5 @@
 //! Framed TCP: the frame layout of [`downpour_core::codec`] over blocking sockets, in the
-//! clear or over TLS ([`crate::tls`]) when the [`NetConfig`] carries TLS material.
+//! clear or over TLS (the crate's `tls` module) when the [`NetConfig`] carries TLS material.
 
 use crate::security::{check_token, AuthToken, RefusalLog, HANDSHAKE_TIMEOUT};
 use crate::tls::{Half, TlsSetup};

@@ -1,6 +1,6 @@
 //! Message kinds, status codes and header constructors.
 //!
-//! Every frame carries a [`FrameHeader`](crate::proto::FrameHeader): who sent it
+//! Every frame carries a [`FrameHeader`]: who sent it
 //! (`sender`), its sequence number (`request_id`, unique and increasing per sender), the
 //! routing epoch it was addressed under, the sender's clock, and, for large requests, the
 //! chunk index and a `last` flag. Replies echo the request id. These identities are what

@@ -247,7 +247,7 @@ pub struct LinearConfig {
     /// clouds see about 5 % of iterations at 2–3×). Format `P:FACTOR`.
     #[cfg_attr(feature = "cli", arg(long, value_parser = parse_tail))]
     pub straggler_tail: Option<(f64, f64)>,
-    /// Export the trained model here (safetensors: `keys` U64 [n], `values` F32 [n, 1]).
+    /// Export the trained model here (safetensors: `keys` U64 \[n\], `values` F32 \[n, 1\]).
     #[cfg_attr(feature = "cli", arg(long))]
     pub model_out: Option<PathBuf>,
     /// Write metrics JSON here (worker 0).

@@ -13,7 +13,7 @@
 //! next round, which is also the round's barrier. `item_strata` rounds make an epoch; worker
 //! 0 then measures the test RMSE. Which rows a worker keeps between rounds, when it reads
 //! them again (`--refresh`) and reads ahead, is [`grid`]'s business; `--data-parallel`
-//! ([`data_parallel`]) drops the schedule for Downpour-style asynchronous SGD over each
+//! (`data_parallel`) drops the schedule for Downpour-style asynchronous SGD over each
 //! worker's share of the ratings.
 //!
 //! The factors and biases live on the servers (sparse tables keyed by the scrambled ids);

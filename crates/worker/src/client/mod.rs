@@ -230,7 +230,7 @@ impl KvClient {
 
     /// How many pulls saw each staleness (their clock minus the oldest clock the values
     /// fully include): entry `s` counts staleness `s`; the last entry counts
-    /// [`MAX_STALENESS`] and above. Only pulls on servers that track clocks report one
+    /// `MAX_STALENESS` (1,024) and above. Only pulls on servers that track clocks report one
     /// (every table once the worker's rank is set); peeks report none.
     pub fn staleness_histogram(&self) -> &[u64] {
         &self.staleness
