@@ -16,10 +16,7 @@ impl Coordinator {
     pub(crate) fn schedule(&self, node: u32, req: proto::ScheduleRequest) -> Result<proto::ScheduleReply, CoordError> {
         let invalid = CoordError::Schedule;
         let mut st = self.state.lock();
-        let rank = match st.roles.get(&node) {
-            Some(("worker", rank)) => *rank as usize,
-            _ => return Err(CoordError::NotRegisteredWorker { node: st.describe(node) }),
-        };
+        let rank = st.worker_rank(node)?;
         let plan = req.plan.as_ref().map(wire::plan_from_proto);
         match (&st.schedule, plan) {
             (None, None) => return Err(CoordError::NoPlan),
@@ -82,10 +79,7 @@ impl Coordinator {
     pub(crate) fn pieces(&self, node: u32, req: proto::PieceRequest) -> Result<proto::PieceReply, CoordError> {
         let invalid = CoordError::Pieces;
         let mut st = self.state.lock();
-        let rank = match st.roles.get(&node) {
-            Some(("worker", rank)) => *rank as usize,
-            _ => return Err(CoordError::NotRegisteredWorker { node: st.describe(node) }),
-        };
+        let rank = st.worker_rank(node)?;
         let workers = self.cfg.workers;
         if st.pieces.is_none() {
             if st.scheduled {
@@ -152,10 +146,8 @@ impl Coordinator {
     pub(crate) fn chunks(&self, node: u32, req: proto::ChunkRequest) -> Result<proto::ChunkReply, CoordError> {
         let invalid = CoordError::Chunks;
         let mut st = self.state.lock();
-        let rank = match st.roles.get(&node) {
-            Some(("worker", rank)) => *rank as usize,
-            _ => return Err(CoordError::NotRegisteredWorker { node: st.describe(node) }),
-        };
+        // a worker declared lost (its chunks given back, its rank vacant) is refused
+        let rank = st.current_worker(node)? as usize;
         match &st.chunks {
             None => {
                 if st.scheduled {
@@ -206,10 +198,7 @@ impl Coordinator {
     pub(crate) fn blocks(&self, node: u32, req: proto::BlocksRequest) -> Result<proto::BlocksReply, CoordError> {
         let invalid = CoordError::Blocks;
         let mut st = self.state.lock();
-        let rank = match st.roles.get(&node) {
-            Some(("worker", rank)) => *rank as usize,
-            _ => return Err(CoordError::NotRegisteredWorker { node: st.describe(node) }),
-        };
+        let rank = st.worker_rank(node)?;
         let plan = req.plan.as_ref().map(blocks::wire::plan_from_proto).transpose().map_err(invalid)?;
         match (&st.blocks, plan) {
             (None, None) => return Err(CoordError::NoPlan),

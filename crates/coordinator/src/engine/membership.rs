@@ -294,6 +294,14 @@ impl Engine {
         })
     }
 
+    /// The rank of registered worker `node` (lost or not).
+    pub fn worker_rank(&self, node: u32) -> Result<usize, CoordError> {
+        match self.roles.get(&node) {
+            Some(("worker", rank)) => Ok(*rank as usize),
+            _ => Err(CoordError::NotRegisteredWorker { node: self.describe(node) }),
+        }
+    }
+
     /// The rank of worker `node`, which must still hold it (not lost and replaced).
     pub fn current_worker(&self, node: u32) -> Result<u32, CoordError> {
         if self.lost_workers.contains(&node) {

@@ -214,6 +214,12 @@ fn spawn_reader(mut reader: ShareReader, batch: usize) -> Result<Receiver<BatchM
     Ok(rx)
 }
 
+/// `reader` as every epoch reads: shuffled within `shuffle` examples by `seed`, the bias
+/// feature appended if `bias`, ids scrambled, values scaled.
+fn prepared(reader: ShareReader, shuffle: usize, seed: u64, bias: bool, scale: &Arc<Scaling>) -> ShareReader {
+    reader.with_shuffle(shuffle, seed).with_bias(bias).with_key_map(scramble).with_scaling(scale.clone())
+}
+
 /// What the trainer takes from the reader next.
 enum Fetched {
     Batch(Batch, Option<f64>),
@@ -272,7 +278,7 @@ fn report_chunks(s: &mut WorkerSession, feed: &mut Option<ChunkFeed>, ends: &mut
 /// Data handed out by the scheduler: the chunks of the training files, the coordinator
 /// connection the reader asks for them on, and how each chunk is read.
 struct ChunkFeed {
-    chunks: Vec<Piece>,
+    chunks: Arc<[Piece]>,
     control: Arc<parking_lot::Mutex<downpour_control::ControlClient>>,
     open: Arc<dyn Fn(Piece, u64) -> ShareReader + Send + Sync>,
     /// Chunks this worker trained to their end.
@@ -486,14 +492,10 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
         let open_format = format.clone();
         let (shuffle, seed, bias, scaling) = (a.shuffle_buffer, a.seed, a.bias, scale.clone());
         Some(ChunkFeed {
-            chunks: plan_chunks(&a.train, s.num_workers)?,
+            chunks: plan_chunks(&a.train, s.num_workers)?.into(),
             control: Arc::new(parking_lot::Mutex::new(s.open_control()?)),
             open: Arc::new(move |piece, salt| {
-                ShareReader::new(vec![piece], &open_format)
-                    .with_shuffle(shuffle, seed ^ salt.wrapping_mul(0x9E37_79B9))
-                    .with_bias(bias)
-                    .with_key_map(scramble)
-                    .with_scaling(scaling.clone())
+                prepared(ShareReader::new(vec![piece], &open_format), shuffle, seed ^ salt.wrapping_mul(0x9E37_79B9), bias, &scaling)
             }),
             trained: 0,
         })
@@ -512,12 +514,8 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
         let batches = match &feed {
             Some(feed) => spawn_chunk_reader(feed, epoch as u64, epoch == passes, a.batch)?,
             None => {
-                let reader = ShareReader::for_worker(&a.train, &format, s.rank, s.num_workers)?
-                    .with_shuffle(a.shuffle_buffer, shuffle_seed)
-                    .with_bias(a.bias)
-                    .with_key_map(scramble)
-                    .with_scaling(scale.clone());
-                spawn_reader(reader, a.batch)?
+                let reader = ShareReader::for_worker(&a.train, &format, s.rank, s.num_workers)?;
+                spawn_reader(prepared(reader, a.shuffle_buffer, shuffle_seed, a.bias, &scale), a.batch)?
             }
         };
         // chunks whose minibatches were all read: reported done once those are trained
