@@ -511,7 +511,7 @@ fn cyclic_rows(n: usize, s: usize, h: &[f64]) -> Option<Vec<Vec<(usize, f64)>>> 
 
 /// Solves the `k × k` system `a x = b` (row-major `a`) by Gaussian elimination with partial
 /// pivoting; `None` if a pivot is below `1e-10` of the matrix's largest entry.
-fn solve_dense(k: usize, a: &mut [f64], b: &mut [f64]) -> Option<Vec<f64>> {
+pub(crate) fn solve_dense(k: usize, a: &mut [f64], b: &mut [f64]) -> Option<Vec<f64>> {
     let scale = a.iter().fold(0.0f64, |m, x| m.max(x.abs()));
     if scale == 0.0 || !scale.is_finite() {
         return None;
@@ -547,10 +547,10 @@ fn solve_dense(k: usize, a: &mut [f64], b: &mut [f64]) -> Option<Vec<f64>> {
 
 /// The straggler patterns a cyclic draw is checked against: all `s`-subsets when there are
 /// few, else every run of `s` consecutive workers plus seeded random subsets.
-struct Patterns(Vec<Vec<usize>>);
+pub(crate) struct Patterns(pub(crate) Vec<Vec<usize>>);
 
 impl Patterns {
-    fn new(n: usize, s: usize, seed: u64, budget: usize) -> Patterns {
+    pub(crate) fn new(n: usize, s: usize, seed: u64, budget: usize) -> Patterns {
         let total = binomial(n, s);
         let mut out = Vec::new();
         if total <= budget as u128 {
@@ -604,7 +604,7 @@ impl Patterns {
     }
 }
 
-fn binomial(n: usize, k: usize) -> u128 {
+pub(crate) fn binomial(n: usize, k: usize) -> u128 {
     let k = k.min(n - k);
     let mut r: u128 = 1;
     for i in 0..k {
@@ -617,7 +617,7 @@ fn binomial(n: usize, k: usize) -> u128 {
 }
 
 /// splitmix64 (Steele, Lea and Flood): a tiny seeded generator, good enough to draw `H`.
-struct SplitMix64(u64);
+pub(crate) struct SplitMix64(pub(crate) u64);
 
 impl SplitMix64 {
     fn next(&mut self) -> u64 {
@@ -633,7 +633,7 @@ impl SplitMix64 {
     }
 
     /// Standard normal (Box–Muller).
-    fn normal(&mut self) -> f64 {
+    pub(crate) fn normal(&mut self) -> f64 {
         let (u, v) = (self.unit(), self.unit());
         (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
     }

@@ -30,6 +30,7 @@ pub mod hashstore;
 pub mod init;
 pub mod journal;
 pub mod keys;
+pub mod mds;
 pub mod partition;
 pub mod pieces;
 pub mod ring;

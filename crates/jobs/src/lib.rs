@@ -12,9 +12,11 @@
 //! | `train mf` | [`mf`] | matrix factorisation, model-parallel by a block schedule (DSGD / STRADS) |
 //! | `train lda` | [`lda`] | topic models by collapsed Gibbs sampling, model-parallel over the vocabulary (LightLDA / STRADS) |
 //! | `train dnn` | [`dnn`] | MLP/CNN: Downpour SGD, synchronous SGD, model averaging, Sandblaster L-BFGS |
+//! | `train lsq`, `train linear --coded` | [`coded`] | full-batch gradient descent with coded partitioning (MDS), uncoded or gradient-coded |
 //! | `bench-job` | [`mod@bench`] | the benchmark's worker side |
 
 pub mod bench;
+pub mod coded;
 pub mod counter;
 pub mod dnn;
 mod dnn_lbfgs;
@@ -60,6 +62,9 @@ pub enum TrainModel {
     Mf(Box<mf::MfConfig>),
     /// Topic model (LDA) of a bag-of-words corpus by collapsed Gibbs sampling, model-parallel over the vocabulary.
     Lda(Box<lda::LdaConfig>),
+    /// Least squares by full-batch gradient descent, its matrix products split across the
+    /// workers: uncoded, by coded partitioning (`--coded mds:W,K`) or by gradient coding.
+    Lsq(Box<coded::CodedConfig>),
 }
 
 impl Job {
@@ -96,6 +101,7 @@ impl Job {
             Job::Train(TrainModel::Dnn(a)) => dnn::run(a, session, report),
             Job::Train(TrainModel::Mf(a)) => mf::run(a, session, report),
             Job::Train(TrainModel::Lda(a)) => lda::run(a, session, report),
+            Job::Train(TrainModel::Lsq(a)) => coded::run(a, session, report),
         }
     }
 }

@@ -1,0 +1,160 @@
+//! One synchronous exchange of results per round, closed by the first `need` workers.
+//!
+//! A dense `bsp` table under the `assign` rule with `backup_workers = n − need`: the servers
+//! apply round `c` once `need` workers completed it, and drop a later push for it. Worker
+//! `j`'s result for round `c` goes to its slot in region `c mod HISTORY`, followed by a
+//! marker `c + 1`; after the round every worker pulls the region and takes as received the
+//! workers whose marker says `c + 1`. The servers apply a round at once, so every worker
+//! finds the same set. A worker that fell behind (its client's clock was moved past rounds
+//! applied without it) reads those rounds from their regions without computing, as long as
+//! it is fewer than `HISTORY` rounds behind; further behind is an error.
+
+use super::POLL;
+use anyhow::{bail, Result};
+use downpour_core::consistency::Consistency;
+use downpour_core::mds::Decoder;
+use downpour_core::proto;
+use downpour_core::table::{Storage, TableDef};
+use downpour_core::KeyRange;
+use downpour_worker::WorkerSession;
+use std::time::{Duration, Instant};
+
+/// Rounds a region is kept before it is written again.
+const HISTORY: u64 = 16;
+
+/// A worker's end of one exchange table.
+pub(crate) struct Exchange {
+    table: u32,
+    n: usize,
+    /// Values per result.
+    m: usize,
+    /// Results a round needs.
+    need: usize,
+    /// This worker's result and marker, as sent.
+    send: Vec<f32>,
+    /// The last region pulled.
+    buf: Vec<f32>,
+    /// Markers peeked.
+    markers: Vec<f32>,
+}
+
+impl Exchange {
+    /// Creates the table `id` for `n` workers' results of `m` values, a round closing at
+    /// `need` of them (`1 ≤ need ≤ n`).
+    pub fn create(s: &mut WorkerSession, id: u32, name: &str, n: usize, m: usize, need: usize) -> Result<Exchange> {
+        let slot = m + 1;
+        let len = (HISTORY as usize).checked_mul(n).and_then(|v| v.checked_mul(slot));
+        let Some(len) = len else { bail!("{name}: {n} results of {m} values do not fit a table") };
+        s.kv.create_table(TableDef {
+            storage: Storage::Dense(KeyRange::new(0, len as u64)),
+            rule: proto::Rule { name: "assign".into(), ..Default::default() },
+            consistency: Consistency::Bsp,
+            backup_workers: (n - need) as u32,
+            ..TableDef::new(id, name)
+        })?;
+        Ok(Exchange { table: id, n, m, need, send: Vec::with_capacity(slot), buf: vec![0.0; n * slot], markers: vec![0.0; n] })
+    }
+
+    fn region(&self, round: u64) -> u64 {
+        (round % HISTORY) * (self.n * (self.m + 1)) as u64
+    }
+
+    /// Whether `round` was applied without this worker.
+    fn closed(&mut self, s: &mut WorkerSession, round: u64) -> Result<bool> {
+        if s.kv.current_clock() > round {
+            return Ok(true);
+        }
+        let base = self.region(round);
+        let keys: Vec<u64> = (0..self.n as u64).map(|j| base + j * (self.m + 1) as u64 + self.m as u64).collect();
+        s.kv.peek_into(self.table, &keys, &mut self.markers)?;
+        let want = (round + 1) as f32;
+        Ok(self.markers.iter().filter(|&&v| v == want).count() >= self.need || s.kv.current_clock() > round)
+    }
+
+    /// Whether this worker should compute its result for `round` at all (the round was not
+    /// applied without it already).
+    pub fn open(&self, s: &WorkerSession, round: u64) -> bool {
+        s.kv.current_clock() <= round
+    }
+
+    /// Ends this worker's part of round `round` (every exchange of a job shares the
+    /// worker's clock, so rounds count the stages of all of them): stretches the computation that took `took` to
+    /// `factor` times as long (stopping as soon as the round closes without it), sends
+    /// `result` (`m` values) unless the round closed, and completes the round. Returns
+    /// whether the result was not sent (the round had closed). `result` is ignored when the
+    /// worker is behind ([`Exchange::open`] false).
+    pub fn finish_stage(
+        &mut self,
+        s: &mut WorkerSession,
+        round: u64,
+        rank: usize,
+        result: &[f32],
+        factor: f64,
+        took: Duration,
+    ) -> Result<bool> {
+        if !self.open(s, round) {
+            return Ok(true);
+        }
+        if factor > 1.0 {
+            let until = Instant::now() + took.mul_f64(factor - 1.0);
+            loop {
+                let now = Instant::now();
+                if now >= until {
+                    break;
+                }
+                std::thread::sleep((until - now).min(POLL));
+                // an uncoded round cannot close without this worker
+                if self.need < self.n && self.closed(s, round)? {
+                    break;
+                }
+            }
+        }
+        if !self.open(s, round) {
+            return Ok(true);
+        }
+        anyhow::ensure!(result.len() == self.m, "a result of {} values for slots of {}", result.len(), self.m);
+        self.send.clear();
+        self.send.extend_from_slice(result);
+        self.send.push((round + 1) as f32);
+        let at = self.region(round) + (rank * (self.m + 1)) as u64;
+        let ts = s.kv.push_range(self.table, at, &self.send)?;
+        s.kv.clock()?;
+        s.kv.wait(ts)?;
+        Ok(false)
+    }
+
+    /// Once round `round` is applied, the workers whose results it holds (ascending).
+    pub fn received(&mut self, s: &mut WorkerSession, round: u64) -> Result<Vec<usize>> {
+        let base = self.region(round);
+        // a bsp pull waits until every round before the client's clock is applied
+        s.kv.pull_range_into(self.table, base, &mut self.buf)?;
+        let want = (round + 1) as f32;
+        let slot = self.m + 1;
+        let mut got = Vec::with_capacity(self.n);
+        for j in 0..self.n {
+            let marker = self.buf[j * slot + self.m];
+            if marker == want {
+                got.push(j);
+            } else if marker > want {
+                bail!("this worker fell {} or more rounds behind the fastest {} (round {} was written over)", HISTORY, self.need, round);
+            }
+        }
+        if got.len() < self.need {
+            let markers: Vec<f32> = (0..self.n).map(|j| self.buf[j * slot + self.m]).collect();
+            bail!("round {}: {} results, {} needed (markers {markers:?}, clock {})", round, got.len(), self.need, s.kv.current_clock());
+        }
+        Ok(got)
+    }
+
+    /// Worker `j`'s result in the round last received.
+    pub fn slot(&self, j: usize) -> &[f32] {
+        let slot = self.m + 1;
+        &self.buf[j * slot..j * slot + self.m]
+    }
+
+    /// Decodes the round last received into `out`.
+    pub fn decode(&self, dec: &Decoder, out: &mut [f64]) {
+        let coded: Vec<&[f32]> = dec.workers().iter().map(|&j| self.slot(j)).collect();
+        dec.decode(&coded, out);
+    }
+}
