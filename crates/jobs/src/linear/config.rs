@@ -261,6 +261,15 @@ pub struct LinearConfig {
     /// a finer curve of quality against time.
     #[cfg_attr(feature = "cli", arg(long, default_value_t = 0))]
     pub eval_every: usize,
+    /// Instead of training by SGD or L-BFGS, run full-batch gradient descent on the logistic
+    /// loss with each iteration's matrix products split across the W workers (see `train
+    /// lsq`): `none`, `mds:W,K` (coded partitioning: wait for the first K) or
+    /// `gradient:frac:S` / `gradient:cyclic:S`. Takes `--epochs` as the number of gradient
+    /// steps (default 50), `--l2`, `--lr` (default 1 / L), `--bias`, `--seed`,
+    /// `--straggler`, `--straggler-tail`, `--out` and `--quiet`; LIBSVM files that fit in
+    /// memory as a dense matrix.
+    #[cfg_attr(feature = "cli", arg(long, value_parser = crate::coded::parse_coding))]
+    pub coded: Option<crate::coded::Coding>,
 }
 
 impl Default for LinearConfig {
@@ -297,6 +306,7 @@ impl Default for LinearConfig {
             out: None,
             quiet: false,
             eval_every: 0,
+            coded: None,
         }
     }
 }
@@ -386,6 +396,53 @@ pub fn parse_scale(s: &str) -> Result<Scale, String> {
 pub const AUTO_BATCH_BYTES: u64 = 256 << 20;
 
 impl LinearConfig {
+    /// The `train lsq` job `--coded CODING` runs: logistic loss on the training files.
+    /// Errors name the options it does not take.
+    pub fn coded_config(&self, coding: crate::coded::Coding) -> Result<crate::coded::CodedConfig> {
+        let d = LinearConfig::default();
+        let mut refused = Vec::new();
+        let mut check = |set: bool, name: &'static str| {
+            if set {
+                refused.push(name)
+            }
+        };
+        check(self.test.is_some(), "--test");
+        check(self.input.format != InputFormat::Libsvm, "--format");
+        check(self.input.positive_label.is_some(), "--positive-label");
+        check(self.algorithm != d.algorithm, "--algorithm");
+        check(self.batch != d.batch, "--batch");
+        check(self.consistency != d.consistency, "--consistency");
+        check(self.aggregate != d.aggregate, "--aggregate");
+        check(self.backup_workers != d.backup_workers, "--backup-workers");
+        check(self.filters != d.filters, "--filters");
+        check(self.optimizer != d.optimizer, "--optimizer");
+        check(self.normalize.is_some(), "--normalize");
+        check(self.l1 != d.l1, "--l1");
+        check(self.shuffle_buffer != d.shuffle_buffer, "--shuffle-buffer");
+        check(self.data_assignment != d.data_assignment, "--data-assignment");
+        check(self.eval_every != d.eval_every, "--eval-every");
+        check(self.model_out.is_some(), "--model-out");
+        if !refused.is_empty() {
+            anyhow::bail!("--coded runs full-batch gradient descent and does not take {}", refused.join(", "));
+        }
+        Ok(crate::coded::CodedConfig {
+            train: self.train.clone(),
+            synthetic: None,
+            loss: crate::coded::Loss::Logistic,
+            coded: coding,
+            iterations: self.epochs.unwrap_or(50),
+            lr: (self.lr != d.lr).then_some(self.lr as f64),
+            l2: self.l2 as f64,
+            bias: self.bias,
+            target: None,
+            seed: self.seed,
+            straggler: self.straggler,
+            straggler_tail: self.straggler_tail,
+            out: self.out.clone(),
+            quiet: self.quiet,
+        })
+    }
+
     /// The streaming options that differ from their defaults (they choose `sgd` under
     /// `--algorithm auto`, and the batch solver refuses them).
     pub fn streaming_options(&self) -> Vec<&'static str> {

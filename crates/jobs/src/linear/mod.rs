@@ -339,6 +339,9 @@ fn pushed_rows(b: &Batch, grad: &[f32], out: &mut Vec<f32>) {
 
 /// Runs `train linear` on one worker.
 pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<()> {
+    if let Some(coding) = a.coded {
+        return crate::coded::run(&a.coded_config(coding)?, s, report);
+    }
     ensure!(a.batch >= 1, "--batch must be at least 1");
     let passes = a.epochs();
     ensure!(passes >= 1, "--epochs must be at least 1");
