@@ -86,7 +86,8 @@ pub struct CodedConfig {
     /// blocks. Exclusive with --synthetic.
     #[cfg_attr(feature = "cli", arg(long, num_args = 1.., conflicts_with = "synthetic", required_unless_present = "synthetic"))]
     pub train: Vec<PathBuf>,
-    /// Generate the data instead: N examples of D dense standard-normal features, targets
+    /// Generate the data instead: N examples of D dense normal features (feature j with
+    /// standard deviation 1/√(1+j), so the problem's condition number is about D), targets
     /// from a seeded true model plus noise (for the logistic loss, its sign).
     #[cfg_attr(feature = "cli", arg(long, value_name = "N:D", value_parser = parse_synthetic))]
     pub synthetic: Option<(usize, usize)>,
@@ -124,6 +125,11 @@ pub struct CodedConfig {
     /// iteration). `P:FACTOR`.
     #[cfg_attr(feature = "cli", arg(long, value_parser = crate::linear::parse_tail))]
     pub straggler_tail: Option<(f64, f64)>,
+    /// Emulate each worker's computation as lasting at least this many nanoseconds per
+    /// multiply-add (it sleeps the rest; 0: the measured time only). Stragglers stretch
+    /// the longer of the two.
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 0.0))]
+    pub compute_ns: f64,
     /// Write metrics JSON here (worker 0).
     #[cfg_attr(feature = "cli", arg(long))]
     pub out: Option<PathBuf>,
@@ -148,6 +154,7 @@ impl Default for CodedConfig {
             seed: 1,
             straggler: None,
             straggler_tail: None,
+            compute_ns: 0.0,
             out: None,
             quiet: false,
         }

@@ -78,8 +78,9 @@ impl Exchange {
     }
 
     /// Ends this worker's part of round `round` (every exchange of a job shares the
-    /// worker's clock, so rounds count the stages of all of them): stretches the computation that took `took` to
-    /// `factor` times as long (stopping as soon as the round closes without it), sends
+    /// worker's clock, so rounds count the stages of all of them): waits until the
+    /// computation begun at `started` has lasted `lasts` (stopping as soon as the round
+    /// closes without it), sends
     /// `result` (`m` values) unless the round closed, and completes the round. Returns
     /// whether the result was not sent (the round had closed). `result` is ignored when the
     /// worker is behind ([`Exchange::open`] false).
@@ -89,15 +90,15 @@ impl Exchange {
         round: u64,
         rank: usize,
         result: &[f32],
-        factor: f64,
-        took: Duration,
+        started: Instant,
+        lasts: Duration,
     ) -> Result<bool> {
         if !self.open(s, round) {
             return Ok(true);
         }
         let mut closed = false;
-        if factor > 1.0 {
-            let until = Instant::now() + took.mul_f64(factor - 1.0);
+        let until = started + lasts;
+        if Instant::now() < until {
             // an uncoded round cannot close without this worker
             let can_close = self.need < self.n;
             loop {

@@ -19,8 +19,10 @@
 //! holds, sends their coded combination, and the first W − S decode the exact sum.
 //!
 //! Stragglers are emulated as in `train linear`: `--straggler ID:F` and `--straggler-tail
-//! P:F` stretch a worker's measured computation F times (drawn once per iteration, for
-//! both stages). A straggler whose round closed without it stops waiting at once (it polls
+//! P:F` stretch a worker's computation F times (drawn once per iteration, for both stages).
+//! The computation lasts its measured time, or with `--compute-ns T` at least T ns per
+//! multiply-add (the worker sleeps the difference): an emulated machine per worker, so that
+//! W workers sharing a few cores do not turn every worker's time into the total CPU work. A straggler whose round closed without it stops waiting at once (it polls
 //! the round's markers every millisecond while it sleeps), as the master's broadcast of the
 //! new iterate cancels stale work in Lee et al.
 //!
@@ -92,6 +94,21 @@ impl Slowdown {
     }
 }
 
+/// How long a worker's computation counts for.
+struct Work {
+    /// Emulated nanoseconds per multiply-add (0: the measured time only).
+    ns_per_mac: f64,
+}
+
+impl Work {
+    /// The duration a computation of `macs` multiply-adds begun at `started` lasts, slowed
+    /// `factor` times: the longer of the measured and the emulated time, times `factor`.
+    fn duration(&self, macs: usize, started: Instant, factor: f64) -> Duration {
+        let emulated = Duration::from_secs_f64(macs as f64 * self.ns_per_mac * 1e-9);
+        started.elapsed().max(emulated).mul_f64(factor.max(1.0))
+    }
+}
+
 /// Runs `train lsq` (or `train linear --coded`) on one worker.
 pub fn run(a: &CodedConfig, s: &mut WorkerSession, report: &Report) -> Result<()> {
     let (w, rank) = (s.num_workers, s.rank);
@@ -100,6 +117,7 @@ pub fn run(a: &CodedConfig, s: &mut WorkerSession, report: &Report) -> Result<()
     if let Some(lr) = a.lr {
         ensure!(lr > 0.0 && lr.is_finite(), "--lr must be a positive number");
     }
+    ensure!(a.compute_ns >= 0.0 && a.compute_ns.is_finite(), "--compute-ns must be a non-negative number");
     if let Some((id, _)) = a.straggler {
         ensure!(id < w, "--straggler {id}: there are {w} workers (ids 0 to {})", w - 1);
     }
@@ -153,6 +171,7 @@ pub fn run(a: &CodedConfig, s: &mut WorkerSession, report: &Report) -> Result<()
 
     let mut progress = Progress::new(report, !a.quiet && rank == 0, "train coded");
     let mut slow = Slowdown::new(a, rank);
+    let work = Work { ns_per_mac: a.compute_ns };
     let mut weights = vec![0f64; d];
     let mut z = vec![0f64; nn];
     let mut resid = vec![0f64; nn];
@@ -175,7 +194,7 @@ pub fn run(a: &CodedConfig, s: &mut WorkerSession, report: &Report) -> Result<()
                 if ex_a.open(s, round) {
                     problem::product(xa, d, &weights, &mut mine);
                 }
-                cancelled += ex_a.finish_stage(s, round, rank, &mine, factor, started.elapsed())? as u64;
+                cancelled += ex_a.finish_stage(s, round, rank, &mine, started, work.duration(xa.len(), started, factor))? as u64;
                 let got = ex_a.received(s, round)?;
                 round += 1;
                 count_dropped(&mut dropped, &got);
@@ -188,7 +207,7 @@ pub fn run(a: &CodedConfig, s: &mut WorkerSession, report: &Report) -> Result<()
                 if ex_b.open(s, round) {
                     problem::product(xbt, nn, &resid, &mut mine);
                 }
-                cancelled += ex_b.finish_stage(s, round, rank, &mine, factor, started.elapsed())? as u64;
+                cancelled += ex_b.finish_stage(s, round, rank, &mine, started, work.duration(xbt.len(), started, factor))? as u64;
                 let got = ex_b.received(s, round)?;
                 round += 1;
                 count_dropped(&mut dropped, &got);
@@ -208,7 +227,8 @@ pub fn run(a: &CodedConfig, s: &mut WorkerSession, report: &Report) -> Result<()
                     }
                     mine[d] += (coef * loss) as f32;
                 }
-                cancelled += ex_a.finish_stage(s, round, rank, &mine, factor, started.elapsed())? as u64;
+                let macs: usize = parts.iter().map(|(p, _)| 2 * p.rows() * d).sum();
+                cancelled += ex_a.finish_stage(s, round, rank, &mine, started, work.duration(macs, started, factor))? as u64;
                 let got = ex_a.received(s, round)?;
                 round += 1;
                 count_dropped(&mut dropped, &got);
@@ -270,6 +290,7 @@ pub fn run(a: &CodedConfig, s: &mut WorkerSession, report: &Report) -> Result<()
             "worker0_results_cancelled": cancelled,
             "straggler": a.straggler.map(|(id, f)| format!("{id}:{f}")),
             "straggler_tail": a.straggler_tail.map(|(p, f)| format!("{p}:{f}")),
+            "compute_ns": a.compute_ns,
             "trace": trace.iter().map(|(t, s, o)| serde_json::json!([t, s, o])).collect::<Vec<_>>(),
         });
         report.metrics("coded", &json);

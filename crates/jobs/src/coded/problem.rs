@@ -54,12 +54,15 @@ impl Problem {
         ensure!(n.checked_mul(d).is_some_and(|e| e <= MAX_ENTRIES), "--synthetic {n}:{d}: at most {MAX_ENTRIES} entries");
         let mut rng = Normal(splitmix64(seed ^ 0x5eed_da7a));
         let truth: Vec<f64> = (0..d).map(|_| rng.next() / (d as f64).sqrt()).collect();
+        // feature j has standard deviation 1/√(1 + j): a condition number of about d, so
+        // gradient descent takes on the order of d steps, as on real data
+        let scale: Vec<f64> = (0..d).map(|j| 1.0 / (1.0 + j as f64).sqrt()).collect();
         let mut x = Vec::with_capacity(n * d);
         let mut y = Vec::with_capacity(n);
         for _ in 0..n {
             let mut z = 0.0;
-            for t in &truth {
-                let v = rng.next();
+            for (t, sc) in truth.iter().zip(&scale) {
+                let v = rng.next() * sc;
                 z += v * t;
                 x.push(v as f32);
             }

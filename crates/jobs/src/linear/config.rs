@@ -438,6 +438,7 @@ impl LinearConfig {
             seed: self.seed,
             straggler: self.straggler,
             straggler_tail: self.straggler_tail,
+            compute_ns: 0.0,
             out: self.out.clone(),
             quiet: self.quiet,
         })
