@@ -100,6 +100,13 @@ fn gradient_coding_with_a_dropped_worker_trains_exactly_like_the_uncoded_full_gr
     }
     let (a, b) = (accuracy(&results[0]), accuracy(&results[1]));
     assert!(a > 0.3, "{}", results[0]);
+    // the uncoded run waited for every push; in the coded one, rounds closed without the
+    // straggler, whose pushes came late and were dropped
+    let late =
+        |m: &serde_json::Value| -> Vec<u64> { m["late_pushes_dropped"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect() };
+    assert_eq!(late(&results[0]), vec![0, 0, 0], "{}", results[0]);
+    let l = late(&results[1]);
+    assert!(l[2] > 0 && l[2] > l[0] + l[1], "the straggler was not the worker left out: {l:?}");
     let (la, lb) = (results[0]["test_loss"].as_f64().unwrap(), results[1]["test_loss"].as_f64().unwrap());
     assert!((a - b).abs() < 0.005 && (la - lb).abs() < 1e-3 * la, "uncoded {a} / {la}, coded {b} / {lb}");
 }

@@ -211,9 +211,9 @@ pub(crate) const PARAMS: u32 = 40;
 /// (the parameter table's rule, e.g. AdaGrad, cannot take an assignment).
 const INIT: u32 = 41;
 /// Every worker's totals at the end, [`SUMMARY_LEN`] values at `rank * SUMMARY_LEN`: MiB
-/// sent, MiB received, examples, gradient computations.
+/// sent, MiB received, examples, gradient computations, pushes the servers dropped as late.
 pub(crate) const SUMMARY: u32 = 42;
-pub(crate) const SUMMARY_LEN: u64 = 4;
+pub(crate) const SUMMARY_LEN: u64 = 5;
 
 /// The data, the model and what every algorithm shares.
 pub(crate) struct Ctx {
@@ -486,7 +486,11 @@ pub fn run(a: &DnnConfig, s: &mut WorkerSession, report: &Report) -> Result<()> 
     const MIB: f64 = 1024.0 * 1024.0;
     let sent = (after.bytes_sent - before.bytes_sent) as f64 / MIB;
     let received = (after.bytes_received - before.bytes_received) as f64 / MIB;
-    let ts = s.kv.push_range(SUMMARY, SUMMARY_LEN * s.rank as u64, &[sent as f32, received as f32, examples as f32, grads as f32])?;
+    let ts = s.kv.push_range(
+        SUMMARY,
+        SUMMARY_LEN * s.rank as u64,
+        &[sent as f32, received as f32, examples as f32, grads as f32, s.kv.dropped_pushes() as f32],
+    )?;
     s.kv.wait(ts)?;
     s.barrier("dnn-trained")?;
     if s.rank == 0 {
@@ -524,6 +528,9 @@ fn finish(a: &DnnConfig, s: &mut WorkerSession, ctx: &Ctx, params: &mut [f32], e
         "gradient_computations": grads as u64,
         "bytes_per_step": (sent + received) / grads.max(1.0),
         "gradient_coding": a.gradient_coding.map(|c| c.to_string()),
+        // per worker: pushes that came after their round was applied (a backup worker, or a
+        // coded straggler, whose gradient was left out)
+        "late_pushes_dropped": all.chunks_exact(SUMMARY_LEN as usize).map(|w| w[4] as u64).collect::<Vec<_>>(),
         "backup_workers": a.backup_workers,
         "straggler": a.straggler.map(|(id, f)| format!("{id}:{f}")),
         "epochs": ev.epochs.iter().map(|e| serde_json::json!({
