@@ -519,6 +519,41 @@ fn straggler_flags_are_checked_and_a_straggling_run_still_learns() {
 }
 
 #[test]
+fn the_ssp_read_cache_answers_rows_locally_and_never_exceeds_the_bound() {
+    let d = tempfile::tempdir().unwrap();
+    let (tr, te, out) = (d.path().join("tr.svm"), d.path().join("te.svm"), d.path().join("m.json"));
+    write_data(&tr, 10_000, 23);
+    write_data(&te, 2_000, 24);
+    for rule in [&["--optimizer", "sgd", "--normalize", "false"][..], &[][..]] {
+        let o = downpour()
+            .args(["launch", "--servers", "2", "--workers", "2", "--", "train", "linear", "--train", tr.to_str().unwrap()])
+            .args(["--test", te.to_str().unwrap(), "--epochs", "2", "--consistency", "ssp:3", "--ssp-cache", "100000"])
+            .args(["--out", out.to_str().unwrap(), "--quiet"])
+            .args(rule)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{rule:?}: {}", String::from_utf8_lossy(&o.stderr));
+        let m = metrics(&out);
+        let c = &m["ssp_cache"];
+        let (read, hit) = (c["rows_read"].as_u64().unwrap(), c["rows_hit"].as_u64().unwrap());
+        assert!(hit > 0 && hit < read, "{rule:?}: {m}");
+        // every read, local or not, is in the histogram, and none saw more than the bound
+        let hist: Vec<u64> = m["staleness_histogram"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+        assert!(hist.iter().sum::<u64>() >= c["reads"].as_u64().unwrap(), "{rule:?}: {m}");
+        assert!(m["staleness_max"].as_u64().unwrap() <= 3, "{rule:?}: {m}");
+        assert!(m["test_auc"].as_f64().unwrap() > 0.75, "{rule:?}: {m}");
+    }
+    for (model, said) in [("bsp", "ssp:TAU"), ("ssp:0", "TAU ≥ 1"), ("async", "ssp:TAU")] {
+        let o = downpour()
+            .args(["train", "linear", "--train", tr.to_str().unwrap(), "--consistency", model, "--ssp-cache", "10", "--quiet"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains("--ssp-cache") && err.contains(said), "{model}: {err}");
+    }
+}
+
+#[test]
 fn consistency_experiment_writes_results_that_agree_with_its_plot() {
     let d = tempfile::tempdir().unwrap();
     let (tr, te, out) = (d.path().join("tr.svm"), d.path().join("te.svm"), d.path().join("exp"));

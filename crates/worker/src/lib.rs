@@ -17,9 +17,11 @@
 
 #![warn(missing_docs)]
 
+mod cache;
 mod client;
 mod failover;
 mod session;
 
+pub use cache::{CacheStats, PendingRead, ReadCache};
 pub use client::{After, ClientError, KvClient, KvConfig, Timestamp};
 pub use session::{join_job, AdoptHook, CheckpointConfig, CheckpointEvery, SessionConfig, WorkerSession};

@@ -270,6 +270,13 @@ pub struct LinearConfig {
     /// memory as a dense matrix.
     #[cfg_attr(feature = "cli", arg(long, value_parser = crate::coded::parse_coding))]
     pub coded: Option<crate::coded::Coding>,
+    /// Keep up to ROWS model rows on each worker and answer reads from them while they are
+    /// fresh enough for the staleness bound (`--consistency ssp:TAU`, TAU ≥ 1: a row fetched
+    /// with every update below clock F answers reads until clock F + TAU); rows read at
+    /// their last valid clock are refreshed in the background. 0: every read goes to the
+    /// servers. Not with checkpoints or replication.
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 0, value_name = "ROWS"))]
+    pub ssp_cache: usize,
 }
 
 impl Default for LinearConfig {
@@ -307,6 +314,7 @@ impl Default for LinearConfig {
             quiet: false,
             eval_every: 0,
             coded: None,
+            ssp_cache: 0,
         }
     }
 }
@@ -422,6 +430,7 @@ impl LinearConfig {
         check(self.data_assignment != d.data_assignment, "--data-assignment");
         check(self.eval_every != d.eval_every, "--eval-every");
         check(self.model_out.is_some(), "--model-out");
+        check(self.ssp_cache != 0, "--ssp-cache");
         if !refused.is_empty() {
             anyhow::bail!("--coded runs full-batch gradient descent and does not take {}", refused.join(", "));
         }
@@ -469,6 +478,7 @@ impl LinearConfig {
         check(self.straggler.is_some(), "--straggler");
         check(self.straggler_tail.is_some(), "--straggler-tail");
         check(self.eval_every != d.eval_every, "--eval-every");
+        check(self.ssp_cache != d.ssp_cache, "--ssp-cache");
         v
     }
 

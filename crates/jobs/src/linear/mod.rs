@@ -34,7 +34,7 @@ use downpour_data::lines::{plan_chunks, Piece};
 use downpour_data::scaling::{dense_fraction, feature_maxima, feature_moments, Scaling};
 use downpour_data::share::ShareReader;
 use downpour_data::Format;
-use downpour_worker::{Timestamp, WorkerSession};
+use downpour_worker::{PendingRead, ReadCache, Timestamp, WorkerSession};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::Arc;
@@ -66,6 +66,29 @@ impl Slowdown {
             std::thread::sleep(took.mul_f64(f - 1.0));
         }
     }
+}
+
+/// A minibatch's rows on their way: a pull, or a read through the `--ssp-cache`.
+enum Rows {
+    Pulled(Timestamp),
+    Cached(PendingRead),
+}
+
+/// Starts reading the rows of `keys` (through the cache when there is one).
+fn pull_rows(s: &mut WorkerSession, cache: &mut Option<ReadCache>, keys: &[u64]) -> Result<Rows> {
+    Ok(match cache {
+        Some(c) => Rows::Cached(c.pull(&mut s.kv, keys)?),
+        None => Rows::Pulled(s.kv.pull(TABLE, keys)?),
+    })
+}
+
+/// Waits for rows started by [`pull_rows`].
+fn wait_rows(s: &mut WorkerSession, cache: &mut Option<ReadCache>, rows: Rows) -> Result<Vec<f32>> {
+    Ok(match (rows, cache) {
+        (Rows::Pulled(ts), _) => s.kv.wait_values(ts)?,
+        (Rows::Cached(r), Some(c)) => c.wait(&mut s.kv, r)?,
+        (Rows::Cached(_), None) => anyhow::bail!("a cached read without the cache"),
+    })
 }
 
 /// Above this ratio between the largest and the smallest feature maxima, unscaled values under
@@ -467,6 +490,17 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
         }
     };
     s.kv.create_table(table_def(a, normalized))?;
+    let mut cache = match a.ssp_cache {
+        0 => None,
+        rows => {
+            ensure!(
+                !s.checkpointing() && !replicated,
+                "--ssp-cache answers reads without requests, so a replay would not take the same request ids: it cannot be combined with checkpoints or --replication"
+            );
+            ensure!(!dynamic, "--ssp-cache is for --data-assignment static");
+            Some(ReadCache::new(&s.kv, TABLE, rows).map_err(|e| anyhow::anyhow!("--ssp-cache: {e}"))?)
+        }
+    };
     s.barrier("linear-start")?;
     let t0 = Instant::now();
     // Time lost to synchronisation: at the final barrier (plus, at the end, the time servers
@@ -548,9 +582,9 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
             progress_started = true;
         }
         // Pipeline: the pull of batch k+1 is in flight while batch k is computed.
-        let mut cur: Option<(Batch, Option<f64>, Timestamp)> = match first {
+        let mut cur: Option<(Batch, Option<f64>, Rows)> = match first {
             Some((b, f)) => {
-                let ts = s.kv.pull(TABLE, &b.keys)?;
+                let ts = pull_rows(s, &mut cache, &b.keys)?;
                 Some((b, f, ts))
             }
             None => None,
@@ -568,10 +602,10 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
                 Fetched::End => (None, false),
             };
             let next_ts = match &next {
-                Some((nb, _)) => Some(s.kv.pull(TABLE, &nb.keys)?),
+                Some((nb, _)) => Some(pull_rows(s, &mut cache, &nb.keys)?),
                 None => None,
             };
-            let rows = s.kv.wait_values(ts)?;
+            let rows = wait_rows(s, &mut cache, ts)?;
             // Rows of one value are the weights; the scale-free rows carry the maximum too.
             let weights: &[f32] = if row == 1 {
                 &rows
@@ -593,6 +627,9 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
             (mark, held_mark) = (Instant::now(), held);
             if row == 1 {
                 s.kv.push(TABLE, &b.keys, &grad)?;
+                if let Some(c) = cache.as_mut() {
+                    c.pushed(&b.keys, &grad);
+                }
             } else {
                 pushed_rows(&b, &grad, &mut pushed);
                 s.kv.push(TABLE, &b.keys, &pushed)?;
@@ -621,7 +658,7 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
                 (Some((nb, f)), Some(t)) => Some((nb, f, t)),
                 _ if boundary => match next_batch(&batches, &mut chunk_ends, s, &mut feed)? {
                     Some((nb, f)) => {
-                        let t = s.kv.pull(TABLE, &nb.keys)?;
+                        let t = pull_rows(s, &mut cache, &nb.keys)?;
                         Some((nb, f, t))
                     }
                     None => None,
@@ -650,6 +687,9 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
         if final_epoch {
             // What the filters held back (significantly-modified accumulations) goes now.
             s.kv.flush_filters(TABLE)?;
+            if let Some(c) = cache.as_mut() {
+                c.settle(&mut s.kv)?;
+            }
             // This worker's share is done: nobody waits for its clock any more.
             s.kv.pause_clock()?;
             // Every push, clock and pause acknowledged: once all workers pass the barrier,
@@ -787,6 +827,14 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
             "staleness_max": staleness_max,
             "staleness_mean": staleness_mean,
             "staleness_histogram": hist,
+            // worker 0's reads through --ssp-cache: rows and whole reads answered locally
+            "ssp_cache": cache.as_ref().map(|c| {
+                let st = c.stats();
+                serde_json::json!({
+                    "rows_read": st.rows_read, "rows_hit": st.rows_hit, "hit_rate": st.hit_rate(),
+                    "reads": st.reads, "reads_local": st.reads_local, "refreshes": st.refreshes,
+                })
+            }),
             "evals": evals.iter().map(|(w, l, auc)| serde_json::json!({"wall_s": w, "test_logloss": l, "test_auc": auc})).collect::<Vec<_>>(),
             "epochs": epochs.iter().map(|(e, m, w)| serde_json::json!({
                 "epoch": e, "test_auc": m.as_ref().and_then(|m| m.auc), "test_logloss": m.as_ref().map(|m| m.logloss), "wall_s": w,

@@ -236,6 +236,17 @@ impl KvClient {
         &self.staleness
     }
 
+    /// Counts a read answered with staleness `st` somewhere else than on a server (a
+    /// [`crate::ReadCache`] hit) in the histogram and the maximum.
+    pub(crate) fn record_staleness(&mut self, st: u64) {
+        self.staleness_max = Some(self.staleness_max.map_or(st, |m| m.max(st)));
+        let i = (st as usize).min(MAX_STALENESS);
+        if self.staleness.len() <= i {
+            self.staleness.resize(i + 1, 0);
+        }
+        self.staleness[i] += 1;
+    }
+
     /// The largest staleness any pull saw (uncapped), `None` before any pull reported one.
     pub fn staleness_max(&self) -> Option<u64> {
         self.staleness_max

@@ -139,6 +139,9 @@ impl KvClient {
             let front = sc.inflight.front_mut().ok_or_else(|| bad("no request in line".into()))?;
             front.got += 1;
             if let Some(st) = h.staleness {
+                if let Some(o) = op.as_deref_mut() {
+                    o.staleness = Some(o.staleness.map_or(st, |m| m.max(st)));
+                }
                 self.staleness_max = Some(self.staleness_max.map_or(st, |m| m.max(st)));
                 let i = (st as usize).min(MAX_STALENESS);
                 if self.staleness.len() <= i {

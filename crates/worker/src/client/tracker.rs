@@ -24,6 +24,9 @@ pub(crate) struct OpState {
     pub(crate) held_us: u64,
     /// Issued but held by the client until its task dependencies finish.
     pub(crate) deferred: bool,
+    /// The largest staleness a part of it was answered with (pulls on tables that track
+    /// clocks).
+    pub(crate) staleness: Option<u64>,
 }
 
 /// Where a reply's values go when the caller lent a buffer.
@@ -162,6 +165,18 @@ impl KvClient {
         }
         self.drive(u64::MAX, None)?;
         Ok(())
+    }
+
+    /// Waits for pull `ts` and takes its values with the largest staleness its parts were
+    /// answered with (`None` where the servers report none).
+    pub(crate) fn wait_values_staleness(&mut self, ts: Timestamp) -> Result<(Vec<f32>, Option<u64>), ClientError> {
+        if !self.ops.contains_key(&ts.0) {
+            return Err(ClientError::UnknownTimestamp(ts));
+        }
+        self.release_deferred(ts.0)?;
+        self.drive(ts.0, None)?;
+        let op = self.finish(ts.0)?;
+        Ok((op.values, op.staleness))
     }
 
     /// Waits for pull (or push-pull) `ts` and takes its values.

@@ -1,0 +1,295 @@
+//! A worker-side read cache for `ssp:τ` tables (Petuum's process cache; REFERENCE §3, the
+//! seeds' `003_*` and `001_*` slide 18).
+//!
+//! Under `ssp:τ` a pull issued at clock `c` must see every update of clocks below `c − τ`.
+//! A server's answer says how fresh it is: its staleness `st` means the values include every
+//! update of clocks below `F = c − st` (the oldest clock all workers completed on that
+//! range). A row fetched with freshness `F` therefore answers, without asking any server, a
+//! read at any clock `c' ≤ F + τ`: its staleness there, `c' − F`, is within the bound. A
+//! [`ReadCache`] keeps the rows a worker pulled with their freshness, answers the keys it
+//! holds fresh enough from memory and pulls only the others; a row read at its last valid
+//! clock is refreshed in the background (a pull nobody waits for, folded in by a later
+//! read). Every read still counts in the client's staleness histogram with its true
+//! staleness, so the bound is checked the same way with and without the cache.
+//!
+//! The worker's own pushes since a row was fetched are folded in where the table's rule
+//! makes that exact (`add`, `sgd`; [`ReadCache::pushed`]); under other rules (FTRL,
+//! AdaGrad, …), which cannot be replayed on the worker, a row shows them at its next fetch,
+//! which `ssp` allows (it only promises updates older than the bound) but which makes the
+//! staleness a read actually sees reach the bound. Requests answered from memory take no request id, so a job
+//! whose requests must replay with the same ids (checkpoints, replacement of a worker of a
+//! replicated job) must not use it.
+
+use crate::{ClientError, KvClient, Timestamp};
+use downpour_core::consistency::Consistency;
+use downpour_core::CoreError;
+use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// One multiply per key (keys are spread already: jobs scramble them), not SipHash: the
+/// cache looks up every key of every read.
+#[derive(Default)]
+struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ *b as u64).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    fn write_u64(&mut self, k: u64) {
+        self.0 = (k ^ (k >> 29)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+    fn finish(&self) -> u64 {
+        self.0 ^ (self.0 >> 32)
+    }
+}
+
+type KeyMap = HashMap<u64, u32, BuildHasherDefault<KeyHasher>>;
+
+/// Counts of a [`ReadCache`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Rows read through the cache.
+    pub rows_read: u64,
+    /// Of those, rows answered from memory.
+    pub rows_hit: u64,
+    /// Reads (calls) answered entirely from memory.
+    pub reads_local: u64,
+    /// Reads in all.
+    pub reads: u64,
+    /// Background refresh pulls issued.
+    pub refreshes: u64,
+}
+
+impl CacheStats {
+    /// The fraction of rows answered from memory (0 before any read).
+    pub fn hit_rate(&self) -> f64 {
+        self.rows_hit as f64 / self.rows_read.max(1) as f64
+    }
+}
+
+/// A read in progress: the rows found in memory, and the pull of the others.
+#[derive(Debug)]
+pub struct PendingRead {
+    values: Vec<f32>,
+    /// Positions (in the caller's keys) of the rows pulled, and their keys.
+    missing: Vec<u32>,
+    missing_keys: Vec<u64>,
+    pull: Option<Timestamp>,
+    clock: u64,
+    /// Largest staleness among the rows answered from memory.
+    hit_staleness: Option<u64>,
+}
+
+/// The read cache of one `ssp` table (see the module doc).
+#[derive(Debug)]
+pub struct ReadCache {
+    table: u32,
+    vl: usize,
+    tau: u64,
+    capacity: usize,
+    index: KeyMap,
+    keys: Vec<u64>,
+    values: Vec<f32>,
+    fresh: Vec<u64>,
+    /// How the table's rule folds a push into a row when that is exact: `Some(c)` adds
+    /// `c × value` (`add`: 1, `sgd`: −lr); `None` for the other rules.
+    own: Option<f32>,
+    /// Background refreshes in flight: the pull, its keys, the clock it was issued at.
+    refreshing: VecDeque<(Timestamp, Vec<u64>, u64)>,
+    stats: CacheStats,
+}
+
+/// Background refreshes in flight at most.
+const MAX_REFRESHING: usize = 4;
+
+impl ReadCache {
+    /// A cache of at most `capacity_rows` rows of `table`, which `kv` knows and which must be
+    /// `ssp:τ` with `τ ≥ 1` (a bound of 0 leaves nothing to answer locally). Errors: an
+    /// unknown table, another consistency model, or a capacity of 0.
+    pub fn new(kv: &KvClient, table: u32, capacity_rows: usize) -> Result<ReadCache, ClientError> {
+        let def = kv.table(table).ok_or(ClientError::UnknownTable(table))?;
+        let tau = match def.consistency {
+            Consistency::Ssp(t) if t >= 1 => t,
+            other => {
+                return Err(ClientError::Invalid(CoreError::Consistency(format!(
+                    "a read cache needs an ssp:TAU table with TAU ≥ 1; table {table} is {other}"
+                ))))
+            }
+        };
+        if capacity_rows == 0 {
+            return Err(ClientError::Invalid(CoreError::Limit("a read cache needs room for at least one row".into())));
+        }
+        let own = match def.rule.name.as_str() {
+            "add" => Some(1.0),
+            "sgd" => Some(-def.rule.lr),
+            _ => None,
+        };
+        Ok(ReadCache {
+            table,
+            own,
+            vl: def.value_len,
+            tau,
+            capacity: capacity_rows,
+            index: KeyMap::default(),
+            keys: Vec::new(),
+            values: Vec::new(),
+            fresh: Vec::new(),
+            refreshing: VecDeque::new(),
+            stats: CacheStats::default(),
+        })
+    }
+
+    /// The counts so far.
+    pub fn stats(&self) -> CacheStats {
+        self.stats
+    }
+
+    /// Rows held.
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Whether no row is held.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// Starts reading `keys` (sorted, unique, as for [`KvClient::pull`]) at the client's
+    /// current clock: rows held fresh enough are copied now, the others pulled. Finish
+    /// with [`ReadCache::wait`].
+    pub fn pull(&mut self, kv: &mut KvClient, keys: &[u64]) -> Result<PendingRead, ClientError> {
+        self.harvest(kv, false)?;
+        let clock = kv.current_clock();
+        let vl = self.vl;
+        let mut values = vec![0f32; keys.len() * vl];
+        let (mut missing, mut missing_keys, mut expiring) = (Vec::new(), Vec::new(), Vec::new());
+        let mut hit_staleness: Option<u64> = None;
+        for (i, &k) in keys.iter().enumerate() {
+            match self.index.get(&k) {
+                Some(&slot) if self.fresh[slot as usize] + self.tau >= clock => {
+                    let s = slot as usize;
+                    values[i * vl..(i + 1) * vl].copy_from_slice(&self.values[s * vl..(s + 1) * vl]);
+                    let st = clock.saturating_sub(self.fresh[s]);
+                    hit_staleness = Some(hit_staleness.map_or(st, |m| m.max(st)));
+                    if self.fresh[s] + self.tau == clock {
+                        expiring.push(k);
+                    }
+                }
+                _ => {
+                    missing.push(i as u32);
+                    missing_keys.push(k);
+                }
+            }
+        }
+        self.stats.reads += 1;
+        self.stats.rows_read += keys.len() as u64;
+        self.stats.rows_hit += (keys.len() - missing.len()) as u64;
+        let pull = if missing_keys.is_empty() {
+            self.stats.reads_local += 1;
+            None
+        } else {
+            Some(kv.pull(self.table, &missing_keys)?)
+        };
+        if !expiring.is_empty() && self.refreshing.len() < MAX_REFRESHING {
+            let ts = kv.pull(self.table, &expiring)?;
+            self.refreshing.push_back((ts, expiring, clock));
+            self.stats.refreshes += 1;
+        }
+        Ok(PendingRead { values, missing, missing_keys, pull, clock, hit_staleness })
+    }
+
+    /// Finishes a read: waits for the rows pulled (if any), keeps them, and returns every
+    /// row in the order of the keys given to [`ReadCache::pull`].
+    pub fn wait(&mut self, kv: &mut KvClient, read: PendingRead) -> Result<Vec<f32>, ClientError> {
+        let PendingRead { mut values, missing, missing_keys, pull, clock, hit_staleness } = read;
+        let vl = self.vl;
+        if let Some(ts) = pull {
+            let (rows, st) = kv.wait_values_staleness(ts)?;
+            for (j, &i) in missing.iter().enumerate() {
+                let i = i as usize;
+                values[i * vl..(i + 1) * vl].copy_from_slice(&rows[j * vl..(j + 1) * vl]);
+            }
+            if let Some(st) = st {
+                self.insert(&missing_keys, &rows, clock.saturating_sub(st));
+            }
+        }
+        if let Some(st) = hit_staleness {
+            kv.record_staleness(st);
+        }
+        self.harvest(kv, false)?;
+        Ok(values)
+    }
+
+    /// Folds finished background refreshes in (all of them, waiting, when `all`).
+    fn harvest(&mut self, kv: &mut KvClient, all: bool) -> Result<(), ClientError> {
+        while let Some((ts, _, _)) = self.refreshing.front() {
+            if !all && !kv.finished(ts.0) {
+                break;
+            }
+            let Some((ts, keys, clock)) = self.refreshing.pop_front() else { break };
+            let (rows, st) = kv.wait_values_staleness(ts)?;
+            if let Some(st) = st {
+                self.insert(&keys, &rows, clock.saturating_sub(st));
+            }
+        }
+        Ok(())
+    }
+
+    /// Folds this worker's own push of `values` to `keys` into the rows held, where the
+    /// table's rule makes that exact (`add`, `sgd`: the row changes by a fixed multiple of
+    /// the pushed value), so reads see the worker's own updates as a server would (Petuum's
+    /// read-my-writes). Returns whether it did; with other rules the rows wait for their
+    /// next fetch. Call it right after the push.
+    pub fn pushed(&mut self, keys: &[u64], values: &[f32]) -> bool {
+        let Some(c) = self.own else { return false };
+        let vl = self.vl;
+        for (j, k) in keys.iter().enumerate() {
+            if let Some(&slot) = self.index.get(k) {
+                let s = slot as usize;
+                for (w, v) in self.values[s * vl..(s + 1) * vl].iter_mut().zip(&values[j * vl..(j + 1) * vl]) {
+                    *w += c * v;
+                }
+            }
+        }
+        true
+    }
+
+    /// Waits for the background refreshes in flight (before the client is dropped or its
+    /// requests are all waited for, so none is left unread).
+    pub fn settle(&mut self, kv: &mut KvClient) -> Result<(), ClientError> {
+        self.harvest(kv, true)
+    }
+
+    fn insert(&mut self, keys: &[u64], rows: &[f32], fresh: u64) {
+        let vl = self.vl;
+        for (j, &k) in keys.iter().enumerate() {
+            let row = &rows[j * vl..(j + 1) * vl];
+            match self.index.get(&k) {
+                Some(&slot) => {
+                    let s = slot as usize;
+                    // a refresh issued earlier than the row's last fetch must not age it
+                    if fresh >= self.fresh[s] {
+                        self.values[s * vl..(s + 1) * vl].copy_from_slice(row);
+                        self.fresh[s] = fresh;
+                    }
+                }
+                None => {
+                    if self.keys.len() >= self.capacity {
+                        // full: start over (the rows a worker reads next are mostly those it
+                        // just pulled, which come back in the following reads)
+                        self.index.clear();
+                        self.keys.clear();
+                        self.values.clear();
+                        self.fresh.clear();
+                    }
+                    self.index.insert(k, self.keys.len() as u32);
+                    self.keys.push(k);
+                    self.values.extend_from_slice(row);
+                    self.fresh.push(fresh);
+                }
+            }
+        }
+    }
+}
