@@ -76,6 +76,9 @@ pub struct PendingRead {
     /// Positions (in the caller's keys) of the rows pulled, and their keys.
     missing: Vec<u32>,
     missing_keys: Vec<u64>,
+    /// The keys pulled when rows about to expire rode along (sorted; empty: just
+    /// `missing_keys`).
+    pulled: Vec<u64>,
     pull: Option<Timestamp>,
     clock: u64,
     /// Largest staleness among the rows answered from memory.
@@ -164,7 +167,7 @@ impl ReadCache {
         let clock = kv.current_clock();
         let vl = self.vl;
         let mut values = vec![0f32; keys.len() * vl];
-        let (mut missing, mut missing_keys, mut expiring) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut missing, mut missing_keys, mut expiring, mut pulled) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let mut hit_staleness: Option<u64> = None;
         for (i, &k) in keys.iter().enumerate() {
             match self.index.get(&k) {
@@ -188,31 +191,51 @@ impl ReadCache {
         self.stats.rows_hit += (keys.len() - missing.len()) as u64;
         let pull = if missing_keys.is_empty() {
             self.stats.reads_local += 1;
+            // rows read at their last valid clock are fetched again in the background, so
+            // that the next reads find them fresh without waiting
+            if !expiring.is_empty() && self.refreshing.len() < MAX_REFRESHING {
+                let ts = kv.pull(self.table, &expiring)?;
+                self.refreshing.push_back((ts, expiring, clock));
+                self.stats.refreshes += 1;
+            }
             None
         } else {
-            Some(kv.pull(self.table, &missing_keys)?)
+            // a pull goes out anyway: the expiring rows ride along (as extra keys of it,
+            // answered from memory now and refreshed when it lands), no request of their own
+            if !expiring.is_empty() {
+                pulled.extend_from_slice(&missing_keys);
+                pulled.extend_from_slice(&expiring);
+                // both are in the caller's (sorted) order and disjoint
+                pulled.sort_unstable();
+            }
+            Some(kv.pull(self.table, if pulled.is_empty() { &missing_keys } else { &pulled })?)
         };
-        if !expiring.is_empty() && self.refreshing.len() < MAX_REFRESHING {
-            let ts = kv.pull(self.table, &expiring)?;
-            self.refreshing.push_back((ts, expiring, clock));
-            self.stats.refreshes += 1;
-        }
-        Ok(PendingRead { values, missing, missing_keys, pull, clock, hit_staleness })
+        Ok(PendingRead { values, missing, missing_keys, pulled, pull, clock, hit_staleness })
     }
 
     /// Finishes a read: waits for the rows pulled (if any), keeps them, and returns every
     /// row in the order of the keys given to [`ReadCache::pull`].
     pub fn wait(&mut self, kv: &mut KvClient, read: PendingRead) -> Result<Vec<f32>, ClientError> {
-        let PendingRead { mut values, missing, missing_keys, pull, clock, hit_staleness } = read;
+        let PendingRead { mut values, missing, missing_keys, pulled, pull, clock, hit_staleness } = read;
         let vl = self.vl;
         if let Some(ts) = pull {
             let (rows, st) = kv.wait_values_staleness(ts)?;
-            for (j, &i) in missing.iter().enumerate() {
+            let got: &[u64] = if pulled.is_empty() { &missing_keys } else { &pulled };
+            // the pulled keys are sorted and hold the missing ones (in the caller's order,
+            // sorted too) among the expiring ones that rode along
+            let mut j = 0;
+            for (&i, &k) in missing.iter().zip(&missing_keys) {
+                while got.get(j).is_some_and(|&g| g != k) {
+                    j += 1;
+                }
                 let i = i as usize;
-                values[i * vl..(i + 1) * vl].copy_from_slice(&rows[j * vl..(j + 1) * vl]);
+                if let Some(row) = rows.get(j * vl..(j + 1) * vl) {
+                    values[i * vl..(i + 1) * vl].copy_from_slice(row);
+                }
+                j += 1;
             }
             if let Some(st) = st {
-                self.insert(&missing_keys, &rows, clock.saturating_sub(st));
+                self.insert(got, &rows, clock.saturating_sub(st));
             }
         }
         if let Some(st) = hit_staleness {
