@@ -110,6 +110,12 @@ impl VectorClock {
         self.entries.len()
     }
 
+    /// Bytes its entries take (each a key range and one clock per worker), for the memory
+    /// reports: against `keys × workers × 8` for a clock per key.
+    pub fn bytes(&self) -> usize {
+        self.entries.len() * (std::mem::size_of::<(KeyRange, Vec<u64>)>() + self.workers * 8) + self.workers
+    }
+
     /// Records that `worker` has completed `clock` on `range` (clocks never go back: a lower
     /// clock than the recorded one is ignored). Splits entries at the range's ends as needed
     /// and merges equal neighbours afterwards.
@@ -370,6 +376,36 @@ impl PullGate {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn range_clocks_of_workers_completing_blocks_stay_a_few_entries_per_block() {
+        // 16 workers complete 64 blocks of a 1M-key range one by one, each in its own order,
+        // for 20 clocks, then clock the whole range: the entries stay at most one per block
+        // boundary (splits), and merge back to one when every worker is at the same clock
+        let (workers, blocks, keys) = (16usize, 64u64, 1u64 << 20);
+        let mut v = VectorClock::new(KeyRange::new(0, keys), workers);
+        let mut most = 0;
+        let mut rng = 7u64;
+        for clock in 0..20u64 {
+            for w in 0..workers {
+                for i in 0..blocks {
+                    rng = crate::init::splitmix64(rng);
+                    let b = (i + rng % 3) % blocks;
+                    let r = KeyRange::new(b * keys / blocks, (b + 1) * keys / blocks);
+                    v.advance(r, w, clock + 1).unwrap();
+                    most = most.max(v.entries());
+                }
+                v.advance(KeyRange::new(0, keys), w, clock + 1).unwrap();
+            }
+            assert_eq!(v.entries(), 1, "clock {clock}: every worker at {} everywhere", clock + 1);
+        }
+        assert!(most <= blocks as usize, "{most} entries for {blocks} blocks");
+        // what a clock per key would take, against the most the ranges took
+        let per_key = keys as usize * workers * 8;
+        let ranged = most * (std::mem::size_of::<(KeyRange, Vec<u64>)>() + workers * 8) + workers;
+        assert!(ranged * 1000 < per_key, "{ranged} bytes of range clocks against {per_key} per key");
+        println!("range clocks: at most {most} entries, {ranged} bytes; a clock per key: {per_key} bytes");
+    }
 
     const D: KeyRange = KeyRange { begin: 0, end: 1000 };
 

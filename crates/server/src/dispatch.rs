@@ -75,6 +75,12 @@ pub(crate) fn handle_frame(
             if let Err(e) = decode_filtered(st, h, &slot, ctx) {
                 return Ok(Err(e));
             }
+            if h.completes && (slot.repl.is_some() || slot.gate.as_ref().is_none_or(|g| g.rounds)) {
+                return Ok(Err(ServerError::Unsupported(format!(
+                    "table {}: a push that completes a range clock needs an unreplicated table with a staleness bound (not bsp)",
+                    h.table
+                ))));
+            }
             if let Some(r) = &slot.repl {
                 let res = match &slot.chain {
                     // a worker's push to a replicated bsp table: buffered at the head
@@ -89,6 +95,7 @@ pub(crate) fn handle_frame(
             let res = match slot.gate.as_ref().filter(|g| g.rounds) {
                 // bsp: buffered under its round, applied when the round completes.
                 Some(g) => buffer_push(st, &slot, g, h, op, ctx),
+                None if h.completes => complete_range(st, &slot, h, op, ctx),
                 None => {
                     let mut t = slot.table.write();
                     if op == Op::Push {
@@ -365,4 +372,42 @@ pub(crate) fn handle_frame(
             Ok(Ok(()))
         }
     }
+}
+
+/// A push that completes the worker's clock on a key range (range clocks): dropped as a
+/// duplicate when the worker already completed that clock on the whole range here; else
+/// applied, and with its last chunk the worker's clock on the range (this server's part of
+/// it) moves past the push's clock, which may release pulls held on it. The gate's lock is
+/// held across the check, the write and the advance (gate before table, as for clocks), so
+/// no pull sees the clock moved without the values.
+fn complete_range(st: &ServerState, slot: &TableSlot, h: &FrameHeader, op: Op, ctx: &mut ConnCtx) -> Result<(), ServerError> {
+    let g = slot.gate.as_ref().ok_or_else(|| ServerError::Unsupported("a completing push needs a table with a staleness bound".into()))?;
+    let range = KeyRange::new(h.completes_begin, h.completes_end).intersect(&g.owned);
+    let worker = h.worker as usize;
+    let mut gate = g.gate.lock();
+    if !range.is_empty() && gate.clocks().worker_clock(range, worker) > h.clock {
+        if h.last {
+            ctx.dropped += 1;
+        }
+        return Ok(());
+    }
+    {
+        let mut t = slot.table.write();
+        if op == Op::Push {
+            check_quota(st, &t, &ctx.keys)?;
+            let before = t.bytes();
+            let r = t.push(&ctx.keys, &ctx.vals).map(|_| ()).map_err(ServerError::Core);
+            account(st, before, t.bytes());
+            r?;
+        } else {
+            t.push_range(h.range_begin, &ctx.vals).map_err(ServerError::Core)?;
+        }
+    }
+    if h.last && !range.is_empty() {
+        // (a table with no rounds: nothing to apply; held pulls re-check on the signal)
+        gate.advance(range, worker, h.clock + 1).map_err(ServerError::Core)?;
+        drop(gate);
+        g.advanced.notify_all();
+    }
+    Ok(())
 }

@@ -156,7 +156,14 @@ impl ServerState {
         for id in ids {
             // the rounds first: a replicated bsp clock takes the rounds' lock, then the table's
             let rounds = match (tables[id].gate.as_ref().map(|g| g.gate.lock()), &tables[id].chain) {
-                (Some(g), _) => g.rounds().map(|r| format!(", {} rounds applied, {} late pushes dropped", r.applied(), r.dropped())),
+                (Some(g), _) => Some(format!(
+                    ", {} range-clock entries ({} bytes){}",
+                    g.clocks().entries(),
+                    g.clocks().bytes(),
+                    g.rounds()
+                        .map(|r| format!(", {} rounds applied, {} late pushes dropped", r.applied(), r.dropped()))
+                        .unwrap_or_default()
+                )),
                 (None, Some(c)) => chain_applied(&c.rounds.lock()).map(|a| format!(", {a} rounds applied on the shards it heads")),
                 (None, None) => None,
             };

@@ -93,6 +93,8 @@ pub struct KvClient {
     dropped: u64,
     /// Times the clock was moved up to the servers' applied rounds.
     fast_forwards: u64,
+    /// While a completing push is issued: the key range it completes the clock on.
+    pub(crate) completing: Option<KeyRange>,
     /// The clock and clock dependency of the request being sent (a deferred request is
     /// sent with those it was issued with).
     pub(crate) issuing: Option<(u64, Option<u64>)>,
@@ -145,6 +147,7 @@ impl KvClient {
             held: Duration::ZERO,
             dropped: 0,
             fast_forwards: 0,
+            completing: None,
             issuing: None,
             reuse_ts: None,
             deferred: VecDeque::new(),
@@ -347,6 +350,47 @@ impl KvClient {
         let end = begin.checked_add(n).ok_or_else(|| CoreError::Limit("range end overflows u64".into()))?;
         self.check_rank_for(table)?;
         self.ranged(Op::PushRange, table, KeyRange::new(begin, end), values, None).map(Timestamp)
+    }
+
+    /// Pushes `keys`/`values` (keys within `range`) and says with it that this worker has
+    /// completed its current clock on `range` (a range clock): once the push is applied, a
+    /// pull on `range` stops waiting for this worker's clock there, though it has not
+    /// clocked. The servers take each range's completion once per clock: a second completing
+    /// push for a range already completed at this clock (a duplicate, a resent request) is
+    /// dropped and counted in [`KvClient::dropped_pushes`]. For unreplicated tables with a
+    /// staleness bound (`ssp:τ`), not `bsp` ones (whose rounds complete by clocks); the
+    /// servers refuse others. Preconditions: every key in `range`, as for [`KvClient::push`].
+    pub fn push_completing(&mut self, table: u32, range: KeyRange, keys: &[u64], values: &[f32]) -> Result<Timestamp, ClientError> {
+        if let Some(k) = keys.iter().find(|&&k| !range.contains(k)) {
+            return Err(CoreError::KeyOutOfRange { table, key: *k, range }.into());
+        }
+        self.send_ready_deferred()?;
+        self.check_rank_for_completion()?;
+        self.completing = Some(range);
+        let r = self.issue(Op::Push, table, keys, values, 0, &After::none());
+        self.completing = None;
+        r.map(Timestamp)
+    }
+
+    /// Pushes `values` to the dense range from `begin` ([`KvClient::push_range`]) and
+    /// completes this worker's current clock on that range, as [`KvClient::push_completing`].
+    pub fn push_range_completing(&mut self, table: u32, begin: u64, values: &[f32]) -> Result<Timestamp, ClientError> {
+        self.check_rank_for_completion()?;
+        let n = (values.len() / self.info(table)?.0.max(1)) as u64;
+        self.completing = Some(KeyRange::new(begin, begin.saturating_add(n)));
+        let r = self.push_range(table, begin, values);
+        self.completing = None;
+        r
+    }
+
+    fn check_rank_for_completion(&self) -> Result<(), ClientError> {
+        match self.worker_rank {
+            Some(_) => Ok(()),
+            None => Err(ClientError::BadReply {
+                server: 0,
+                message: "a completing push needs the worker's rank (KvClient::set_worker_rank)".into(),
+            }),
+        }
     }
 
     /// Pulls the values of every key of `[begin, begin + out.len()/value_len)` of a dense

@@ -36,6 +36,11 @@ impl KvClient {
             None => h.clock = self.clock,
         }
         h.worker = self.worker_rank.unwrap_or(0);
+        if let (Some(r), Op::Push | Op::PushRange) = (self.completing, op) {
+            h.completes = true;
+            h.completes_begin = r.begin;
+            h.completes_end = r.end;
+        }
         h
     }
 
