@@ -57,7 +57,7 @@ fn coded_partitioning_drops_the_stragglers_results_and_reaches_the_uncoded_objec
     let rounds = 2 * 25;
     let dr = dropped(&coded);
     assert!(dr[3] as usize >= rounds / 2, "the straggler's results were not the ones dropped: {dr:?}");
-    assert!(dr.iter().sum::<u64>() as usize <= rounds, "more than n − k results dropped per round: {dr:?}");
+    assert!(dr[..3].iter().all(|&d| (d as usize) < rounds / 4), "the fast workers' results were dropped: {dr:?}");
     assert!(coded["decode_error"].as_f64().unwrap() < 1e-5, "{coded}");
     assert_eq!(coded["results_needed"], 3);
 }
@@ -72,7 +72,7 @@ fn gradient_coding_drops_the_stragglers_results_and_reaches_the_uncoded_objectiv
         assert!((a - b).abs() <= 1e-6 * a.abs(), "{code}: uncoded {a}, coded {b}");
         let dr = dropped(&m);
         assert!(dr[1] >= 12, "{code}: the straggler's results were not the ones dropped: {dr:?}");
-        assert!(dr.iter().sum::<u64>() <= 25, "{code}: {dr:?}");
+        assert!([dr[0], dr[2], dr[3]].iter().all(|&d| d < 6), "{code}: the fast workers' results were dropped: {dr:?}");
     }
 }
 

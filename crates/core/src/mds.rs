@@ -15,8 +15,8 @@
 //! among a deterministic Cauchy matrix (`1 / (x_i − y_j)` with distinct nodes: every square
 //! submatrix of a Cauchy matrix is regular, so `[I; P]` is MDS) and seeded Gaussian draws
 //! (MDS with probability one), keeping the candidate with the smallest measured worst-case
-//! [`MdsCode::amplification`] over the erasure patterns checked (all of them when there are
-//! at most a few hundred). Decoding solves with the received rows in `f64`.
+//! [`MdsCode::amplification`] over the erasure patterns checked; when there are too many
+//! patterns to check them all (more than 512), the Cauchy matrix is kept. Decoding solves with the received rows in `f64`.
 //!
 //! `k == n` is the uncoded split (identity, nothing to decode); `k == 1` is replication.
 
@@ -84,17 +84,22 @@ impl MdsCode {
     /// [`MAX_MDS_WORKERS`], or (not expected) no candidate decoded every pattern checked.
     pub fn new(spec: MdsSpec, seed: u64) -> Result<MdsCode> {
         let MdsSpec { n, k } = spec;
+        if k == n && n >= 1 {
+            // the uncoded split: nothing to decode, any number of blocks
+            return Ok(MdsCode { n, k, parity: Vec::new(), amplification: 1.0 });
+        }
         if k == 0 || k > n || n > MAX_MDS_WORKERS {
             return Err(CoreError::Consistency(format!("coded partitioning {spec}: needs 1 ≤ K ≤ N ≤ {MAX_MDS_WORKERS}")));
         }
         let r = n - k;
-        if r == 0 {
-            return Ok(MdsCode { n, k, parity: Vec::new(), amplification: 1.0 });
-        }
         // erasure patterns: which r workers are missing
         let patterns = Patterns::new(n, r, seed, MAX_PATTERNS);
+        // a Gaussian draw is MDS only with probability one: it may replace the Cauchy matrix
+        // (MDS by construction) only where every erasure pattern was checked
+        let all_checked = patterns.0.len() as u128 >= binomial(n, r);
+        let draws = if all_checked { DRAWS } else { 1 };
         let mut best: Option<MdsCode> = None;
-        for draw in 0..DRAWS {
+        for draw in 0..draws {
             let parity = candidate(n, k, seed, draw);
             let mut code = MdsCode { n, k, parity, amplification: f64::INFINITY };
             let mut worst: f64 = 1.0;

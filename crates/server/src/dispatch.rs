@@ -382,6 +382,11 @@ pub(crate) fn handle_frame(
 /// no pull sees the clock moved without the values.
 fn complete_range(st: &ServerState, slot: &TableSlot, h: &FrameHeader, op: Op, ctx: &mut ConnCtx) -> Result<(), ServerError> {
     let g = slot.gate.as_ref().ok_or_else(|| ServerError::Unsupported("a completing push needs a table with a staleness bound".into()))?;
+    let workers = st.num_workers.load(Ordering::Relaxed);
+    if h.worker >= workers {
+        return Err(ServerError::UnknownWorker { what: "completing push", worker: h.worker, workers });
+    }
+    fence_worker(st, h)?;
     let range = KeyRange::new(h.completes_begin, h.completes_end).intersect(&g.owned);
     let worker = h.worker as usize;
     let mut gate = g.gate.lock();

@@ -81,6 +81,8 @@ pub struct PendingRead {
     pulled: Vec<u64>,
     pull: Option<Timestamp>,
     clock: u64,
+    /// Own pushes before the pull was sent.
+    pushes: u64,
     /// Largest staleness among the rows answered from memory.
     hit_staleness: Option<u64>,
 }
@@ -99,8 +101,19 @@ pub struct ReadCache {
     /// How the table's rule folds a push into a row when that is exact: `Some(c)` adds
     /// `c × value` (`add`: 1, `sgd`: −lr); `None` for the other rules.
     own: Option<f32>,
-    /// Background refreshes in flight: the pull, its keys, the clock it was issued at.
-    refreshing: VecDeque<(Timestamp, Vec<u64>, u64)>,
+    /// Background refreshes in flight: the pull, its keys, the clock it was issued at, and
+    /// how many own pushes came before it.
+    refreshing: VecDeque<(Timestamp, Vec<u64>, u64, u64)>,
+    /// Own pushes folded in so far, and those a pull still in flight did not see (it was
+    /// sent before them): `(sequence number, keys, row changes)`, replayed onto that pull's
+    /// rows when they land, so a row never loses a push the servers have not shown it yet.
+    pushes: u64,
+    push_log: VecDeque<(u64, Vec<u64>, Vec<f32>)>,
+    /// Pulls in flight by the number of own pushes before them.
+    in_flight: std::collections::BTreeMap<u64, usize>,
+    /// Per slot, the insert that last wrote it (to replay pushes onto exactly those rows).
+    written: Vec<u64>,
+    inserts: u64,
     stats: CacheStats,
 }
 
@@ -140,6 +153,11 @@ impl ReadCache {
             values: Vec::new(),
             fresh: Vec::new(),
             refreshing: VecDeque::new(),
+            pushes: 0,
+            push_log: VecDeque::new(),
+            in_flight: std::collections::BTreeMap::new(),
+            written: Vec::new(),
+            inserts: 0,
             stats: CacheStats::default(),
         })
     }
@@ -195,7 +213,8 @@ impl ReadCache {
             // that the next reads find them fresh without waiting
             if !expiring.is_empty() && self.refreshing.len() < MAX_REFRESHING {
                 let ts = kv.pull(self.table, &expiring)?;
-                self.refreshing.push_back((ts, expiring, clock));
+                *self.in_flight.entry(self.pushes).or_default() += 1;
+                self.refreshing.push_back((ts, expiring, clock, self.pushes));
                 self.stats.refreshes += 1;
             }
             None
@@ -208,15 +227,17 @@ impl ReadCache {
                 // both are in the caller's (sorted) order and disjoint
                 pulled.sort_unstable();
             }
-            Some(kv.pull(self.table, if pulled.is_empty() { &missing_keys } else { &pulled })?)
+            let ts = kv.pull(self.table, if pulled.is_empty() { &missing_keys } else { &pulled })?;
+            *self.in_flight.entry(self.pushes).or_default() += 1;
+            Some(ts)
         };
-        Ok(PendingRead { values, missing, missing_keys, pulled, pull, clock, hit_staleness })
+        Ok(PendingRead { values, missing, missing_keys, pulled, pull, clock, pushes: self.pushes, hit_staleness })
     }
 
     /// Finishes a read: waits for the rows pulled (if any), keeps them, and returns every
     /// row in the order of the keys given to [`ReadCache::pull`].
     pub fn wait(&mut self, kv: &mut KvClient, read: PendingRead) -> Result<Vec<f32>, ClientError> {
-        let PendingRead { mut values, missing, missing_keys, pulled, pull, clock, hit_staleness } = read;
+        let PendingRead { mut values, missing, missing_keys, pulled, pull, clock, pushes, hit_staleness } = read;
         let vl = self.vl;
         if let Some(ts) = pull {
             let (rows, st) = kv.wait_values_staleness(ts)?;
@@ -235,8 +256,9 @@ impl ReadCache {
                 j += 1;
             }
             if let Some(st) = st {
-                self.insert(got, &rows, clock.saturating_sub(st));
+                self.insert(got, &rows, clock.saturating_sub(st), pushes);
             }
+            self.landed(pushes);
         }
         if let Some(st) = hit_staleness {
             kv.record_staleness(st);
@@ -247,15 +269,16 @@ impl ReadCache {
 
     /// Folds finished background refreshes in (all of them, waiting, when `all`).
     fn harvest(&mut self, kv: &mut KvClient, all: bool) -> Result<(), ClientError> {
-        while let Some((ts, _, _)) = self.refreshing.front() {
+        while let Some((ts, ..)) = self.refreshing.front() {
             if !all && !kv.finished(ts.0) {
                 break;
             }
-            let Some((ts, keys, clock)) = self.refreshing.pop_front() else { break };
+            let Some((ts, keys, clock, pushes)) = self.refreshing.pop_front() else { break };
             let (rows, st) = kv.wait_values_staleness(ts)?;
             if let Some(st) = st {
-                self.insert(&keys, &rows, clock.saturating_sub(st));
+                self.insert(&keys, &rows, clock.saturating_sub(st), pushes);
             }
+            self.landed(pushes);
         }
         Ok(())
     }
@@ -268,15 +291,36 @@ impl ReadCache {
     pub fn pushed(&mut self, keys: &[u64], values: &[f32]) -> bool {
         let Some(c) = self.own else { return false };
         let vl = self.vl;
+        let deltas: Vec<f32> = values.iter().map(|v| c * v).collect();
         for (j, k) in keys.iter().enumerate() {
             if let Some(&slot) = self.index.get(k) {
                 let s = slot as usize;
-                for (w, v) in self.values[s * vl..(s + 1) * vl].iter_mut().zip(&values[j * vl..(j + 1) * vl]) {
-                    *w += c * v;
+                for (w, d) in self.values[s * vl..(s + 1) * vl].iter_mut().zip(&deltas[j * vl..(j + 1) * vl]) {
+                    *w += d;
                 }
             }
         }
+        self.pushes += 1;
+        // a pull in flight was sent before this push: its rows will not show it
+        if !self.in_flight.is_empty() {
+            self.push_log.push_back((self.pushes, keys.to_vec(), deltas));
+        }
         true
+    }
+
+    /// A pull sent after `pushes` own pushes has landed: the log keeps only what pulls
+    /// still in flight need.
+    fn landed(&mut self, pushes: u64) {
+        if let Some(n) = self.in_flight.get_mut(&pushes) {
+            *n -= 1;
+            if *n == 0 {
+                self.in_flight.remove(&pushes);
+            }
+        }
+        let oldest = self.in_flight.keys().next().copied().unwrap_or(u64::MAX);
+        while self.push_log.front().is_some_and(|(seq, ..)| *seq <= oldest) {
+            self.push_log.pop_front();
+        }
     }
 
     /// Waits for the background refreshes in flight (before the client is dropped or its
@@ -285,8 +329,12 @@ impl ReadCache {
         self.harvest(kv, true)
     }
 
-    fn insert(&mut self, keys: &[u64], rows: &[f32], fresh: u64) {
+    /// Keeps `rows` of `keys` from a pull sent after `pushes` own pushes, with freshness
+    /// `fresh`, and replays onto them the own pushes made after it was sent.
+    fn insert(&mut self, keys: &[u64], rows: &[f32], fresh: u64, pushes: u64) {
         let vl = self.vl;
+        self.inserts += 1;
+        let stamp = self.inserts;
         for (j, &k) in keys.iter().enumerate() {
             let row = &rows[j * vl..(j + 1) * vl];
             match self.index.get(&k) {
@@ -296,6 +344,7 @@ impl ReadCache {
                     if fresh >= self.fresh[s] {
                         self.values[s * vl..(s + 1) * vl].copy_from_slice(row);
                         self.fresh[s] = fresh;
+                        self.written[s] = stamp;
                     }
                 }
                 None => {
@@ -306,11 +355,28 @@ impl ReadCache {
                         self.keys.clear();
                         self.values.clear();
                         self.fresh.clear();
+                        self.written.clear();
                     }
                     self.index.insert(k, self.keys.len() as u32);
                     self.keys.push(k);
                     self.values.extend_from_slice(row);
                     self.fresh.push(fresh);
+                    self.written.push(stamp);
+                }
+            }
+        }
+        for (seq, pk, deltas) in &self.push_log {
+            if *seq <= pushes {
+                continue;
+            }
+            for (j, k) in pk.iter().enumerate() {
+                if let Some(&slot) = self.index.get(k) {
+                    let s = slot as usize;
+                    if self.written[s] == stamp {
+                        for (w, d) in self.values[s * vl..(s + 1) * vl].iter_mut().zip(&deltas[j * vl..(j + 1) * vl]) {
+                            *w += d;
+                        }
+                    }
                 }
             }
         }

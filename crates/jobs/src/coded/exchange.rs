@@ -2,12 +2,13 @@
 //!
 //! A dense `bsp` table under the `assign` rule with `backup_workers = n − need`: the servers
 //! apply round `c` once `need` workers completed it, and drop a later push for it. Worker
-//! `j`'s result for round `c` goes to its slot in region `c mod HISTORY`, followed by a
+//! `j`'s result for round `c` goes to its slot in region `c mod history` (at least 16 regions), followed by a
 //! marker `c + 1`; after the round every worker pulls the region and takes as received the
-//! workers whose marker says `c + 1`. The servers apply a round at once, so every worker
-//! finds the same set. A worker that fell behind (its client's clock was moved past rounds
-//! applied without it) reads those rounds from their regions without computing, as long as
-//! it is fewer than `HISTORY` rounds behind; further behind is an error.
+//! workers whose marker says `c + 1`. A region lies on one server (the number of regions is
+//! a multiple of the servers and the keys are split evenly), which applies the round's slots
+//! at once, so every worker finds the same set, of at least `need`. A worker that finds its
+//! round closed before it computed (it is behind) only reads the round, as long as it is
+//! fewer rounds behind than there are regions; further behind is an error.
 
 use super::POLL;
 use anyhow::{bail, Result};
@@ -19,7 +20,10 @@ use downpour_core::KeyRange;
 use downpour_worker::WorkerSession;
 use std::time::{Duration, Instant};
 
-/// Rounds a region is kept before it is written again.
+/// Rounds a region is kept before it is written again, at least (rounded up to a multiple
+/// of the servers, so that with the keys split evenly each region lies on one server: a
+/// round's slots are then applied together, by the server whose first `need` workers
+/// closed it).
 const HISTORY: u64 = 16;
 
 /// A worker's end of one exchange table.
@@ -30,6 +34,8 @@ pub(crate) struct Exchange {
     m: usize,
     /// Results a round needs.
     need: usize,
+    /// Regions (rounds kept).
+    history: u64,
     /// This worker's result and marker, as sent.
     send: Vec<f32>,
     /// The last region pulled.
@@ -41,9 +47,11 @@ pub(crate) struct Exchange {
 impl Exchange {
     /// Creates the table `id` for `n` workers' results of `m` values, a round closing at
     /// `need` of them (`1 ≤ need ≤ n`).
-    pub fn create(s: &mut WorkerSession, id: u32, name: &str, n: usize, m: usize, need: usize) -> Result<Exchange> {
+    pub fn create(s: &mut WorkerSession, id: u32, name: &str, n: usize, m: usize, need: usize, servers: usize) -> Result<Exchange> {
         let slot = m + 1;
-        let len = (HISTORY as usize).checked_mul(n).and_then(|v| v.checked_mul(slot));
+        let servers = servers.max(1) as u64;
+        let history = HISTORY.div_ceil(servers) * servers;
+        let len = (history as usize).checked_mul(n).and_then(|v| v.checked_mul(slot));
         let Some(len) = len else { bail!("{name}: {n} results of {m} values do not fit a table") };
         s.kv.create_table(TableDef {
             storage: Storage::Dense(KeyRange::new(0, len as u64)),
@@ -52,11 +60,11 @@ impl Exchange {
             backup_workers: (n - need) as u32,
             ..TableDef::new(id, name)
         })?;
-        Ok(Exchange { table: id, n, m, need, send: Vec::with_capacity(slot), buf: vec![0.0; n * slot], markers: vec![0.0; n] })
+        Ok(Exchange { table: id, n, m, need, history, send: Vec::with_capacity(slot), buf: vec![0.0; n * slot], markers: vec![0.0; n] })
     }
 
     fn region(&self, round: u64) -> u64 {
-        (round % HISTORY) * (self.n * (self.m + 1)) as u64
+        (round % self.history) * (self.n * (self.m + 1)) as u64
     }
 
     /// Whether `round` was applied without this worker.
@@ -71,10 +79,14 @@ impl Exchange {
         Ok(self.markers.iter().filter(|&&v| v == want).count() >= self.need || s.kv.current_clock() > round)
     }
 
-    /// Whether this worker should compute its result for `round` at all (the round was not
-    /// applied without it already).
-    pub fn open(&self, s: &WorkerSession, round: u64) -> bool {
-        s.kv.current_clock() <= round
+    /// Whether this worker should compute its result for `round` at all: false once the
+    /// round was closed without it (it is behind: it then only reads the round). An
+    /// uncoded round cannot close without this worker, so nothing is asked then.
+    pub fn open(&mut self, s: &mut WorkerSession, round: u64) -> Result<bool> {
+        if self.need == self.n {
+            return Ok(true);
+        }
+        Ok(!self.closed(s, round)?)
     }
 
     /// Ends this worker's part of round `round` (every exchange of a job shares the
@@ -82,20 +94,24 @@ impl Exchange {
     /// computation begun at `started` has lasted `lasts` (stopping as soon as the round
     /// closes without it), sends
     /// `result` (`m` values) unless the round closed, and completes the round. Returns
-    /// whether the result was not sent (the round had closed). `result` is ignored when the
-    /// worker is behind ([`Exchange::open`] false).
+    /// whether the result was not sent (the round had closed). `result` is `None` when
+    /// [`Exchange::open`] said the round closed before the worker computed.
     pub fn finish_stage(
         &mut self,
         s: &mut WorkerSession,
         round: u64,
         rank: usize,
-        result: &[f32],
+        result: Option<&[f32]>,
         started: Instant,
         lasts: Duration,
     ) -> Result<bool> {
-        if !self.open(s, round) {
+        let Some(result) = result else {
+            // closed before this worker computed: complete it without a result
+            if s.kv.current_clock() <= round {
+                s.kv.clock()?;
+            }
             return Ok(true);
-        }
+        };
         let mut closed = false;
         let until = started + lasts;
         if Instant::now() < until {
@@ -113,14 +129,11 @@ impl Exchange {
                 std::thread::sleep((until - now).min(POLL));
             }
         }
-        if closed {
+        if closed || s.kv.current_clock() > round {
             // completes the round without a result (unless the client already moved past it)
-            if self.open(s, round) {
+            if s.kv.current_clock() <= round {
                 s.kv.clock()?;
             }
-            return Ok(true);
-        }
-        if !self.open(s, round) {
             return Ok(true);
         }
         anyhow::ensure!(result.len() == self.m, "a result of {} values for slots of {}", result.len(), self.m);
@@ -147,7 +160,12 @@ impl Exchange {
             if marker == want {
                 got.push(j);
             } else if marker > want {
-                bail!("this worker fell {} or more rounds behind the fastest {} (round {} was written over)", HISTORY, self.need, round);
+                bail!(
+                    "this worker fell {} or more rounds behind the fastest {} (round {} was written over)",
+                    self.history,
+                    self.need,
+                    round
+                );
             }
         }
         if got.len() < self.need {

@@ -117,7 +117,14 @@ pub fn run(a: &CodedConfig, s: &mut WorkerSession, report: &Report) -> Result<()
     if let Some(lr) = a.lr {
         ensure!(lr > 0.0 && lr.is_finite(), "--lr must be a positive number");
     }
-    ensure!(a.compute_ns >= 0.0 && a.compute_ns.is_finite(), "--compute-ns must be a non-negative number");
+    ensure!((0.0..=1e6).contains(&a.compute_ns), "--compute-ns must be a number of nanoseconds between 0 and 1e6");
+    // the exchange tables' rounds must each lie on one server, which an even split of the
+    // keys gives; a replicated table is split by consistent hashing instead
+    ensure!(
+        s.kv.replication() < 2,
+        "the coded job does not run on a replicated cluster (--replication): its exchange rounds need the plain split of keys"
+    );
+    let servers = s.kv.num_servers();
     if let Some((id, _)) = a.straggler {
         ensure!(id < w, "--straggler {id}: there are {w} workers (ids 0 to {})", w - 1);
     }
@@ -153,17 +160,18 @@ pub fn run(a: &CodedConfig, s: &mut WorkerSession, report: &Report) -> Result<()
         }
     };
     let (nn, d) = (full.rows(), full.cols());
+    ensure!(d >= 1, "the data has no features (and --bias false): nothing to fit");
     // every worker turns the decoded z into residuals, so it holds every target
     let targets = full.targets().to_vec();
     let mut ex_a;
     let mut ex_b = None;
     match &plan {
         Plan::Mds { ma, mb, .. } => {
-            ex_a = Exchange::create(s, STAGE_A, "coded-z", w, *ma, spec.k)?;
-            ex_b = Some(Exchange::create(s, STAGE_B, "coded-g", w, *mb, spec.k)?);
+            ex_a = Exchange::create(s, STAGE_A, "coded-z", w, *ma, spec.k, servers)?;
+            ex_b = Some(Exchange::create(s, STAGE_B, "coded-g", w, *mb, spec.k, servers)?);
         }
         // the part gradients and the parts' loss
-        Plan::Gradient { .. } => ex_a = Exchange::create(s, GRADIENT, "coded-gradient", w, d + 1, spec.k)?,
+        Plan::Gradient { .. } => ex_a = Exchange::create(s, GRADIENT, "coded-gradient", w, d + 1, spec.k, servers)?,
     }
     // worker 0 keeps the plain matrix only to measure (decoding error, final objective)
     let full = (rank == 0).then_some(full);
@@ -191,10 +199,12 @@ pub fn run(a: &CodedConfig, s: &mut WorkerSession, report: &Report) -> Result<()
             Plan::Mds { code, xa, xbt, .. } => {
                 // stage A: z = X w
                 let started = Instant::now();
-                if ex_a.open(s, round) {
+                let open = ex_a.open(s, round)?;
+                if open {
                     problem::product(xa, d, &weights, &mut mine);
                 }
-                cancelled += ex_a.finish_stage(s, round, rank, &mine, started, work.duration(xa.len(), started, factor))? as u64;
+                let result = open.then_some(&mine[..]);
+                cancelled += ex_a.finish_stage(s, round, rank, result, started, work.duration(xa.len(), started, factor))? as u64;
                 let got = ex_a.received(s, round)?;
                 round += 1;
                 count_dropped(&mut dropped, &got);
@@ -204,10 +214,12 @@ pub fn run(a: &CodedConfig, s: &mut WorkerSession, report: &Report) -> Result<()
                 // stage B: Xᵀ r
                 let ex_b = ex_b.as_mut().context("stage B exchange")?;
                 let started = Instant::now();
-                if ex_b.open(s, round) {
+                let open = ex_b.open(s, round)?;
+                if open {
                     problem::product(xbt, nn, &resid, &mut mine);
                 }
-                cancelled += ex_b.finish_stage(s, round, rank, &mine, started, work.duration(xbt.len(), started, factor))? as u64;
+                let result = open.then_some(&mine[..]);
+                cancelled += ex_b.finish_stage(s, round, rank, result, started, work.duration(xbt.len(), started, factor))? as u64;
                 let got = ex_b.received(s, round)?;
                 round += 1;
                 count_dropped(&mut dropped, &got);
@@ -220,7 +232,8 @@ pub fn run(a: &CodedConfig, s: &mut WorkerSession, report: &Report) -> Result<()
                 mine.clear();
                 mine.resize(d + 1, 0.0);
                 let mut pg = vec![0f64; d];
-                for (part, coef) in parts.iter().filter(|_| ex_a.open(s, round)) {
+                let open = ex_a.open(s, round)?;
+                for (part, coef) in parts.iter().filter(|_| open) {
                     let loss = part.gradient(a.loss, &weights, &mut pg);
                     for (m, g) in mine.iter_mut().zip(&pg) {
                         *m += (coef * g) as f32;
@@ -228,7 +241,8 @@ pub fn run(a: &CodedConfig, s: &mut WorkerSession, report: &Report) -> Result<()
                     mine[d] += (coef * loss) as f32;
                 }
                 let macs: usize = parts.iter().map(|(p, _)| 2 * p.rows() * d).sum();
-                cancelled += ex_a.finish_stage(s, round, rank, &mine, started, work.duration(macs, started, factor))? as u64;
+                let result = open.then_some(&mine[..]);
+                cancelled += ex_a.finish_stage(s, round, rank, result, started, work.duration(macs, started, factor))? as u64;
                 let got = ex_a.received(s, round)?;
                 round += 1;
                 count_dropped(&mut dropped, &got);

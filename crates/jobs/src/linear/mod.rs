@@ -498,6 +498,10 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
                 "--ssp-cache answers reads without requests, so a replay would not take the same request ids: it cannot be combined with checkpoints or --replication"
             );
             ensure!(!dynamic, "--ssp-cache is for --data-assignment static");
+            ensure!(
+                a.filters == downpour_core::filter::FilterSpec::default(),
+                "--ssp-cache folds the worker's own pushes into its rows as sent, which --filters would change on the way: use one or the other"
+            );
             Some(ReadCache::new(&s.kv, TABLE, rows).map_err(|e| anyhow::anyhow!("--ssp-cache: {e}"))?)
         }
     };

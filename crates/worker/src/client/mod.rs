@@ -355,7 +355,9 @@ impl KvClient {
     /// Pushes `keys`/`values` (keys within `range`) and says with it that this worker has
     /// completed its current clock on `range` (a range clock): once the push is applied, a
     /// pull on `range` stops waiting for this worker's clock there, though it has not
-    /// clocked. The servers take each range's completion once per clock: a second completing
+    /// clocked. Only the servers the push reaches hear of it: a server owning part of
+    /// `range` but none of `keys` still waits for the worker's clock there (a dense range
+    /// push, [`KvClient::push_range_completing`], reaches every server of its range). The servers take each range's completion once per clock: a second completing
     /// push for a range already completed at this clock (a duplicate, a resent request) is
     /// dropped and counted in [`KvClient::dropped_pushes`]. For unreplicated tables with a
     /// staleness bound (`ssp:τ`), not `bsp` ones (whose rounds complete by clocks); the
