@@ -27,6 +27,7 @@ pub mod mf;
 pub mod model;
 pub mod report;
 mod rounds;
+mod straggle;
 
 pub use report::{Collector, Lines, Phase, Progress, Report, Reporter};
 

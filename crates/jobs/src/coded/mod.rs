@@ -68,32 +68,6 @@ enum Plan {
     Gradient { code: GradientCode, parts: Vec<(Problem, f64)> },
 }
 
-/// Per-iteration slowdown of this worker (see the module doc).
-struct Slowdown {
-    factor: f64,
-    tail: Option<(f64, f64)>,
-    rng: u64,
-}
-
-impl Slowdown {
-    fn new(a: &CodedConfig, rank: usize) -> Slowdown {
-        let factor = a.straggler.filter(|s| s.0 == rank).map_or(1.0, |s| s.1);
-        Slowdown { factor, tail: a.straggler_tail, rng: downpour_core::init::splitmix64(a.seed ^ 0xc0de ^ rank as u64) | 1 }
-    }
-
-    /// This iteration's factor.
-    fn draw(&mut self) -> f64 {
-        let mut f = self.factor;
-        if let Some((p, tf)) = self.tail {
-            self.rng = downpour_core::init::splitmix64(self.rng);
-            if ((self.rng >> 11) as f64 / (1u64 << 53) as f64) < p {
-                f *= tf;
-            }
-        }
-        f
-    }
-}
-
 /// How long a worker's computation counts for.
 struct Work {
     /// Emulated nanoseconds per multiply-add (0: the measured time only).
@@ -178,7 +152,7 @@ pub fn run(a: &CodedConfig, s: &mut WorkerSession, report: &Report) -> Result<()
     s.barrier("coded-ready")?;
 
     let mut progress = Progress::new(report, !a.quiet && rank == 0, "train coded");
-    let mut slow = Slowdown::new(a, rank);
+    let mut slow = crate::straggle::Straggle::new(a.straggler, a.straggler_tail, a.seed ^ 0xc0de, rank);
     let work = Work { ns_per_mac: a.compute_ns };
     let mut weights = vec![0f64; d];
     let mut z = vec![0f64; nn];

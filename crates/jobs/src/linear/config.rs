@@ -408,29 +408,21 @@ impl LinearConfig {
     /// Errors name the options it does not take.
     pub fn coded_config(&self, coding: crate::coded::Coding) -> Result<crate::coded::CodedConfig> {
         let d = LinearConfig::default();
-        let mut refused = Vec::new();
-        let mut check = |set: bool, name: &'static str| {
+        // the streaming options, less those the coded job takes too
+        let takes = ["--epochs", "--lr", "--l2", "--straggler", "--straggler-tail"];
+        let mut refused: Vec<&str> = self.streaming_options().into_iter().filter(|o| !takes.contains(o)).collect();
+        for (set, name) in [
+            (self.test.is_some(), "--test"),
+            (self.input.format != InputFormat::Libsvm, "--format"),
+            (self.input.positive_label.is_some(), "--positive-label"),
+            (self.algorithm != d.algorithm, "--algorithm"),
+            (self.data_assignment != d.data_assignment, "--data-assignment"),
+            (self.model_out.is_some(), "--model-out"),
+        ] {
             if set {
-                refused.push(name)
+                refused.push(name);
             }
-        };
-        check(self.test.is_some(), "--test");
-        check(self.input.format != InputFormat::Libsvm, "--format");
-        check(self.input.positive_label.is_some(), "--positive-label");
-        check(self.algorithm != d.algorithm, "--algorithm");
-        check(self.batch != d.batch, "--batch");
-        check(self.consistency != d.consistency, "--consistency");
-        check(self.aggregate != d.aggregate, "--aggregate");
-        check(self.backup_workers != d.backup_workers, "--backup-workers");
-        check(self.filters != d.filters, "--filters");
-        check(self.optimizer != d.optimizer, "--optimizer");
-        check(self.normalize.is_some(), "--normalize");
-        check(self.l1 != d.l1, "--l1");
-        check(self.shuffle_buffer != d.shuffle_buffer, "--shuffle-buffer");
-        check(self.data_assignment != d.data_assignment, "--data-assignment");
-        check(self.eval_every != d.eval_every, "--eval-every");
-        check(self.model_out.is_some(), "--model-out");
-        check(self.ssp_cache != 0, "--ssp-cache");
+        }
         if !refused.is_empty() {
             anyhow::bail!("--coded runs full-batch gradient descent and does not take {}", refused.join(", "));
         }

@@ -41,27 +41,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 /// How much longer this worker's work should take: FACTOR − 1 times its duration for the
 /// straggler, and for a seeded random fraction of every worker's iterations.
-struct Slowdown {
-    factor: f64,
-    tail: Option<(f64, f64)>,
-    rng: u64,
-}
+struct Slowdown(crate::straggle::Straggle);
 
 impl Slowdown {
     fn new(a: &LinearConfig, rank: usize) -> Slowdown {
-        let factor = a.straggler.filter(|s| s.0 == rank).map_or(1.0, |s| s.1);
-        Slowdown { factor, tail: a.straggler_tail, rng: downpour_core::init::splitmix64(a.seed ^ 0x5157 ^ rank as u64) | 1 }
+        Slowdown(crate::straggle::Straggle::new(a.straggler, a.straggler_tail, a.seed ^ 0x5157, rank))
     }
 
     /// Sleeps as the settings say for work that took `took`.
     fn apply(&mut self, took: Duration) {
-        let mut f = self.factor;
-        if let Some((p, tf)) = self.tail {
-            self.rng = downpour_core::init::splitmix64(self.rng);
-            if ((self.rng >> 11) as f64 / (1u64 << 53) as f64) < p {
-                f *= tf;
-            }
-        }
+        let f = self.0.draw();
         if f > 1.0 {
             std::thread::sleep(took.mul_f64(f - 1.0));
         }
