@@ -524,7 +524,8 @@ fn the_ssp_read_cache_answers_rows_locally_and_never_exceeds_the_bound() {
     let (tr, te, out) = (d.path().join("tr.svm"), d.path().join("te.svm"), d.path().join("m.json"));
     write_data(&tr, 10_000, 23);
     write_data(&te, 2_000, 24);
-    for rule in [&["--optimizer", "sgd", "--normalize", "false"][..], &[][..]] {
+    // (sgd with a step small enough for reads 3 clocks stale: the cache makes them that stale)
+    for rule in [&["--optimizer", "sgd", "--normalize", "false", "--lr", "0.02"][..], &[][..]] {
         let o = downpour()
             .args(["launch", "--servers", "2", "--workers", "2", "--", "train", "linear", "--train", tr.to_str().unwrap()])
             .args(["--test", te.to_str().unwrap(), "--epochs", "2", "--consistency", "ssp:3", "--ssp-cache", "100000"])
