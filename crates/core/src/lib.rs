@@ -38,6 +38,7 @@ pub mod rounds;
 pub mod rule;
 pub mod schedule;
 pub mod shards;
+pub mod shuffle;
 pub mod table;
 pub mod tensor;
 pub mod vecops;
