@@ -28,7 +28,7 @@ pub fn uncoded(spec: &ShuffleSpec) -> f64 {
 /// Expected coded messages per shuffle, each group's count the expected maximum of its
 /// members' (Poisson) counts.
 pub fn coded(spec: &ShuffleSpec) -> f64 {
-    coded_by(spec, |mu, members| expected_max_poisson(mu, members))
+    coded_by(spec, expected_max_poisson)
 }
 
 /// Expected coded messages per shuffle in the limit of many rows (a group's count its
