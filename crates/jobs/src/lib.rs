@@ -13,6 +13,7 @@
 //! | `train lda` | [`lda`] | topic models by collapsed Gibbs sampling, model-parallel over the vocabulary (LightLDA / STRADS) |
 //! | `train dnn` | [`dnn`] | MLP/CNN: Downpour SGD, synchronous SGD, model averaging, Sandblaster L-BFGS |
 //! | `train lsq`, `train linear --coded` | [`coded`] | full-batch gradient descent with coded partitioning (MDS), uncoded or gradient-coded |
+//! | `train shuffle` | [`shuffle`] | logistic regression by local SGD and model averaging, the data dealt anew every epoch by uncoded or coded shuffling |
 //! | `bench-job` | [`mod@bench`] | the benchmark's worker side |
 
 pub mod bench;
@@ -27,6 +28,7 @@ pub mod mf;
 pub mod model;
 pub mod report;
 mod rounds;
+pub mod shuffle;
 mod straggle;
 
 pub use report::{Collector, Lines, Phase, Progress, Report, Reporter};
@@ -66,6 +68,9 @@ pub enum TrainModel {
     /// Least squares by full-batch gradient descent, its matrix products split across the
     /// workers: uncoded, by coded partitioning (`--coded mds:W,K`) or by gradient coding.
     Lsq(Box<coded::CodedConfig>),
+    /// Logistic regression by local SGD and model averaging, worker 0 holding the data and
+    /// dealing it anew to the other workers every epoch: `--shuffle none|uncoded|coded`.
+    Shuffle(Box<shuffle::ShuffleConfig>),
 }
 
 impl Job {
@@ -103,6 +108,7 @@ impl Job {
             Job::Train(TrainModel::Mf(a)) => mf::run(a, session, report),
             Job::Train(TrainModel::Lda(a)) => lda::run(a, session, report),
             Job::Train(TrainModel::Lsq(a)) => coded::run(a, session, report),
+            Job::Train(TrainModel::Shuffle(a)) => shuffle::run(a, session, report),
         }
     }
 }
