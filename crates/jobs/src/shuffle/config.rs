@@ -89,8 +89,9 @@ pub struct ShuffleConfig {
     /// Local SGD steps between two averagings of the learners' models.
     #[cfg_attr(feature = "cli", arg(long, default_value_t = 10))]
     pub local_steps: usize,
-    /// Local SGD step size.
-    #[cfg_attr(feature = "cli", arg(long, default_value_t = 0.1))]
+    /// Local SGD step size (of the mean loss of a batch). The default suits rows of about unit
+    /// norm, as `data featurize` writes them; scale raw features first.
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 4.0))]
     pub lr: f64,
     /// λ, the L2 strength (applied to the features of each step).
     #[cfg_attr(feature = "cli", arg(long, default_value_t = 1e-6))]
@@ -120,7 +121,7 @@ impl ShuffleConfig {
             epochs: 10,
             batch: 32,
             local_steps: 10,
-            lr: 0.1,
+            lr: 4.0,
             l2: 1e-6,
             dim: 1 << 20,
             seed: 1,
