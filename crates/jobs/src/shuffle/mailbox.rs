@@ -158,6 +158,7 @@ pub(crate) fn layout(n: usize, cap: usize, msgs: &[Message], rows: &Rows) -> Res
 }
 
 /// One message as a learner reads it.
+#[derive(Debug)]
 pub(crate) struct Received {
     pub parts: Vec<Part>,
     /// Byte length of each part's row.
@@ -165,54 +166,134 @@ pub(crate) struct Received {
     pub payload: Vec<u8>,
 }
 
+/// Appends the messages of one span (consecutive messages that all name learner `k` of
+/// `n`) to `got`. Errors name what is malformed instead of reading past it.
+pub(crate) fn parse_span(words: &[u32], n: usize, k: usize, got: &mut Vec<Received>) -> Result<()> {
+    let mut i = 0;
+    while i < words.len() {
+        let m = words[i] as usize;
+        ensure!(m >= 1 && m <= n && i + 1 + 3 * m <= words.len(), "a message of {m} parts at word {i}");
+        let mut parts = Vec::with_capacity(m);
+        let mut lens = Vec::with_capacity(m);
+        for j in 0..m {
+            let at = i + 1 + 3 * j;
+            ensure!((words[at] as usize) < n, "a part for learner {} of {n} at word {at}", words[at]);
+            parts.push(Part { learner: words[at], row: words[at + 1] });
+            lens.push(words[at + 2]);
+        }
+        let longest = lens.iter().copied().max().unwrap_or(0) as usize;
+        let body = i + 1 + 3 * m;
+        let pw = longest.div_ceil(4);
+        ensure!(body + pw <= words.len(), "a message's payload runs past its span at word {i}");
+        ensure!(parts.iter().any(|p| p.learner as usize == k), "a message at word {i} does not name learner {k}");
+        let mut payload: Vec<u8> = words[body..body + pw].iter().flat_map(|w| w.to_le_bytes()).collect();
+        payload.truncate(longest);
+        got.push(Received { parts, lens, payload });
+        i = body + pw;
+    }
+    Ok(())
+}
+
 /// Learner `k`'s messages of the round in the mailbox `table` (of `cap` words), and how many
 /// rounds follow. Errors name what is malformed instead of reading past it.
 pub(crate) fn read_round(s: &mut WorkerSession, table: u32, n: usize, k: usize, cap: usize) -> Result<(u32, Vec<Received>)> {
-    let mut head = vec![0f32; header(n)];
-    s.kv.pull_range_into(table, 0, &mut head)?;
-    let head: Vec<u32> = head.into_iter().map(f32::to_bits).collect();
+    let mut buf = Vec::new();
+    read_with(
+        |at, len| {
+            buf.clear();
+            buf.resize(len, 0f32);
+            s.kv.pull_range_into(table, at as u64, &mut buf)?;
+            Ok(buf.iter().map(|v| v.to_bits()).collect())
+        },
+        n,
+        k,
+        cap,
+    )
+}
+
+/// [`read_round`] over `fetch(offset, words)`, which reads words of the round.
+fn read_with(mut fetch: impl FnMut(usize, usize) -> Result<Vec<u32>>, n: usize, k: usize, cap: usize) -> Result<(u32, Vec<Received>)> {
+    let head = fetch(0, header(n))?;
     let (left, used) = (head[0], head[1] as usize);
     ensure!(used <= cap, "shuffle round of {used} words in a mailbox of {cap}");
-    let (list_at, spans) = (head[2 + 2 * k] as u64, head[3 + 2 * k] as usize);
-    ensure!(list_at as usize + 2 * spans <= used, "shuffle round: learner {k}'s span list runs past the round");
-    let mut list = vec![0f32; 2 * spans];
-    if spans > 0 {
-        s.kv.pull_range_into(table, list_at, &mut list)?;
-    }
+    let (list_at, spans) = (head[2 + 2 * k] as usize, head[3 + 2 * k] as usize);
+    ensure!(list_at + 2 * spans <= used, "shuffle round: learner {k}'s span list runs past the round");
+    let list = if spans > 0 { fetch(list_at, 2 * spans)? } else { Vec::new() };
     let mut got = Vec::new();
-    let mut buf = Vec::new();
     for pair in list.chunks(2) {
-        let (o, len) = (pair[0].to_bits() as usize, pair[1].to_bits() as usize);
+        let (o, len) = (pair[0] as usize, pair[1] as usize);
         ensure!(o + len <= used && len > 0, "shuffle round: span {o}+{len} outside the {used} words written");
-        buf.clear();
-        buf.resize(len, 0f32);
-        s.kv.pull_range_into(table, o as u64, &mut buf)?;
-        let words: Vec<u32> = buf.iter().map(|v| v.to_bits()).collect();
-        let mut i = 0;
-        while i < words.len() {
-            let m = words[i] as usize;
-            ensure!(m >= 1 && m <= n && i + 1 + 3 * m <= words.len(), "shuffle round: a message of {m} parts at word {}", o + i);
-            let mut parts = Vec::with_capacity(m);
-            let mut lens = Vec::with_capacity(m);
-            for j in 0..m {
-                let at = i + 1 + 3 * j;
-                parts.push(Part { learner: words[at], row: words[at + 1] });
-                lens.push(words[at + 2]);
-            }
-            let longest = lens.iter().copied().max().unwrap_or(0) as usize;
-            let pw = longest.div_ceil(4);
-            let body = i + 1 + 3 * m;
-            ensure!(body + pw <= words.len(), "shuffle round: a message's payload runs past its span at word {}", o + i);
-            let mut payload: Vec<u8> = words[body..body + pw].iter().flat_map(|w| w.to_le_bytes()).collect();
-            payload.truncate(longest);
-            ensure!(
-                parts.iter().any(|p| p.learner as usize == k),
-                "shuffle round: a message at word {} in learner {k}'s span does not name it",
-                o + i
-            );
-            got.push(Received { parts, lens, payload });
-            i = body + pw;
-        }
+        let words = fetch(o, len)?;
+        parse_span(&words, n, k, &mut got).map_err(|e| anyhow::anyhow!("shuffle round, span at word {o}: {e}"))?;
     }
     Ok((left, got))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use downpour_core::shuffle::{assignment, decode, plan, Caches, Delivery, ShuffleSpec};
+
+    fn rows(q: usize) -> Rows {
+        let mut r = Rows::new();
+        for i in 0..q {
+            // every byte value, NaN-forming words included
+            let row: Vec<u8> = (0..(i * 37) % 61 + 1).map(|j| (i * 131 + j * 251) as u8).collect();
+            r.push(&row);
+        }
+        r
+    }
+
+    /// Every learner reads, from rounds laid out in a small mailbox, exactly the messages
+    /// naming it, and decodes its rows byte for byte.
+    #[test]
+    fn rounds_carry_every_message_to_the_learners_it_names() {
+        let (n, q) = (4, 300);
+        let data = rows(q);
+        let spec = ShuffleSpec { learners: n, rows: q, cache: 0.5, seed: 3 };
+        let old = assignment(&spec, 0);
+        let caches = Caches::initial(&spec, &old);
+        let new = assignment(&spec, 1);
+        let msgs = plan(&spec, &caches, &new, Delivery::Coded).unwrap();
+        let cap = 300;
+        let (rounds, sent) = layout(n, cap, &msgs, &data).unwrap();
+        assert!(rounds.len() > 2, "a small mailbox takes several rounds");
+        assert_eq!(sent.rounds as usize, rounds.len());
+        for k in 0..n {
+            let mut got = 0;
+            for (i, round) in rounds.iter().enumerate() {
+                assert!(round.len() <= cap);
+                let words: Vec<u32> = round.iter().map(|v| v.to_bits()).collect();
+                let (left, msgs_k) = read_with(|at, len| Ok(words[at..at + len].to_vec()), n, k, cap).unwrap();
+                assert_eq!(left as usize, rounds.len() - i - 1);
+                for m in msgs_k {
+                    let j = m.parts.iter().position(|p| p.learner as usize == k).unwrap();
+                    let row = m.parts[j].row;
+                    let held = |r: u32| caches.holds(k, r).then(|| data.get(r)).flatten();
+                    let bytes = decode(&m.parts, &m.payload, k as u32, m.lens[j] as usize, held).unwrap();
+                    assert_eq!(bytes, data.get(row).unwrap(), "learner {k} row {row}");
+                    got += 1;
+                }
+            }
+            assert_eq!(got, caches.missing(&new, k).len(), "learner {k}");
+        }
+    }
+
+    #[test]
+    fn malformed_rounds_are_refused() {
+        let n = 2;
+        let mut words = vec![0u32, 100, 0, 0, 0, 0];
+        assert!(read_with(|at, len| Ok(words[at..at + len].to_vec()), n, 0, 50).unwrap_err().to_string().contains("mailbox of 50"));
+        words[1] = 6;
+        words[2] = 5;
+        words[3] = 4;
+        assert!(read_with(|at, len| Ok(words[at..at + len].to_vec()), n, 0, 50).unwrap_err().to_string().contains("span list"));
+        let mut got = Vec::new();
+        assert!(parse_span(&[3, 0, 1, 4], n, 0, &mut got).is_err(), "more parts than learners");
+        assert!(parse_span(&[1, 0, 1, 400, 7], n, 0, &mut got).is_err(), "payload past the span");
+        assert!(parse_span(&[1, 1, 1, 4, 7], n, 0, &mut got).is_err(), "not for this learner");
+        assert!(parse_span(&[1, 9, 1, 4, 7], n, 0, &mut got).is_err(), "a learner out of range");
+        parse_span(&[1, 0, 1, 3, 0x0063_6261], n, 0, &mut got).unwrap();
+        assert_eq!(got[0].payload, b"abc");
+    }
 }

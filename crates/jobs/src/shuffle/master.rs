@@ -70,6 +70,12 @@ pub(super) fn run(a: &ShuffleConfig, s: &mut WorkerSession, report: &Report) -> 
     let spec = ShuffleSpec { learners: n, rows: q, cache: a.cache_fraction, seed: a.seed };
     spec.validate().map_err(|e| anyhow!("--cache-fraction {}: {e}", a.cache_fraction))?;
     let cap = mailbox::capacity(n, &d.rows);
+    ensure!(
+        cap < u32::MAX as usize,
+        "{}: {} bytes of rows need a mailbox of {cap} words, above the 2^32 a round can address",
+        a.train.display(),
+        d.rows.bytes()
+    );
     let mut meta = [0f32; META_LEN];
     meta[0] = f32::from_bits(q as u32);
     meta[1] = f32::from_bits(cap as u32);
