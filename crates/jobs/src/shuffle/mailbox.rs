@@ -282,7 +282,7 @@ mod tests {
     #[test]
     fn malformed_rounds_are_refused() {
         let n = 2;
-        let mut words = vec![0u32, 100, 0, 0, 0, 0];
+        let mut words = [0u32, 100, 0, 0, 0, 0];
         assert!(read_with(|at, len| Ok(words[at..at + len].to_vec()), n, 0, 50).unwrap_err().to_string().contains("mailbox of 50"));
         words[1] = 6;
         words[2] = 5;
