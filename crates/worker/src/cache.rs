@@ -16,7 +16,11 @@
 //! makes that exact (`add`, `sgd`; [`ReadCache::pushed`]); under other rules (FTRL,
 //! AdaGrad, …), which cannot be replayed on the worker, a row shows them at its next fetch,
 //! which `ssp` allows (it only promises updates older than the bound) but which makes the
-//! staleness a read actually sees reach the bound. Requests answered from memory take no request id, so a job
+//! staleness a read actually sees reach the bound. A read sent while an earlier one is still
+//! pulling some of its rows (a pipelined job sends the next read before waiting for the
+//! current one) takes those rows from the earlier answer once it lands instead of pulling
+//! them twice; it then also shows the own pushes made between the two waits (more than a
+//! server would have shown it, never less). Requests answered from memory take no request id, so a job
 //! whose requests must replay with the same ids (checkpoints, replacement of a worker of a
 //! replicated job) must not use it.
 
@@ -80,6 +84,12 @@ pub struct PendingRead {
     /// `missing_keys`).
     pulled: Vec<u64>,
     pull: Option<Timestamp>,
+    /// Positions and keys of rows that an earlier read still in flight is pulling: taken
+    /// from its answer once it lands (or pulled then, if that answer is too stale).
+    deferred: Vec<u32>,
+    deferred_keys: Vec<u64>,
+    /// This read's number.
+    seq: u64,
     clock: u64,
     /// Own pushes before the pull was sent.
     pushes: u64,
@@ -114,6 +124,11 @@ pub struct ReadCache {
     /// Per slot, the insert that last wrote it (to replay pushes onto exactly those rows).
     written: Vec<u64>,
     inserts: u64,
+    /// The keys the last read that pulled is pulling, and its number, until it is waited
+    /// for: a read sent meanwhile (a pipelined job sends the next read before waiting for
+    /// this one) takes those rows from its answer instead of pulling them again.
+    last: Option<(u64, Vec<u64>)>,
+    reads_sent: u64,
     stats: CacheStats,
 }
 
@@ -158,6 +173,8 @@ impl ReadCache {
             in_flight: std::collections::BTreeMap::new(),
             written: Vec::new(),
             inserts: 0,
+            last: None,
+            reads_sent: 0,
             stats: CacheStats::default(),
         })
     }
@@ -178,15 +195,21 @@ impl ReadCache {
     }
 
     /// Starts reading `keys` (sorted, unique, as for [`KvClient::pull`]) at the client's
-    /// current clock: rows held fresh enough are copied now, the others pulled. Finish
-    /// with [`ReadCache::wait`].
+    /// current clock: rows held fresh enough are copied now, rows the last read is still
+    /// pulling are taken from its answer when it lands, the others are pulled. Finish with
+    /// [`ReadCache::wait`], reads in the order they were sent (a read waited for before an
+    /// earlier one pulls the rows it expected from that one itself: correct, slower).
     pub fn pull(&mut self, kv: &mut KvClient, keys: &[u64]) -> Result<PendingRead, ClientError> {
         self.harvest(kv, false)?;
         let clock = kv.current_clock();
         let vl = self.vl;
         let mut values = vec![0f32; keys.len() * vl];
         let (mut missing, mut missing_keys, mut expiring, mut pulled) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut deferred, mut deferred_keys) = (Vec::new(), Vec::new());
         let mut hit_staleness: Option<u64> = None;
+        // the keys of the read in flight, sorted like `keys`: walked alongside
+        let in_flight: &[u64] = self.last.as_ref().map_or(&[], |(_, k)| k);
+        let mut at = 0;
         for (i, &k) in keys.iter().enumerate() {
             match self.index.get(&k) {
                 Some(&slot) if self.fresh[slot as usize] + self.tau >= clock => {
@@ -199,16 +222,25 @@ impl ReadCache {
                     }
                 }
                 _ => {
-                    missing.push(i as u32);
-                    missing_keys.push(k);
+                    while in_flight.get(at).is_some_and(|&f| f < k) {
+                        at += 1;
+                    }
+                    if in_flight.get(at) == Some(&k) {
+                        deferred.push(i as u32);
+                        deferred_keys.push(k);
+                    } else {
+                        missing.push(i as u32);
+                        missing_keys.push(k);
+                    }
                 }
             }
         }
+        self.reads_sent += 1;
+        let seq = self.reads_sent;
         self.stats.reads += 1;
         self.stats.rows_read += keys.len() as u64;
-        self.stats.rows_hit += (keys.len() - missing.len()) as u64;
+        self.stats.rows_hit += (keys.len() - missing.len() - deferred.len()) as u64;
         let pull = if missing_keys.is_empty() {
-            self.stats.reads_local += 1;
             // rows read at their last valid clock are fetched again in the background, so
             // that the next reads find them fresh without waiting
             if !expiring.is_empty() && self.refreshing.len() < MAX_REFRESHING {
@@ -227,18 +259,41 @@ impl ReadCache {
                 // both are in the caller's (sorted) order and disjoint
                 pulled.sort_unstable();
             }
-            let ts = kv.pull(self.table, if pulled.is_empty() { &missing_keys } else { &pulled })?;
+            let sent: &[u64] = if pulled.is_empty() { &missing_keys } else { &pulled };
+            let ts = kv.pull(self.table, sent)?;
             *self.in_flight.entry(self.pushes).or_default() += 1;
+            let mut last = self.last.take().map(|(_, v)| v).unwrap_or_default();
+            last.clear();
+            last.extend_from_slice(sent);
+            self.last = Some((seq, last));
             Some(ts)
         };
-        Ok(PendingRead { values, missing, missing_keys, pulled, pull, clock, pushes: self.pushes, hit_staleness })
+        Ok(PendingRead {
+            values,
+            missing,
+            missing_keys,
+            pulled,
+            pull,
+            deferred,
+            deferred_keys,
+            seq,
+            clock,
+            pushes: self.pushes,
+            hit_staleness,
+        })
     }
 
     /// Finishes a read: waits for the rows pulled (if any), keeps them, and returns every
     /// row in the order of the keys given to [`ReadCache::pull`].
     pub fn wait(&mut self, kv: &mut KvClient, read: PendingRead) -> Result<Vec<f32>, ClientError> {
-        let PendingRead { mut values, missing, missing_keys, pulled, pull, clock, pushes, hit_staleness } = read;
+        let PendingRead { mut values, missing, missing_keys, pulled, pull, deferred, deferred_keys, seq, clock, pushes, mut hit_staleness } =
+            read;
         let vl = self.vl;
+        let local = pull.is_none();
+        if self.last.as_ref().is_some_and(|(s, _)| *s == seq) {
+            // its rows are in memory from now on (or the read fails): later reads look there
+            self.last = None;
+        }
         if let Some(ts) = pull {
             let (rows, st) = kv.wait_values_staleness(ts)?;
             let got: &[u64] = if pulled.is_empty() { &missing_keys } else { &pulled };
@@ -259,6 +314,41 @@ impl ReadCache {
                 self.insert(got, &rows, clock.saturating_sub(st), pushes);
             }
             self.landed(pushes);
+        }
+        // rows an earlier read was pulling: its answer is in memory if it was waited for
+        let mut late: Vec<(u32, u64)> = Vec::new();
+        for (&i, &k) in deferred.iter().zip(&deferred_keys) {
+            match self.index.get(&k) {
+                Some(&slot) if self.fresh[slot as usize] + self.tau >= clock => {
+                    let (s, i) = (slot as usize, i as usize);
+                    values[i * vl..(i + 1) * vl].copy_from_slice(&self.values[s * vl..(s + 1) * vl]);
+                    let st = clock.saturating_sub(self.fresh[s]);
+                    hit_staleness = Some(hit_staleness.map_or(st, |m| m.max(st)));
+                }
+                _ => late.push((i, k)),
+            }
+        }
+        self.stats.rows_hit += (deferred.len() - late.len()) as u64;
+        if local && late.is_empty() {
+            self.stats.reads_local += 1;
+        }
+        if !late.is_empty() {
+            // too stale for this read's clock (or never waited for): pulled now, at a clock at
+            // least the read's, so within the bound for it too
+            let keys: Vec<u64> = late.iter().map(|&(_, k)| k).collect();
+            let now = kv.current_clock();
+            let ts = kv.pull(self.table, &keys)?;
+            let (rows, st) = kv.wait_values_staleness(ts)?;
+            for (j, &(i, _)) in late.iter().enumerate() {
+                let i = i as usize;
+                if let Some(row) = rows.get(j * vl..(j + 1) * vl) {
+                    values[i * vl..(i + 1) * vl].copy_from_slice(row);
+                }
+            }
+            if let Some(st) = st {
+                // no own push came between this pull and its answer: nothing to replay
+                self.insert(&keys, &rows, now.saturating_sub(st), self.pushes);
+            }
         }
         if let Some(st) = hit_staleness {
             kv.record_staleness(st);
