@@ -14,6 +14,7 @@
 #[cfg(not(target_endian = "little"))]
 compile_error!("Downpour sends keys and values in their in-memory form: little-endian targets only");
 
+pub mod admission;
 pub mod blocks;
 pub mod chain_epoch;
 pub mod chain_push;
