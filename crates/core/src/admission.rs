@@ -127,7 +127,7 @@ impl Sketch {
         let mut c = [0usize; DEPTH];
         for (r, cell) in c.iter_mut().enumerate() {
             let h = h1.wrapping_add((r as u64).wrapping_mul(h2));
-            *cell = r * self.width + ((h >> 32) * self.width as u64 >> 32) as usize;
+            *cell = r * self.width + (((h >> 32) * self.width as u64) >> 32) as usize;
         }
         c
     }
@@ -216,7 +216,7 @@ impl Admitter {
             Admission::Always => true,
             Admission::Count { n, .. } => count >= n,
             Admission::Probability(p) => {
-                let h = splitmix64(key ^ (count as u64) << 56 ^ 0x7072_6f62);
+                let h = splitmix64(key ^ ((count as u64) << 56) ^ 0x7072_6f62);
                 ((h >> 11) as f64 / (1u64 << 53) as f64) < p
             }
         };
