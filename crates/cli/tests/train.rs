@@ -911,3 +911,37 @@ fn a_lost_workers_unfinished_chunks_go_to_the_other_workers() {
     let m: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
     assert!(m["test_auc"].as_f64().unwrap() > 0.75, "{m}");
 }
+
+/// Rows of table 10 ("linear") on every server, from an info-level log.
+fn linear_rows(log: &str) -> u64 {
+    log.match_indices("table 10 \"linear\": ").map(|(i, m)| log[i + m.len()..].split(' ').next().unwrap().parse::<u64>().unwrap()).sum()
+}
+
+#[test]
+fn admission_keeps_features_seen_once_out_of_the_servers_and_still_learns() {
+    let d = tempfile::tempdir().unwrap();
+    let (tr, te, out, model) = (d.path().join("tr.svm"), d.path().join("te.svm"), d.path().join("m.json"), d.path().join("m.st"));
+    write_data(&tr, 6_000, 31);
+    write_data(&te, 2_000, 32);
+    // every training example also carries 4 ids no other example has
+    let text = std::fs::read_to_string(&tr).unwrap();
+    let once: String = text
+        .lines()
+        .enumerate()
+        .map(|(i, l)| format!("{l} {}:1 {}:1 {}:1 {}:1\n", 1000 + 4 * i, 1001 + 4 * i, 1002 + 4 * i, 1003 + 4 * i))
+        .collect();
+    std::fs::write(&tr, once).unwrap();
+    let all = train_logged(&tr, &te, &out, &model, 2, &["--epochs", "1"]);
+    let auc_all = metrics(&out)["test_auc"].as_f64().unwrap();
+    let admitted = train_logged(&tr, &te, &out, &model, 2, &["--epochs", "1", "--admit", "count:2"]);
+    let auc_admitted = metrics(&out)["test_auc"].as_f64().unwrap();
+    let (rows_all, rows_admitted) = (linear_rows(&all), linear_rows(&admitted));
+    assert!(rows_all >= 24_000 && rows_admitted <= 600, "rows: {rows_all} without admission, {rows_admitted} with");
+    assert!(admitted.contains("admission count:2"), "{admitted}");
+    assert!((auc_all - auc_admitted).abs() < 0.02, "AUC {auc_all} without admission, {auc_admitted} with");
+    for (flags, said) in [(&["--admit", "count:0"][..], "count:N"), (&["--admit", "count:2", "--replication", "2"][..], "replicated")] {
+        let o = downpour().args(["train", "linear", "--train", tr.to_str().unwrap(), "--quiet"]).args(flags).output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains(said), "{flags:?}: {err}");
+    }
+}

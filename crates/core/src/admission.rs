@@ -72,7 +72,11 @@ impl FromStr for Admission {
     /// `always` (or empty), `count:N`, `count:N:SKETCH_MIB` or `probability:P`.
     fn from_str(s: &str) -> Result<Admission> {
         let s = s.trim();
-        let bad = || CoreError::InvalidTable(format!("admission {s:?}: expected always, count:N (1 to 255), count:N:SKETCH_MIB or probability:P (0 < P ≤ 1)"));
+        let bad = || {
+            CoreError::InvalidTable(format!(
+                "admission {s:?}: expected always, count:N (1 to 255), count:N:SKETCH_MIB or probability:P (0 < P ≤ 1)"
+            ))
+        };
         if s.is_empty() || s == "always" {
             return Ok(Admission::Always);
         }

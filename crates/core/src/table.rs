@@ -10,6 +10,7 @@
 //!   cover a large part of the table; the linear application's minibatches touch a few
 //!   thousand keys of millions, where each binary search missed the cache ~20 times.)
 
+use crate::admission::{Admission, AdmissionStats, Admitter};
 use crate::consistency::Consistency;
 use crate::filter::FilterSpec;
 use crate::hashstore::{HashStore, ShardsMut};
@@ -43,10 +44,11 @@ fn sparse_walk(
     values: Option<&[f32]>,
     out: Option<&mut [f32]>,
     create: bool,
+    missing: Option<&mut Vec<u32>>,
 ) -> Option<usize> {
     let fill = |k: u64, w: &mut [f32]| init.fill(k, w);
     match values {
-        Some(g) => rule.with_row_step(PushWalk { h, fill, vl, keys, g, out, create }),
+        Some(g) => rule.with_row_step(PushWalk { h, fill, init, vl, keys, g, out, create, missing }),
         None => {
             let mut out = out;
             h.walk(
@@ -72,11 +74,14 @@ fn sparse_walk(
 struct PushWalk<'a, 'v, I> {
     h: &'a mut ShardsMut<'v>,
     fill: I,
+    init: Init,
     vl: usize,
     keys: &'a [u64],
     g: &'a [f32],
     out: Option<&'a mut [f32]>,
     create: bool,
+    /// Without `create`: where the positions of the keys without a row go.
+    missing: Option<&'a mut Vec<u32>>,
 }
 
 impl<I: FnMut(u64, &mut [f32])> RowStepUser for PushWalk<'_, '_, I> {
@@ -84,18 +89,26 @@ impl<I: FnMut(u64, &mut [f32])> RowStepUser for PushWalk<'_, '_, I> {
 
     #[inline]
     fn run<S: Fn(&mut [f32], &mut [f32], &[f32])>(self, step: S) -> Option<usize> {
-        let PushWalk { h, fill, vl, keys, g, mut out, create } = self;
+        let PushWalk { h, fill, init, vl, keys, g, mut out, create, mut missing } = self;
         h.walk(
             keys,
             create,
             fill,
             #[inline(always)]
-            |i, row| {
-                // (a push creates its keys: a row is always there)
-                if let Some((w, s)) = row {
+            |i, row| match row {
+                Some((w, s)) => {
                     step(w, s, &g[i * vl..(i + 1) * vl]);
                     if let Some(o) = out.as_deref_mut() {
                         copy_small(&mut o[i * vl..(i + 1) * vl], w);
+                    }
+                }
+                // (without `create`) a key without a row: left to the caller, read as new
+                None => {
+                    if let Some(m) = missing.as_deref_mut() {
+                        m.push(i as u32);
+                    }
+                    if let Some(o) = out.as_deref_mut() {
+                        init.fill(keys[i], &mut o[i * vl..(i + 1) * vl]);
                     }
                 }
             },
@@ -143,6 +156,9 @@ pub struct TableDef {
     pub backup_workers: u32,
     /// Filters on this table's keyed pushes, pulls and peeks (see [`crate::filter`]).
     pub filters: FilterSpec,
+    /// Sparse tables: when a pushed key gets a row ([`crate::admission`]); pulls never
+    /// create rows under admission (a key without one reads as its initial value).
+    pub admit: Admission,
 }
 
 impl TableDef {
@@ -161,6 +177,7 @@ impl TableDef {
             aggregate: Aggregate::None,
             backup_workers: 0,
             filters: FilterSpec::default(),
+            admit: Admission::Always,
         }
     }
 
@@ -188,7 +205,15 @@ impl TableDef {
                 p.id
             )));
         }
+        let admit: Admission = p.admit.parse()?;
+        if !admit.is_always() && p.dense {
+            return Err(CoreError::InvalidTable(format!(
+                "table {}: admission ({admit}) is for sparse tables; a dense one holds every key",
+                p.id
+            )));
+        }
         Ok(TableDef {
+            admit,
             id: p.id,
             name: p.name.clone(),
             value_len,
@@ -221,6 +246,7 @@ impl TableDef {
             aggregate: if self.aggregate == Aggregate::None { String::new() } else { self.aggregate.to_string() },
             backup_workers: self.backup_workers,
             filters: if self.filters.is_empty() { String::new() } else { self.filters.to_string() },
+            admit: if self.admit.is_always() { String::new() } else { self.admit.to_string() },
         }
     }
 
@@ -261,12 +287,16 @@ pub struct Table {
     scratch: Scratch,
     /// Large sparse requests may use two threads (the machine has two cores or more).
     parallel: bool,
+    /// Feature admission of a sparse table (`None`: every key at once).
+    admitter: Option<Admitter>,
 }
 
 /// Reused per-request buffers (the table is used under a lock, one request at a time).
 #[derive(Default)]
 struct Scratch {
     slots: Vec<usize>,
+    /// Positions of a push's keys without a row (admission).
+    missing: Vec<u32>,
 }
 
 impl Table {
@@ -304,7 +334,8 @@ impl Table {
             }
         };
         let parallel = std::thread::available_parallelism().is_ok_and(|n| n.get() >= 2);
-        Ok(Table { def, rule, owned, vl, sl, store, scratch: Scratch::default(), parallel })
+        let admitter = Admitter::new(def.admit);
+        Ok(Table { def, rule, owned, vl, sl, store, scratch: Scratch::default(), parallel, admitter })
     }
 
     /// The table definition.
@@ -327,12 +358,19 @@ impl Table {
         self.len() == 0
     }
 
-    /// Bytes of memory the stored rows (keys, values, rule state) hold, capacity included.
+    /// Bytes of memory the stored rows (keys, values, rule state) hold, capacity included,
+    /// and the admission sketch.
     pub fn bytes(&self) -> usize {
-        match &self.store {
+        let rows = match &self.store {
             Store::Dense(d) => (d.w.capacity() + d.s.capacity()) * 4,
             Store::Sparse(s) => s.bytes(),
-        }
+        };
+        rows + self.admitter.as_ref().map_or(0, Admitter::bytes)
+    }
+
+    /// The admission counts of a table with [`TableDef::admit`] set (`None` otherwise).
+    pub fn admission(&self) -> Option<AdmissionStats> {
+        self.admitter.as_ref().map(Admitter::stats)
     }
 
     /// Per value column, over the stored keys: (Σ|x|, number of non-zero x).
@@ -444,11 +482,49 @@ impl Table {
         Ok(())
     }
 
+    /// A keyed request ([`Table::batch_plain`]) under the table's admission: a pull never
+    /// creates a row; a push updates the rows there are, then asks the admitter, in key
+    /// order, about each key without one, and creates and updates the rows admitted in a
+    /// second pass (which reserves room for them as a bulk load does). The pass over the
+    /// stored rows is the same as without admission, split over two threads when large;
+    /// only keys without a row cost more. Keys are checked by the caller.
+    fn batch(&mut self, keys: &[u64], values: Option<&[f32]>, out: Option<&mut [f32]>, create: bool) {
+        let (Some(g), true, true) = (values, create, self.admitter.is_some()) else {
+            let create = create && self.admitter.is_none();
+            self.batch_plain(keys, values, out, create, None);
+            return;
+        };
+        let vl = self.vl;
+        let mut missing = std::mem::take(&mut self.scratch.missing);
+        missing.clear();
+        let mut out = out;
+        self.batch_plain(keys, Some(g), out.as_deref_mut(), false, Some(&mut missing));
+        if let Some(a) = self.admitter.as_mut() {
+            missing.retain(|&i| a.admit(keys[i as usize]));
+        }
+        if !missing.is_empty() {
+            let ks: Vec<u64> = missing.iter().map(|&i| keys[i as usize]).collect();
+            let mut gs = Vec::with_capacity(ks.len() * vl);
+            for &i in &missing {
+                gs.extend_from_slice(&g[i as usize * vl..(i as usize + 1) * vl]);
+            }
+            let mut os = out.as_ref().map(|_| vec![0f32; ks.len() * vl]);
+            self.batch_plain(&ks, Some(&gs), os.as_deref_mut(), true, None);
+            if let (Some(o), Some(os)) = (out, os) {
+                for (j, &i) in missing.iter().enumerate() {
+                    o[i as usize * vl..(i as usize + 1) * vl].copy_from_slice(&os[j * vl..(j + 1) * vl]);
+                }
+            }
+        }
+        self.scratch.missing = missing;
+    }
+
     /// The batch path of keyed requests: one pass over the keys with the rule matched once
     /// (a tight loop with the rule compiled in), each row updated and copied out in place.
     /// Without `create`, missing sparse keys are read as their initial value and not stored
-    /// (they can only be missing on a read-only request). Keys are checked by the caller.
-    fn batch(&mut self, keys: &[u64], values: Option<&[f32]>, out: Option<&mut [f32]>, create: bool) {
+    /// (a read-only request, or the first pass of an admitting push, which collects their
+    /// positions in `missing`). Keys are checked by the caller.
+    fn batch_plain(&mut self, keys: &[u64], values: Option<&[f32]>, out: Option<&mut [f32]>, create: bool, missing: Option<&mut Vec<u32>>) {
         let (vl, sl) = (self.vl, self.sl);
         let n = keys.len();
         let mut sc = std::mem::take(&mut self.scratch);
@@ -477,6 +553,7 @@ impl Table {
                 if create {
                     h.reserve_for(keys);
                 }
+                let mut missing = missing;
                 let rule = &self.rule;
                 let mut out = out;
                 // a large request on a machine with cores to spare: its keys split at the
@@ -510,12 +587,17 @@ impl Table {
                             }
                             None => (None, None),
                         };
+                        let mut mb = Vec::new();
+                        let want = missing.is_some();
                         let (sa, sb) = std::thread::scope(|scope| {
-                            let b = scope.spawn(|| sparse_walk(&mut vb, rule, init, vl, kb, gb, ob, create));
-                            let a = sparse_walk(&mut va, rule, init, vl, ka, ga, oa, create);
+                            let b = scope.spawn(|| sparse_walk(&mut vb, rule, init, vl, kb, gb, ob, create, want.then_some(&mut mb)));
+                            let a = sparse_walk(&mut va, rule, init, vl, ka, ga, oa, create, missing.as_deref_mut());
                             // a panic of the other thread is this thread's
                             (a, b.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
                         });
+                        if let Some(m) = missing.as_deref_mut() {
+                            m.extend(mb.iter().map(|&i| i + at as u32));
+                        }
                         rest.extend(sa.map(|i| (i, at)));
                         rest.extend(sb.map(|i| (at + i, n)));
                         let (a, b) = (va.into_parts(), vb.into_parts());
@@ -523,7 +605,7 @@ impl Table {
                     }
                     None => {
                         let mut v = h.view();
-                        let stopped = sparse_walk(&mut v, rule, init, vl, keys, values, out.as_deref_mut(), create);
+                        let stopped = sparse_walk(&mut v, rule, init, vl, keys, values, out.as_deref_mut(), create, missing);
                         rest.extend(stopped.map(|i| (i, n)));
                         let parts = v.into_parts();
                         h.finish(parts);
@@ -535,7 +617,8 @@ impl Table {
                     let mut v = h.view();
                     let g = values.map(|g| &g[from * vl..to * vl]);
                     let o = out.as_deref_mut().map(|o| &mut o[from * vl..to * vl]);
-                    sparse_walk(&mut v, rule, init, vl, &keys[from..to], g, o, create);
+                    // (only a walk that creates stops early: nothing is missing there)
+                    sparse_walk(&mut v, rule, init, vl, &keys[from..to], g, o, create, None);
                     let parts = v.into_parts();
                     h.finish(parts);
                 }
@@ -705,6 +788,34 @@ pub(crate) mod tests {
             rule: proto::Rule { name: rule.into(), lr: 0.1, ..Default::default() },
             ..TableDef::new(1, "t")
         }
+    }
+
+    /// A request large enough for two threads: the keys without a row are collected from
+    /// both halves, in key order, and admitted at their second push.
+    #[test]
+    fn large_admitting_pushes_admit_every_key_at_its_second_push() {
+        let d = TableDef { admit: Admission::Count { n: 2, sketch_mib: 16.0 }, ..def(None, 1, "add") };
+        let mut t = Table::new(d, KeyRange::FULL, &RuleRegistry::new()).unwrap();
+        let keys = crate::keys::random_sorted_keys(4 * PARALLEL_MIN, 5);
+        let n = keys.len();
+        let mut out = vec![9f32; n];
+        t.push_pull(&keys, &vec![1.0; n], &mut out).unwrap();
+        assert!(out.iter().all(|&v| v == 0.0) && t.is_empty(), "{} rows after one push", t.len());
+        t.push(&keys, &vec![2.0; n]).unwrap();
+        assert_eq!(t.len(), n);
+        t.push_pull(&keys, &vec![3.0; n], &mut out).unwrap();
+        assert!(out.iter().all(|&v| v == 5.0));
+        assert_eq!(t.admission().unwrap(), AdmissionStats { admitted: n as u64, refused: n as u64 });
+    }
+
+    #[test]
+    fn admission_travels_in_the_wire_form_and_is_refused_on_dense_tables() {
+        let d = TableDef { admit: "count:3:0.5".parse().unwrap(), ..def(None, 1, "add") };
+        assert_eq!(TableDef::from_proto(&d.to_proto()).unwrap().admit, d.admit);
+        assert_eq!(TableDef::from_proto(&def(None, 1, "add").to_proto()).unwrap().admit, Admission::Always);
+        let dense = TableDef { admit: Admission::Probability(0.5), ..def(Some(KeyRange::new(0, 10)), 1, "add") };
+        let e = TableDef::from_proto(&dense.to_proto()).unwrap_err();
+        assert!(e.to_string().contains("sparse"), "{e}");
     }
 
     /// A large request (applied on two threads, half the shards each, where the machine has
@@ -957,6 +1068,51 @@ pub(crate) mod tests {
 
     proptest! {
         // The sorted-array + delta store behaves exactly like a map, across compactions.
+        /// Under `count:N` a key's row appears at its N-th push, which is the first applied;
+        /// pulls and peeks never create rows; push-pull reads a refused key as new; the rows
+        /// are those of a map that counts pushes. Batches are large enough at times to take
+        /// the two-thread path and the bulk reservation.
+        #[test]
+        fn admission_matches_a_map_that_counts_pushes(
+            batches in proptest::collection::vec((proptest::collection::vec((0u64..3000, -5i32..5), 1..2500), 0u8..3), 1..20),
+            n in 1u8..4,
+        ) {
+            let def = TableDef { admit: Admission::Count { n, sketch_mib: 1.0 }, ..def(None, 1, "add") };
+            let mut t = Table::new(def, KeyRange::FULL, &RuleRegistry::new()).unwrap();
+            // key → (pushes so far, the row if admitted)
+            let mut model: BTreeMap<u64, (u8, Option<f32>)> = BTreeMap::new();
+            for (batch, kind) in &batches {
+                // spread keys over the whole space (shards), sorted
+                let m: BTreeMap<u64, f32> = batch.iter().map(|&(k, v)| (k.wrapping_mul(0x9e37_79b9_7f4a_7c15), v as f32)).collect();
+                let keys: Vec<u64> = m.keys().copied().collect();
+                let vals: Vec<f32> = m.values().copied().collect();
+                let mut out = vec![9.0; keys.len()];
+                match kind {
+                    0 => t.pull(&keys, &mut out).unwrap(),
+                    1 => t.push_pull(&keys, &vals, &mut out).unwrap(),
+                    _ => t.push(&keys, &vals).unwrap(),
+                }
+                for ((k, v), o) in keys.iter().zip(&vals).zip(&out) {
+                    let e = model.entry(*k).or_insert((0, None));
+                    if *kind != 0 {
+                        e.0 = e.0.saturating_add(1);
+                        if e.0 >= n {
+                            e.1 = Some(e.1.unwrap_or(0.0) + v);
+                        }
+                    }
+                    if *kind != 2 {
+                        prop_assert_eq!(*o, e.1.unwrap_or(0.0), "key {} after {} pushes", k, e.0);
+                    }
+                }
+            }
+            let admitted = model.values().filter(|e| e.1.is_some()).count();
+            prop_assert_eq!(t.len(), admitted);
+            let st = t.admission().unwrap();
+            prop_assert_eq!(st.admitted as usize, admitted);
+            let refused: u64 = model.values().map(|e| e.0.min(n - 1) as u64).sum();
+            prop_assert_eq!(st.refused, refused);
+        }
+
         #[test]
         fn sparse_store_matches_a_btreemap(batches in proptest::collection::vec(proptest::collection::vec((0u64..20_000, -5i32..5), 1..600), 1..25)) {
             let mut t = Table::new(def(None, 1, "add"), KeyRange::FULL, &RuleRegistry::new()).unwrap();

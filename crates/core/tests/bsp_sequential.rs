@@ -28,6 +28,7 @@ fn def(aggregate: Aggregate) -> TableDef {
         aggregate,
         backup_workers: 0,
         filters: Default::default(),
+        admit: Default::default(),
     }
 }
 

@@ -32,6 +32,10 @@ pub struct BenchCases {
     /// the same keys every iteration, so `keycache` shows what key caching saves.
     #[cfg_attr(feature = "cli", arg(long, default_value = "none"))]
     pub sparse_filters: String,
+    /// Feature admission on the sparse case's table (as `train linear --admit`); the keys are
+    /// pushed until admitted before the timing, which then measures the admitted path.
+    #[cfg_attr(feature = "cli", arg(long, default_value = "always"))]
+    pub sparse_admit: String,
     /// Also measure a `train dnn` parameter step for this model (`mlp` with the default
     /// 256,128 hidden widths, or `cnn`): the framework's push of the whole gradient to an
     /// AdaGrad table and pull of the whole model, beside the raw dense push-then-pull of the
@@ -263,16 +267,27 @@ pub fn run_worker(a: &BenchJobConfig, s: &mut WorkerSession, report: &Report) ->
     }
     if a.cases.sparse_keys > 0 {
         let id = 200;
+        let admit: downpour_core::admission::Admission =
+            a.cases.sparse_admit.parse().map_err(|e: downpour_core::CoreError| anyhow::anyhow!("--sparse-admit: {e}"))?;
         s.kv.create_table(TableDef {
             filters: a.cases.sparse_filters.parse().map_err(|e: downpour_core::CoreError| anyhow::anyhow!("--sparse-filters: {e}"))?,
+            admit,
             ..TableDef::new(id, "bench-sparse")
         })?;
         // Random u64 keys (seeded by rank), sorted and unique as the API requires.
         let keys = downpour_core::keys::random_sorted_keys(a.cases.sparse_keys, 0x9E37_79B9_7F4A_7C15 ^ (s.rank as u64 + 1));
         let vals = vec![1f32; keys.len()];
         let mut out = vec![0f32; keys.len()];
-        let ts = s.kv.push(id, &keys, &vals)?; // creates the keys on the servers
-        s.kv.wait(ts)?;
+        // creates the keys on the servers (under admission, once each is admitted)
+        let warmup = match admit {
+            downpour_core::admission::Admission::Always => 1,
+            downpour_core::admission::Admission::Count { n, .. } => n as usize,
+            downpour_core::admission::Admission::Probability(p) => (8.0 / p).ceil() as usize,
+        };
+        for _ in 0..warmup {
+            let ts = s.kv.push(id, &keys, &vals)?;
+            s.kv.wait(ts)?;
+        }
         let iters = a.cases.iters.unwrap_or(10).max(1);
         for op in ["push", "pull"] {
             s.barrier(&format!("bench-sparse-{op}"))?;

@@ -346,6 +346,7 @@ pub(crate) fn table(id: u32, name: &str, len: usize, rule: proto::Rule, consiste
         aggregate: Aggregate::None,
         backup_workers: 0,
         filters: FilterSpec::default(),
+        admit: downpour_core::admission::Admission::Always,
     }
 }
 

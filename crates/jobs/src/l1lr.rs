@@ -237,6 +237,7 @@ pub fn run(a: &L1lrConfig, s: &mut WorkerSession, report: &Report) -> Result<()>
         aggregate: Aggregate::Sum,
         backup_workers: 0,
         filters: a.filters.clone(),
+        admit: downpour_core::admission::Admission::Always,
     })?;
     s.kv.create_table(TableDef {
         storage: Storage::Dense(KeyRange::new(0, SUMMARY_LEN * s.num_workers as u64)),

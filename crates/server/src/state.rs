@@ -169,8 +169,19 @@ impl ServerState {
             };
             let t = tables[id].table.read();
             keys_total += t.len();
+            let admission = t
+                .admission()
+                .map(|a| {
+                    format!(
+                        ", admission {}: {} keys admitted, {} pushes of keys without a row dropped",
+                        t.def().admit,
+                        a.admitted,
+                        a.refused
+                    )
+                })
+                .unwrap_or_default();
             out.push(format!(
-                "table {id} {:?}: {} keys, {:.1} MiB of rows{}",
+                "table {id} {:?}: {} keys, {:.1} MiB of rows{}{admission}",
                 t.def().name,
                 t.len(),
                 t.bytes() as f64 / (1u64 << 20) as f64,

@@ -75,6 +75,7 @@ fn table(id: u32, vl: usize, storage: Storage, rule: &str) -> TableDef {
         aggregate: Default::default(),
         backup_workers: 0,
         filters: Default::default(),
+        admit: Default::default(),
     }
 }
 

@@ -186,6 +186,7 @@ fn table_def(a: &LinearConfig, normalized: bool) -> TableDef {
         aggregate: a.aggregate,
         backup_workers: a.backup_workers,
         filters: a.filters.clone(),
+        admit: a.admit,
     }
 }
 
@@ -478,6 +479,11 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
             }
         }
     };
+    ensure!(
+        a.admit.is_always() || !replicated,
+        "--admit {}: the copies of a replicated table would each count pushes on their own; admission runs on unreplicated clusters only so far",
+        a.admit
+    );
     s.kv.create_table(table_def(a, normalized))?;
     let mut cache = match a.ssp_cache {
         0 => None,
@@ -487,6 +493,10 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
                 "--ssp-cache answers reads without requests, so a replay would not take the same request ids: it cannot be combined with checkpoints or --replication"
             );
             ensure!(!dynamic, "--ssp-cache is for --data-assignment static");
+            ensure!(
+                a.admit.is_always(),
+                "--ssp-cache folds the worker's own pushes into its rows, which --admit may drop on the servers: use one or the other"
+            );
             ensure!(
                 a.filters == downpour_core::filter::FilterSpec::default(),
                 "--ssp-cache folds the worker's own pushes into its rows as sent, which --filters would change on the way: use one or the other"
