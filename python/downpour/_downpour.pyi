@@ -62,6 +62,7 @@ class Session:
         filters: str = "none",
         aggregate: str = "none",
         backup_workers: int = 0,
+        admit: str = "always",
     ) -> Table:
         """Creates table id (or checks that it exists alike) and returns it."""
     def barrier(self, name: str) -> None:

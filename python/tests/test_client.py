@@ -55,6 +55,23 @@ def test_the_servers_apply_the_tables_update_rule():
     cluster.wait()
 
 
+def test_an_admitting_table_gives_a_key_its_row_at_its_second_push():
+    cluster = downpour.embedded(servers=2)
+    s = cluster.join()
+    t = s.table(3, "admitted", admit="count:2")
+    keys = downpour.scramble(np.arange(500, dtype=np.uint64))
+    keys.sort()
+    ones = np.ones(500, dtype=np.float32)
+    t.push(keys, ones)
+    np.testing.assert_array_equal(t.pull(keys), np.zeros(500, dtype=np.float32))
+    t.push(keys, 2 * ones)
+    np.testing.assert_array_equal(t.pull(keys), 2 * ones)
+    with pytest.raises(downpour.DownpourError, match="count:N"):
+        s.table(4, "bad", admit="count:0")
+    s.finish()
+    cluster.wait()
+
+
 def test_two_worker_threads_see_each_others_pushes_with_the_gil_released():
     cluster = downpour.embedded(servers=2, workers=2)
     keys = np.arange(0, 5000, 7, dtype=np.uint64)
