@@ -119,6 +119,8 @@ pub struct ReadCache {
     /// rows when they land, so a row never loses a push the servers have not shown it yet.
     pushes: u64,
     push_log: VecDeque<(u64, Vec<u64>, Vec<f32>)>,
+    /// Buffers of log entries no longer needed, reused by the next pushes.
+    spare: Vec<(Vec<u64>, Vec<f32>)>,
     /// Pulls in flight by the number of own pushes before them.
     in_flight: std::collections::BTreeMap<u64, usize>,
     /// Per slot, the insert that last wrote it (to replay pushes onto exactly those rows).
@@ -170,6 +172,7 @@ impl ReadCache {
             refreshing: VecDeque::new(),
             pushes: 0,
             push_log: VecDeque::new(),
+            spare: Vec::new(),
             in_flight: std::collections::BTreeMap::new(),
             written: Vec::new(),
             inserts: 0,
@@ -381,7 +384,9 @@ impl ReadCache {
     pub fn pushed(&mut self, keys: &[u64], values: &[f32]) -> bool {
         let Some(c) = self.own else { return false };
         let vl = self.vl;
-        let deltas: Vec<f32> = values.iter().map(|v| c * v).collect();
+        let (mut logged_keys, mut deltas) = self.spare.pop().unwrap_or_default();
+        deltas.clear();
+        deltas.extend(values.iter().map(|v| c * v));
         for (j, k) in keys.iter().enumerate() {
             if let Some(&slot) = self.index.get(k) {
                 let s = slot as usize;
@@ -393,7 +398,11 @@ impl ReadCache {
         self.pushes += 1;
         // a pull in flight was sent before this push: its rows will not show it
         if !self.in_flight.is_empty() {
-            self.push_log.push_back((self.pushes, keys.to_vec(), deltas));
+            logged_keys.clear();
+            logged_keys.extend_from_slice(keys);
+            self.push_log.push_back((self.pushes, logged_keys, deltas));
+        } else {
+            self.spare.push((logged_keys, deltas));
         }
         true
     }
@@ -409,7 +418,11 @@ impl ReadCache {
         }
         let oldest = self.in_flight.keys().next().copied().unwrap_or(u64::MAX);
         while self.push_log.front().is_some_and(|(seq, ..)| *seq <= oldest) {
-            self.push_log.pop_front();
+            if let Some((_, k, d)) = self.push_log.pop_front() {
+                if self.spare.len() < 8 {
+                    self.spare.push((k, d));
+                }
+            }
         }
     }
 

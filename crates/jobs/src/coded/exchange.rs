@@ -40,8 +40,9 @@ pub(crate) struct Exchange {
     send: Vec<f32>,
     /// The last region pulled.
     buf: Vec<f32>,
-    /// Markers peeked.
+    /// Markers peeked, and their keys (reused: a straggler peeks every millisecond).
     markers: Vec<f32>,
+    marker_keys: Vec<u64>,
 }
 
 impl Exchange {
@@ -60,7 +61,7 @@ impl Exchange {
             backup_workers: (n - need) as u32,
             ..TableDef::new(id, name)
         })?;
-        Ok(Exchange { table: id, n, m, need, history, send: Vec::with_capacity(slot), buf: vec![0.0; n * slot], markers: vec![0.0; n] })
+        Ok(Exchange { table: id, n, m, need, history, send: Vec::with_capacity(slot), buf: vec![0.0; n * slot], markers: vec![0.0; n], marker_keys: Vec::with_capacity(n) })
     }
 
     fn region(&self, round: u64) -> u64 {
@@ -73,8 +74,10 @@ impl Exchange {
             return Ok(true);
         }
         let base = self.region(round);
-        let keys: Vec<u64> = (0..self.n as u64).map(|j| base + j * (self.m + 1) as u64 + self.m as u64).collect();
-        s.kv.peek_into(self.table, &keys, &mut self.markers)?;
+        let slot = (self.m + 1) as u64;
+        self.marker_keys.clear();
+        self.marker_keys.extend((0..self.n as u64).map(|j| base + j * slot + self.m as u64));
+        s.kv.peek_into(self.table, &self.marker_keys, &mut self.markers)?;
         let want = (round + 1) as f32;
         Ok(self.markers.iter().filter(|&&v| v == want).count() >= self.need || s.kv.current_clock() > round)
     }
