@@ -30,6 +30,7 @@
 // The key's hash: a full-avalanche mix (MurmurHash3's finaliser, the same bijection the
 // applications use to spread ids over servers), so sequential ids and ids that differ only
 // in high bits spread over shards and slots alike.
+use crate::eviction::{Histogram, Mark, Tick, Victims, REBUILT_LOAD};
 use crate::keys::scramble as mix;
 
 /// Marks an empty slot. Not a valid sparse key.
@@ -169,7 +170,7 @@ impl Shard {
     /// returns the longest probe a row took.
     fn grow(&mut self, stride: usize, hash: fn(u64) -> u64, rows: usize) -> usize {
         let cap = (self.cap * 3 / 2).max(MIN_CAP).max(rows * MAX_LOAD_DEN / MAX_LOAD_NUM + 1);
-        self.rebuild(cap, stride, |_| true, hash).1
+        self.rebuild(cap, stride, |_, _| true, hash).1
     }
 
     /// An empty shard of `cap` rows.
@@ -197,10 +198,10 @@ impl Shard {
         displacement(home, i, self.cap)
     }
 
-    /// Moves the rows whose key `keep` accepts into fresh arrays of capacity `cap` under
+    /// Moves the rows that `keep(key, row)` accepts into fresh arrays of capacity `cap` under
     /// `hash` (linear probing leaves no holes behind); returns how many rows were dropped
     /// and the longest probe a row took.
-    fn rebuild(&mut self, cap: usize, stride: usize, keep: impl Fn(u64) -> bool, hash: fn(u64) -> u64) -> (usize, usize) {
+    fn rebuild(&mut self, cap: usize, stride: usize, mut keep: impl FnMut(u64, &[u32]) -> bool, hash: fn(u64) -> u64) -> (usize, usize) {
         let old = std::mem::replace(self, Shard::with_capacity(cap, stride));
         let (mut dropped, mut longest) = (0, 0);
         for row in old.data.chunks_exact(stride) {
@@ -208,7 +209,7 @@ impl Shard {
             if k == EMPTY {
                 continue;
             }
-            if !keep(k) {
+            if !keep(k, row) {
                 dropped += 1;
                 continue;
             }
@@ -247,10 +248,27 @@ fn displacement(home: usize, i: usize, cap: usize) -> usize {
     }
 }
 
-/// A sparse table's rows: key → (`vl` values, `sl` state values).
+/// How a walk marks the rows it reaches, in a store with a mark word per row
+/// ([`HashStore::with_marks`]; see [`crate::eviction`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Touch {
+    /// Leaves the mark (and a store without marks).
+    Off,
+    /// Sets it to this tick.
+    Stamp(u32),
+    /// Adds one to it (saturating).
+    Count,
+}
+
+/// A sparse table's rows: key → (`vl` values, `sl` state values), and optionally a mark word.
 pub struct HashStore {
     vl: usize,
+    /// Words of a row: the key (2), values, state and the mark (when `marked`).
     stride: usize,
+    /// Rows carry a mark word after their state.
+    marked: bool,
+    /// How the next walks mark rows.
+    touch: Touch,
     shards: Vec<Shard>,
     len: usize,
     /// Placement by the key itself (rows in key order) rather than by its mix.
@@ -260,7 +278,34 @@ pub struct HashStore {
 impl HashStore {
     /// An empty store of rows with `vl` values and `sl` state values each.
     pub fn new(vl: usize, sl: usize) -> HashStore {
-        HashStore { vl, stride: 2 + vl + sl, shards: (0..SHARDS).map(|_| Shard::default()).collect(), len: 0, ordered: true }
+        HashStore::with_marks(vl, sl, false)
+    }
+
+    /// An empty store whose rows carry, with `marked`, one more 32-bit word after their state:
+    /// the mark that walks set as [`HashStore::set_touch`] says and eviction reads.
+    pub fn with_marks(vl: usize, sl: usize, marked: bool) -> HashStore {
+        HashStore {
+            vl,
+            stride: 2 + vl + sl + usize::from(marked),
+            marked,
+            touch: Touch::Off,
+            shards: (0..SHARDS).map(|_| Shard::default()).collect(),
+            len: 0,
+            ordered: true,
+        }
+    }
+
+    /// How the walks from now on mark the rows they reach (found or created; a row created
+    /// under [`Touch::Off`] has mark 0). Precondition: [`Touch::Off`] unless the store has marks.
+    pub fn set_touch(&mut self, touch: Touch) {
+        debug_assert!(self.marked || touch == Touch::Off);
+        self.touch = if self.marked { touch } else { Touch::Off };
+    }
+
+    /// Words of a row before its mark: key, values and state.
+    #[inline]
+    fn end(&self) -> usize {
+        self.stride - usize::from(self.marked)
     }
 
     /// Number of keys stored.
@@ -370,8 +415,8 @@ impl HashStore {
 
     /// A view of every shard, to walk keys and reach rows through; [`HashStore::finish`] after.
     pub fn view(&mut self) -> ShardsMut<'_> {
-        let (vl, stride, ordered) = (self.vl, self.stride, self.ordered);
-        ShardsMut { shards: &mut self.shards, base: 0, vl, stride, ordered, added: 0, clustered: false }
+        let (vl, stride, ordered, end, touch) = (self.vl, self.stride, self.ordered, self.end(), self.touch);
+        ShardsMut { shards: &mut self.shards, base: 0, vl, stride, end, touch, ordered, added: 0, clustered: false }
     }
 
     /// Under ordered placement, two views: the shards before `at` and those from it, whose
@@ -382,9 +427,9 @@ impl HashStore {
         if !self.ordered || at == 0 || at >= SHARDS {
             return None;
         }
-        let (vl, stride) = (self.vl, self.stride);
+        let (vl, stride, end, touch) = (self.vl, self.stride, self.end(), self.touch);
         let (a, b) = self.shards.split_at_mut(at);
-        let view = |shards, base| ShardsMut { shards, base, vl, stride, ordered: true, added: 0, clustered: false };
+        let view = |shards, base| ShardsMut { shards, base, vl, stride, end, touch, ordered: true, added: 0, clustered: false };
         Some((view(a, 0), view(b, at)))
     }
 
@@ -470,16 +515,16 @@ impl HashStore {
     /// The values and state of a row, mutable.
     #[inline]
     pub fn row_mut(&mut self, t: Slot) -> (&mut [f32], &mut [f32]) {
-        let (vl, stride) = (self.vl, self.stride);
+        let (vl, stride, end) = (self.vl, self.stride, self.end());
         let row = self.shards[t.shard()].row_mut(t.index(), stride);
-        bytemuck::cast_slice_mut::<u32, f32>(&mut row[2..]).split_at_mut(vl)
+        bytemuck::cast_slice_mut::<u32, f32>(&mut row[2..end]).split_at_mut(vl)
     }
 
     /// The values and state of a row, side by side.
     #[inline]
     pub fn row(&self, t: Slot) -> &[f32] {
         let b = t.index() * self.stride + 2;
-        bytemuck::cast_slice(&self.shards[t.shard()].data[b..b + self.stride - 2])
+        bytemuck::cast_slice(&self.shards[t.shard()].data[b..b + self.end() - 2])
     }
 
     /// Removes every stored key with `lo <= key < hi`; returns how many. Each shard holding
@@ -495,7 +540,7 @@ impl HashStore {
             });
             if hit {
                 let cap = sh.cap;
-                removed += sh.rebuild(cap, stride, |k| !(lo..hi).contains(&k), placement(self.ordered)).0;
+                removed += sh.rebuild(cap, stride, |k, _| !(lo..hi).contains(&k), placement(self.ordered)).0;
             }
         }
         self.len -= removed;
@@ -507,7 +552,7 @@ impl HashStore {
     pub fn range_rows(&self, lo: u64, hi: u64, keys: &mut Vec<u64>, rows: &mut Vec<f32>) {
         let found = self.sorted_slots(lo, hi);
         keys.reserve(found.len());
-        rows.reserve(found.len() * (self.stride - 2));
+        rows.reserve(found.len() * (self.end() - 2));
         for (k, t) in found {
             keys.push(k);
             rows.extend_from_slice(self.row(t));
@@ -541,6 +586,52 @@ impl HashStore {
         }
     }
 
+    /// Counts the rows of shard `si` by coldness under `mark` at `now` into `hist`.
+    /// Precondition: a store with marks.
+    pub fn survey_shard(&self, si: usize, mark: Mark, now: Tick, hist: &mut Histogram) {
+        let (stride, m) = (self.stride, self.end());
+        let sh = &self.shards[si];
+        for row in sh.data.chunks_exact(stride) {
+            if row[0] & row[1] != u32::MAX {
+                hist.add(mark.bucket(row[m], now));
+            }
+        }
+    }
+
+    /// Drops the rows of shard `si` that `victims` takes under `mark` at `now` (in storage
+    /// order), calling `gone(key)` for each, and rebuilds the shard at [`REBUILT_LOAD`] when
+    /// its load fell below that (so freed rows free memory). Holds the old and new arrays of
+    /// one shard at once; a shard with nothing to drop is left as it is. Returns the rows
+    /// dropped. Precondition: a store with marks.
+    pub fn evict_shard(&mut self, si: usize, mark: Mark, now: Tick, victims: &mut Victims, mut gone: impl FnMut(u64)) -> usize {
+        let (stride, m, hash) = (self.stride, self.end(), self.hash());
+        let sh = &mut self.shards[si];
+        let mut dry = *victims;
+        let going = sh.data.chunks_exact(stride).filter(|row| row[0] & row[1] != u32::MAX && dry.take(mark, row[m], now)).count();
+        if going == 0 {
+            return 0;
+        }
+        let kept = sh.len - going;
+        let cap =
+            if (kept as f64) < sh.cap as f64 * REBUILT_LOAD { ((kept as f64 / REBUILT_LOAD).ceil() as usize).max(MIN_CAP) } else { sh.cap };
+        let dropped = sh
+            .rebuild(
+                cap,
+                stride,
+                |k, row| {
+                    let take = victims.take(mark, row[m], now);
+                    if take {
+                        gone(k);
+                    }
+                    !take
+                },
+                hash,
+            )
+            .0;
+        self.len -= dropped;
+        dropped
+    }
+
     /// Every stored (key, values) with `lo <= key < hi`, in key order, appended to
     /// `keys`/`values`. O(n log n) for n stored keys (a full scan; for export, not the hot path).
     pub fn range(&self, lo: u64, hi: u64, keys: &mut Vec<u64>, values: &mut Vec<f32>) {
@@ -561,6 +652,9 @@ pub struct ShardsMut<'a> {
     base: usize,
     vl: usize,
     stride: usize,
+    /// Words of a row before its mark.
+    end: usize,
+    touch: Touch,
     ordered: bool,
     added: usize,
     clustered: bool,
@@ -602,7 +696,7 @@ impl ShardsMut<'_> {
         I: FnMut(u64, &mut [f32]),
         F: FnMut(usize, Option<(&mut [f32], &mut [f32])>),
     {
-        let (vl, stride, base) = (self.vl, self.stride, self.base);
+        let (vl, stride, base, end, touch) = (self.vl, self.stride, self.base, self.end, self.touch);
         let hash = |k: u64| if MIXED { mix(k) } else { k };
         // Prefetch each key's home slot a few keys ahead unless a sorted request covers a
         // good part of the rows under ordered placement: it then walks the shards' arrays
@@ -637,7 +731,9 @@ impl ShardsMut<'_> {
                     let row = shard.row_mut(j, stride);
                     row[0] = k as u32;
                     row[1] = (k >> 32) as u32;
-                    let (w, st) = bytemuck::cast_slice_mut::<u32, f32>(&mut row[2..]).split_at_mut(vl);
+                    // (the mark, if any: set below, or 0)
+                    row[end..].iter_mut().for_each(|x| *x = 0);
+                    let (w, st) = bytemuck::cast_slice_mut::<u32, f32>(&mut row[2..end]).split_at_mut(vl);
                     init(k, w);
                     st.iter_mut().for_each(|x| *x = 0.0);
                     shard.len += 1;
@@ -649,7 +745,13 @@ impl ShardsMut<'_> {
                     j
                 }
             };
-            let (w, st) = bytemuck::cast_slice_mut::<u32, f32>(&mut shard.row_mut(j, stride)[2..]).split_at_mut(vl);
+            let row = shard.row_mut(j, stride);
+            match touch {
+                Touch::Off => {}
+                Touch::Stamp(t) => row[end] = t,
+                Touch::Count => row[end] = row[end].saturating_add(1),
+            }
+            let (w, st) = bytemuck::cast_slice_mut::<u32, f32>(&mut row[2..end]).split_at_mut(vl);
             f(i, Some((w, st)));
         }
         None

@@ -24,6 +24,7 @@ pub mod chunks;
 pub mod consistency;
 pub mod epochs;
 pub mod error;
+pub mod eviction;
 pub mod fence;
 pub mod filter;
 pub mod gradcode;

@@ -12,8 +12,9 @@
 
 use crate::admission::{Admission, AdmissionStats, Admitter};
 use crate::consistency::Consistency;
+use crate::eviction::{EvictClock, Eviction, EvictionStats, Histogram, Mark, Tick, Victims};
 use crate::filter::FilterSpec;
-use crate::hashstore::{HashStore, ShardsMut};
+use crate::hashstore::{HashStore, ShardsMut, Touch};
 use crate::init::Init;
 use crate::keys::{check_lengths, check_sorted_unique};
 use crate::proto;
@@ -159,6 +160,9 @@ pub struct TableDef {
     /// Sparse tables: when a pushed key gets a row ([`crate::admission`]); pulls never
     /// create rows under admission (a key without one reads as its initial value).
     pub admit: Admission,
+    /// Sparse tables: which rows the servers drop, in the background ([`crate::eviction`]);
+    /// a dropped key reads as new afterwards.
+    pub evict: Eviction,
 }
 
 impl TableDef {
@@ -178,6 +182,7 @@ impl TableDef {
             backup_workers: 0,
             filters: FilterSpec::default(),
             admit: Admission::Always,
+            evict: Eviction::Never,
         }
     }
 
@@ -212,8 +217,16 @@ impl TableDef {
                 p.id
             )));
         }
+        let evict: Eviction = p.evict.parse()?;
+        if !evict.is_never() && p.dense {
+            return Err(CoreError::InvalidTable(format!(
+                "table {}: eviction ({evict}) is for sparse tables; a dense one holds every key",
+                p.id
+            )));
+        }
         Ok(TableDef {
             admit,
+            evict,
             id: p.id,
             name: p.name.clone(),
             value_len,
@@ -247,6 +260,7 @@ impl TableDef {
             backup_workers: self.backup_workers,
             filters: if self.filters.is_empty() { String::new() } else { self.filters.to_string() },
             admit: if self.admit.is_always() { String::new() } else { self.admit.to_string() },
+            evict: if self.evict.is_never() { String::new() } else { self.evict.to_string() },
         }
     }
 
@@ -289,6 +303,27 @@ pub struct Table {
     parallel: bool,
     /// Feature admission of a sparse table (`None`: every key at once).
     admitter: Option<Admitter>,
+    /// Eviction of a sparse table (`None`: never).
+    evicting: Option<Evicting>,
+}
+
+/// A table's eviction: the policy, what the rows' marks hold, the clock, what it did.
+struct Evicting {
+    policy: Eviction,
+    mark: Mark,
+    clock: EvictClock,
+    stats: EvictionStats,
+    /// When the last pass ended.
+    last_pass: Tick,
+}
+
+/// One eviction pass over a table ([`Table::eviction_plan`]): the rows it takes, decided at `now`.
+#[derive(Clone, Copy, Debug)]
+pub struct EvictPass {
+    /// The rows to drop.
+    pub victims: Victims,
+    /// The tick the pass was decided at (ages are counted from it).
+    pub now: Tick,
 }
 
 /// Reused per-request buffers (the table is used under a lock, one request at a time).
@@ -317,7 +352,7 @@ impl Table {
         let sl = vl * rule.state_per_element();
         let owned = owned.intersect(&def.domain());
         let store = match def.storage {
-            Storage::Sparse => Store::Sparse(HashStore::new(vl, sl)),
+            Storage::Sparse => Store::Sparse(HashStore::with_marks(vl, sl, def.evict.mark().is_some())),
             Storage::Dense(_) => {
                 let n = usize::try_from(owned.len())
                     .ok()
@@ -335,7 +370,13 @@ impl Table {
         };
         let parallel = std::thread::available_parallelism().is_ok_and(|n| n.get() >= 2);
         let admitter = Admitter::new(def.admit);
-        Ok(Table { def, rule, owned, vl, sl, store, scratch: Scratch::default(), parallel, admitter })
+        let evicting = match (def.evict.mark(), &store) {
+            (Some(mark), Store::Sparse(_)) => {
+                Some(Evicting { policy: def.evict, mark, clock: EvictClock::default(), stats: EvictionStats::default(), last_pass: 0 })
+            }
+            _ => None,
+        };
+        Ok(Table { def, rule, owned, vl, sl, store, scratch: Scratch::default(), parallel, admitter, evicting })
     }
 
     /// The table definition.
@@ -371,6 +412,84 @@ impl Table {
     /// The admission counts of a table with [`TableDef::admit`] set (`None` otherwise).
     pub fn admission(&self) -> Option<AdmissionStats> {
         self.admitter.as_ref().map(Admitter::stats)
+    }
+
+    /// What the eviction of a table with [`TableDef::evict`] set did so far (`None` otherwise).
+    pub fn eviction(&self) -> Option<EvictionStats> {
+        self.evicting.as_ref().map(|e| e.stats)
+    }
+
+    /// Sets the clock eviction reads time from (by default the wall clock from the table's
+    /// creation; tests set a [`EvictClock::manual`] one). No effect without eviction.
+    pub fn set_evict_clock(&mut self, clock: EvictClock) {
+        if let Some(e) = self.evicting.as_mut() {
+            e.clock = clock;
+        }
+    }
+
+    /// The eviction clock's tick now (0 without eviction).
+    pub fn evict_now(&self) -> Tick {
+        self.evicting.as_ref().map_or(0, |e| e.clock.now())
+    }
+
+    /// Whether an eviction pass is due now ([`Eviction::due`]): cheap, for a background
+    /// thread to ask every tick.
+    pub fn eviction_due(&self) -> bool {
+        self.evicting.as_ref().is_some_and(|e| e.policy.due(self.len() as u64, self.bytes() as u64, e.clock.now(), e.last_pass))
+    }
+
+    /// Counts the rows of storage shard `shard` (`0..hashstore::SHARDS`) by coldness at
+    /// `now` into `hist`, the first step of a pass. No effect without eviction.
+    pub fn eviction_survey(&self, shard: usize, now: Tick, hist: &mut Histogram) {
+        if let (Some(e), Store::Sparse(h)) = (&self.evicting, &self.store) {
+            if !matches!(e.policy, Eviction::Ttl { .. }) {
+                h.survey_shard(shard, e.mark, now, hist);
+            }
+        }
+    }
+
+    /// The pass to make, from the survey of every shard at `now` (`hist`; a `ttl` pass needs
+    /// none); `None` when nothing is to go.
+    pub fn eviction_plan(&self, hist: &Histogram, now: Tick) -> Option<EvictPass> {
+        let (e, Store::Sparse(h)) = (self.evicting.as_ref()?, &self.store) else { return None };
+        let fixed = self.admitter.as_ref().map_or(0, Admitter::bytes);
+        e.policy.plan(self.len() as u64, h.row_bytes(), fixed, hist).map(|victims| EvictPass { victims, now })
+    }
+
+    /// Drops the rows of storage shard `shard` that `pass` takes, calling `gone(key)` for
+    /// each; returns how many. A server calls it one shard at a time under the table's lock,
+    /// so pushes wait for one shard's work at most.
+    pub fn evict_shard(&mut self, shard: usize, pass: &mut EvictPass, gone: impl FnMut(u64)) -> usize {
+        let (Some(e), Store::Sparse(h)) = (self.evicting.as_mut(), &mut self.store) else { return 0 };
+        let n = h.evict_shard(shard, e.mark, pass.now, &mut pass.victims, gone);
+        e.stats.evicted += n as u64;
+        n
+    }
+
+    /// Records the end of a pass (the next `ttl` pass is due a quarter of the TTL later).
+    pub fn eviction_pass_done(&mut self) {
+        if let Some(e) = self.evicting.as_mut() {
+            e.stats.passes += 1;
+            e.last_pass = e.clock.now();
+        }
+    }
+
+    /// A whole eviction pass at once, under the caller's hold of the table: survey, plan,
+    /// drop. Returns the rows dropped (0 without eviction or when nothing is due to go).
+    pub fn evict(&mut self) -> usize {
+        let now = self.evict_now();
+        let mut hist = Histogram::default();
+        for s in 0..crate::hashstore::SHARDS {
+            self.eviction_survey(s, now, &mut hist);
+        }
+        let mut n = 0;
+        if let Some(mut pass) = self.eviction_plan(&hist, now) {
+            for s in 0..crate::hashstore::SHARDS {
+                n += self.evict_shard(s, &mut pass, |_| {});
+            }
+        }
+        self.eviction_pass_done();
+        n
     }
 
     /// Per value column, over the stored keys: (Σ|x|, number of non-zero x).
@@ -482,6 +601,18 @@ impl Table {
         Ok(())
     }
 
+    /// How the next walks mark rows for eviction: as used (`reaching`: a push, a pull, rows
+    /// installed) or not at all (a peek).
+    fn touch(&mut self, reaching: bool) {
+        if let (Some(e), Store::Sparse(h)) = (&self.evicting, &mut self.store) {
+            h.set_touch(match (reaching, e.mark) {
+                (false, _) => Touch::Off,
+                (true, Mark::Stamp) => Touch::Stamp(e.clock.now()),
+                (true, Mark::Count) => Touch::Count,
+            });
+        }
+    }
+
     /// A keyed request ([`Table::batch_plain`]) under the table's admission: a pull never
     /// creates a row; a push updates the rows there are, then asks the admitter, in key
     /// order, about each key without one, and creates and updates the rows admitted in a
@@ -489,6 +620,8 @@ impl Table {
     /// stored rows is the same as without admission, split over two threads when large;
     /// only keys without a row cost more. Keys are checked by the caller.
     fn batch(&mut self, keys: &[u64], values: Option<&[f32]>, out: Option<&mut [f32]>, create: bool) {
+        // a push or pull marks the rows it reaches for eviction; a peek (no `create`) does not
+        self.touch(create);
         let (Some(g), true, true) = (values, create, self.admitter.is_some()) else {
             let create = create && self.admitter.is_none();
             self.batch_plain(keys, values, out, create, None);
@@ -732,6 +865,7 @@ impl Table {
                 return Err(CoreError::KeyOutOfRange { table: self.def.id, key: *k, range: self.owned });
             }
         }
+        self.touch(true);
         match &mut self.store {
             Store::Dense(d) => {
                 for (k, r) in keys.iter().zip(rows.chunks_exact(vl + sl)) {

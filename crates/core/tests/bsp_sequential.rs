@@ -29,6 +29,7 @@ fn def(aggregate: Aggregate) -> TableDef {
         backup_workers: 0,
         filters: Default::default(),
         admit: Default::default(),
+        evict: Default::default(),
     }
 }
 

@@ -347,6 +347,7 @@ pub(crate) fn table(id: u32, name: &str, len: usize, rule: proto::Rule, consiste
         backup_workers: 0,
         filters: FilterSpec::default(),
         admit: downpour_core::admission::Admission::Always,
+        evict: downpour_core::eviction::Eviction::Never,
     }
 }
 

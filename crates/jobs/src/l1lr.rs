@@ -238,6 +238,7 @@ pub fn run(a: &L1lrConfig, s: &mut WorkerSession, report: &Report) -> Result<()>
         backup_workers: 0,
         filters: a.filters.clone(),
         admit: downpour_core::admission::Admission::Always,
+        evict: downpour_core::eviction::Eviction::Never,
     })?;
     s.kv.create_table(TableDef {
         storage: Storage::Dense(KeyRange::new(0, SUMMARY_LEN * s.num_workers as u64)),

@@ -23,6 +23,7 @@
 //!   vector programs).
 //! - `repl`: replicated jobs: chain pushes, `bsp` rounds down the chains, epoch moves and
 //!   replica copies ([`move_to_epoch`]), worker fencing, connections to peer servers.
+//! - `evict`: the background thread that drops rows of tables with an eviction policy.
 //! - `checkpoint`: writing this server's checkpoint part and restoring from one.
 //! - `node`: [`run_server_node`], a server node in a cluster.
 
@@ -33,6 +34,7 @@ mod config;
 mod conn;
 mod dispatch;
 mod error;
+mod evict;
 mod gate;
 mod listener;
 mod node;

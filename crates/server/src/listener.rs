@@ -3,6 +3,7 @@
 
 use crate::config::ServerConfig;
 use crate::conn::serve_connection;
+use crate::evict::run_evictor;
 use crate::state::ServerState;
 use downpour_transport::{Listener, Transport, TransportError};
 use parking_lot::RwLock;
@@ -76,8 +77,15 @@ impl Server {
         Ok(ServerHandle { state, addr, thread: Some(thread) })
     }
 
-    /// Accepts connections until stopped, serving each on its own thread.
+    /// Accepts connections until stopped, serving each on its own thread; meanwhile a thread
+    /// of its own drops rows of the tables with an eviction policy.
     pub fn serve(mut self) {
+        let evicting = self.state.clone();
+        // (not joined: it ends within a tick of the server's stop)
+        let evictor = std::thread::Builder::new().name("server-evict".into()).spawn(move || run_evictor(evicting));
+        if let Err(e) = evictor {
+            tracing::error!("cannot start the eviction thread (tables with an eviction policy will keep every row): {e}");
+        }
         while !self.state.stop.load(Ordering::Relaxed) {
             match self.listener.accept(Duration::from_millis(50)) {
                 Ok(Some(conn)) => {

@@ -180,8 +180,12 @@ impl ServerState {
                     )
                 })
                 .unwrap_or_default();
+            let eviction = t
+                .eviction()
+                .map(|e| format!(", eviction {}: {} rows dropped in {} passes", t.def().evict, e.evicted, e.passes))
+                .unwrap_or_default();
             out.push(format!(
-                "table {id} {:?}: {} keys, {:.1} MiB of rows{}{admission}",
+                "table {id} {:?}: {} keys, {:.1} MiB of rows{}{admission}{eviction}",
                 t.def().name,
                 t.len(),
                 t.bytes() as f64 / (1u64 << 20) as f64,
@@ -200,6 +204,11 @@ impl ServerState {
             out.push(format!("peak RSS {:.1} MiB{per_key}", hwm as f64 / (1u64 << 20) as f64));
         }
         out.join("; ")
+    }
+
+    /// What the eviction of table `id` did on this server (`None` for a table without eviction).
+    pub fn eviction(&self, id: u32) -> Option<downpour_core::eviction::EvictionStats> {
+        self.tables.read().get(&id).and_then(|t| t.table.read().eviction())
     }
 
     /// Number of keys stored in table `id` on this server.

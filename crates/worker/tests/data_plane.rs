@@ -76,6 +76,7 @@ fn table(id: u32, vl: usize, storage: Storage, rule: &str) -> TableDef {
         backup_workers: 0,
         filters: Default::default(),
         admit: Default::default(),
+        evict: Default::default(),
     }
 }
 

@@ -61,7 +61,17 @@ impl Exchange {
             backup_workers: (n - need) as u32,
             ..TableDef::new(id, name)
         })?;
-        Ok(Exchange { table: id, n, m, need, history, send: Vec::with_capacity(slot), buf: vec![0.0; n * slot], markers: vec![0.0; n], marker_keys: Vec::with_capacity(n) })
+        Ok(Exchange {
+            table: id,
+            n,
+            m,
+            need,
+            history,
+            send: Vec::with_capacity(slot),
+            buf: vec![0.0; n * slot],
+            markers: vec![0.0; n],
+            marker_keys: Vec::with_capacity(n),
+        })
     }
 
     fn region(&self, round: u64) -> u64 {

@@ -5,6 +5,7 @@
 use anyhow::Result;
 use downpour_core::admission::Admission;
 use downpour_core::consistency::Consistency;
+use downpour_core::eviction::Eviction;
 use downpour_core::filter::FilterSpec;
 use downpour_core::rounds::Aggregate;
 use downpour_data::libsvm::{label_values, Labels};
@@ -196,6 +197,12 @@ pub struct LinearConfig {
     /// Until then its updates are dropped and it reads as 0.
     #[cfg_attr(feature = "cli", arg(long, default_value = "always", value_parser = parse_admit))]
     pub admit: Admission,
+    /// Which feature rows the servers drop, in the background: `never`, `ttl:DURATION` (not
+    /// pushed or pulled for that long: `30s`, `10m`, `2h`, `7d`), `lru:MAX_ROWS` or
+    /// `lfu:MAX_ROWS` (per server), `memory:MIB` (the table's arrays per server kept under
+    /// it, least recently used rows first). A dropped feature starts again from 0.
+    #[cfg_attr(feature = "cli", arg(long, default_value = "never", value_parser = parse_evict))]
+    pub evict: Eviction,
     /// Update rule on the servers.
     #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t = Optimizer::Ftrl))]
     pub optimizer: Optimizer,
@@ -306,6 +313,7 @@ impl Default for LinearConfig {
             backup_workers: 0,
             filters: FilterSpec::default(),
             admit: Admission::Always,
+            evict: Eviction::Never,
             optimizer: Optimizer::Ftrl,
             normalize: None,
             lr: 0.5,
@@ -391,6 +399,11 @@ pub fn parse_filters(s: &str) -> Result<FilterSpec, String> {
 
 /// Parses `--admit`.
 pub fn parse_admit(s: &str) -> Result<Admission, String> {
+    s.parse().map_err(|e: downpour_core::CoreError| e.to_string())
+}
+
+/// Parses `--evict`.
+pub fn parse_evict(s: &str) -> Result<Eviction, String> {
     s.parse().map_err(|e: downpour_core::CoreError| e.to_string())
 }
 

@@ -187,6 +187,7 @@ fn table_def(a: &LinearConfig, normalized: bool) -> TableDef {
         backup_workers: a.backup_workers,
         filters: a.filters.clone(),
         admit: a.admit,
+        evict: a.evict,
     }
 }
 
@@ -484,6 +485,11 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
         "--admit {}: the copies of a replicated table would each count pushes on their own; admission runs on unreplicated clusters only so far",
         a.admit
     );
+    ensure!(
+        a.evict.is_never() || !replicated,
+        "--evict {}: every copy of a replicated table would have to drop the same rows; eviction runs on unreplicated clusters only so far",
+        a.evict
+    );
     s.kv.create_table(table_def(a, normalized))?;
     let mut cache = match a.ssp_cache {
         0 => None,
@@ -493,6 +499,10 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
                 "--ssp-cache answers reads without requests, so a replay would not take the same request ids: it cannot be combined with checkpoints or --replication"
             );
             ensure!(!dynamic, "--ssp-cache is for --data-assignment static");
+            ensure!(
+                a.evict.is_never(),
+                "--ssp-cache keeps rows that --evict may drop on the servers (a cached row would then differ from the server's, not just lag it): use one or the other"
+            );
             ensure!(
                 a.admit.is_always(),
                 "--ssp-cache folds the worker's own pushes into its rows, which --admit may drop on the servers: use one or the other"

@@ -87,6 +87,12 @@ pub(crate) fn create_table(st: &ServerState, h: &FrameHeader) -> ReqResult {
             if !def.filters.is_empty() {
                 return Err(ServerError::Unsupported(format!("table {}: filters on replicated tables are not supported yet", def.id)));
             }
+            if !def.evict.is_never() {
+                return Err(ServerError::Unsupported(format!(
+                    "table {}: eviction ({}) on replicated tables is not supported yet (every copy of a chain must drop the same rows)",
+                    def.id, def.evict
+                )));
+            }
             // every shard this server is in the chain of, now or after a fail-over
             let map = r.map(def.domain(), &r.members());
             let me = st.node_id.load(Ordering::Relaxed);

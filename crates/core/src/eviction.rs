@@ -1,0 +1,463 @@
+//! Eviction for sparse tables, without I/O: which rows a server drops so that a table of ids
+//! seen once (most of a click-through model's) does not grow until the server runs out of
+//! memory. The policies of Monolith (expiring features), PERSIA (LRU-bounded tables),
+//! TorchRec's zero-collision tables and HierarchicalKV (LRU, LFU, TTL, memory):
+//!
+//! * `ttl:DURATION`: a row not pushed or pulled for that long is dropped;
+//! * `lru:MAX_ROWS`: beyond that many rows, the least recently used go;
+//! * `lfu:MAX_ROWS`: beyond that many rows, the least often used go;
+//! * `memory:MIB`: the table's arrays are kept under that many MiB: when they pass
+//!   [`MEMORY_HIGH`] of it, the least recently used rows go until the rows left fit in
+//!   [`MEMORY_LOW`] of it at the load a shrunk shard is rebuilt at.
+//!
+//! A table under eviction keeps one more 32-bit word per row (its *mark*): under `ttl`,
+//! `lru` and `memory` the [`Tick`] of the row's last push or pull (a peek, which serving and
+//! evaluation use, leaves it), under `lfu` the number of pushes and pulls (saturating).
+//! Time is counted in ticks of [`TICK`] from an [`EvictClock`]: the wall clock in a server,
+//! a clock the caller sets in tests.
+//!
+//! A pass ([`Eviction::plan`]) is decided from a [`Histogram`] of the rows' coldness (age,
+//! or the inverse of the count, in buckets [`BUCKET_PRECISION`] apart), gathered one shard
+//! at a time, and applied one shard at a time ([`Victims`]), so the server never holds a
+//! table for more than one shard's worth of work. Rows in the bucket at the cut are taken in
+//! storage order until the count is met: the policies are exact in the number of rows kept
+//! and approximate (within a bucket) in which rows of similar coldness go.
+
+use crate::{CoreError, Result};
+use std::fmt;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The unit of a row's mark under `ttl`, `lru` and `memory`: 10 ms (2^32 ticks are 497 days).
+pub const TICK: Duration = Duration::from_millis(10);
+/// A `memory:MIB` table is trimmed when its arrays pass this fraction of the cap.
+pub const MEMORY_HIGH: f64 = 0.92;
+/// ... down to rows that fit this fraction of it once their shards are rebuilt.
+pub const MEMORY_LOW: f64 = 0.75;
+/// Load factor of a shard rebuilt after an eviction (rows / slots): room to grow by a fifth
+/// before the shard grows again.
+pub const REBUILT_LOAD: f64 = 2.0 / 3.0;
+/// Number of coldness buckets of a [`Histogram`].
+pub const BUCKETS: usize = 464;
+/// Relative width of a coldness bucket above 16: 1/16.
+pub const BUCKET_PRECISION: f64 = 1.0 / 16.0;
+
+/// Ticks since some start.
+pub type Tick = u32;
+
+/// When rows of a sparse table are dropped.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub enum Eviction {
+    /// Never (the default).
+    #[default]
+    Never,
+    /// Rows not pushed or pulled for `ticks` ticks of [`TICK`].
+    Ttl {
+        /// The time to live, in ticks (≥ 1).
+        ticks: Tick,
+    },
+    /// The least recently used rows beyond `max_rows`.
+    Lru {
+        /// Rows kept (≥ 1).
+        max_rows: u64,
+    },
+    /// The least often used rows beyond `max_rows`.
+    Lfu {
+        /// Rows kept (≥ 1).
+        max_rows: u64,
+    },
+    /// The least recently used rows, keeping the table's arrays under `mib` MiB.
+    Memory {
+        /// The cap, MiB (> 0).
+        mib: f64,
+    },
+}
+
+impl Eviction {
+    /// Whether rows are never dropped.
+    pub fn is_never(&self) -> bool {
+        matches!(self, Eviction::Never)
+    }
+
+    /// What a row's mark holds under this policy (`None` for [`Eviction::Never`]).
+    pub fn mark(&self) -> Option<Mark> {
+        match self {
+            Eviction::Never => None,
+            Eviction::Lfu { .. } => Some(Mark::Count),
+            _ => Some(Mark::Stamp),
+        }
+    }
+
+    /// Whether a pass is due for a table of `len` rows and `bytes` bytes at `now`, its last
+    /// pass at `last` (a cheap check a server makes every tick): `lru`/`lfu` when the rows
+    /// pass the maximum, `memory` when the bytes pass [`MEMORY_HIGH`] of the cap, `ttl`
+    /// every quarter of the time to live (at most every second), so a row outlives its TTL
+    /// by at most that.
+    pub fn due(&self, len: u64, bytes: u64, now: Tick, last: Tick) -> bool {
+        match *self {
+            Eviction::Never => false,
+            Eviction::Ttl { ticks } => {
+                let every = (ticks / 4).clamp(1, (Duration::from_secs(1).as_millis() / TICK.as_millis()) as Tick);
+                now.wrapping_sub(last) >= every && len > 0
+            }
+            Eviction::Lru { max_rows } | Eviction::Lfu { max_rows } => len > max_rows,
+            Eviction::Memory { mib } => bytes as f64 > mib * MEMORY_HIGH * (1u64 << 20) as f64,
+        }
+    }
+
+    /// The pass to make over a table of `len` rows of `row_bytes` bytes each (`fixed_bytes`
+    /// more held whatever the rows, e.g. an admission sketch), whose rows' coldness at `now`
+    /// is `hist`; `None` when nothing is to go.
+    pub fn plan(&self, len: u64, row_bytes: usize, fixed_bytes: usize, hist: &Histogram) -> Option<Victims> {
+        let keep = match *self {
+            Eviction::Never => return None,
+            Eviction::Ttl { ticks } => return Some(Victims::OlderThan(ticks)),
+            Eviction::Lru { max_rows } | Eviction::Lfu { max_rows } => max_rows,
+            Eviction::Memory { mib } => {
+                let room = (mib * MEMORY_LOW * (1u64 << 20) as f64 - fixed_bytes as f64).max(0.0);
+                (room * REBUILT_LOAD / row_bytes.max(1) as f64) as u64
+            }
+        };
+        let excess = len.saturating_sub(keep);
+        if excess == 0 {
+            return None;
+        }
+        // the coldest buckets first, down to the one where the excess is met
+        let mut taken = 0u64;
+        for b in (0..BUCKETS).rev() {
+            let n = hist.counts[b];
+            if taken + n >= excess {
+                return Some(Victims::Coldest { cut: b, at_cut: excess - taken });
+            }
+            taken += n;
+        }
+        // fewer rows surveyed than the table holds (rows came between the survey and now):
+        // every surveyed row's bucket goes
+        Some(Victims::Coldest { cut: 0, at_cut: u64::MAX })
+    }
+}
+
+impl fmt::Display for Eviction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Eviction::Never => f.write_str("never"),
+            Eviction::Ttl { ticks } => {
+                let ms = *ticks as u64 * TICK.as_millis() as u64;
+                if ms.is_multiple_of(1000) {
+                    write!(f, "ttl:{}s", ms / 1000)
+                } else {
+                    write!(f, "ttl:{ms}ms")
+                }
+            }
+            Eviction::Lru { max_rows } => write!(f, "lru:{max_rows}"),
+            Eviction::Lfu { max_rows } => write!(f, "lfu:{max_rows}"),
+            Eviction::Memory { mib } => write!(f, "memory:{mib}"),
+        }
+    }
+}
+
+/// Parses a duration with a unit: `500ms`, `30s`, `10m`, `2h`, `7d`.
+fn parse_duration(s: &str) -> Option<Duration> {
+    let s = s.trim();
+    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
+    let (num, unit) = s.split_at(split);
+    let x: f64 = num.parse().ok().filter(|x: &f64| x.is_finite() && *x > 0.0)?;
+    let secs = match unit {
+        "ms" => x / 1000.0,
+        "s" => x,
+        "m" => x * 60.0,
+        "h" => x * 3600.0,
+        "d" => x * 86400.0,
+        _ => return None,
+    };
+    Duration::try_from_secs_f64(secs).ok()
+}
+
+impl FromStr for Eviction {
+    type Err = CoreError;
+    /// `never` (or empty), `ttl:DURATION` (`500ms`, `30s`, `10m`, `2h`, `7d`; at least one
+    /// tick, at most 400 days), `lru:MAX_ROWS`, `lfu:MAX_ROWS` or `memory:MIB`.
+    fn from_str(s: &str) -> Result<Eviction> {
+        let s = s.trim();
+        let bad = |why: &str| {
+            CoreError::InvalidTable(format!(
+                "eviction {s:?}: {why}; expected never, ttl:DURATION (e.g. 500ms, 30s, 10m, 2h, 7d), lru:MAX_ROWS, lfu:MAX_ROWS or memory:MIB"
+            ))
+        };
+        if s.is_empty() || s == "never" {
+            return Ok(Eviction::Never);
+        }
+        let Some((kind, arg)) = s.split_once(':') else { return Err(bad("no policy argument")) };
+        let rows = || arg.trim().parse::<u64>().ok().filter(|&n| n >= 1).ok_or_else(|| bad("MAX_ROWS must be a whole number ≥ 1"));
+        match kind.trim() {
+            "ttl" => {
+                let d = parse_duration(arg).ok_or_else(|| bad("the duration needs a number and a unit"))?;
+                let ticks = d.as_nanos() / TICK.as_nanos();
+                if ticks == 0 || d > Duration::from_secs(400 * 86400) {
+                    return Err(bad("the time to live must lie between 10ms and 400d"));
+                }
+                Ok(Eviction::Ttl { ticks: ticks as Tick })
+            }
+            "lru" => Ok(Eviction::Lru { max_rows: rows()? }),
+            "lfu" => Ok(Eviction::Lfu { max_rows: rows()? }),
+            "memory" => {
+                let mib = arg.trim().parse::<f64>().ok().filter(|m| m.is_finite() && *m > 0.0).ok_or_else(|| bad("MIB must be > 0"))?;
+                Ok(Eviction::Memory { mib })
+            }
+            _ => Err(bad("unknown policy")),
+        }
+    }
+}
+
+/// What a row's mark word holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mark {
+    /// The tick of its last push or pull.
+    Stamp,
+    /// How many pushes and pulls it had (saturating).
+    Count,
+}
+
+impl Mark {
+    /// The coldness bucket of a row with mark `m` at `now`: its age (log-scaled), or for
+    /// counts the inverse of the count's bucket, so higher is always colder.
+    #[inline]
+    pub fn bucket(self, m: u32, now: Tick) -> usize {
+        match self {
+            Mark::Stamp => bucket(now.saturating_sub(m)),
+            Mark::Count => BUCKETS - 1 - bucket(m),
+        }
+    }
+}
+
+/// The bucket of `x`: `x` itself below 16, above that 16 buckets per power of two.
+#[inline]
+pub fn bucket(x: u32) -> usize {
+    if x < 16 {
+        return x as usize;
+    }
+    let e = 31 - x.leading_zeros(); // ≥ 4
+    16 + (e as usize - 4) * 16 + ((x >> (e - 4)) & 15) as usize
+}
+
+/// Rows per coldness bucket, over a table or part of it.
+#[derive(Clone, Debug)]
+pub struct Histogram {
+    /// Rows in each bucket (higher is colder).
+    pub counts: Vec<u64>,
+}
+
+impl Default for Histogram {
+    fn default() -> Histogram {
+        Histogram { counts: vec![0; BUCKETS] }
+    }
+}
+
+impl Histogram {
+    /// Counts one row of bucket `b`.
+    #[inline]
+    pub fn add(&mut self, b: usize) {
+        self.counts[b] += 1;
+    }
+
+    /// Rows counted.
+    pub fn total(&self) -> u64 {
+        self.counts.iter().sum()
+    }
+}
+
+/// The rows a pass takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Victims {
+    /// Rows whose last push or pull is this many ticks ago or more (`ttl`).
+    OlderThan(Tick),
+    /// Every row colder than bucket `cut`, and the first `at_cut` rows found in it.
+    Coldest {
+        /// The bucket at the cut.
+        cut: usize,
+        /// How many of its rows still go.
+        at_cut: u64,
+    },
+}
+
+impl Victims {
+    /// Whether a row of mark `m` goes at `now` under `mark`; counts a row taken at the cut.
+    #[inline]
+    pub fn take(&mut self, mark: Mark, m: u32, now: Tick) -> bool {
+        match self {
+            Victims::OlderThan(ttl) => now.saturating_sub(m) >= *ttl,
+            Victims::Coldest { cut, at_cut } => {
+                let b = mark.bucket(m, now);
+                if b > *cut {
+                    true
+                } else if b == *cut && *at_cut > 0 {
+                    *at_cut -= 1;
+                    true
+                } else {
+                    false
+                }
+            }
+        }
+    }
+
+    /// Whether a row of mark `m` would go, without counting it (to find shards with nothing to drop).
+    #[inline]
+    pub fn would_take(&self, mark: Mark, m: u32, now: Tick) -> bool {
+        let mut v = *self;
+        v.take(mark, m, now)
+    }
+}
+
+/// Where ticks come from.
+#[derive(Clone, Debug)]
+pub enum EvictClock {
+    /// Ticks of [`TICK`] since this instant.
+    Wall(Instant),
+    /// Whatever the holder of the other handle set (tests: eviction on a clock you control).
+    Manual(Arc<AtomicU32>),
+}
+
+impl Default for EvictClock {
+    fn default() -> EvictClock {
+        EvictClock::Wall(Instant::now())
+    }
+}
+
+impl EvictClock {
+    /// A clock at tick 0 that moves only when the returned handle is set.
+    pub fn manual() -> (EvictClock, Arc<AtomicU32>) {
+        let h = Arc::new(AtomicU32::new(0));
+        (EvictClock::Manual(h.clone()), h)
+    }
+
+    /// The current tick.
+    #[inline]
+    pub fn now(&self) -> Tick {
+        match self {
+            EvictClock::Wall(start) => (start.elapsed().as_millis() / TICK.as_millis()).min(u32::MAX as u128) as Tick,
+            EvictClock::Manual(t) => t.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// What a table's eviction did so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EvictionStats {
+    /// Rows dropped.
+    pub evicted: u64,
+    /// Passes made.
+    pub passes: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn policies_parse_print_and_refuse_what_they_cannot_mean() {
+        for (s, e) in [
+            ("", Eviction::Never),
+            ("never", Eviction::Never),
+            ("ttl:30s", Eviction::Ttl { ticks: 3000 }),
+            ("ttl:500ms", Eviction::Ttl { ticks: 50 }),
+            ("ttl:2h", Eviction::Ttl { ticks: 720_000 }),
+            ("lru:1000", Eviction::Lru { max_rows: 1000 }),
+            ("lfu:5", Eviction::Lfu { max_rows: 5 }),
+            ("memory:256", Eviction::Memory { mib: 256.0 }),
+        ] {
+            assert_eq!(s.parse::<Eviction>().unwrap(), e, "{s}");
+            assert_eq!(e.to_string().parse::<Eviction>().unwrap(), e);
+        }
+        for (s, why) in [
+            ("ttl:5ms", "between"),
+            ("ttl:30", "unit"),
+            ("ttl:401d", "between"),
+            ("lru:0", "≥ 1"),
+            ("lfu:x", "≥ 1"),
+            ("memory:0", "> 0"),
+            ("lru", "argument"),
+            ("fifo:3", "unknown"),
+        ] {
+            let e = s.parse::<Eviction>().unwrap_err().to_string();
+            assert!(e.contains(why) && e.contains("lru:MAX_ROWS"), "{s}: {e}");
+        }
+    }
+
+    #[test]
+    fn buckets_are_monotonic_and_within_a_sixteenth() {
+        let mut last = 0;
+        for x in (0..100_000u32).chain([u32::MAX - 1, u32::MAX]) {
+            let b = bucket(x);
+            assert!(b >= last && b < BUCKETS, "{x}: {b}");
+            last = b;
+        }
+        // two values in one bucket differ by less than a sixteenth of the smaller
+        for x in [16u32, 100, 1000, 123_456, 1 << 30] {
+            let mut y = x;
+            while bucket(y + 1) == bucket(x) {
+                y += 1;
+            }
+            assert!((y - x) as f64 <= x as f64 * BUCKET_PRECISION, "{x}..{y}");
+        }
+        assert_eq!(Mark::Count.bucket(1, 0), BUCKETS - 2);
+        assert!(Mark::Count.bucket(1, 0) > Mark::Count.bucket(2, 0), "fewer uses is colder");
+        assert!(Mark::Stamp.bucket(0, 100) > Mark::Stamp.bucket(50, 100), "older is colder");
+    }
+
+    #[test]
+    fn a_pass_is_due_past_the_bound_and_ttl_passes_come_every_quarter_ttl_at_most_each_second() {
+        let lru = Eviction::Lru { max_rows: 10 };
+        assert!(!lru.due(10, 0, 0, 0) && lru.due(11, 0, 0, 0));
+        let mem = Eviction::Memory { mib: 1.0 };
+        assert!(!mem.due(0, 900_000, 0, 0) && mem.due(0, 1_000_000, 0, 0));
+        let ttl = Eviction::Ttl { ticks: 40 };
+        assert!(!ttl.due(5, 0, 109, 100) && ttl.due(5, 0, 110, 100) && !ttl.due(0, 0, 110, 100));
+        let long = Eviction::Ttl { ticks: 100_000 };
+        assert!(!long.due(5, 0, 99, 0) && long.due(5, 0, 100, 0));
+        assert!(!Eviction::Never.due(u64::MAX, u64::MAX, 9, 0));
+    }
+
+    #[test]
+    fn memory_plans_keep_what_fits_the_low_mark_at_the_rebuilt_load() {
+        let mut h = Histogram::default();
+        h.counts[3] = 1_000_000;
+        // 1 MiB cap, 32-byte rows: 0.75 MiB · 2/3 / 32 = 16384 rows kept
+        let v = Eviction::Memory { mib: 1.0 }.plan(1_000_000, 32, 0, &h).unwrap();
+        assert_eq!(v, Victims::Coldest { cut: 3, at_cut: 1_000_000 - 16_384 });
+        assert_eq!(Eviction::Lru { max_rows: 2_000_000 }.plan(1_000_000, 32, 0, &h), None);
+    }
+
+    proptest! {
+        /// A plan takes exactly the excess, and only rows at least as cold as any row kept.
+        #[test]
+        fn a_plan_takes_exactly_the_excess_and_never_a_warmer_row_than_one_kept(
+            marks in proptest::collection::vec(0u32..5000, 1..400),
+            keep in 1u64..400,
+            now in 5000u32..6000,
+            lfu in any::<bool>(),
+        ) {
+            let mark = if lfu { Mark::Count } else { Mark::Stamp };
+            let mut h = Histogram::default();
+            for &m in &marks {
+                h.add(mark.bucket(m, now));
+            }
+            let policy = if lfu { Eviction::Lfu { max_rows: keep } } else { Eviction::Lru { max_rows: keep } };
+            let len = marks.len() as u64;
+            match policy.plan(len, 24, 0, &h) {
+                None => prop_assert!(len <= keep),
+                Some(mut v) => {
+                    let taken: Vec<bool> = marks.iter().map(|&m| v.take(mark, m, now)).collect();
+                    prop_assert_eq!(taken.iter().filter(|&&t| t).count() as u64, len - keep);
+                    let coldest_kept = marks.iter().zip(&taken).filter(|p| !*p.1).map(|p| mark.bucket(*p.0, now)).max();
+                    let warmest_taken = marks.iter().zip(&taken).filter(|p| *p.1).map(|p| mark.bucket(*p.0, now)).min();
+                    if let (Some(k), Some(t)) = (coldest_kept, warmest_taken) {
+                        prop_assert!(t >= k, "took bucket {} and kept {}", t, k);
+                    }
+                }
+            }
+        }
+    }
+}
