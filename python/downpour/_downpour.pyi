@@ -63,6 +63,7 @@ class Session:
         aggregate: str = "none",
         backup_workers: int = 0,
         admit: str = "always",
+        evict: str = "never",
     ) -> Table:
         """Creates table id (or checks that it exists alike) and returns it."""
     def barrier(self, name: str) -> None:

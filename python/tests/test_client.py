@@ -72,6 +72,26 @@ def test_an_admitting_table_gives_a_key_its_row_at_its_second_push():
     cluster.wait()
 
 
+def test_an_lru_table_keeps_its_newest_rows_and_a_dropped_key_reads_as_new():
+    cluster = downpour.embedded(servers=1)
+    s = cluster.join()
+    t = s.table(5, "bounded", evict="lru:100")
+    old = np.arange(1, 1001, dtype=np.uint64)
+    new = np.arange(5001, 5101, dtype=np.uint64)
+    t.push(old, np.ones(1000, dtype=np.float32))
+    time.sleep(0.05)  # a few 10 ms ticks: the old rows are older
+    t.push(new, np.full(100, 2, dtype=np.float32))
+    deadline = time.time() + 20
+    while t.peek(old).any() and time.time() < deadline:
+        time.sleep(0.02)
+    np.testing.assert_array_equal(t.peek(old), np.zeros(1000, dtype=np.float32))
+    np.testing.assert_array_equal(t.peek(new), np.full(100, 2, dtype=np.float32))
+    with pytest.raises(downpour.DownpourError, match="lru:MAX_ROWS"):
+        s.table(6, "bad", evict="lru:0")
+    s.finish()
+    cluster.wait()
+
+
 def test_two_worker_threads_see_each_others_pushes_with_the_gil_released():
     cluster = downpour.embedded(servers=2, workers=2)
     keys = np.arange(0, 5000, 7, dtype=np.uint64)

@@ -945,3 +945,47 @@ fn admission_keeps_features_seen_once_out_of_the_servers_and_still_learns() {
         assert!(!o.status.success() && err.contains(said), "{flags:?}: {err}");
     }
 }
+
+#[test]
+fn eviction_bounds_every_servers_rows_and_still_learns() {
+    let d = tempfile::tempdir().unwrap();
+    let (tr, te, out, model) = (d.path().join("tr.svm"), d.path().join("te.svm"), d.path().join("m.json"), d.path().join("m.st"));
+    write_data(&tr, 6_000, 41);
+    write_data(&te, 2_000, 42);
+    // every training example also carries 4 ids no other example has: 24,000 rows unbounded
+    let text = std::fs::read_to_string(&tr).unwrap();
+    let once: String = text
+        .lines()
+        .enumerate()
+        .map(|(i, l)| format!("{l} {}:1 {}:1 {}:1 {}:1\n", 1000 + 4 * i, 1001 + 4 * i, 1002 + 4 * i, 1003 + 4 * i))
+        .collect();
+    std::fs::write(&tr, once).unwrap();
+    let all = train_logged(&tr, &te, &out, &model, 2, &["--epochs", "1"]);
+    let auc_all = metrics(&out)["test_auc"].as_f64().unwrap();
+    let bounded = train_logged(&tr, &te, &out, &model, 2, &["--epochs", "1", "--evict", "lru:4000"]);
+    let auc_bounded = metrics(&out)["test_auc"].as_f64().unwrap();
+    let (rows_all, rows_bounded) = (linear_rows(&all), linear_rows(&bounded));
+    let servers = bounded.matches("table 10 \"linear\": ").count();
+    assert!(servers >= 1 && rows_all >= 24_000, "{servers} servers, {rows_all} rows unbounded");
+    // every server dropped rows in the background while the job ran (how close to the bound
+    // each stays is measured in docs/benchmarks.md, not timed here)
+    let dropped: Vec<u64> = bounded
+        .match_indices("eviction lru:4000: ")
+        .map(|(i, m)| bounded[i + m.len()..].split(' ').next().unwrap().parse::<u64>().unwrap())
+        .collect();
+    assert!(dropped.len() == servers && dropped.iter().all(|&n| n > 0), "rows dropped per server: {dropped:?}");
+    assert!(rows_bounded < rows_all, "{rows_bounded} rows left of {rows_all}");
+    // the 500 ids every example draws from stay: they are the recently used ones (async runs
+    // differ by about ±0.005 in AUC between runs alike)
+    assert!((auc_all - auc_bounded).abs() < 0.03, "AUC {auc_all} unbounded, {auc_bounded} with lru:4000");
+    for (flags, said) in [
+        (&["--evict", "lru:0"][..], "MAX_ROWS"),
+        (&["--evict", "ttl:30"][..], "unit"),
+        (&["--evict", "ttl:1h", "--replication", "2"][..], "replicated"),
+        (&["--evict", "memory:64", "--ssp-cache", "1000", "--consistency", "ssp:2"][..], "--ssp-cache"),
+    ] {
+        let o = downpour().args(["train", "linear", "--train", tr.to_str().unwrap(), "--quiet"]).args(flags).output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains(said), "{flags:?}: {err}");
+    }
+}

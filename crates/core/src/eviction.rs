@@ -13,8 +13,13 @@
 //! A table under eviction keeps one more 32-bit word per row (its *mark*): under `ttl`,
 //! `lru` and `memory` the [`Tick`] of the row's last push or pull (a peek, which serving and
 //! evaluation use, leaves it), under `lfu` the number of pushes and pulls (saturating).
-//! Time is counted in ticks of [`TICK`] from an [`EvictClock`]: the wall clock in a server,
-//! a clock the caller sets in tests.
+//! Time comes in milliseconds from an [`EvictClock`] (the wall clock in a server, a clock
+//! the caller sets in tests) and is marked in ticks of [`Eviction::tick_ms`]: 1 ms under
+//! `lru` and `memory`, a 2^20th of the time to live under `ttl` (at least 1 ms). Ticks wrap
+//! at 2^32; an age is read modulo that, and a mark less than 2^31 ticks ahead of the pass
+//! (a row used after the pass began) reads as age 0. So ages are exact up to 24 days under
+//! `lru`/`memory` (a row unused for longer than that, in a table that stayed under its
+//! bound all that time, may read as younger than it is) and up to 2048 times the TTL.
 //!
 //! A pass ([`Eviction::plan`]) is decided from a [`Histogram`] of the rows' coldness (age,
 //! or the inverse of the count, in buckets [`BUCKET_PRECISION`] apart), gathered one shard
@@ -26,12 +31,12 @@
 use crate::{CoreError, Result};
 use std::fmt;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// The unit of a row's mark under `ttl`, `lru` and `memory`: 10 ms (2^32 ticks are 497 days).
-pub const TICK: Duration = Duration::from_millis(10);
+/// How often a server asks a table whether a pass is due.
+pub const CHECK_EVERY: Duration = Duration::from_millis(10);
 /// A `memory:MIB` table is trimmed when its arrays pass this fraction of the cap.
 pub const MEMORY_HIGH: f64 = 0.92;
 /// ... down to rows that fit this fraction of it once their shards are rebuilt.
@@ -53,10 +58,10 @@ pub enum Eviction {
     /// Never (the default).
     #[default]
     Never,
-    /// Rows not pushed or pulled for `ticks` ticks of [`TICK`].
+    /// Rows not pushed or pulled for `ms` milliseconds.
     Ttl {
-        /// The time to live, in ticks (≥ 1).
-        ticks: Tick,
+        /// The time to live, ms (≥ 1).
+        ms: u64,
     },
     /// The least recently used rows beyond `max_rows`.
     Lru {
@@ -90,18 +95,24 @@ impl Eviction {
         }
     }
 
-    /// Whether a pass is due for a table of `len` rows and `bytes` bytes at `now`, its last
-    /// pass at `last` (a cheap check a server makes every tick): `lru`/`lfu` when the rows
-    /// pass the maximum, `memory` when the bytes pass [`MEMORY_HIGH`] of the cap, `ttl`
-    /// every quarter of the time to live (at most every second), so a row outlives its TTL
-    /// by at most that.
-    pub fn due(&self, len: u64, bytes: u64, now: Tick, last: Tick) -> bool {
+    /// Milliseconds per tick of a row's mark: a 2^20th of the time to live under `ttl` (at
+    /// least 1), 1 otherwise.
+    pub fn tick_ms(&self) -> u64 {
+        match *self {
+            Eviction::Ttl { ms } => ms.div_ceil(1 << 20).max(1),
+            _ => 1,
+        }
+    }
+
+    /// Whether a pass is due for a table of `len` rows and `bytes` bytes at `now_ms`, its
+    /// last pass at `last_ms` (a cheap check a server makes every [`CHECK_EVERY`]): `lru`/`lfu`
+    /// when the rows pass the maximum, `memory` when the bytes pass [`MEMORY_HIGH`] of the
+    /// cap, `ttl` every quarter of the time to live (at most every second), so a row outlives
+    /// its TTL by at most that.
+    pub fn due(&self, len: u64, bytes: u64, now_ms: u64, last_ms: u64) -> bool {
         match *self {
             Eviction::Never => false,
-            Eviction::Ttl { ticks } => {
-                let every = (ticks / 4).clamp(1, (Duration::from_secs(1).as_millis() / TICK.as_millis()) as Tick);
-                now.wrapping_sub(last) >= every && len > 0
-            }
+            Eviction::Ttl { ms } => now_ms.saturating_sub(last_ms) >= (ms / 4).clamp(1, 1000) && len > 0,
             Eviction::Lru { max_rows } | Eviction::Lfu { max_rows } => len > max_rows,
             Eviction::Memory { mib } => bytes as f64 > mib * MEMORY_HIGH * (1u64 << 20) as f64,
         }
@@ -113,7 +124,7 @@ impl Eviction {
     pub fn plan(&self, len: u64, row_bytes: usize, fixed_bytes: usize, hist: &Histogram) -> Option<Victims> {
         let keep = match *self {
             Eviction::Never => return None,
-            Eviction::Ttl { ticks } => return Some(Victims::OlderThan(ticks)),
+            Eviction::Ttl { ms } => return Some(Victims::OlderThan((ms / self.tick_ms()) as Tick)),
             Eviction::Lru { max_rows } | Eviction::Lfu { max_rows } => max_rows,
             Eviction::Memory { mib } => {
                 let room = (mib * MEMORY_LOW * (1u64 << 20) as f64 - fixed_bytes as f64).max(0.0);
@@ -143,8 +154,8 @@ impl fmt::Display for Eviction {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Eviction::Never => f.write_str("never"),
-            Eviction::Ttl { ticks } => {
-                let ms = *ticks as u64 * TICK.as_millis() as u64;
+            Eviction::Ttl { ms } => {
+                let ms = *ms;
                 if ms.is_multiple_of(1000) {
                     write!(f, "ttl:{}s", ms / 1000)
                 } else {
@@ -194,11 +205,11 @@ impl FromStr for Eviction {
         match kind.trim() {
             "ttl" => {
                 let d = parse_duration(arg).ok_or_else(|| bad("the duration needs a number and a unit"))?;
-                let ticks = d.as_nanos() / TICK.as_nanos();
-                if ticks == 0 || d > Duration::from_secs(400 * 86400) {
-                    return Err(bad("the time to live must lie between 10ms and 400d"));
+                let ms = d.as_millis();
+                if ms == 0 || d > Duration::from_secs(400 * 86400) {
+                    return Err(bad("the time to live must lie between 1ms and 400d"));
                 }
-                Ok(Eviction::Ttl { ticks: ticks as Tick })
+                Ok(Eviction::Ttl { ms: ms as u64 })
             }
             "lru" => Ok(Eviction::Lru { max_rows: rows()? }),
             "lfu" => Ok(Eviction::Lfu { max_rows: rows()? }),
@@ -226,9 +237,21 @@ impl Mark {
     #[inline]
     pub fn bucket(self, m: u32, now: Tick) -> usize {
         match self {
-            Mark::Stamp => bucket(now.saturating_sub(m)),
+            Mark::Stamp => bucket(age(m, now)),
             Mark::Count => BUCKETS - 1 - bucket(m),
         }
+    }
+}
+
+/// The age at `now` of a row marked at `m`, in ticks: modulo 2^32, and 0 for a mark up to
+/// 2^31 ticks ahead of `now` (a row used after `now` was read).
+#[inline]
+pub fn age(m: Tick, now: Tick) -> Tick {
+    let a = now.wrapping_sub(m);
+    if a > i32::MAX as u32 {
+        0
+    } else {
+        a
     }
 }
 
@@ -287,7 +310,7 @@ impl Victims {
     #[inline]
     pub fn take(&mut self, mark: Mark, m: u32, now: Tick) -> bool {
         match self {
-            Victims::OlderThan(ttl) => now.saturating_sub(m) >= *ttl,
+            Victims::OlderThan(ttl) => age(m, now) >= *ttl,
             Victims::Coldest { cut, at_cut } => {
                 let b = mark.bucket(m, now);
                 if b > *cut {
@@ -310,13 +333,13 @@ impl Victims {
     }
 }
 
-/// Where ticks come from.
+/// Where time comes from, in milliseconds.
 #[derive(Clone, Debug)]
 pub enum EvictClock {
-    /// Ticks of [`TICK`] since this instant.
+    /// Milliseconds since this instant.
     Wall(Instant),
     /// Whatever the holder of the other handle set (tests: eviction on a clock you control).
-    Manual(Arc<AtomicU32>),
+    Manual(Arc<AtomicU64>),
 }
 
 impl Default for EvictClock {
@@ -326,17 +349,17 @@ impl Default for EvictClock {
 }
 
 impl EvictClock {
-    /// A clock at tick 0 that moves only when the returned handle is set.
-    pub fn manual() -> (EvictClock, Arc<AtomicU32>) {
-        let h = Arc::new(AtomicU32::new(0));
+    /// A clock at 0 ms that moves only when the returned handle is set (to milliseconds).
+    pub fn manual() -> (EvictClock, Arc<AtomicU64>) {
+        let h = Arc::new(AtomicU64::new(0));
         (EvictClock::Manual(h.clone()), h)
     }
 
-    /// The current tick.
+    /// Milliseconds now.
     #[inline]
-    pub fn now(&self) -> Tick {
+    pub fn now_ms(&self) -> u64 {
         match self {
-            EvictClock::Wall(start) => (start.elapsed().as_millis() / TICK.as_millis()).min(u32::MAX as u128) as Tick,
+            EvictClock::Wall(start) => start.elapsed().as_millis() as u64,
             EvictClock::Manual(t) => t.load(Ordering::Relaxed),
         }
     }
@@ -361,9 +384,10 @@ mod tests {
         for (s, e) in [
             ("", Eviction::Never),
             ("never", Eviction::Never),
-            ("ttl:30s", Eviction::Ttl { ticks: 3000 }),
-            ("ttl:500ms", Eviction::Ttl { ticks: 50 }),
-            ("ttl:2h", Eviction::Ttl { ticks: 720_000 }),
+            ("ttl:30s", Eviction::Ttl { ms: 30_000 }),
+            ("ttl:500ms", Eviction::Ttl { ms: 500 }),
+            ("ttl:2h", Eviction::Ttl { ms: 7_200_000 }),
+            ("ttl:0.5s", Eviction::Ttl { ms: 500 }),
             ("lru:1000", Eviction::Lru { max_rows: 1000 }),
             ("lfu:5", Eviction::Lfu { max_rows: 5 }),
             ("memory:256", Eviction::Memory { mib: 256.0 }),
@@ -372,7 +396,7 @@ mod tests {
             assert_eq!(e.to_string().parse::<Eviction>().unwrap(), e);
         }
         for (s, why) in [
-            ("ttl:5ms", "between"),
+            ("ttl:0.1ms", "between"),
             ("ttl:30", "unit"),
             ("ttl:401d", "between"),
             ("lru:0", "≥ 1"),
@@ -408,15 +432,24 @@ mod tests {
     }
 
     #[test]
+    fn ages_wrap_and_a_mark_ahead_of_the_pass_reads_as_new() {
+        assert_eq!(age(5, 105), 100);
+        assert_eq!(age(u32::MAX - 4, 5), 10, "across the wrap");
+        assert_eq!(age(110, 100), 0, "used after the pass began");
+        assert!(!Victims::OlderThan(50).would_take(Mark::Stamp, 110, 100));
+    }
+
+    #[test]
     fn a_pass_is_due_past_the_bound_and_ttl_passes_come_every_quarter_ttl_at_most_each_second() {
         let lru = Eviction::Lru { max_rows: 10 };
         assert!(!lru.due(10, 0, 0, 0) && lru.due(11, 0, 0, 0));
         let mem = Eviction::Memory { mib: 1.0 };
         assert!(!mem.due(0, 900_000, 0, 0) && mem.due(0, 1_000_000, 0, 0));
-        let ttl = Eviction::Ttl { ticks: 40 };
+        let ttl = Eviction::Ttl { ms: 40 };
         assert!(!ttl.due(5, 0, 109, 100) && ttl.due(5, 0, 110, 100) && !ttl.due(0, 0, 110, 100));
-        let long = Eviction::Ttl { ticks: 100_000 };
-        assert!(!long.due(5, 0, 99, 0) && long.due(5, 0, 100, 0));
+        let long = Eviction::Ttl { ms: 100_000 };
+        assert!(!long.due(5, 0, 999, 0) && long.due(5, 0, 1000, 0));
+        assert_eq!((ttl.tick_ms(), long.tick_ms(), Eviction::Ttl { ms: 7 * 86_400_000 }.tick_ms()), (1, 1, 577));
         assert!(!Eviction::Never.due(u64::MAX, u64::MAX, 9, 0));
     }
 

@@ -312,9 +312,18 @@ struct Evicting {
     policy: Eviction,
     mark: Mark,
     clock: EvictClock,
+    /// Milliseconds per tick of the marks.
+    tick_ms: u64,
     stats: EvictionStats,
-    /// When the last pass ended.
-    last_pass: Tick,
+    /// When the last pass ended, ms.
+    last_pass: u64,
+}
+
+impl Evicting {
+    /// The tick now (wrapping at 2^32).
+    fn now(&self) -> Tick {
+        (self.clock.now_ms() / self.tick_ms) as Tick
+    }
 }
 
 /// One eviction pass over a table ([`Table::eviction_plan`]): the rows it takes, decided at `now`.
@@ -372,7 +381,15 @@ impl Table {
         let admitter = Admitter::new(def.admit);
         let evicting = match (def.evict.mark(), &store) {
             (Some(mark), Store::Sparse(_)) => {
-                Some(Evicting { policy: def.evict, mark, clock: EvictClock::default(), stats: EvictionStats::default(), last_pass: 0 })
+                let tick_ms = def.evict.tick_ms();
+                Some(Evicting {
+                    policy: def.evict,
+                    mark,
+                    clock: EvictClock::default(),
+                    tick_ms,
+                    stats: EvictionStats::default(),
+                    last_pass: 0,
+                })
             }
             _ => None,
         };
@@ -429,13 +446,22 @@ impl Table {
 
     /// The eviction clock's tick now (0 without eviction).
     pub fn evict_now(&self) -> Tick {
-        self.evicting.as_ref().map_or(0, |e| e.clock.now())
+        self.evicting.as_ref().map_or(0, Evicting::now)
     }
 
     /// Whether an eviction pass is due now ([`Eviction::due`]): cheap, for a background
     /// thread to ask every tick.
     pub fn eviction_due(&self) -> bool {
-        self.evicting.as_ref().is_some_and(|e| e.policy.due(self.len() as u64, self.bytes() as u64, e.clock.now(), e.last_pass))
+        self.evicting.as_ref().is_some_and(|e| e.policy.due(self.len() as u64, self.bytes() as u64, e.clock.now_ms(), e.last_pass))
+    }
+
+    /// Whether the table holds more than its `lru`/`lfu`/`memory` bound allows (a pass is
+    /// due at once; `ttl` passes come with time). Cheap: for the request path.
+    #[inline]
+    pub fn over_eviction_bound(&self) -> bool {
+        self.evicting
+            .as_ref()
+            .is_some_and(|e| !matches!(e.policy, Eviction::Ttl { .. }) && e.policy.due(self.len() as u64, self.bytes() as u64, 0, 0))
     }
 
     /// Counts the rows of storage shard `shard` (`0..hashstore::SHARDS`) by coldness at
@@ -470,7 +496,7 @@ impl Table {
     pub fn eviction_pass_done(&mut self) {
         if let Some(e) = self.evicting.as_mut() {
             e.stats.passes += 1;
-            e.last_pass = e.clock.now();
+            e.last_pass = e.clock.now_ms();
         }
     }
 
@@ -607,7 +633,7 @@ impl Table {
         if let (Some(e), Store::Sparse(h)) = (&self.evicting, &mut self.store) {
             h.set_touch(match (reaching, e.mark) {
                 (false, _) => Touch::Off,
-                (true, Mark::Stamp) => Touch::Stamp(e.clock.now()),
+                (true, Mark::Stamp) => Touch::Stamp(e.now()),
                 (true, Mark::Count) => Touch::Count,
             });
         }

@@ -10,10 +10,10 @@ use downpour_core::table::{Table, TableDef};
 use downpour_core::KeyRange;
 use proptest::prelude::*;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-fn table(evict: &str, rule: &str) -> (Table, Arc<AtomicU32>) {
+fn table(evict: &str, rule: &str) -> (Table, Arc<AtomicU64>) {
     let def = TableDef {
         evict: evict.parse().unwrap(),
         rule: proto::Rule { name: rule.into(), lr: 0.1, ..Default::default() },
@@ -45,7 +45,6 @@ fn stored(t: &mut Table, keys: &[u64]) -> Vec<bool> {
 
 #[test]
 fn ttl_drops_exactly_the_rows_not_pushed_or_pulled_for_the_ttl_and_peeks_do_not_count() {
-    // ttl:1s = 100 ticks
     let (mut t, clock) = table("ttl:1s", "add");
     let keys = spread(0..3000);
     let (a, rest) = keys.split_at(1000);
@@ -54,17 +53,17 @@ fn ttl_drops_exactly_the_rows_not_pushed_or_pulled_for_the_ttl_and_peeks_do_not_
     push(&mut t, a, 1.0);
     push(&mut t, b, 1.0);
     push(&mut t, c, 1.0);
-    clock.store(50, Ordering::Relaxed);
+    clock.store(500, Ordering::Relaxed);
     let mut out = vec![0f32; b.len()];
     t.pull(b, &mut out).unwrap(); // b used at 50
     t.peek(c, &mut vec![0f32; c.len()]).unwrap(); // c only peeked
-    clock.store(99, Ordering::Relaxed);
-    assert_eq!(t.evict(), 0, "nothing is 100 ticks old at 99");
-    clock.store(100, Ordering::Relaxed);
-    assert_eq!(t.evict(), 2000, "a and c were last used at 0");
+    clock.store(999, Ordering::Relaxed);
+    assert_eq!(t.evict(), 0, "nothing is 1000 ms old at 999");
+    clock.store(1000, Ordering::Relaxed);
+    assert_eq!(t.evict(), 2000, "a and c were last used at 0 ms");
     assert_eq!(t.len(), 1000);
     assert!(stored(&mut t, b).iter().all(|&s| s) && !stored(&mut t, a).iter().any(|&s| s));
-    clock.store(150, Ordering::Relaxed);
+    clock.store(1500, Ordering::Relaxed);
     assert_eq!(t.evict(), 1000);
     assert!(t.is_empty());
     assert_eq!(t.eviction().unwrap().evicted, 3000);
@@ -81,7 +80,7 @@ fn lru_keeps_exactly_the_most_recently_used_rows() {
     let keys = spread(0..4000);
     // four groups used at ticks 1..=4, then the oldest group used again at 5
     for (g, part) in keys.chunks(1000).enumerate() {
-        clock.store(g as u32 + 1, Ordering::Relaxed);
+        clock.store(g as u64 + 1, Ordering::Relaxed);
         push(&mut t, part, 1.0);
     }
     clock.store(5, Ordering::Relaxed);
@@ -116,7 +115,7 @@ fn memory_eviction_brings_the_arrays_under_the_cap() {
     let (mut t, clock) = table("memory:2", "adagrad");
     let keys = spread(0..200_000);
     for (i, part) in keys.chunks(10_000).enumerate() {
-        clock.store(i as u32, Ordering::Relaxed);
+        clock.store(i as u64, Ordering::Relaxed);
         push(&mut t, part, 1.0);
     }
     let before = t.bytes();
@@ -138,7 +137,7 @@ fn a_pass_made_shard_by_shard_equals_one_made_at_once() {
     let keys = spread(0..3000);
     for (i, part) in keys.chunks(300).enumerate() {
         for (t, c) in [(&mut a, &ca), (&mut b, &cb)] {
-            c.store(i as u32 * 3, Ordering::Relaxed);
+            c.store(i as u64 * 3, Ordering::Relaxed);
             push(t, part, i as f32 + 1.0);
         }
     }
@@ -164,7 +163,7 @@ fn a_pass_made_shard_by_shard_equals_one_made_at_once() {
 #[test]
 fn eviction_is_refused_on_dense_tables_and_travels_in_the_wire_form() {
     let d = TableDef { evict: "ttl:30s".parse().unwrap(), ..TableDef::new(1, "t") };
-    assert_eq!(TableDef::from_proto(&d.to_proto()).unwrap().evict, Eviction::Ttl { ticks: 3000 });
+    assert_eq!(TableDef::from_proto(&d.to_proto()).unwrap().evict, Eviction::Ttl { ms: 30_000 });
     assert_eq!(TableDef::from_proto(&TableDef::new(1, "t").to_proto()).unwrap().evict, Eviction::Never);
     let dense = TableDef { storage: downpour_core::table::Storage::Dense(KeyRange::new(0, 10)), ..d };
     let e = TableDef::from_proto(&dense.to_proto()).unwrap_err().to_string();
@@ -184,7 +183,7 @@ proptest! {
         let (mut r, _) = table("never", "adagrad");
         let mut present: BTreeMap<u64, ()> = BTreeMap::new();
         for (step, (ids, kind)) in ops.iter().enumerate() {
-            clock.store(step as u32, Ordering::Relaxed);
+            clock.store(step as u64, Ordering::Relaxed);
             let keys = spread(ids.iter().copied().collect::<std::collections::BTreeSet<u64>>());
             let vals: Vec<f32> = keys.iter().map(|k| (k % 7) as f32 - 3.0).collect();
             let mut out = vec![0f32; keys.len()];

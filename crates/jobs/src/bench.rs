@@ -36,6 +36,11 @@ pub struct BenchCases {
     /// pushed until admitted before the timing, which then measures the admitted path.
     #[cfg_attr(feature = "cli", arg(long, default_value = "always"))]
     pub sparse_admit: String,
+    /// Eviction on the sparse case's table (as `train linear --evict`): with a bound above
+    /// the keys (e.g. `lru:4000000`) it measures what keeping rows' marks and the servers'
+    /// eviction checks cost; with one below, the churn of rows dropped and created again.
+    #[cfg_attr(feature = "cli", arg(long, default_value = "never"))]
+    pub sparse_evict: String,
     /// Also measure a `train dnn` parameter step for this model (`mlp` with the default
     /// 256,128 hidden widths, or `cnn`): the framework's push of the whole gradient to an
     /// AdaGrad table and pull of the whole model, beside the raw dense push-then-pull of the
@@ -272,6 +277,7 @@ pub fn run_worker(a: &BenchJobConfig, s: &mut WorkerSession, report: &Report) ->
         s.kv.create_table(TableDef {
             filters: a.cases.sparse_filters.parse().map_err(|e: downpour_core::CoreError| anyhow::anyhow!("--sparse-filters: {e}"))?,
             admit,
+            evict: a.cases.sparse_evict.parse().map_err(|e: downpour_core::CoreError| anyhow::anyhow!("--sparse-evict: {e}"))?,
             ..TableDef::new(id, "bench-sparse")
         })?;
         // Random u64 keys (seeded by rank), sorted and unique as the API requires.

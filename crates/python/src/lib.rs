@@ -164,9 +164,11 @@ impl Session {
     /// their sum or mean, `coded:frac|cyclic:S:SEED`) and close a round once all but
     /// `backup_workers` workers completed it. `admit` (sparse tables) is when a pushed key
     /// gets a row, as for `train linear --admit`: `always`, `count:N[:MIB]`, `probability:P`.
+    /// `evict` (sparse tables) is which rows the servers drop, as for `train linear --evict`:
+    /// `never`, `ttl:DURATION`, `lru:MAX_ROWS`, `lfu:MAX_ROWS`, `memory:MIB`.
     #[pyo3(signature = (id, name, value_len = 1, dense = None, init = "zeros", init_std = 0.01, seed = 1, rule = "add", lr = 0.01,
         momentum = 0.9, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, l1 = 0.0, l2 = 0.0, ftrl_beta = 1.0, consistency = "async", filters = "none",
-        aggregate = "none", backup_workers = 0, admit = "always"))]
+        aggregate = "none", backup_workers = 0, admit = "always", evict = "never"))]
     #[allow(clippy::too_many_arguments)]
     fn table(
         &self,
@@ -192,6 +194,7 @@ impl Session {
         aggregate: &str,
         backup_workers: u32,
         admit: &str,
+        evict: &str,
     ) -> PyResult<Table> {
         if value_len == 0 {
             return Err(err("value_len must be at least 1"));
@@ -209,6 +212,7 @@ impl Session {
             aggregate: aggregate.parse().map_err(err)?,
             backup_workers,
             admit: admit.parse().map_err(err)?,
+            evict: evict.parse().map_err(err)?,
             ..TableDef::new(id, name)
         };
         let inner = self.inner.clone();

@@ -7,7 +7,7 @@ use crate::error::ServerError;
 use crate::gate::{buffer_push, wait_for_clocks};
 use crate::ops::filtered::decode_filtered;
 use crate::ops::pull::pull_range;
-use crate::ops::table::{account, check_quota, create_table};
+use crate::ops::table::{account_table, check_quota, create_table};
 use crate::ops::vecprog::run_vec_program;
 use crate::repl::epoch::receive_copy;
 use crate::repl::fence::fence_worker;
@@ -103,7 +103,7 @@ pub(crate) fn handle_frame(
                             Ok(()) => {
                                 let before = t.bytes();
                                 let r = t.push(&ctx.keys, &ctx.vals).map(|_| ()).map_err(ServerError::Core);
-                                account(st, before, t.bytes());
+                                account_table(st, &t, before);
                                 r
                             }
                             Err(e) => Err(e),
@@ -170,7 +170,7 @@ pub(crate) fn handle_frame(
                 } else {
                     t.push_pull(&ctx.keys, &ctx.vals, &mut ctx.out)
                 };
-                account(st, before, t.bytes());
+                account_table(st, &t, before);
                 r
             };
             if let Err(e) = res {
@@ -236,7 +236,7 @@ pub(crate) fn handle_frame(
                                 tracing::error!("table {}: round {} could not be applied: {e}", h.table, round.round);
                             }
                         }
-                        account(st, before, t.bytes());
+                        account_table(st, &t, before);
                     }
                     drop(gate);
                     g.advanced.notify_all();
@@ -402,7 +402,7 @@ fn complete_range(st: &ServerState, slot: &TableSlot, h: &FrameHeader, op: Op, c
             check_quota(st, &t, &ctx.keys)?;
             let before = t.bytes();
             let r = t.push(&ctx.keys, &ctx.vals).map(|_| ()).map_err(ServerError::Core);
-            account(st, before, t.bytes());
+            account_table(st, &t, before);
             r?;
         } else {
             t.push_range(h.range_begin, &ctx.vals).map_err(ServerError::Core)?;

@@ -1,5 +1,6 @@
 //! Background eviction ([`run_evictor`]): one thread per server asks each table with an
-//! eviction policy every [`TICK`] whether a pass is due ([`Table::eviction_due`]) and makes
+//! eviction policy every [`CHECK_EVERY`], and at once when a request took a table past its
+//! bound (`ops::table::account_table`), whether a pass is due ([`Table::eviction_due`]) and makes
 //! it one storage shard at a time: the survey of the rows' coldness under the table's read
 //! lock, the drop under its write lock, one shard per lock hold, so a push or pull waits
 //! for one shard's work at most (a 64th of the table), never for a pass over the table.
@@ -8,16 +9,18 @@
 
 use crate::ops::table::account;
 use crate::state::{ServerState, TableSlot};
-use downpour_core::eviction::{Histogram, TICK};
+use downpour_core::eviction::{Histogram, CHECK_EVERY};
 use downpour_core::hashstore::SHARDS;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Runs until the server stops: every tick, a pass over each table whose policy asks for one.
+/// Runs until the server stops: every check, a pass over each table whose policy asks for one.
 pub(crate) fn run_evictor(st: Arc<ServerState>) {
+    // (a wake-up that comes while a pass runs is not lost: the next check finds the table due)
+    let idle = parking_lot::Mutex::new(());
     while !st.stop.load(Ordering::Relaxed) {
-        std::thread::sleep(TICK);
+        st.evict_wake.wait_for(&mut idle.lock(), CHECK_EVERY);
         // (the spec says whether a table evicts: no table lock taken for the others)
         let slots: Vec<Arc<TableSlot>> = st.tables.read().values().filter(|s| !s.spec.evict.is_empty()).cloned().collect();
         for slot in slots {

@@ -55,6 +55,7 @@ impl Server {
             used_bytes: AtomicU64::new(0),
             repl: RwLock::new(None),
             holders: std::sync::OnceLock::new(),
+            evict_wake: parking_lot::Condvar::new(),
         });
         Ok(Server { state, listener })
     }

@@ -94,6 +94,8 @@ pub struct ServerState {
     /// while still running can no longer apply anything under the rank. Set by
     /// [`ServerState::set_replicated`]; unset (no fencing) in unreplicated jobs.
     pub(crate) holders: std::sync::OnceLock<downpour_core::fence::WorkerFence>,
+    /// Wakes the evictor before its next check (a request took a table past its bound).
+    pub(crate) evict_wake: parking_lot::Condvar,
 }
 
 impl ServerState {

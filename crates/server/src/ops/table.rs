@@ -50,6 +50,16 @@ pub(crate) fn account(st: &ServerState, before: usize, after: usize) {
     }
 }
 
+/// Accounts a request's change of table `t`'s size from `before` bytes, and wakes the
+/// evictor at once when the request took the table past its eviction bound (rows or bytes),
+/// so the bound is held within one pass of being crossed, not one check period.
+pub(crate) fn account_table(st: &ServerState, t: &Table, before: usize) {
+    account(st, before, t.bytes());
+    if t.over_eviction_bound() {
+        st.evict_wake.notify_one();
+    }
+}
+
 pub(crate) fn create_table(st: &ServerState, h: &FrameHeader) -> ReqResult {
     let spec = proto::TableSpec::decode(h.meta.as_ref())
         .map_err(|e| ServerError::BadMessage { what: "table definition", error: e.to_string() })?;
