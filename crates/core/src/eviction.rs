@@ -6,9 +6,12 @@
 //! * `ttl:DURATION`: a row not pushed or pulled for that long is dropped;
 //! * `lru:MAX_ROWS`: beyond that many rows, the least recently used go;
 //! * `lfu:MAX_ROWS`: beyond that many rows, the least often used go;
-//! * `memory:MIB`: the table's arrays are kept under that many MiB: when they pass
-//!   [`MEMORY_HIGH`] of it, the least recently used rows go until the rows left fit in
-//!   [`MEMORY_LOW`] of it at the load a shrunk shard is rebuilt at.
+//! * `memory:MIB`: the table's arrays are kept under that many MiB: when they would pass
+//!   [`MEMORY_HIGH`] of it once the shards near their growth threshold grew (uniform keys
+//!   fill the shards evenly, so they grow together: half the table at once), the least
+//!   recently used rows go until the rows left fit in [`MEMORY_LOW`] of it at the load a
+//!   shrunk shard is rebuilt at. The arrays stay under the cap as long as a pass ends before
+//!   the rows grow by a fifteenth (from 3/4 to 4/5 of the shards' slots).
 //!
 //! A table under eviction keeps one more 32-bit word per row (its *mark*): under `ttl`,
 //! `lru` and `memory` the [`Tick`] of the row's last push or pull (a peek, which serving and
@@ -37,10 +40,11 @@ use std::time::{Duration, Instant};
 
 /// How often a server asks a table whether a pass is due.
 pub const CHECK_EVERY: Duration = Duration::from_millis(10);
-/// A `memory:MIB` table is trimmed when its arrays pass this fraction of the cap.
-pub const MEMORY_HIGH: f64 = 0.92;
+/// A `memory:MIB` table is trimmed when its arrays would pass this fraction of the cap at
+/// its shards' next growth (`HashStore::projected_bytes`).
+pub const MEMORY_HIGH: f64 = 0.95;
 /// ... down to rows that fit this fraction of it once their shards are rebuilt.
-pub const MEMORY_LOW: f64 = 0.75;
+pub const MEMORY_LOW: f64 = 0.70;
 /// Load factor of a shard rebuilt after an eviction (rows / slots): room to grow by a fifth
 /// before the shard grows again.
 pub const REBUILT_LOAD: f64 = 2.0 / 3.0;
@@ -104,10 +108,10 @@ impl Eviction {
         }
     }
 
-    /// Whether a pass is due for a table of `len` rows and `bytes` bytes at `now_ms`, its
-    /// last pass at `last_ms` (a cheap check a server makes every [`CHECK_EVERY`]): `lru`/`lfu`
-    /// when the rows pass the maximum, `memory` when the bytes pass [`MEMORY_HIGH`] of the
-    /// cap, `ttl` every quarter of the time to live (at most every second), so a row outlives
+    /// Whether a pass is due for a table of `len` rows and `bytes` bytes (projected to the
+    /// shards' next growth: `HashStore::projected_bytes`) at `now_ms`, its last pass at
+    /// `last_ms` (a cheap check a server makes every [`CHECK_EVERY`]): `lru`/`lfu` when the
+    /// rows pass the maximum, `memory` when the bytes pass [`MEMORY_HIGH`] of the cap, `ttl` every quarter of the time to live (at most every second), so a row outlives
     /// its TTL by at most that.
     pub fn due(&self, len: u64, bytes: u64, now_ms: u64, last_ms: u64) -> bool {
         match *self {
@@ -444,7 +448,7 @@ mod tests {
         let lru = Eviction::Lru { max_rows: 10 };
         assert!(!lru.due(10, 0, 0, 0) && lru.due(11, 0, 0, 0));
         let mem = Eviction::Memory { mib: 1.0 };
-        assert!(!mem.due(0, 900_000, 0, 0) && mem.due(0, 1_000_000, 0, 0));
+        assert!(!mem.due(0, 990_000, 0, 0) && mem.due(0, 1_000_000, 0, 0));
         let ttl = Eviction::Ttl { ms: 40 };
         assert!(!ttl.due(5, 0, 109, 100) && ttl.due(5, 0, 110, 100) && !ttl.due(0, 0, 110, 100));
         let long = Eviction::Ttl { ms: 100_000 };
@@ -457,9 +461,9 @@ mod tests {
     fn memory_plans_keep_what_fits_the_low_mark_at_the_rebuilt_load() {
         let mut h = Histogram::default();
         h.counts[3] = 1_000_000;
-        // 1 MiB cap, 32-byte rows: 0.75 MiB · 2/3 / 32 = 16384 rows kept
+        // 1 MiB cap, 32-byte rows: 0.7 MiB · 2/3 / 32 = 15291 rows kept
         let v = Eviction::Memory { mib: 1.0 }.plan(1_000_000, 32, 0, &h).unwrap();
-        assert_eq!(v, Victims::Coldest { cut: 3, at_cut: 1_000_000 - 16_384 });
+        assert_eq!(v, Victims::Coldest { cut: 3, at_cut: 1_000_000 - 15_291 });
         assert_eq!(Eviction::Lru { max_rows: 2_000_000 }.plan(1_000_000, 32, 0, &h), None);
     }
 

@@ -367,6 +367,14 @@ impl HashStore {
         self.stride * 4
     }
 
+    /// Bytes the arrays would hold once every shard within reach of its growth threshold
+    /// (loaded 3/4 or more; it grows at 4/5) grew: shards fill evenly under uniform keys, so
+    /// they grow in a wave that adds half the table at once, which a memory bound must see
+    /// coming.
+    pub fn projected_bytes(&self) -> usize {
+        self.shards.iter().map(|s| if s.len * 4 >= s.cap * 3 { s.data.capacity() * 3 / 2 } else { s.data.capacity() } * 4).sum()
+    }
+
     /// Bytes held by the arrays (allocated capacity, not just the stored rows).
     pub fn bytes(&self) -> usize {
         self.shards.iter().map(|s| s.data.capacity() * 4).sum()

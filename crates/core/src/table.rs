@@ -426,6 +426,26 @@ impl Table {
         rows + self.admitter.as_ref().map_or(0, Admitter::bytes)
     }
 
+    /// The bytes a policy bounds: the projected bytes under `memory` (a pass over the
+    /// shards), nothing to compute for the others.
+    fn bound_bytes(&self, e: &Evicting) -> u64 {
+        if matches!(e.policy, Eviction::Memory { .. }) {
+            self.projected_bytes() as u64
+        } else {
+            0
+        }
+    }
+
+    /// [`Table::bytes`] once the sparse shards near their growth threshold grew
+    /// (`HashStore::projected_bytes`): what a memory bound must keep under its cap.
+    pub fn projected_bytes(&self) -> usize {
+        let rows = match &self.store {
+            Store::Dense(d) => (d.w.capacity() + d.s.capacity()) * 4,
+            Store::Sparse(s) => s.projected_bytes(),
+        };
+        rows + self.admitter.as_ref().map_or(0, Admitter::bytes)
+    }
+
     /// The admission counts of a table with [`TableDef::admit`] set (`None` otherwise).
     pub fn admission(&self) -> Option<AdmissionStats> {
         self.admitter.as_ref().map(Admitter::stats)
@@ -452,7 +472,7 @@ impl Table {
     /// Whether an eviction pass is due now ([`Eviction::due`]): cheap, for a background
     /// thread to ask every tick.
     pub fn eviction_due(&self) -> bool {
-        self.evicting.as_ref().is_some_and(|e| e.policy.due(self.len() as u64, self.bytes() as u64, e.clock.now_ms(), e.last_pass))
+        self.evicting.as_ref().is_some_and(|e| e.policy.due(self.len() as u64, self.bound_bytes(e), e.clock.now_ms(), e.last_pass))
     }
 
     /// Whether the table holds more than its `lru`/`lfu`/`memory` bound allows (a pass is
@@ -461,7 +481,7 @@ impl Table {
     pub fn over_eviction_bound(&self) -> bool {
         self.evicting
             .as_ref()
-            .is_some_and(|e| !matches!(e.policy, Eviction::Ttl { .. }) && e.policy.due(self.len() as u64, self.bytes() as u64, 0, 0))
+            .is_some_and(|e| !matches!(e.policy, Eviction::Ttl { .. }) && e.policy.due(self.len() as u64, self.bound_bytes(e), 0, 0))
     }
 
     /// Counts the rows of storage shard `shard` (`0..hashstore::SHARDS`) by coldness at

@@ -53,6 +53,7 @@ impl Server {
             tables: RwLock::new(HashMap::new()),
             stop: AtomicBool::new(false),
             used_bytes: AtomicU64::new(0),
+            peak_used_bytes: AtomicU64::new(0),
             repl: RwLock::new(None),
             holders: std::sync::OnceLock::new(),
             evict_wake: parking_lot::Condvar::new(),

@@ -84,6 +84,8 @@ pub struct ServerState {
     pub(crate) stop: AtomicBool,
     /// Bytes the tables' rows hold (kept up to date by every request that grows a table).
     pub(crate) used_bytes: AtomicU64,
+    /// The most `used_bytes` has been.
+    pub(crate) peak_used_bytes: AtomicU64,
     /// Replicated jobs: the routing (set at registration, changed by epochs).
     pub(crate) repl: RwLock<Option<Repl>>,
     /// Replicated jobs: per worker rank, the newest node known to hold it: the newest that
@@ -200,6 +202,7 @@ impl ServerState {
                 ));
             }
         }
+        out.push(format!("tables peaked at {:.1} MiB", self.peak_used_bytes.load(Ordering::Relaxed) as f64 / (1u64 << 20) as f64));
         if let Some(hwm) = peak_rss_bytes().filter(|_| with_process_memory) {
             let per_key =
                 if keys_total > 0 { format!(" ({:.1} bytes per stored key)", hwm as f64 / keys_total as f64) } else { String::new() };

@@ -44,7 +44,8 @@ pub(crate) fn check_quota(st: &ServerState, t: &Table, keys: &[u64]) -> ReqResul
 /// Accounts a table's change of size from `before` to `after` bytes.
 pub(crate) fn account(st: &ServerState, before: usize, after: usize) {
     if after > before {
-        st.used_bytes.fetch_add((after - before) as u64, Ordering::Relaxed);
+        let used = st.used_bytes.fetch_add((after - before) as u64, Ordering::Relaxed) + (after - before) as u64;
+        st.peak_used_bytes.fetch_max(used, Ordering::Relaxed);
     } else if before > after {
         st.used_bytes.fetch_sub((before - after) as u64, Ordering::Relaxed);
     }
