@@ -151,6 +151,10 @@ enum Cmd {
         /// Write "RANK NODE_ID" to this file once registered (for launchers).
         #[arg(long, hide = true)]
         registered_file: Option<std::path::PathBuf>,
+        /// Serve Prometheus metrics on `http://ADDR/metrics` and a health probe on
+        /// `/healthz` (e.g. 0.0.0.0:9100; port 0 picks a free one, logged at start).
+        #[arg(long, value_name = "ADDR")]
+        metrics_listen: Option<String>,
     },
     /// Checkpoint tools (`checkpoint show DIR`, `checkpoint export DIR --out model.safetensors`).
     #[command(subcommand)]
@@ -398,7 +402,7 @@ fn run(cli: Cli, s: Settings, exe: &Program) -> Result<()> {
             println!("server {server} (node {}) is being drained: routing epoch {} moves its shards away", r.node_id, r.epoch);
             Ok(())
         }
-        Cmd::Server { coordinator, listen, advertise, registered_file } => {
+        Cmd::Server { coordinator, listen, advertise, registered_file, metrics_listen } => {
             let t = transport(&s)?;
             let peer = t.clone();
             let on_registered = registered_file.map(|p| -> Arc<dyn Fn(u32, u32) + Send + Sync> {
@@ -418,6 +422,7 @@ fn run(cli: Cli, s: Settings, exe: &Program) -> Result<()> {
                 own_process: true,
                 on_registered,
                 coordinator_restart_wait: nodes::coordinator_restart_wait(&s),
+                metrics_listen,
             };
             run_server_node(t.as_ref(), cfg)?;
             Ok(())

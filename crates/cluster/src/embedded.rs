@@ -106,6 +106,7 @@ impl EmbeddedCluster {
                 own_process: false,
                 on_registered: None,
                 coordinator_restart_wait: coordinator_restart_wait(s),
+                metrics_listen: None,
             };
             server_threads.push(std::thread::Builder::new().name(format!("server-{i}")).spawn(move || run_server_node(&t, cfg))?);
         }

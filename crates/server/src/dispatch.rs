@@ -75,6 +75,8 @@ pub(crate) fn handle_frame(
             if let Err(e) = decode_filtered(st, h, &slot, ctx) {
                 return Ok(Err(e));
             }
+            let n = if op == Op::PushRange { ctx.vals.len() / slot.spec.value_len.max(1) as usize } else { ctx.keys.len() };
+            slot.traffic.count(op, n, h.last);
             if h.completes && (slot.repl.is_some() || slot.gate.as_ref().is_none_or(|g| g.rounds)) {
                 return Ok(Err(ServerError::Unsupported(format!(
                     "table {}: a push that completes a range clock needs an unreplicated table with a staleness bound (not bsp)",
@@ -132,6 +134,7 @@ pub(crate) fn handle_frame(
             if let Err(e) = decode_filtered(st, h, &slot, ctx) {
                 return Ok(Err(e));
             }
+            slot.traffic.count(op, ctx.keys.len(), h.last);
             if op == Op::PushPull && slot.repl.is_some() {
                 return Ok(Err(ServerError::Unsupported("push-pull on a replicated table: push, then pull".into())));
             }

@@ -24,6 +24,7 @@
 //! - `repl`: replicated jobs: chain pushes, `bsp` rounds down the chains, epoch moves and
 //!   replica copies ([`move_to_epoch`]), worker fencing, connections to peer servers.
 //! - `evict`: the background thread that drops rows of tables with an eviction policy.
+//! - `metrics`: the Prometheus endpoint (`/metrics`, `/healthz`) on `--metrics-listen`.
 //! - `checkpoint`: writing this server's checkpoint part and restoring from one.
 //! - `node`: [`run_server_node`], a server node in a cluster.
 
@@ -37,6 +38,7 @@ mod error;
 mod evict;
 mod gate;
 mod listener;
+mod metrics;
 mod node;
 mod ops;
 mod repl;
@@ -46,6 +48,7 @@ pub use config::{Limits, ServerConfig};
 pub use conn::serve_connection;
 pub use error::ServerError;
 pub use listener::{Server, ServerHandle};
+pub use metrics::{render as render_metrics, serve_metrics};
 pub use node::{advertised_addr, peak_rss_bytes, run_server_node, NodeConfig, NodeError};
 pub use repl::epoch::{epoch_served, move_to_epoch, EpochError};
 pub use state::ServerState;

@@ -34,6 +34,9 @@ pub struct NodeConfig {
     /// How long to keep reconnecting to a coordinator that went away, when it keeps its
     /// state on disk and so may come back (it says so at registration).
     pub coordinator_restart_wait: Duration,
+    /// Where to serve Prometheus metrics (`GET /metrics`) and the health probe
+    /// (`GET /healthz`) over HTTP (`--metrics-listen`); `None` serves none.
+    pub metrics_listen: Option<String>,
 }
 
 /// Why a server node stopped abnormally.
@@ -54,6 +57,9 @@ pub enum NodeError {
     /// The address to register cannot be reached by workers.
     #[error("{0}")]
     Address(String),
+    /// The metrics endpoint could not listen (the address is in the message).
+    #[error("{0}")]
+    Metrics(std::io::Error),
 }
 
 /// The address registered with the coordinator: `advertise` with the bound port, or the
@@ -83,6 +89,10 @@ pub fn peak_rss_bytes() -> Option<u64> {
 /// coordinator is lost.
 pub fn run_server_node(transport: &dyn Transport, cfg: NodeConfig) -> Result<(), NodeError> {
     let server = Server::bind(transport, &cfg.listen, cfg.server.clone())?;
+    if let Some(listen) = &cfg.metrics_listen {
+        let at = crate::metrics::serve_metrics(listen, server.state().clone()).map_err(NodeError::Metrics)?;
+        tracing::info!("metrics on http://{at}/metrics (health: /healthz)");
+    }
     let addr = advertised_addr(&server.addr(), cfg.advertise.as_deref())?;
     let mut control = ControlClient::connect(transport, &cfg.coordinator, cfg.connect_timeout)?;
     control.set_timeout(Some(cfg.connect_timeout))?;

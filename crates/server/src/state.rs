@@ -30,6 +30,36 @@ pub(crate) struct TableSlot {
     /// Replicated `bsp` tables: the synchronous rounds per shard (replication after
     /// aggregation). Instead of `gate`.
     pub(crate) chain: Option<ChainSlot>,
+    /// Keyed requests and keys served, for the metrics endpoint.
+    pub(crate) traffic: Traffic,
+}
+
+/// A table's keyed requests and keys served since it was created: `[push, pull, peek]`
+/// (a push-pull counts as both a push and a pull). One relaxed atomic add per frame.
+#[derive(Default)]
+pub(crate) struct Traffic {
+    pub(crate) requests: [AtomicU64; 3],
+    pub(crate) keys: [AtomicU64; 3],
+}
+
+impl Traffic {
+    /// Counts a frame of `op` carrying `keys` keys (a request's last frame counts the request).
+    pub(crate) fn count(&self, op: downpour_core::msg::Op, keys: usize, last: bool) {
+        use downpour_core::msg::Op;
+        let kinds: &[usize] = match op {
+            Op::Push | Op::PushRange => &[0],
+            Op::Pull => &[1],
+            Op::Peek => &[2],
+            Op::PushPull => &[0, 1],
+            _ => &[],
+        };
+        for &k in kinds {
+            self.keys[k].fetch_add(keys as u64, Ordering::Relaxed);
+            if last {
+                self.requests[k].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
 }
 
 /// Per filter of a table, summed over connections: (direction, name, [messages, bytes in,
@@ -61,7 +91,7 @@ impl FilterStats {
         pipes.reported = now;
     }
 
-    fn report(&self) -> Vec<(&'static str, FilterTraffic)> {
+    pub(crate) fn report(&self) -> Vec<(&'static str, FilterTraffic)> {
         self.rows
             .iter()
             .map(|(dir, name, c)| {

@@ -164,7 +164,15 @@ pub(crate) fn create_table(st: &ServerState, h: &FrameHeader) -> ReqResult {
     account(st, 0, table.bytes());
     tables.insert(
         canonical.id,
-        Arc::new(TableSlot { spec: canonical, table: RwLock::new(table), gate, filter_stats, repl: table_repl, chain }),
+        Arc::new(TableSlot {
+            spec: canonical,
+            table: RwLock::new(table),
+            gate,
+            filter_stats,
+            repl: table_repl,
+            chain,
+            traffic: Default::default(),
+        }),
     );
     Ok(())
 }

@@ -1,0 +1,165 @@
+//! The metrics endpoint ([`serve_metrics`]): Prometheus text on `GET /metrics` and a health
+//! probe on `GET /healthz`, over plain HTTP/1.1 on a listener of its own (`--metrics-listen`).
+//!
+//! A scrape reads the server's state as it is ([`render`]): per table the rows, bytes,
+//! keyed requests and keys served, admissions and evictions, filter traffic and `bsp`
+//! rounds; per server the routing epoch, the tables' bytes now and at their peak, and the
+//! process's peak RSS. Nothing is kept for the scraper between scrapes, and the request path
+//! pays only the relaxed counter adds it makes anyway (`state::Traffic`), so a scraper costs
+//! the server one read of each table's counts per scrape.
+
+use crate::state::ServerState;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+type Labels = Vec<(String, String)>;
+type Gauges = Family<Labels, Gauge<f64, AtomicU64>>;
+type Counters = Family<Labels, Counter>;
+
+/// Binds `listen` and answers scrapes on a thread of its own until the server stops;
+/// returns the bound address. Fails with the address in the message when it cannot bind.
+pub fn serve_metrics(listen: &str, st: Arc<ServerState>) -> std::io::Result<String> {
+    let l = TcpListener::bind(listen).map_err(|e| std::io::Error::new(e.kind(), format!("metrics endpoint on {listen}: {e}")))?;
+    l.set_nonblocking(true)?;
+    let addr = l.local_addr()?.to_string();
+    std::thread::Builder::new().name("server-metrics".into()).spawn(move || {
+        while !st.stop.load(Ordering::Relaxed) {
+            match l.accept() {
+                Ok((s, _)) => {
+                    if let Err(e) = answer(s, &st) {
+                        tracing::debug!("metrics endpoint: {e}");
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(20)),
+                Err(e) => {
+                    tracing::warn!("metrics endpoint: {e}");
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+        }
+    })?;
+    Ok(addr)
+}
+
+/// Answers one HTTP request (a connection each; a client gets 2 s to send its request).
+fn answer(mut s: TcpStream, st: &ServerState) -> std::io::Result<()> {
+    s.set_nonblocking(false)?;
+    s.set_read_timeout(Some(Duration::from_secs(2)))?;
+    s.set_write_timeout(Some(Duration::from_secs(2)))?;
+    let mut buf = [0u8; 4096];
+    let mut n = 0;
+    while n < buf.len() && !buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
+        match s.read(&mut buf[n..])? {
+            0 => break,
+            k => n += k,
+        }
+    }
+    let head = String::from_utf8_lossy(&buf[..n]);
+    let mut parts = head.split_whitespace();
+    let (status, kind, body) = match (parts.next(), parts.next()) {
+        (Some("GET"), Some("/metrics")) => ("200 OK", "text/plain; version=0.0.4; charset=utf-8", render(st)),
+        (Some("GET"), Some("/healthz")) if !st.stop.load(Ordering::Relaxed) => ("200 OK", "text/plain", "ok\n".into()),
+        (Some("GET"), Some("/healthz")) => ("503 Service Unavailable", "text/plain", "stopping\n".into()),
+        (Some("GET"), _) => ("404 Not Found", "text/plain", "GET /metrics or /healthz\n".into()),
+        _ => ("400 Bad Request", "text/plain", "GET /metrics or /healthz\n".into()),
+    };
+    let reply = format!("HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
+    s.write_all(reply.as_bytes())
+}
+
+fn labels(pairs: &[(&str, &str)]) -> Labels {
+    pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+}
+
+/// The server's metrics in Prometheus text format, read now.
+pub fn render(st: &ServerState) -> String {
+    let mut reg = Registry::with_prefix("downpour");
+    let gauge = |reg: &mut Registry, name: &str, help: &str| {
+        let g = Gauges::default();
+        reg.register(name, help, g.clone());
+        g
+    };
+    let counter = |reg: &mut Registry, name: &str, help: &str| {
+        let c = Counters::default();
+        reg.register(name, help, c.clone());
+        c
+    };
+    let server = gauge(&mut reg, "server", "This server's node id and rank (value 1)");
+    let epoch = gauge(&mut reg, "routing_epoch", "The routing epoch this server serves");
+    let used = gauge(&mut reg, "tables_bytes", "Bytes the tables' arrays hold now (capacity)");
+    let peak = gauge(&mut reg, "tables_peak_bytes", "The most bytes the tables' arrays held");
+    let rss = gauge(&mut reg, "process_peak_rss_bytes", "The process's peak resident memory (VmHWM)");
+    let rows = gauge(&mut reg, "table_rows", "Rows (keys) a table holds on this server");
+    let bytes = gauge(&mut reg, "table_bytes", "Bytes a table's arrays hold on this server (capacity, and an admission sketch)");
+    let requests = counter(&mut reg, "table_requests", "Keyed requests served, by op (push, pull, peek; a push-pull is both)");
+    let keys = counter(&mut reg, "table_keys", "Keys served, by op");
+    let admitted = counter(&mut reg, "table_admitted_keys", "Keys admitted (given a row) under feature admission");
+    let refused = counter(&mut reg, "table_admission_refused_pushes", "Pushes of keys without a row dropped by admission");
+    let evicted = counter(&mut reg, "table_evicted_rows", "Rows dropped by the table's eviction policy");
+    let passes = counter(&mut reg, "table_eviction_passes", "Eviction passes made");
+    let filtered = counter(&mut reg, "table_filter_bytes", "Bytes through each filter, decoded and on the wire");
+    let rounds = counter(&mut reg, "table_rounds_applied", "Synchronous (bsp) rounds applied");
+
+    let node = st.node_id.load(Ordering::Relaxed).to_string();
+    let rank = st.rank.load(Ordering::Relaxed).to_string();
+    server.get_or_create(&labels(&[("node", &node), ("rank", &rank)])).set(1.0);
+    epoch.get_or_create(&vec![]).set(st.epoch.load(Ordering::Relaxed) as f64);
+    used.get_or_create(&vec![]).set(st.used_bytes.load(Ordering::Relaxed) as f64);
+    peak.get_or_create(&vec![]).set(st.peak_used_bytes.load(Ordering::Relaxed) as f64);
+    if let Some(b) = crate::node::peak_rss_bytes() {
+        rss.get_or_create(&vec![]).set(b as f64);
+    }
+    let tables: Vec<_> = st.tables.read().iter().map(|(id, s)| (*id, s.clone())).collect();
+    for (id, slot) in tables {
+        let id = id.to_string();
+        let t = labels(&[("table", &id), ("name", &slot.spec.name)]);
+        let with = |k: &str, v: &str| {
+            let mut l = t.clone();
+            l.push((k.into(), v.into()));
+            l
+        };
+        {
+            let table = slot.table.read();
+            rows.get_or_create(&t).set(table.len() as f64);
+            bytes.get_or_create(&t).set(table.bytes() as f64);
+            if let Some(a) = table.admission() {
+                admitted.get_or_create(&t).inc_by(a.admitted);
+                refused.get_or_create(&t).inc_by(a.refused);
+            }
+            if let Some(e) = table.eviction() {
+                evicted.get_or_create(&t).inc_by(e.evicted);
+                passes.get_or_create(&t).inc_by(e.passes);
+            }
+        }
+        for (i, op) in ["push", "pull", "peek"].iter().enumerate() {
+            requests.get_or_create(&with("op", op)).inc_by(slot.traffic.requests[i].load(Ordering::Relaxed));
+            keys.get_or_create(&with("op", op)).inc_by(slot.traffic.keys[i].load(Ordering::Relaxed));
+        }
+        for (dir, f) in slot.filter_stats.report() {
+            let mut l = with("direction", dir);
+            l.push(("filter".into(), f.name.into()));
+            let mut wire = l.clone();
+            l.push(("side".into(), "decoded".into()));
+            wire.push(("side".into(), "wire".into()));
+            filtered.get_or_create(&l).inc_by(f.bytes_in);
+            filtered.get_or_create(&wire).inc_by(f.bytes_out);
+        }
+        if let Some(g) = &slot.gate {
+            if let Some(r) = g.gate.lock().rounds() {
+                rounds.get_or_create(&t).inc_by(r.applied());
+            }
+        }
+    }
+    let mut out = String::new();
+    // (writing into a String cannot fail)
+    let _ = encode(&mut out, &reg);
+    out
+}
