@@ -63,9 +63,9 @@ def test_an_admitting_table_gives_a_key_its_row_at_its_second_push():
     keys.sort()
     ones = np.ones(500, dtype=np.float32)
     t.push(keys, ones)
-    np.testing.assert_array_equal(t.pull(keys), np.zeros(500, dtype=np.float32))
+    np.testing.assert_array_equal(t.pull(keys).ravel(), np.zeros(500, dtype=np.float32))
     t.push(keys, 2 * ones)
-    np.testing.assert_array_equal(t.pull(keys), 2 * ones)
+    np.testing.assert_array_equal(t.pull(keys).ravel(), 2 * ones)
     with pytest.raises(downpour.DownpourError, match="count:N"):
         s.table(4, "bad", admit="count:0")
     s.finish()
@@ -84,8 +84,8 @@ def test_an_lru_table_keeps_its_newest_rows_and_a_dropped_key_reads_as_new():
     deadline = time.time() + 20
     while t.peek(old).any() and time.time() < deadline:
         time.sleep(0.02)
-    np.testing.assert_array_equal(t.peek(old), np.zeros(1000, dtype=np.float32))
-    np.testing.assert_array_equal(t.peek(new), np.full(100, 2, dtype=np.float32))
+    np.testing.assert_array_equal(t.peek(old).ravel(), np.zeros(1000, dtype=np.float32))
+    np.testing.assert_array_equal(t.peek(new).ravel(), np.full(100, 2, dtype=np.float32))
     with pytest.raises(downpour.DownpourError, match="lru:MAX_ROWS"):
         s.table(6, "bad", evict="lru:0")
     s.finish()
