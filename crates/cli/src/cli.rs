@@ -95,6 +95,10 @@ enum Cmd {
         /// worker's death; an unreplicated job fails with a message naming what died.
         #[arg(long = "fault", value_name = "FAULT")]
         faults: Vec<Fault>,
+        /// Server N serves Prometheus metrics and /healthz on 127.0.0.1:(PORT + N)
+        /// (`server --metrics-listen`).
+        #[arg(long, value_name = "PORT")]
+        metrics_port: Option<u16>,
         /// Run each worker as PROGRAM followed by the job's arguments instead of `downpour
         /// worker JOB` (`--exec python3 -- train.py --epochs 3`; `python -m downpour.launch`
         /// uses it). The program finds the cluster in its environment: DOWNPOUR_COORDINATOR,
@@ -332,7 +336,7 @@ fn run(cli: Cli, s: Settings, exe: &Program) -> Result<()> {
             Ok(())
         }
         Cmd::Predict(a) => downpour_jobs::model::predict(&a),
-        Cmd::Launch { servers, workers, tls_dir, faults, exec, job } => {
+        Cmd::Launch { servers, workers, tls_dir, faults, metrics_port, exec, job } => {
             // Check the job's flags before starting anything (a program's are its own).
             if exec.is_none() {
                 let parsed = parse_job(&job).map_err(|e| anyhow::anyhow!("bad job arguments after `--`:\n{e}"))?;
@@ -363,6 +367,7 @@ fn run(cli: Cli, s: Settings, exe: &Program) -> Result<()> {
                 capture: None,
                 interrupted: interrupt_flag(),
                 faults: &faults,
+                metrics_port,
             })
         }
         Cmd::Bench { cfg, json } => {

@@ -30,6 +30,10 @@ pub struct BenchConfig {
     /// (as `launch --tls-dir`; over the transport `--transport` names).
     #[cfg_attr(feature = "cli", arg(long, conflicts_with = "embedded"))]
     pub tls_dir: Option<std::path::PathBuf>,
+    /// Server N serves Prometheus metrics on 127.0.0.1:(PORT + N) (as `launch --metrics-port`;
+    /// to measure what a scraper costs).
+    #[cfg_attr(feature = "cli", arg(long, conflicts_with = "embedded"))]
+    pub metrics_port: Option<u16>,
     /// Dense value sizes, comma-separated (suffixes B, KiB, MiB, GiB).
     #[cfg_attr(feature = "cli", arg(long, default_value = "4KiB,1MiB,16MiB,64MiB"))]
     pub sizes: String,
@@ -156,6 +160,7 @@ pub fn run(cfg: &BenchConfig, s: &Settings, exe: &crate::Program, report: Report
             interrupted,
             tls_dir: a.tls_dir.as_deref(),
             faults: &[],
+            metrics_port: a.metrics_port,
         })?;
     }
     if let Some(b) = bad.lock().first() {

@@ -118,6 +118,8 @@ pub struct LocalRun<'a> {
     pub tls_dir: Option<&'a std::path::Path>,
     /// Processes to SIGKILL during the run (`--fault`).
     pub faults: &'a [Fault],
+    /// Server N serves its metrics on `127.0.0.1:(PORT + N)` (`--metrics-port`).
+    pub metrics_port: Option<u16>,
 }
 
 /// Starts a coordinator, the servers and the workers as child processes on 127.0.0.1,
@@ -236,7 +238,11 @@ pub fn launch_local(r: LocalRun<'_>) -> Result<()> {
         };
         let server_args = |i: usize| -> Vec<String> {
             let reg = dir.join(format!("server-{i}.registered")).display().to_string();
-            ["server", "--coordinator", &addr, "--listen", "127.0.0.1:0", "--registered-file", &reg].map(String::from).to_vec()
+            let mut a = ["server", "--coordinator", &addr, "--listen", "127.0.0.1:0", "--registered-file", &reg].map(String::from).to_vec();
+            if let Some(p) = r.metrics_port {
+                a.extend(["--metrics-listen".into(), format!("127.0.0.1:{}", p as usize + i)]);
+            }
+            a
         };
         // Servers start one at a time, each once the previous has registered, so that
         // "server N" here is the coordinator's server N (faults and logs name the same one).
