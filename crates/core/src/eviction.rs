@@ -135,22 +135,22 @@ impl Eviction {
                 (room * REBUILT_LOAD / row_bytes.max(1) as f64) as u64
             }
         };
-        let excess = len.saturating_sub(keep);
+        // Never more than the rows surveyed: rows that came since are the newest, and the
+        // next pass sees them (a burst of new rows must not empty the table).
+        let excess = len.saturating_sub(keep).min(hist.total());
         if excess == 0 {
             return None;
         }
         // the coldest buckets first, down to the one where the excess is met
         let mut taken = 0u64;
-        for b in (0..BUCKETS).rev() {
+        for b in (1..BUCKETS).rev() {
             let n = hist.counts[b];
             if taken + n >= excess {
                 return Some(Victims::Coldest { cut: b, at_cut: excess - taken });
             }
             taken += n;
         }
-        // fewer rows surveyed than the table holds (rows came between the survey and now):
-        // every surveyed row's bucket goes
-        Some(Victims::Coldest { cut: 0, at_cut: u64::MAX })
+        Some(Victims::Coldest { cut: 0, at_cut: excess - taken })
     }
 }
 
@@ -465,6 +465,19 @@ mod tests {
         let v = Eviction::Memory { mib: 1.0 }.plan(1_000_000, 32, 0, &h).unwrap();
         assert_eq!(v, Victims::Coldest { cut: 3, at_cut: 1_000_000 - 15_291 });
         assert_eq!(Eviction::Lru { max_rows: 2_000_000 }.plan(1_000_000, 32, 0, &h), None);
+    }
+
+    #[test]
+    fn a_plan_never_takes_more_rows_than_it_surveyed() {
+        // 150 rows surveyed, then a burst took the table to 1150: keep 100 means 1050 too
+        // many, but only the 150 surveyed (older than the burst) go now
+        let mut h = Histogram::default();
+        h.counts[0] = 50;
+        h.counts[20] = 100;
+        let mut v = Eviction::Lru { max_rows: 100 }.plan(1150, 16, 0, &h).unwrap();
+        assert_eq!(v, Victims::Coldest { cut: 0, at_cut: 50 });
+        let taken = (0..1100).filter(|_| v.take(Mark::Stamp, 1000, 1000)).count();
+        assert_eq!(taken, 50, "of the rows of age 0, only as many as were surveyed");
     }
 
     proptest! {
