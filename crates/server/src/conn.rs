@@ -118,7 +118,11 @@ pub fn serve_connection(st: &ServerState, mut conn: Box<dyn Connection>) {
         if skip.skips(h.request_id, h.last) {
             continue;
         }
+        let started = std::time::Instant::now();
         let result = handle_frame(st, &h, &mut ctx, conn.as_mut());
+        if let Some(kind) = Op::from_u32(h.op).and_then(crate::metrics::op_kind) {
+            st.latency[kind].observe(started.elapsed());
+        }
         // frames of a replicated bsp table's rounds come in the round watermark's worker slot
         let round_slot = h.forwarded && h.worker == st.num_workers.load(Ordering::Relaxed);
         // a forwarded round update that was not applied

@@ -57,6 +57,7 @@ impl Server {
             repl: RwLock::new(None),
             holders: std::sync::OnceLock::new(),
             evict_wake: parking_lot::Condvar::new(),
+            latency: Default::default(),
         });
         Ok(Server { state, listener })
     }

@@ -10,9 +10,12 @@
 
 use crate::state::ServerState;
 use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::exemplar::Exemplar;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -21,6 +24,76 @@ use std::sync::Arc;
 use std::time::Duration;
 
 type Labels = Vec<(String, String)>;
+
+/// The kinds of request timed: index into `ServerState::latency`.
+pub(crate) const OP_KINDS: [&str; 5] = ["push", "pull", "peek", "push_pull", "pull_range"];
+
+/// The kind of a timed op (`None` for the control ops).
+pub(crate) fn op_kind(op: downpour_core::msg::Op) -> Option<usize> {
+    use downpour_core::msg::Op;
+    match op {
+        Op::Push | Op::PushRange => Some(0),
+        Op::Pull => Some(1),
+        Op::Peek => Some(2),
+        Op::PushPull | Op::PushPullRange => Some(3),
+        Op::PullRange => Some(4),
+        _ => None,
+    }
+}
+
+/// Upper bounds of the latency buckets, seconds (10 µs to 1 s, then +Inf).
+const BOUNDS: [f64; 16] = [1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.1, 0.2, 0.5, 1.0];
+
+/// A latency histogram kept with relaxed atomic adds (no lock on the request path; a scrape
+/// may see one request's count and sum a moment apart).
+#[derive(Default)]
+pub(crate) struct Latency {
+    /// Per bucket (the last is +Inf), not cumulative.
+    counts: [AtomicU64; BOUNDS.len() + 1],
+    sum_ns: AtomicU64,
+}
+
+impl Latency {
+    pub(crate) fn observe(&self, d: Duration) {
+        let s = d.as_secs_f64();
+        let i = BOUNDS.iter().position(|&b| s <= b).unwrap_or(BOUNDS.len());
+        self.counts[i].fetch_add(1, Ordering::Relaxed);
+        self.sum_ns.fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
+    }
+}
+
+/// The latency histograms, one per kind of op, read at a scrape.
+#[derive(Debug)]
+struct Latencies(Vec<(Labels, f64, u64, Vec<(f64, u64)>)>);
+
+impl Latencies {
+    fn read(all: &[Latency]) -> Latencies {
+        Latencies(
+            all.iter()
+                .zip(OP_KINDS)
+                .map(|(l, op)| {
+                    let counts: Vec<u64> = l.counts.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+                    let buckets = BOUNDS.iter().copied().chain([f64::INFINITY]).zip(counts.iter().copied()).collect();
+                    (labels(&[("op", op)]), l.sum_ns.load(Ordering::Relaxed) as f64 * 1e-9, counts.iter().sum(), buckets)
+                })
+                .collect(),
+        )
+    }
+}
+
+impl EncodeMetric for Latencies {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        for (l, sum, count, buckets) in &self.0 {
+            let mut e = encoder.encode_family(l)?;
+            e.encode_histogram::<NoLabelSet>(*sum, *count, buckets, None::<&std::collections::HashMap<usize, Exemplar<NoLabelSet, f64>>>)?;
+        }
+        Ok(())
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Histogram
+    }
+}
 type Gauges = Family<Labels, Gauge<f64, AtomicU64>>;
 type Counters = Family<Labels, Counter>;
 
@@ -107,6 +180,11 @@ pub fn render(st: &ServerState) -> String {
     let passes = counter(&mut reg, "table_eviction_passes", "Eviction passes made");
     let filtered = counter(&mut reg, "table_filter_bytes", "Bytes through each filter, decoded and on the wire");
     let rounds = counter(&mut reg, "table_rounds_applied", "Synchronous (bsp) rounds applied");
+    reg.register(
+        "request_seconds",
+        "Time to handle a request frame, by op (a large request is several frames; includes waits for consistency)",
+        Latencies::read(&st.latency),
+    );
 
     let node = st.node_id.load(Ordering::Relaxed).to_string();
     let rank = st.rank.load(Ordering::Relaxed).to_string();

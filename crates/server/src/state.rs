@@ -128,6 +128,8 @@ pub struct ServerState {
     pub(crate) holders: std::sync::OnceLock<downpour_core::fence::WorkerFence>,
     /// Wakes the evictor before its next check (a request took a table past its bound).
     pub(crate) evict_wake: parking_lot::Condvar,
+    /// Time to handle a request frame, per kind of op (`metrics::OP_KINDS`).
+    pub(crate) latency: [crate::metrics::Latency; crate::metrics::OP_KINDS.len()],
 }
 
 impl ServerState {

@@ -78,6 +78,14 @@ fn a_scrape_shows_rows_requests_admissions_and_evictions_and_health_answers() {
     assert_eq!(value(&s, "downpour_server", &[("node", "10"), ("rank", "0")]), Some(1.0));
     assert!(value(&s, "downpour_tables_peak_bytes", &[]).unwrap() >= value(&s, "downpour_tables_bytes", &[]).unwrap());
     assert!(s.docs.contains_key("downpour_table_evicted_rows"), "every family is documented: {:?}", s.docs.keys());
+    // the two pushes' frames were timed (the +Inf bucket counts every one)
+    let push_latency = s.samples.iter().find(|x| x.metric == "downpour_request_seconds" && x.labels.get("op") == Some("push"));
+    match push_latency.map(|x| &x.value) {
+        Some(prometheus_parse::Value::Histogram(b)) => {
+            assert!(b.last().is_some_and(|c| c.less_than.is_infinite() && c.count >= 2.0), "{b:?}")
+        }
+        other => panic!("no push latency histogram: {other:?}"),
+    }
     assert_eq!(get(&metrics, "/healthz"), ("HTTP/1.1 200 OK".to_string(), "ok\n".to_string()));
     assert!(get(&metrics, "/nothing").0.contains("404"));
     // a port in use: the error names the address
