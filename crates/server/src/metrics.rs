@@ -62,9 +62,12 @@ impl Latency {
     }
 }
 
+/// One op's histogram as read: labels, sum (s), count, (upper bound, count) per bucket.
+type HistogramRead = (Labels, f64, u64, Vec<(f64, u64)>);
+
 /// The latency histograms, one per kind of op, read at a scrape.
 #[derive(Debug)]
-struct Latencies(Vec<(Labels, f64, u64, Vec<(f64, u64)>)>);
+struct Latencies(Vec<HistogramRead>);
 
 impl Latencies {
     fn read(all: &[Latency]) -> Latencies {
