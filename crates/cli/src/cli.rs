@@ -111,6 +111,8 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true, num_args = 1..)]
         job: Vec<String>,
     },
+    /// A live view of servers' metrics in the terminal (`top --metrics HOST:PORT,...`).
+    Top(crate::top::TopArgs),
     /// Measure push/pull throughput, latency and sparse key rates.
     Bench {
         #[command(flatten)]
@@ -370,6 +372,7 @@ fn run(cli: Cli, s: Settings, exe: &Program) -> Result<()> {
                 metrics_port,
             })
         }
+        Cmd::Top(a) => crate::top::run(a),
         Cmd::Bench { cfg, json } => {
             let flag = if cfg.embedded { Arc::new(AtomicBool::new(false)) } else { interrupt_flag() };
             let run = bench::run(&cfg, &s, exe, Terminal::report(), flag)?;

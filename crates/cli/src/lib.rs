@@ -9,3 +9,4 @@ mod config;
 pub use config::settings_from_flags;
 mod datagen;
 mod terminal;
+mod top;

@@ -584,3 +584,40 @@ fn checkpoint_flags_are_checked_before_anything_starts() {
     assert!(!o.status.success());
     assert!(text(&o).1.contains("supported by the counter and train linear jobs only"), "{}", text(&o).1);
 }
+
+#[test]
+fn top_shows_a_running_servers_tables_and_rates_and_says_when_none_answers() {
+    use std::process::Stdio;
+    let dir = tempfile::tempdir().unwrap();
+    let addr_file = dir.path().join("coord.addr");
+    let af = addr_file.display().to_string();
+    let spawn = |args: &[&str]| downpour().args(args).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    let mut coord = spawn(&["coordinator", "--listen", "127.0.0.1:0", "--servers", "1", "--workers", "1", "--addr-file", &af]);
+    let addr = common::wait_for_addr(&addr_file);
+    // a free port for the metrics endpoint
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let metrics = format!("127.0.0.1:{port}");
+    let mut server = spawn(&["server", "--coordinator", &addr, "--listen", "127.0.0.1:0", "--metrics-listen", &metrics]);
+    // a worker that keeps pushing to table "counter" until killed
+    let mut worker = spawn(&["worker", "--coordinator", &addr, "counter", "--keys", "1000", "--rounds", "5000000"]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let view = loop {
+        let o = downpour().args(["top", "--metrics", &metrics, "--once", "--interval", "0.3"]).output().unwrap();
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        if (o.status.success() && out.contains("counter")) || Instant::now() > deadline {
+            break out;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    for k in [worker.kill(), server.kill(), coord.kill()] {
+        k.unwrap();
+    }
+    assert!(view.contains(&metrics) && view.contains("rank 0") && view.contains("push keys/s"), "{view}");
+    // the counter table's row: a push rate above zero
+    let row = view.lines().find(|l| l.contains("counter")).unwrap_or_default();
+    let push_rate = row.split_whitespace().nth(4).unwrap_or("-");
+    assert!(push_rate != "-" && push_rate != "0", "push keys/s of the counter table: {row}");
+    let o = downpour().args(["top", "--metrics", "127.0.0.1:1", "--once"]).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("no server answered") && err.contains("127.0.0.1:1"), "{err}");
+}
