@@ -609,8 +609,9 @@ fn top_shows_a_running_servers_tables_and_rates_and_says_when_none_answers() {
         }
         std::thread::sleep(Duration::from_millis(100));
     };
-    for k in [worker.kill(), server.kill(), coord.kill()] {
-        k.unwrap();
+    for p in [&mut worker, &mut server, &mut coord] {
+        p.kill().unwrap();
+        p.wait().unwrap();
     }
     assert!(view.contains(&metrics) && view.contains("rank 0") && view.contains("push keys/s"), "{view}");
     // the counter table's row: a push rate above zero
