@@ -27,9 +27,11 @@
 //! A pass ([`Eviction::plan`]) is decided from a [`Histogram`] of the rows' coldness (age,
 //! or the inverse of the count, in buckets [`BUCKET_PRECISION`] apart), gathered one shard
 //! at a time, and applied one shard at a time ([`Victims`]), so the server never holds a
-//! table for more than one shard's worth of work. Rows in the bucket at the cut are taken in
-//! storage order until the count is met: the policies are exact in the number of rows kept
-//! and approximate (within a bucket) in which rows of similar coldness go.
+//! table for more than one shard's worth of work. A pass takes from each bucket at most the
+//! rows the survey counted there, coldest buckets first, in storage order within a bucket:
+//! it takes exactly the excess it planned, never a row that came after the survey in place
+//! of one it counted beyond that (new rows are the coldest under `lfu`), and is approximate
+//! (within a bucket) only in which rows of similar coldness go.
 
 use crate::{CoreError, Result};
 use std::fmt;
@@ -48,6 +50,11 @@ pub const MEMORY_LOW: f64 = 0.70;
 /// Load factor of a shard rebuilt after an eviction (rows / slots): room to grow by a fifth
 /// before the shard grows again.
 pub const REBUILT_LOAD: f64 = 2.0 / 3.0;
+/// Under `ttl`, `lru` and `lfu`, a shard is rebuilt smaller (at [`REBUILT_LOAD`]) only once
+/// an eviction leaves it loaded below this: rows dropped here and there are deleted in place,
+/// with no copy of the shard. (`memory` shrinks any shard that falls below [`REBUILT_LOAD`]:
+/// its bound is on the arrays' size.)
+pub const SHRINK_LOAD: f64 = 0.25;
 /// Number of coldness buckets of a [`Histogram`].
 pub const BUCKETS: usize = 464;
 /// Relative width of a coldness bucket above 16: 1/16.
@@ -141,16 +148,18 @@ impl Eviction {
         if excess == 0 {
             return None;
         }
-        // the coldest buckets first, down to the one where the excess is met
-        let mut taken = 0u64;
-        for b in (1..BUCKETS).rev() {
-            let n = hist.counts[b];
-            if taken + n >= excess {
-                return Some(Victims::Coldest { cut: b, at_cut: excess - taken });
+        // the coldest buckets first, each at most the rows counted there, until the excess is met
+        let mut quota = vec![0u64; BUCKETS];
+        let mut left = excess;
+        for b in (0..BUCKETS).rev() {
+            let n = hist.counts[b].min(left);
+            quota[b] = n;
+            left -= n;
+            if left == 0 {
+                break;
             }
-            taken += n;
         }
-        Some(Victims::Coldest { cut: 0, at_cut: excess - taken })
+        Some(Victims::Coldest { quota })
     }
 }
 
@@ -296,16 +305,14 @@ impl Histogram {
 }
 
 /// The rows a pass takes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Victims {
     /// Rows whose last push or pull is this many ticks ago or more (`ttl`).
     OlderThan(Tick),
-    /// Every row colder than bucket `cut`, and the first `at_cut` rows found in it.
+    /// Per coldness bucket, how many of its rows still go (the first found).
     Coldest {
-        /// The bucket at the cut.
-        cut: usize,
-        /// How many of its rows still go.
-        at_cut: u64,
+        /// Rows still to take, per bucket.
+        quota: Vec<u64>,
     },
 }
 
@@ -315,12 +322,10 @@ impl Victims {
     pub fn take(&mut self, mark: Mark, m: u32, now: Tick) -> bool {
         match self {
             Victims::OlderThan(ttl) => age(m, now) >= *ttl,
-            Victims::Coldest { cut, at_cut } => {
-                let b = mark.bucket(m, now);
-                if b > *cut {
-                    true
-                } else if b == *cut && *at_cut > 0 {
-                    *at_cut -= 1;
+            Victims::Coldest { quota } => {
+                let q = &mut quota[mark.bucket(m, now)];
+                if *q > 0 {
+                    *q -= 1;
                     true
                 } else {
                     false
@@ -329,11 +334,13 @@ impl Victims {
         }
     }
 
-    /// Whether a row of mark `m` would go, without counting it (to find shards with nothing to drop).
+    /// Whether a row of mark `m` would go, without counting it.
     #[inline]
     pub fn would_take(&self, mark: Mark, m: u32, now: Tick) -> bool {
-        let mut v = *self;
-        v.take(mark, m, now)
+        match self {
+            Victims::OlderThan(ttl) => age(m, now) >= *ttl,
+            Victims::Coldest { quota } => quota[mark.bucket(m, now)] > 0,
+        }
     }
 }
 
@@ -463,7 +470,8 @@ mod tests {
         h.counts[3] = 1_000_000;
         // 1 MiB cap, 32-byte rows: 0.7 MiB · 2/3 / 32 = 15291 rows kept
         let v = Eviction::Memory { mib: 1.0 }.plan(1_000_000, 32, 0, &h).unwrap();
-        assert_eq!(v, Victims::Coldest { cut: 3, at_cut: 1_000_000 - 15_291 });
+        let Victims::Coldest { quota } = v else { panic!("{v:?}") };
+        assert_eq!((quota[3], quota.iter().sum::<u64>()), (1_000_000 - 15_291, 1_000_000 - 15_291));
         assert_eq!(Eviction::Lru { max_rows: 2_000_000 }.plan(1_000_000, 32, 0, &h), None);
     }
 
@@ -475,9 +483,16 @@ mod tests {
         h.counts[0] = 50;
         h.counts[20] = 100;
         let mut v = Eviction::Lru { max_rows: 100 }.plan(1150, 16, 0, &h).unwrap();
-        assert_eq!(v, Victims::Coldest { cut: 0, at_cut: 50 });
         let taken = (0..1100).filter(|_| v.take(Mark::Stamp, 1000, 1000)).count();
         assert_eq!(taken, 50, "of the rows of age 0, only as many as were surveyed");
+        // under lfu new rows (count 1) are the coldest: rows that came after the survey do
+        // not add to what a pass takes
+        let mut h = Histogram::default();
+        h.counts[Mark::Count.bucket(5, 0)] = 1001;
+        let mut v = Eviction::Lfu { max_rows: 1000 }.plan(1501, 16, 0, &h).unwrap();
+        let new = (0..500).filter(|_| v.take(Mark::Count, 1, 0)).count();
+        let warm = (0..1001).filter(|_| v.take(Mark::Count, 5, 0)).count();
+        assert_eq!((new, warm), (0, 501), "the 500 new rows were not surveyed: the excess comes from the 1001 that were");
     }
 
     proptest! {

@@ -218,6 +218,33 @@ impl Shard {
         (dropped, longest)
     }
 
+    /// Deletes the row at slot `i` under `hash`: the rows after it in its probe run move back
+    /// into the hole wherever their home slot allows (backward-shift deletion), so no
+    /// tombstone is left and every other row stays reachable from its home.
+    fn remove_at(&mut self, mut i: usize, stride: usize, hash: fn(u64) -> u64) {
+        let cap = self.cap;
+        let mut j = i;
+        loop {
+            j = if j + 1 == cap { 0 } else { j + 1 };
+            let k = self.key_at(j, stride);
+            if k == EMPTY {
+                break;
+            }
+            let home = place(hash(k), cap).1;
+            // the row at j stays unless its home lies cyclically outside (i, j]
+            let stays = if i <= j { i < home && home <= j } else { i < home || home <= j };
+            if !stays {
+                self.data.copy_within(j * stride..(j + 1) * stride, i * stride);
+                i = j;
+            }
+        }
+        let row = self.row_mut(i, stride);
+        row.fill(0);
+        row[0] = u32::MAX;
+        row[1] = u32::MAX;
+        self.len -= 1;
+    }
+
     fn needs_growth(&self) -> bool {
         (self.len + 1) * MAX_LOAD_DEN > self.cap * MAX_LOAD_NUM
     }
@@ -607,23 +634,31 @@ impl HashStore {
     }
 
     /// Drops the rows of shard `si` that `victims` takes under `mark` at `now` (in storage
-    /// order), calling `gone(key)` for each, and rebuilds the shard at [`REBUILT_LOAD`] when
-    /// its load fell below that (so freed rows free memory). Holds the old and new arrays of
-    /// one shard at once; a shard with nothing to drop is left as it is. Returns the rows
-    /// dropped. Precondition: a store with marks.
-    pub fn evict_shard(&mut self, si: usize, mark: Mark, now: Tick, victims: &mut Victims, mut gone: impl FnMut(u64)) -> usize {
+    /// order), calling `gone(key)` for each; returns the rows dropped. A shard whose load stays
+    /// at `shrink_below` or more keeps its arrays and loses the rows in place (each one's
+    /// probe run shifted back, as linear probing deletes); one whose load falls below is
+    /// rebuilt at [`REBUILT_LOAD`] (so freed rows free memory), holding its old and new arrays
+    /// at once. Precondition: a store with marks.
+    pub fn evict_shard(
+        &mut self,
+        si: usize,
+        mark: Mark,
+        now: Tick,
+        victims: &mut Victims,
+        shrink_below: f64,
+        mut gone: impl FnMut(u64),
+    ) -> usize {
         let (stride, m, hash) = (self.stride, self.end(), self.hash());
         let sh = &mut self.shards[si];
-        let mut dry = *victims;
+        let mut dry = victims.clone();
         let going = sh.data.chunks_exact(stride).filter(|row| row[0] & row[1] != u32::MAX && dry.take(mark, row[m], now)).count();
         if going == 0 {
             return 0;
         }
         let kept = sh.len - going;
-        let cap =
-            if (kept as f64) < sh.cap as f64 * REBUILT_LOAD { ((kept as f64 / REBUILT_LOAD).ceil() as usize).max(MIN_CAP) } else { sh.cap };
-        let dropped = sh
-            .rebuild(
+        let dropped = if (kept as f64) < sh.cap as f64 * shrink_below {
+            let cap = ((kept as f64 / REBUILT_LOAD).ceil() as usize).max(MIN_CAP);
+            let rebuilt = sh.rebuild(
                 cap,
                 stride,
                 |k, row| {
@@ -634,8 +669,24 @@ impl HashStore {
                     !take
                 },
                 hash,
-            )
-            .0;
+            );
+            rebuilt.0
+        } else {
+            // the victims first (deleting moves rows), then each deleted by its key
+            let keys: Vec<u64> = sh
+                .data
+                .chunks_exact(stride)
+                .filter(|row| row[0] & row[1] != u32::MAX && victims.take(mark, row[m], now))
+                .map(|row| row[0] as u64 | (row[1] as u64) << 32)
+                .collect();
+            for &k in &keys {
+                if let Ok(i) = sh.find(k, place(hash(k), sh.cap).1, stride) {
+                    sh.remove_at(i, stride, hash);
+                    gone(k);
+                }
+            }
+            keys.len()
+        };
         self.len -= dropped;
         dropped
     }

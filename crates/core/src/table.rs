@@ -327,7 +327,7 @@ impl Evicting {
 }
 
 /// One eviction pass over a table ([`Table::eviction_plan`]): the rows it takes, decided at `now`.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct EvictPass {
     /// The rows to drop.
     pub victims: Victims,
@@ -379,6 +379,15 @@ impl Table {
         };
         let parallel = std::thread::available_parallelism().is_ok_and(|n| n.get() >= 2);
         let admitter = Admitter::new(def.admit);
+        if let (Eviction::Memory { mib }, Some(a)) = (def.evict, admitter.as_ref()) {
+            let sketch = a.bytes() as f64 / (1u64 << 20) as f64;
+            if sketch >= mib * crate::eviction::MEMORY_LOW {
+                return Err(CoreError::InvalidTable(format!(
+                    "table {}: eviction {} leaves no room for rows beside the {sketch:.1} MiB admission sketch ({}): give the table more memory or the sketch less",
+                    def.id, def.evict, def.admit
+                )));
+            }
+        }
         let evicting = match (def.evict.mark(), &store) {
             (Some(mark), Store::Sparse(_)) => {
                 let tick_ms = def.evict.tick_ms();
@@ -507,7 +516,8 @@ impl Table {
     /// so pushes wait for one shard's work at most.
     pub fn evict_shard(&mut self, shard: usize, pass: &mut EvictPass, gone: impl FnMut(u64)) -> usize {
         let (Some(e), Store::Sparse(h)) = (self.evicting.as_mut(), &mut self.store) else { return 0 };
-        let n = h.evict_shard(shard, e.mark, pass.now, &mut pass.victims, gone);
+        let shrink = if matches!(e.policy, Eviction::Memory { .. }) { crate::eviction::REBUILT_LOAD } else { crate::eviction::SHRINK_LOAD };
+        let n = h.evict_shard(shard, e.mark, pass.now, &mut pass.victims, shrink, gone);
         e.stats.evicted += n as u64;
         n
     }

@@ -231,3 +231,39 @@ proptest! {
         prop_assert_eq!(rt, rr);
     }
 }
+
+#[test]
+fn rows_dropped_in_place_leave_every_other_row_reachable_and_unchanged() {
+    // a few victims per shard: the shards keep their arrays and lose the rows in place
+    let (mut t, clock) = table("lru:9900", "add");
+    let keys = spread(0..10_000);
+    let vals: Vec<f32> = (0..keys.len()).map(|i| i as f32 + 1.0).collect();
+    let bytes = {
+        t.push(&keys, &vals).unwrap();
+        t.bytes()
+    };
+    // the first 100 keys are the oldest
+    clock.store(10, Ordering::Relaxed);
+    let mut out = vec![0f32; keys.len() - 100];
+    t.pull(&keys[100..], &mut out).unwrap();
+    assert_eq!(t.evict(), 100);
+    assert_eq!((t.len(), t.bytes()), (9900, bytes), "dropped in place: the arrays stay");
+    let mut out = vec![0f32; keys.len()];
+    t.peek(&keys, &mut out).unwrap();
+    assert!(out[..100].iter().all(|&v| v == 0.0));
+    assert_eq!(&out[100..], &vals[100..], "every row kept reads as it was");
+    // pushing every key again recreates the 100 and adds to the rest: no row is stored twice
+    t.push(&keys, &vals).unwrap();
+    assert_eq!(t.len(), 10_000);
+    t.peek(&keys, &mut out).unwrap();
+    assert!(out.iter().zip(&vals).enumerate().all(|(i, (&o, &v))| o == if i < 100 { v } else { 2.0 * v }));
+}
+
+#[test]
+fn a_memory_cap_that_the_admission_sketch_fills_is_refused() {
+    let def = TableDef { admit: "count:2".parse().unwrap(), evict: "memory:4".parse().unwrap(), ..TableDef::new(1, "t") };
+    let e = Table::new(def, KeyRange::FULL, &RuleRegistry::new()).err().unwrap().to_string();
+    assert!(e.contains("memory:4") && e.contains("sketch"), "{e}");
+    let def = TableDef { admit: "count:2:1".parse().unwrap(), evict: "memory:4".parse().unwrap(), ..TableDef::new(1, "t") };
+    assert!(Table::new(def, KeyRange::FULL, &RuleRegistry::new()).is_ok());
+}
