@@ -97,7 +97,7 @@ enum Cmd {
         faults: Vec<Fault>,
         /// Server N serves Prometheus metrics and /healthz on 127.0.0.1:(PORT + N)
         /// (`server --metrics-listen`).
-        #[arg(long, value_name = "PORT")]
+        #[arg(long, value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
         metrics_port: Option<u16>,
         /// Run each worker as PROGRAM followed by the job's arguments instead of `downpour
         /// worker JOB` (`--exec python3 -- train.py --epochs 3`; `python -m downpour.launch`

@@ -31,7 +31,10 @@ struct Reading {
 
 /// GET `/metrics` from `addr`, parsed.
 fn fetch(addr: &str) -> Result<Scrape> {
-    let mut s = std::net::TcpStream::connect(addr).with_context(|| format!("cannot reach {addr}"))?;
+    use std::net::ToSocketAddrs;
+    let to = addr.to_socket_addrs().with_context(|| format!("{addr}: not an address"))?.next();
+    let to = to.with_context(|| format!("{addr}: no address"))?;
+    let mut s = std::net::TcpStream::connect_timeout(&to, Duration::from_secs(2)).with_context(|| format!("cannot reach {addr}"))?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
     write!(s, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n")?;
     let mut reply = String::new();

@@ -32,7 +32,7 @@ pub struct BenchConfig {
     pub tls_dir: Option<std::path::PathBuf>,
     /// Server N serves Prometheus metrics on 127.0.0.1:(PORT + N) (as `launch --metrics-port`;
     /// to measure what a scraper costs).
-    #[cfg_attr(feature = "cli", arg(long, conflicts_with = "embedded"))]
+    #[cfg_attr(feature = "cli", arg(long, conflicts_with = "embedded", value_parser = clap::value_parser!(u16).range(1..)))]
     pub metrics_port: Option<u16>,
     /// Dense value sizes, comma-separated (suffixes B, KiB, MiB, GiB).
     #[cfg_attr(feature = "cli", arg(long, default_value = "4KiB,1MiB,16MiB,64MiB"))]

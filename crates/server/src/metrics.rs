@@ -125,14 +125,22 @@ pub fn serve_metrics(listen: &str, st: Arc<ServerState>) -> std::io::Result<Stri
     Ok(addr)
 }
 
-/// Answers one HTTP request (a connection each; a client gets 2 s to send its request).
+/// Answers one HTTP request (a connection each). A client gets 2 s in all to send its
+/// request, however it trickles in, and 2 s to take the reply: a slow or silent client
+/// cannot hold the endpoint (and the health probe) for longer.
 fn answer(mut s: TcpStream, st: &ServerState) -> std::io::Result<()> {
+    const LIMIT: Duration = Duration::from_secs(2);
+    let deadline = std::time::Instant::now() + LIMIT;
     s.set_nonblocking(false)?;
-    s.set_read_timeout(Some(Duration::from_secs(2)))?;
-    s.set_write_timeout(Some(Duration::from_secs(2)))?;
+    s.set_write_timeout(Some(LIMIT))?;
     let mut buf = [0u8; 4096];
     let mut n = 0;
     while n < buf.len() && !buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "the request took longer than 2 s"));
+        }
+        s.set_read_timeout(Some(left))?;
         match s.read(&mut buf[n..])? {
             0 => break,
             k => n += k,
