@@ -267,3 +267,32 @@ fn a_memory_cap_that_the_admission_sketch_fills_is_refused() {
     let def = TableDef { admit: "count:2:1".parse().unwrap(), evict: "memory:4".parse().unwrap(), ..TableDef::new(1, "t") };
     assert!(Table::new(def, KeyRange::FULL, &RuleRegistry::new()).is_ok());
 }
+
+/// What a checkpoint does with an evicting table: the rows there are (after evictions) are
+/// exported with their state and restored into a fresh table, which holds exactly them and
+/// counts them as used at the restore (a TTL runs from there).
+#[test]
+fn a_checkpoint_of_an_evicting_table_restores_exactly_the_rows_left_marked_as_used_at_the_restore() {
+    let (mut t, clock) = table("ttl:1s", "adagrad");
+    let keys = spread(0..2000);
+    let vals: Vec<f32> = keys.iter().map(|k| (k % 5) as f32 - 2.0).collect();
+    t.push(&keys, &vals).unwrap();
+    clock.store(600, Ordering::Relaxed);
+    t.push(&keys[..500], &vals[..500]).unwrap();
+    clock.store(1200, Ordering::Relaxed);
+    assert_eq!(t.evict(), 1500);
+    let (mut k, mut rows) = (Vec::new(), Vec::new());
+    t.export_rows(KeyRange::FULL, &mut k, &mut rows);
+    assert_eq!(k.len(), 500);
+    // restored at 5000 ms on the new table's clock
+    let (mut r, rclock) = table("ttl:1s", "adagrad");
+    rclock.store(5000, Ordering::Relaxed);
+    r.import_rows(&k, &rows).unwrap();
+    let (mut k2, mut rows2) = (Vec::new(), Vec::new());
+    r.export_rows(KeyRange::FULL, &mut k2, &mut rows2);
+    assert_eq!((k2, rows2), (k.clone(), rows.clone()), "values and adagrad state restored bit for bit");
+    rclock.store(5999, Ordering::Relaxed);
+    assert_eq!(r.evict(), 0, "used at the restore: not expired 999 ms later");
+    rclock.store(6000, Ordering::Relaxed);
+    assert_eq!(r.evict(), 500);
+}
