@@ -129,6 +129,16 @@ impl Eviction {
         }
     }
 
+    /// Under `memory:MIB`, the rows a pass keeps: those that fit [`MEMORY_LOW`] of the cap
+    /// (less `fixed_bytes`) at the load shrunk shards are rebuilt at (`None` for the other
+    /// policies). A table holding no more rows than this has nothing to drop, whatever its
+    /// arrays' size (a server checks this too before a pass, so it never surveys in vain).
+    pub fn memory_keep(&self, row_bytes: usize, fixed_bytes: usize) -> Option<u64> {
+        let Eviction::Memory { mib } = *self else { return None };
+        let room = (mib * MEMORY_LOW * (1u64 << 20) as f64 - fixed_bytes as f64).max(0.0);
+        Some((room * REBUILT_LOAD / row_bytes.max(1) as f64) as u64)
+    }
+
     /// The pass to make over a table of `len` rows of `row_bytes` bytes each (`fixed_bytes`
     /// more held whatever the rows, e.g. an admission sketch), whose rows' coldness at `now`
     /// is `hist`; `None` when nothing is to go.
@@ -137,10 +147,7 @@ impl Eviction {
             Eviction::Never => return None,
             Eviction::Ttl { ms } => return Some(Victims::OlderThan((ms / self.tick_ms()) as Tick)),
             Eviction::Lru { max_rows } | Eviction::Lfu { max_rows } => max_rows,
-            Eviction::Memory { mib } => {
-                let room = (mib * MEMORY_LOW * (1u64 << 20) as f64 - fixed_bytes as f64).max(0.0);
-                (room * REBUILT_LOAD / row_bytes.max(1) as f64) as u64
-            }
+            Eviction::Memory { .. } => self.memory_keep(row_bytes, fixed_bytes).unwrap_or(u64::MAX),
         };
         // Never more than the rows surveyed: rows that came since are the newest, and the
         // next pass sees them (a burst of new rows must not empty the table).

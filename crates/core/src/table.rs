@@ -435,6 +435,15 @@ impl Table {
         rows + self.admitter.as_ref().map_or(0, Admitter::bytes)
     }
 
+    /// Under `memory`, whether the table holds more rows than a pass keeps (true for the
+    /// other policies): arrays past the cap with fewer rows have nothing to drop (they are
+    /// between a growth and a pass's rebuild), and a pass then would survey in vain.
+    fn rows_to_drop(&self, e: &Evicting) -> bool {
+        let Store::Sparse(h) = &self.store else { return true };
+        let fixed = self.admitter.as_ref().map_or(0, Admitter::bytes);
+        e.policy.memory_keep(h.row_bytes(), fixed).is_none_or(|keep| self.len() as u64 > keep)
+    }
+
     /// The bytes a policy bounds: the projected bytes under `memory` (a pass over the
     /// shards), nothing to compute for the others.
     fn bound_bytes(&self, e: &Evicting) -> u64 {
@@ -481,16 +490,18 @@ impl Table {
     /// Whether an eviction pass is due now ([`Eviction::due`]): cheap, for a background
     /// thread to ask every tick.
     pub fn eviction_due(&self) -> bool {
-        self.evicting.as_ref().is_some_and(|e| e.policy.due(self.len() as u64, self.bound_bytes(e), e.clock.now_ms(), e.last_pass))
+        self.evicting
+            .as_ref()
+            .is_some_and(|e| e.policy.due(self.len() as u64, self.bound_bytes(e), e.clock.now_ms(), e.last_pass) && self.rows_to_drop(e))
     }
 
     /// Whether the table holds more than its `lru`/`lfu`/`memory` bound allows (a pass is
     /// due at once; `ttl` passes come with time). Cheap: for the request path.
     #[inline]
     pub fn over_eviction_bound(&self) -> bool {
-        self.evicting
-            .as_ref()
-            .is_some_and(|e| !matches!(e.policy, Eviction::Ttl { .. }) && e.policy.due(self.len() as u64, self.bound_bytes(e), 0, 0))
+        self.evicting.as_ref().is_some_and(|e| {
+            !matches!(e.policy, Eviction::Ttl { .. }) && e.policy.due(self.len() as u64, self.bound_bytes(e), 0, 0) && self.rows_to_drop(e)
+        })
     }
 
     /// Counts the rows of storage shard `shard` (`0..hashstore::SHARDS`) by coldness at
