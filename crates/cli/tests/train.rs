@@ -917,20 +917,26 @@ fn linear_rows(log: &str) -> u64 {
     log.match_indices("table 10 \"linear\": ").map(|(i, m)| log[i + m.len()..].split(' ').next().unwrap().parse::<u64>().unwrap()).sum()
 }
 
-#[test]
-fn admission_keeps_features_seen_once_out_of_the_servers_and_still_learns() {
-    let d = tempfile::tempdir().unwrap();
-    let (tr, te, out, model) = (d.path().join("tr.svm"), d.path().join("te.svm"), d.path().join("m.json"), d.path().join("m.st"));
-    write_data(&tr, 6_000, 31);
-    write_data(&te, 2_000, 32);
-    // every training example also carries 4 ids no other example has
-    let text = std::fs::read_to_string(&tr).unwrap();
+/// 6,000 training examples in `tr`, each also carrying 4 ids no other example has (24,000
+/// rows a table holds without admission or eviction), and 2,000 test examples in `te`
+/// (without them), from `seed`.
+fn write_data_with_ids_seen_once(tr: &Path, te: &Path, seed: u64) {
+    write_data(tr, 6_000, seed);
+    write_data(te, 2_000, seed + 1);
+    let text = std::fs::read_to_string(tr).unwrap();
     let once: String = text
         .lines()
         .enumerate()
         .map(|(i, l)| format!("{l} {}:1 {}:1 {}:1 {}:1\n", 1000 + 4 * i, 1001 + 4 * i, 1002 + 4 * i, 1003 + 4 * i))
         .collect();
-    std::fs::write(&tr, once).unwrap();
+    std::fs::write(tr, once).unwrap();
+}
+
+#[test]
+fn admission_keeps_features_seen_once_out_of_the_servers_and_still_learns() {
+    let d = tempfile::tempdir().unwrap();
+    let (tr, te, out, model) = (d.path().join("tr.svm"), d.path().join("te.svm"), d.path().join("m.json"), d.path().join("m.st"));
+    write_data_with_ids_seen_once(&tr, &te, 31);
     let all = train_logged(&tr, &te, &out, &model, 2, &["--epochs", "1"]);
     let auc_all = metrics(&out)["test_auc"].as_f64().unwrap();
     let admitted = train_logged(&tr, &te, &out, &model, 2, &["--epochs", "1", "--admit", "count:2"]);
@@ -950,16 +956,7 @@ fn admission_keeps_features_seen_once_out_of_the_servers_and_still_learns() {
 fn eviction_bounds_every_servers_rows_and_still_learns() {
     let d = tempfile::tempdir().unwrap();
     let (tr, te, out, model) = (d.path().join("tr.svm"), d.path().join("te.svm"), d.path().join("m.json"), d.path().join("m.st"));
-    write_data(&tr, 6_000, 41);
-    write_data(&te, 2_000, 42);
-    // every training example also carries 4 ids no other example has: 24,000 rows unbounded
-    let text = std::fs::read_to_string(&tr).unwrap();
-    let once: String = text
-        .lines()
-        .enumerate()
-        .map(|(i, l)| format!("{l} {}:1 {}:1 {}:1 {}:1\n", 1000 + 4 * i, 1001 + 4 * i, 1002 + 4 * i, 1003 + 4 * i))
-        .collect();
-    std::fs::write(&tr, once).unwrap();
+    write_data_with_ids_seen_once(&tr, &te, 41);
     let all = train_logged(&tr, &te, &out, &model, 2, &["--epochs", "1"]);
     let auc_all = metrics(&out)["test_auc"].as_f64().unwrap();
     let bounded = train_logged(&tr, &te, &out, &model, 2, &["--epochs", "1", "--evict", "lru:4000"]);
