@@ -2,7 +2,7 @@
 //!
 //! A dense `bsp` table under the `assign` rule with `backup_workers = n − need`: the servers
 //! apply round `c` once `need` workers completed it, and drop a later push for it. Worker
-//! `j`'s result for round `c` goes to its slot in region `c mod history` (at least 16 regions), followed by a
+//! `j`'s result for round `c` goes to its slot in region `c mod history` (at least 64 regions), followed by a
 //! marker `c + 1`; after the round every worker pulls the region and takes as received the
 //! workers whose marker says `c + 1`. A region lies on one server (the number of regions is
 //! a multiple of the servers and the keys are split evenly), which applies the round's slots
@@ -23,8 +23,9 @@ use std::time::{Duration, Instant};
 /// Rounds a region is kept before it is written again, at least (rounded up to a multiple
 /// of the servers, so that with the keys split evenly each region lies on one server: a
 /// round's slots are then applied together, by the server whose first `need` workers
-/// closed it).
-const HISTORY: u64 = 16;
+/// closed it). A straggler starved of CPU (workers sharing two cores under a loaded test
+/// run) fell 16 rounds behind once: 64 regions cost 4× the (small) memory of 16.
+const HISTORY: u64 = 64;
 
 /// A worker's end of one exchange table.
 pub(crate) struct Exchange {
