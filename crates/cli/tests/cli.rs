@@ -600,11 +600,16 @@ fn top_shows_a_running_servers_tables_and_rates_and_says_when_none_answers() {
     let mut server = spawn(&["server", "--coordinator", &addr, "--listen", "127.0.0.1:0", "--metrics-listen", &metrics]);
     // a worker that keeps pushing to table "counter" until killed
     let mut worker = spawn(&["worker", "--coordinator", &addr, "counter", "--keys", "1000", "--rounds", "5000000"]);
+    // the push rate of the counter table's row ("-" until both of a view's scrapes hold the table)
+    let push_rate = |view: &str| -> String {
+        let row = view.lines().find(|l| l.contains("counter")).unwrap_or_default();
+        row.split_whitespace().nth(4).unwrap_or("-").to_string()
+    };
     let deadline = Instant::now() + Duration::from_secs(20);
     let view = loop {
         let o = downpour().args(["top", "--metrics", &metrics, "--once", "--interval", "0.3"]).output().unwrap();
         let out = String::from_utf8_lossy(&o.stdout).into_owned();
-        if (o.status.success() && out.contains("counter")) || Instant::now() > deadline {
+        if (o.status.success() && push_rate(&out) != "-") || Instant::now() > deadline {
             break out;
         }
         std::thread::sleep(Duration::from_millis(100));
@@ -615,9 +620,8 @@ fn top_shows_a_running_servers_tables_and_rates_and_says_when_none_answers() {
     }
     assert!(view.contains(&metrics) && view.contains("rank 0") && view.contains("push keys/s"), "{view}");
     // the counter table's row: a push rate above zero
-    let row = view.lines().find(|l| l.contains("counter")).unwrap_or_default();
-    let push_rate = row.split_whitespace().nth(4).unwrap_or("-");
-    assert!(push_rate != "-" && push_rate != "0", "push keys/s of the counter table: {row}");
+    let rate = push_rate(&view);
+    assert!(rate != "-" && rate != "0", "push keys/s of the counter table: {view}");
     let o = downpour().args(["top", "--metrics", "127.0.0.1:1", "--once"]).output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("no server answered") && err.contains("127.0.0.1:1"), "{err}");
