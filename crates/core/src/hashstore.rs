@@ -287,15 +287,34 @@ pub enum Touch {
     Count,
 }
 
-/// A sparse table's rows: key → (`vl` values, `sl` state values), and optionally a mark word.
+/// How a walk stamps the rows it reaches with the change clock, in a store whose rows carry
+/// a change stamp ([`HashStore::with_extras`]; see [`crate::changes`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// Leaves the stamp (a row created under it has stamp 0).
+    Off,
+    /// Stamps the rows it creates with this tick (a pull: reading a row changes nothing,
+    /// creating one does).
+    Created(u32),
+    /// Stamps every row it reaches with this tick (a push).
+    Reached(u32),
+}
+
+/// A sparse table's rows: key → (`vl` values, `sl` state values), and optionally a mark
+/// word and a change stamp.
 pub struct HashStore {
     vl: usize,
-    /// Words of a row: the key (2), values, state and the mark (when `marked`).
+    /// Words of a row: the key (2), values, state, the mark (when `marked`) and the change
+    /// stamp (when `stamped`).
     stride: usize,
     /// Rows carry a mark word after their state.
     marked: bool,
+    /// Rows carry a change stamp as their last word.
+    stamped: bool,
     /// How the next walks mark rows.
     touch: Touch,
+    /// How the next walks stamp rows.
+    change: Change,
     shards: Vec<Shard>,
     len: usize,
     /// Placement by the key itself (rows in key order) rather than by its mix.
@@ -311,11 +330,20 @@ impl HashStore {
     /// An empty store whose rows carry, with `marked`, one more 32-bit word after their state:
     /// the mark that walks set as [`HashStore::set_touch`] says and eviction reads.
     pub fn with_marks(vl: usize, sl: usize, marked: bool) -> HashStore {
+        HashStore::with_extras(vl, sl, marked, false)
+    }
+
+    /// An empty store whose rows carry, with `marked`, a mark word (as
+    /// [`HashStore::with_marks`]) and, with `stamped`, one more 32-bit word: the change stamp
+    /// that walks set as [`HashStore::set_change`] says and incremental export reads.
+    pub fn with_extras(vl: usize, sl: usize, marked: bool, stamped: bool) -> HashStore {
         HashStore {
             vl,
-            stride: 2 + vl + sl + usize::from(marked),
+            stride: 2 + vl + sl + usize::from(marked) + usize::from(stamped),
             marked,
+            stamped,
             touch: Touch::Off,
+            change: Change::Off,
             shards: (0..SHARDS).map(|_| Shard::default()).collect(),
             len: 0,
             ordered: true,
@@ -329,10 +357,41 @@ impl HashStore {
         self.touch = if self.marked { touch } else { Touch::Off };
     }
 
+    /// How the walks from now on stamp the rows they reach. Precondition: [`Change::Off`]
+    /// unless the store has change stamps.
+    pub fn set_change(&mut self, change: Change) {
+        debug_assert!(self.stamped || change == Change::Off);
+        self.change = if self.stamped { change } else { Change::Off };
+    }
+
+    /// Whether rows carry a change stamp.
+    pub fn is_stamped(&self) -> bool {
+        self.stamped
+    }
+
     /// Words of a row before its mark: key, values and state.
     #[inline]
     fn end(&self) -> usize {
-        self.stride - usize::from(self.marked)
+        self.stride - usize::from(self.marked) - usize::from(self.stamped)
+    }
+
+    /// Appends the stored keys of shard `si` whose change stamp is `since` or later, and
+    /// with `lo <= key < hi`, to `keys` and their values to `values`, in storage order (the
+    /// caller sorts). Nothing without change stamps.
+    pub fn changed_in_shard(&self, si: usize, since: u32, lo: u64, hi: u64, keys: &mut Vec<u64>, values: &mut Vec<f32>) {
+        if !self.stamped {
+            return;
+        }
+        let (stride, vl) = (self.stride, self.vl);
+        for row in self.shards[si].data.chunks_exact(stride) {
+            if row[stride - 1] >= since && row[0] & row[1] != u32::MAX {
+                let k = row[0] as u64 | (row[1] as u64) << 32;
+                if k >= lo && k < hi {
+                    keys.push(k);
+                    values.extend_from_slice(bytemuck::cast_slice::<u32, f32>(&row[2..2 + vl]));
+                }
+            }
+        }
     }
 
     /// Number of keys stored.
@@ -450,8 +509,8 @@ impl HashStore {
 
     /// A view of every shard, to walk keys and reach rows through; [`HashStore::finish`] after.
     pub fn view(&mut self) -> ShardsMut<'_> {
-        let (vl, stride, ordered, end, touch) = (self.vl, self.stride, self.ordered, self.end(), self.touch);
-        ShardsMut { shards: &mut self.shards, base: 0, vl, stride, end, touch, ordered, added: 0, clustered: false }
+        let (vl, stride, ordered, end, touch, change) = (self.vl, self.stride, self.ordered, self.end(), self.touch, self.change);
+        ShardsMut { shards: &mut self.shards, base: 0, vl, stride, end, touch, change, ordered, added: 0, clustered: false }
     }
 
     /// Under ordered placement, two views: the shards before `at` and those from it, whose
@@ -462,9 +521,9 @@ impl HashStore {
         if !self.ordered || at == 0 || at >= SHARDS {
             return None;
         }
-        let (vl, stride, end, touch) = (self.vl, self.stride, self.end(), self.touch);
+        let (vl, stride, end, touch, change) = (self.vl, self.stride, self.end(), self.touch, self.change);
         let (a, b) = self.shards.split_at_mut(at);
-        let view = |shards, base| ShardsMut { shards, base, vl, stride, end, touch, ordered: true, added: 0, clustered: false };
+        let view = |shards, base| ShardsMut { shards, base, vl, stride, end, touch, change, ordered: true, added: 0, clustered: false };
         Some((view(a, 0), view(b, at)))
     }
 
@@ -714,6 +773,7 @@ pub struct ShardsMut<'a> {
     /// Words of a row before its mark.
     end: usize,
     touch: Touch,
+    change: Change,
     ordered: bool,
     added: usize,
     clustered: bool,
@@ -755,7 +815,7 @@ impl ShardsMut<'_> {
         I: FnMut(u64, &mut [f32]),
         F: FnMut(usize, Option<(&mut [f32], &mut [f32])>),
     {
-        let (vl, stride, base, end, touch) = (self.vl, self.stride, self.base, self.end, self.touch);
+        let (vl, stride, base, end, touch, change) = (self.vl, self.stride, self.base, self.end, self.touch, self.change);
         let hash = |k: u64| if MIXED { mix(k) } else { k };
         // Prefetch each key's home slot a few keys ahead unless a sorted request covers a
         // good part of the rows under ordered placement: it then walks the shards' arrays
@@ -790,8 +850,11 @@ impl ShardsMut<'_> {
                     let row = shard.row_mut(j, stride);
                     row[0] = k as u32;
                     row[1] = (k >> 32) as u32;
-                    // (the mark, if any: set below, or 0)
+                    // (the mark, if any: set below, or 0; the change stamp likewise)
                     row[end..].iter_mut().for_each(|x| *x = 0);
+                    if let Change::Created(t) = change {
+                        row[stride - 1] = t;
+                    }
                     let (w, st) = bytemuck::cast_slice_mut::<u32, f32>(&mut row[2..end]).split_at_mut(vl);
                     init(k, w);
                     st.iter_mut().for_each(|x| *x = 0.0);
@@ -809,6 +872,9 @@ impl ShardsMut<'_> {
                 Touch::Off => {}
                 Touch::Stamp(t) => row[end] = t,
                 Touch::Count => row[end] = row[end].saturating_add(1),
+            }
+            if let Change::Reached(t) = change {
+                row[stride - 1] = t;
             }
             let (w, st) = bytemuck::cast_slice_mut::<u32, f32>(&mut row[2..end]).split_at_mut(vl);
             f(i, Some((w, st)));

@@ -19,6 +19,7 @@ pub mod blocks;
 pub mod chain_epoch;
 pub mod chain_push;
 pub mod chain_rounds;
+pub mod changes;
 pub mod checkpoint;
 pub mod chunks;
 pub mod consistency;

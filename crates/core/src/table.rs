@@ -16,6 +16,7 @@ use crate::eviction::{EvictClock, Eviction, EvictionStats};
 use crate::filter::FilterSpec;
 use crate::hashstore::{HashStore, ShardsMut};
 
+mod changes;
 mod evict;
 use crate::init::Init;
 use crate::keys::{check_lengths, check_sorted_unique};
@@ -167,6 +168,9 @@ pub struct TableDef {
     /// Sparse tables: which rows the servers drop, in the background ([`crate::eviction`]);
     /// a dropped key reads as new afterwards.
     pub evict: Eviction,
+    /// Track which rows change and which are evicted, for incremental export
+    /// ([`crate::changes`]): 4 bytes more per sparse row, and the keys eviction drops.
+    pub changes: bool,
 }
 
 impl TableDef {
@@ -187,6 +191,7 @@ impl TableDef {
             filters: FilterSpec::default(),
             admit: Admission::Always,
             evict: Eviction::Never,
+            changes: false,
         }
     }
 
@@ -231,6 +236,7 @@ impl TableDef {
         Ok(TableDef {
             admit,
             evict,
+            changes: p.changes,
             id: p.id,
             name: p.name.clone(),
             value_len,
@@ -265,6 +271,7 @@ impl TableDef {
             filters: if self.filters.is_empty() { String::new() } else { self.filters.to_string() },
             admit: if self.admit.is_always() { String::new() } else { self.admit.to_string() },
             evict: if self.evict.is_never() { String::new() } else { self.evict.to_string() },
+            changes: self.changes,
         }
     }
 
@@ -309,6 +316,8 @@ pub struct Table {
     admitter: Option<Admitter>,
     /// Eviction of a sparse table (`None`: never).
     evicting: Option<Evicting>,
+    /// Change tracking for incremental export (`None`: not tracked).
+    changes: Option<crate::changes::Changes>,
 }
 
 /// Reused per-request buffers (the table is used under a lock, one request at a time).
@@ -337,7 +346,7 @@ impl Table {
         let sl = vl * rule.state_per_element();
         let owned = owned.intersect(&def.domain());
         let store = match def.storage {
-            Storage::Sparse => Store::Sparse(HashStore::with_marks(vl, sl, def.evict.mark().is_some())),
+            Storage::Sparse => Store::Sparse(HashStore::with_extras(vl, sl, def.evict.mark().is_some(), def.changes)),
             Storage::Dense(_) => {
                 let n = usize::try_from(owned.len())
                     .ok()
@@ -378,7 +387,8 @@ impl Table {
             }
             _ => None,
         };
-        Ok(Table { def, rule, owned, vl, sl, store, scratch: Scratch::default(), parallel, admitter, evicting })
+        let changes = def.changes.then(|| crate::changes::Changes::new(crate::changes::ChangeClock::default()));
+        Ok(Table { def, rule, owned, vl, sl, store, scratch: Scratch::default(), parallel, admitter, evicting, changes })
     }
 
     /// The table definition.
@@ -402,13 +412,13 @@ impl Table {
     }
 
     /// Bytes of memory the stored rows (keys, values, rule state) hold, capacity included,
-    /// and the admission sketch.
+    /// the admission sketch and the tombstones of change tracking.
     pub fn bytes(&self) -> usize {
         let rows = match &self.store {
             Store::Dense(d) => (d.w.capacity() + d.s.capacity()) * 4,
             Store::Sparse(s) => s.bytes(),
         };
-        rows + self.admitter.as_ref().map_or(0, Admitter::bytes)
+        rows + self.admitter.as_ref().map_or(0, Admitter::bytes) + self.changes.as_ref().map_or(0, |c| c.bytes())
     }
 
     /// [`Table::bytes`] once the sparse shards near their growth threshold grew
@@ -544,6 +554,7 @@ impl Table {
     fn batch(&mut self, keys: &[u64], values: Option<&[f32]>, out: Option<&mut [f32]>, create: bool) {
         // a push or pull marks the rows it reaches for eviction; a peek (no `create`) does not
         self.touch(create);
+        self.note_write(values.is_some());
         let (Some(g), true, true) = (values, create, self.admitter.is_some()) else {
             let create = create && self.admitter.is_none();
             self.batch_plain(keys, values, out, create, None);
@@ -686,6 +697,9 @@ impl Table {
     pub fn push_range(&mut self, begin: u64, values: &[f32]) -> Result<KeyRange> {
         let r = self.check_range(begin, values.len())?;
         let (vl, sl) = (self.vl, self.sl);
+        if self.def.is_dense() {
+            self.note_write(true);
+        }
         match &mut self.store {
             Store::Dense(d) => {
                 let a = (r.begin - d.range.begin) as usize;
@@ -730,6 +744,7 @@ impl Table {
     /// ([`crate::vecops`]) that change them in place, bypassing the update rule.
     /// Fails for sparse tables.
     pub fn dense_values_mut(&mut self) -> Result<&mut [f32]> {
+        self.note_write(true);
         match &mut self.store {
             Store::Dense(d) => Ok(&mut d.w),
             Store::Sparse(_) => {
@@ -788,6 +803,7 @@ impl Table {
             }
         }
         self.touch(true);
+        self.note_write(true);
         match &mut self.store {
             Store::Dense(d) => {
                 for (k, r) in keys.iter().zip(rows.chunks_exact(vl + sl)) {

@@ -30,6 +30,7 @@ fn def(aggregate: Aggregate) -> TableDef {
         filters: Default::default(),
         admit: Default::default(),
         evict: Default::default(),
+        changes: false,
     }
 }
 

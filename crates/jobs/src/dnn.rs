@@ -348,6 +348,7 @@ pub(crate) fn table(id: u32, name: &str, len: usize, rule: proto::Rule, consiste
         filters: FilterSpec::default(),
         admit: downpour_core::admission::Admission::Always,
         evict: downpour_core::eviction::Eviction::Never,
+        changes: false,
     }
 }
 

@@ -239,6 +239,7 @@ pub fn run(a: &L1lrConfig, s: &mut WorkerSession, report: &Report) -> Result<()>
         filters: a.filters.clone(),
         admit: downpour_core::admission::Admission::Always,
         evict: downpour_core::eviction::Eviction::Never,
+        changes: false,
     })?;
     s.kv.create_table(TableDef {
         storage: Storage::Dense(KeyRange::new(0, SUMMARY_LEN * s.num_workers as u64)),

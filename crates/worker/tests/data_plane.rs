@@ -77,6 +77,7 @@ fn table(id: u32, vl: usize, storage: Storage, rule: &str) -> TableDef {
         filters: Default::default(),
         admit: Default::default(),
         evict: Default::default(),
+        changes: false,
     }
 }
 

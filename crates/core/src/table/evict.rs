@@ -110,10 +110,17 @@ impl Table {
     /// Drops the rows of storage shard `shard` that `pass` takes, calling `gone(key)` for
     /// each; returns how many. A server calls it one shard at a time under the table's lock,
     /// so pushes wait for one shard's work at most.
-    pub fn evict_shard(&mut self, shard: usize, pass: &mut EvictPass, gone: impl FnMut(u64)) -> usize {
+    /// Under change tracking, each key dropped is recorded as a tombstone for incremental export.
+    pub fn evict_shard(&mut self, shard: usize, pass: &mut EvictPass, mut gone: impl FnMut(u64)) -> usize {
         let (Some(e), Store::Sparse(h)) = (self.evicting.as_mut(), &mut self.store) else { return 0 };
+        let changes = &mut self.changes;
         let shrink = if matches!(e.policy, Eviction::Memory { .. }) { crate::eviction::REBUILT_LOAD } else { crate::eviction::SHRINK_LOAD };
-        let n = h.evict_shard(shard, e.mark, pass.now, &mut pass.victims, shrink, gone);
+        let n = h.evict_shard(shard, e.mark, pass.now, &mut pass.victims, shrink, |k| {
+            if let Some(c) = changes.as_mut() {
+                c.evicted(k);
+            }
+            gone(k)
+        });
         e.stats.evicted += n as u64;
         n
     }

@@ -188,6 +188,7 @@ fn table_def(a: &LinearConfig, normalized: bool) -> TableDef {
         filters: a.filters.clone(),
         admit: a.admit,
         evict: a.evict,
+        changes: false,
     }
 }
 
