@@ -139,7 +139,7 @@ mod tests {
             t.set_evict_clock(ec);
             let mut snapshot = Rows::default();
             let mut since = 0u64;
-            let mut export = |t: &Table, snapshot: &mut Rows, since: &mut u64| {
+            let export = |t: &Table, snapshot: &mut Rows, since: &mut u64| {
                 let cut = ct.load(Ordering::Relaxed);
                 let (rows, gone) = delta(t, *since);
                 *snapshot = apply_delta(snapshot, vl, &rows, &gone);
