@@ -7,7 +7,7 @@
 //! records each key its eviction drops (a *tombstone*) with the tick it went at. An export
 //! then asks for the rows stamped at or after `since` and the tombstones from `since` on
 //! ([`Changes::evicted_since`]); a dense table (small, every key present) answers all of its
-//! rows when any of them changed since then, none otherwise.
+//! rows when it was created or any of them written since then, none otherwise.
 //!
 //! Time is the wall clock in milliseconds since the UNIX epoch, so every server of a job
 //! answers the same `since` (on machines whose clocks agree; an exporter allows for skew by
@@ -73,9 +73,9 @@ pub struct Changes {
     base_ms: u64,
     /// The highest tick handed out (ticks never go back when the wall clock does).
     last: u32,
-    /// Dense tables: the tick of the last write (`None`: never written since creation,
-    /// where every row holds its initial value, which an export at creation has too).
-    dense_changed: Option<u32>,
+    /// Dense tables: the tick of the last write (creation counts: every row exists then,
+    /// holding its initial value).
+    dense_changed: u32,
     /// Evicted keys, in order of time, and the tick each went at.
     tomb_keys: Vec<u64>,
     tomb_ticks: Vec<u32>,
@@ -87,7 +87,7 @@ impl Changes {
     /// Change tracking from now on `clock`.
     pub fn new(clock: ChangeClock) -> Changes {
         let base_ms = clock.now_ms();
-        Changes { clock, base_ms, last: 0, dense_changed: None, tomb_keys: Vec::new(), tomb_ticks: Vec::new(), complete_from: 0 }
+        Changes { clock, base_ms, last: 0, dense_changed: 0, tomb_keys: Vec::new(), tomb_ticks: Vec::new(), complete_from: 0 }
     }
 
     /// The tick of `ms` (milliseconds since the UNIX epoch): 0 before the table's creation,
@@ -105,12 +105,12 @@ impl Changes {
 
     /// Records that a dense table was written now.
     pub fn dense_written(&mut self) {
-        self.dense_changed = Some(self.now());
+        self.dense_changed = self.now();
     }
 
     /// Whether a dense table was written at or after `since_ms`.
     pub fn dense_changed_since(&self, since_ms: u64) -> bool {
-        self.dense_changed.is_some_and(|t| t >= self.tick_of(since_ms))
+        self.dense_changed >= self.tick_of(since_ms)
     }
 
     /// Records that eviction dropped `key` now.
@@ -285,10 +285,12 @@ mod tests {
     }
 
     #[test]
-    fn a_dense_table_changed_since_its_last_write_only() {
+    fn a_dense_table_changed_since_its_creation_or_last_write_only() {
         let (clock, t) = ChangeClock::manual(5_000);
         let mut c = Changes::new(clock);
-        assert!(!c.dense_changed_since(0));
+        // created: changed then
+        assert!(c.dense_changed_since(0));
+        assert!(!c.dense_changed_since(5_100));
         t.store(5_200, Ordering::Relaxed);
         c.dense_written();
         assert!(c.dense_changed_since(5_100));

@@ -21,6 +21,7 @@ pub mod coded;
 pub mod counter;
 pub mod dnn;
 mod dnn_lbfgs;
+pub mod export;
 pub mod l1lr;
 pub mod lda;
 pub mod linear;

@@ -5,6 +5,7 @@ use crate::checkpoint::write_checkpoint_part;
 use crate::conn::{lookup, ConnCtx, ReqResult};
 use crate::error::ServerError;
 use crate::gate::{buffer_push, wait_for_clocks};
+use crate::ops::changes::changes;
 use crate::ops::filtered::decode_filtered;
 use crate::ops::pull::pull_range;
 use crate::ops::table::{account_table, check_quota, create_table};
@@ -337,6 +338,13 @@ pub(crate) fn handle_frame(
                 conn.send(&mut rep, &[], &[])?;
             }
             Ok(r)
+        }
+        Op::Changes => {
+            let slot = match lookup(st, ctx, h.table) {
+                Ok(s) => s,
+                Err(e) => return Ok(Err(e)),
+            };
+            changes(st, h, ctx, &slot, conn, me)
         }
         Op::Summarize => {
             let slot = match lookup(st, ctx, h.table) {

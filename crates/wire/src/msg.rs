@@ -104,6 +104,12 @@ pub enum Op {
     /// next one asked for. Body: `ChunkRequest`; reply body: `ChunkReply` (see
     /// `downpour_core::chunks::ChunkBoard`).
     Chunks = 39,
+    /// Incremental export: the rows of a change-tracking table in
+    /// `[range_begin, range_end)` written since a moment (keys, then their values), or, with
+    /// `evicted`, the keys this server's eviction dropped since then (keys only, whatever
+    /// the range). Body: `ChangesRequest`. One request frame answered by one or more
+    /// chunks, like `PullRange`.
+    Changes = 40,
 }
 
 impl Op {
@@ -141,6 +147,7 @@ impl Op {
             37 => Progress,
             38 => Blocks,
             39 => Chunks,
+            40 => Changes,
             _ => return None,
         })
     }

@@ -23,5 +23,5 @@ mod failover;
 mod session;
 
 pub use cache::{CacheStats, PendingRead, ReadCache};
-pub use client::{After, ClientError, KvClient, KvConfig, Timestamp};
+pub use client::{After, ClientError, KvClient, KvConfig, TableChanges, Timestamp};
 pub use session::{join_job, AdoptHook, CheckpointConfig, CheckpointEvery, SessionConfig, WorkerSession};

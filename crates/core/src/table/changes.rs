@@ -49,7 +49,7 @@ impl Table {
     /// Appends the rows of storage shard `shard` (`0..hashstore::SHARDS`) in `range` (∩
     /// owned) written at or after `since_ms` (ms since the UNIX epoch) to `keys` and their
     /// values to `values`, in storage order. A dense table answers from shard 0 only: every
-    /// row of the range when any row was written since then, none otherwise. A server calls
+    /// row of the range when the table was created or written since then, none otherwise. A server calls
     /// it one shard at a time under the table's read lock, so pushes wait for one shard's
     /// scan at most. Fails when the table does not track changes.
     pub fn changed_rows(&self, shard: usize, since_ms: u64, range: KeyRange, keys: &mut Vec<u64>, values: &mut Vec<f32>) -> Result<()> {
@@ -204,7 +204,7 @@ mod tests {
     }
 
     #[test]
-    fn a_dense_table_is_exported_whole_once_written() {
+    fn a_dense_table_is_exported_whole_from_creation_and_once_written() {
         let mut d = def(Some(KeyRange::new(10, 14)), 1, "add");
         d.changes = true;
         let mut t = Table::new(d, KeyRange::FULL, &RuleRegistry::default()).unwrap();
@@ -217,7 +217,9 @@ mod tests {
             }
             (k, v)
         };
-        assert!(changed(&t, 0).0.is_empty());
+        // created: every row exists, at its initial value
+        assert_eq!(changed(&t, 0).0, vec![10, 11, 12, 13]);
+        assert!(changed(&t, 7_100).0.is_empty());
         ct.store(7_500, Ordering::Relaxed);
         t.push(&[11], &[2.0]).unwrap();
         assert_eq!(changed(&t, 7_400), (vec![10, 11, 12, 13], vec![0.0, 2.0, 0.0, 0.0]));

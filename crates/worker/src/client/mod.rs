@@ -11,6 +11,7 @@
 //! * `send`: building requests, splitting them by server and into chunks, sending them;
 //! * `recv`: reading replies and filing them under their requests;
 //! * `broadcast`: requests every server answers (checkpoints, summaries, vector programs);
+//! * `changes`: incremental export's reads (rows changed and keys evicted since a moment);
 //! * `error`: [`ClientError`].
 //!
 //! Fail-over of replicated jobs (the journal of unfinished requests, reconnecting under a
@@ -18,6 +19,7 @@
 //! files are `pub(crate)`; of `KvClient`'s fields, only those `crate::failover` uses are.
 
 mod broadcast;
+mod changes;
 mod clock;
 mod deps;
 mod error;
@@ -27,6 +29,7 @@ mod send;
 mod tables;
 mod tracker;
 
+pub use changes::TableChanges;
 pub use deps::After;
 pub use error::ClientError;
 pub use tracker::Timestamp;

@@ -1,0 +1,107 @@
+//! Incremental export on a live cluster: a full export, then deltas of what pushes and
+//! eviction changed on two servers, folded together, equal the tables read whole at the end,
+//! bit for bit; a delta holds the rows written since the export before and no others.
+
+use downpour_cluster::{EmbeddedCluster, Settings};
+use downpour_core::table::{Storage, TableDef};
+use downpour_core::KeyRange;
+use downpour_jobs::export::{self, ExportConfig, Exporter, Kind};
+use std::time::{Duration, Instant};
+
+/// `n` sorted keys spread over the whole key space (both servers' ranges); `from` picks a set.
+fn keys(from: u64, n: usize) -> Vec<u64> {
+    let mut k: Vec<u64> = (from..).map(|i| downpour_core::keys::scramble(i).min(u64::MAX - 1)).take(n).collect();
+    k.sort_unstable();
+    k
+}
+
+fn push(s: &mut downpour_worker::WorkerSession, table: u32, keys: &[u64], vl: usize, v: f32) {
+    let vals: Vec<f32> = keys.iter().enumerate().flat_map(|(i, _)| std::iter::repeat_n(v + i as f32 * 1e-3, vl)).collect();
+    let t = s.kv.push(table, keys, &vals).unwrap();
+    s.kv.wait(t).unwrap();
+}
+
+/// Waits until the lru table's servers trimmed it to its bound (rows read whole stop changing).
+fn settled(s: &mut downpour_worker::WorkerSession) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut last = usize::MAX;
+    loop {
+        let n = s.kv.pull_range(1, KeyRange::FULL).unwrap().0.len();
+        if (n == last && n <= 2 * 150) || Instant::now() > deadline {
+            return n;
+        }
+        last = n;
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_full_export_and_its_deltas_fold_into_the_tables_as_they_stand() {
+    let cluster = EmbeddedCluster::start(&Settings::default(), 2, 1).unwrap();
+    let mut s = cluster.join().unwrap();
+    let sparse = TableDef {
+        value_len: 2,
+        evict: "lru:150".parse().unwrap(),
+        changes: true,
+        rule: downpour_core::proto::Rule { name: "sgd".into(), lr: 0.5, ..Default::default() },
+        ..TableDef::new(1, "emb")
+    };
+    let dense = TableDef { storage: Storage::Dense(KeyRange::new(0, 10)), changes: true, ..TableDef::new(2, "bias") };
+    s.kv.create_table(sparse.clone()).unwrap();
+    s.kv.create_table(dense.clone()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = ExportConfig { skew: Duration::ZERO, ..ExportConfig::new(dir.path(), Duration::from_secs(3600)) };
+    let mut ex = Exporter::open(cfg, &[sparse.clone(), dense.clone()]).unwrap();
+
+    let first = keys(1, 200);
+    push(&mut s, 1, &first, 2, 1.0);
+    push(&mut s, 2, &[3], 1, 1.0);
+    settled(&mut s);
+    let e1 = ex.export(&mut s.kv).unwrap();
+    assert_eq!(e1.kind, Kind::Full);
+
+    // a later tick: new keys push the coldest rows out
+    std::thread::sleep(Duration::from_millis(30));
+    let second = keys(10_000, 120);
+    push(&mut s, 1, &second, 2, 2.0);
+    push(&mut s, 1, &first[..20], 2, 3.0);
+    settled(&mut s);
+    let e2 = ex.export(&mut s.kv).unwrap();
+    assert_eq!(e2.kind, Kind::Delta);
+    assert!(e2.evicted > 0, "no evictions exported: {e2:?}");
+
+    // a quiet table exports nothing; a few rows export those rows only
+    std::thread::sleep(Duration::from_millis(30));
+    push(&mut s, 1, &second[..7], 2, 4.0);
+    settled(&mut s);
+    let e3 = ex.export(&mut s.kv).unwrap();
+    assert_eq!(e3.rows, 7, "{e3:?}");
+
+    let model = export::load(dir.path()).unwrap();
+    for (t, vl) in [(1u32, 2usize), (2, 1)] {
+        let (k, v) = s.kv.pull_range(t, KeyRange::FULL).unwrap();
+        let got = model.tables.iter().find(|x| x.meta.id == t).unwrap();
+        assert_eq!(got.meta.value_len, vl);
+        assert_eq!(got.rows.keys, k, "table {t}'s keys");
+        assert_eq!(
+            got.rows.values.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            v.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            "table {t}'s values"
+        );
+    }
+    // merge writes the same model as one full export
+    let out = dir.path().join("merged.safetensors");
+    export::merge(dir.path(), &out).unwrap();
+    let merged = export::file::read(&out).unwrap();
+    assert_eq!(merged.kind, Kind::Full);
+    assert_eq!(merged.tables, model.tables);
+    s.finish(true, "").unwrap();
+    cluster.wait().unwrap();
+}
+
+#[test]
+fn exporting_a_table_that_does_not_track_changes_says_how_to_fix_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let err = Exporter::open(ExportConfig::new(dir.path(), Duration::from_secs(1)), &[TableDef::new(1, "w")]).err().unwrap().to_string();
+    assert!(err.contains("does not track changes"), "{err}");
+}

@@ -1,0 +1,60 @@
+//! Incremental export ([`changes`]): the rows of a change-tracking table written since a
+//! moment, or the keys its eviction dropped since then, sent in chunks like a range pull.
+//! The rows are gathered one storage shard at a time under the table's read lock, so pushes
+//! wait for one shard's scan at most.
+
+use crate::conn::{ConnCtx, ReqResult};
+use crate::error::ServerError;
+use crate::state::{ServerState, TableSlot};
+use downpour_core::hashstore::SHARDS;
+use downpour_core::msg;
+use downpour_core::proto::{ChangesRequest, FrameHeader};
+use downpour_core::KeyRange;
+use downpour_transport::{key_bytes, value_bytes, Connection, TransportError};
+use prost::Message;
+
+pub(crate) fn changes(
+    st: &ServerState,
+    h: &FrameHeader,
+    ctx: &mut ConnCtx,
+    slot: &TableSlot,
+    conn: &mut dyn Connection,
+    me: u32,
+) -> Result<ReqResult, TransportError> {
+    let req = match ChangesRequest::decode(h.meta.as_ref()) {
+        Ok(r) => r,
+        Err(e) => return Ok(Err(ServerError::BadMessage { what: "changes request", error: e.to_string() })),
+    };
+    let range = KeyRange::new(h.range_begin, h.range_end);
+    ctx.out_keys.clear();
+    ctx.out.clear();
+    let vl = if req.evicted {
+        if let Err(e) = slot.table.read().evicted_since(req.since_ms, &mut ctx.out_keys) {
+            return Ok(Err(ServerError::Core(e)));
+        }
+        0
+    } else {
+        for shard in 0..SHARDS {
+            let t = slot.table.read();
+            if let Err(e) = t.changed_rows(shard, req.since_ms, range, &mut ctx.out_keys, &mut ctx.out) {
+                return Ok(Err(ServerError::Core(e)));
+            }
+        }
+        slot.table.read().def().value_len
+    };
+    let n = ctx.out_keys.len();
+    let per = (st.cfg.chunk_bytes / (8 + 4 * vl)).max(1);
+    let mut i = 0;
+    loop {
+        let j = (i + per).min(n);
+        let mut r = msg::reply_to(h, me);
+        r.last = j >= n;
+        r.range_begin = range.begin;
+        r.range_end = range.end;
+        conn.send(&mut r, key_bytes(&ctx.out_keys[i..j]), value_bytes(&ctx.out[i * vl..j * vl]))?;
+        if j >= n {
+            return Ok(Ok(()));
+        }
+        i = j;
+    }
+}

@@ -1,0 +1,84 @@
+//! Incremental export's reads ([`KvClient::changes_since`]): the rows of a change-tracking
+//! table written since a moment, and the keys evicted since then, from every server.
+
+use super::recv::Reply;
+use super::{bytes_like, ClientError, KvClient};
+use downpour_core::changes::Rows;
+use downpour_core::msg::Op;
+use downpour_core::proto;
+use prost::Message;
+
+/// What changed in a table since a moment, over every server.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TableChanges {
+    /// The rows written since then, sorted by key.
+    pub rows: Rows,
+    /// The keys evicted since then (in no order; a key may repeat, and may be among the
+    /// rows too when it was created again: the row wins, see
+    /// [`downpour_core::changes::apply_delta`]).
+    pub evicted: Vec<u64>,
+}
+
+impl KvClient {
+    /// The rows of `table` written at or after `since_ms` (ms since the UNIX epoch; 0 for
+    /// every row) and the keys evicted since then, read from every server: the tombstones
+    /// first, then the rows, so a row read exists at the end of the read (see
+    /// [`downpour_core::changes::apply_delta`]). The table must have been defined with
+    /// `changes` ([`downpour_core::table::TableDef::changes`]); a server refuses when its
+    /// tombstones from `since_ms` on are no longer all kept (take a full export: `since_ms = 0`
+    /// reads every row and needs no tombstones). Blocking.
+    pub fn changes_since(&mut self, table: u32, since_ms: u64) -> Result<TableChanges, ClientError> {
+        let (vl, part, domain) = self.info(table)?;
+        let mut out = TableChanges::default();
+        if since_ms > 0 {
+            let n = self.servers.len();
+            let body: bytes_like::Bytes = proto::ChangesRequest { since_ms, evicted: true }.encode_to_vec().into();
+            let parts = self.changes_request(table, 1, body, (0..n).map(|s| (s, domain)).collect())?;
+            out.evicted = parts.into_iter().flat_map(|p| p.0).collect();
+        }
+        let body: bytes_like::Bytes = proto::ChangesRequest { since_ms, evicted: false }.encode_to_vec().into();
+        let parts = self.changes_request(table, vl, body, part.split_range(domain).collect())?;
+        let n: usize = parts.iter().map(|p| p.0.len()).sum();
+        let (mut keys, mut values) = (Vec::with_capacity(n), Vec::with_capacity(n * vl));
+        for (k, v) in parts {
+            if v.len() != k.len() * vl {
+                return Err(ClientError::BadReply {
+                    server: 0,
+                    message: format!("changes of table {table}: {} keys with {} values", k.len(), v.len()),
+                });
+            }
+            keys.extend_from_slice(&k);
+            values.extend_from_slice(&v);
+        }
+        out.rows = Rows::sorted(keys, values, vl);
+        Ok(out)
+    }
+
+    /// One `Changes` request per (server, range) of `parts`, answered in chunks; their keys
+    /// and values, in the order of `parts`.
+    #[allow(clippy::type_complexity)]
+    fn changes_request(
+        &mut self,
+        table: u32,
+        vl: usize,
+        body: bytes_like::Bytes,
+        parts: Vec<(usize, downpour_core::KeyRange)>,
+    ) -> Result<Vec<(Vec<u64>, Vec<f32>)>, ClientError> {
+        let _ = self.before_issue()?;
+        let ts = self.new_op(parts.len(), vl, true);
+        if let Some(o) = self.ops.get_mut(&ts) {
+            o.range_parts = vec![(Vec::new(), Vec::new()); parts.len()];
+        }
+        for (pi, &(s, r)) in parts.iter().enumerate() {
+            self.before_send(s, None)?;
+            let mut h = self.header(Op::Changes, ts, table);
+            h.range_begin = r.begin;
+            h.range_end = r.end;
+            h.meta = body.clone();
+            self.send(s, &mut h, &[], &[])?;
+            self.push_inflight(s, ts, Reply::SparseRange, 0, pi);
+        }
+        self.drive(ts, None)?;
+        Ok(self.finish(ts)?.range_parts)
+    }
+}
