@@ -189,8 +189,9 @@ impl fmt::Display for Eviction {
     }
 }
 
-/// Parses a duration with a unit: `500ms`, `30s`, `10m`, `2h`, `7d`.
-fn parse_duration(s: &str) -> Option<Duration> {
+/// Parses a duration with a unit: `500ms`, `30s`, `10m`, `2h`, `7d` (`None` for anything
+/// else, zero included).
+pub fn parse_duration(s: &str) -> Option<Duration> {
     let s = s.trim();
     let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
     let (num, unit) = s.split_at(split);

@@ -264,6 +264,16 @@ pub struct LinearConfig {
     /// Export the trained model here (safetensors: `keys` U64 \[n\], `values` F32 \[n, 1\]).
     #[cfg_attr(feature = "cli", arg(long))]
     pub model_out: Option<PathBuf>,
+    /// Export the model incrementally into this directory while training (worker 0): a
+    /// full export first, then every --export-every a delta of the features written and
+    /// evicted since the export before, and a last one when training ends. `downpour serve
+    /// --model DIR` follows it; `downpour export merge DIR --out FILE` folds it into one
+    /// file. The servers then track changes (4 bytes more per feature).
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub export_dir: Option<PathBuf>,
+    /// How often --export-dir gets a delta: `500ms`, `30s`, `10m`, `1h`.
+    #[cfg_attr(feature = "cli", arg(long, default_value = "60s", value_parser = parse_every))]
+    pub export_every: std::time::Duration,
     /// Write metrics JSON here (worker 0).
     #[cfg_attr(feature = "cli", arg(long))]
     pub out: Option<PathBuf>,
@@ -326,6 +336,8 @@ impl Default for LinearConfig {
             straggler: None,
             straggler_tail: None,
             model_out: None,
+            export_dir: None,
+            export_every: std::time::Duration::from_secs(60),
             out: None,
             quiet: false,
             eval_every: 0,
@@ -400,6 +412,11 @@ pub fn parse_filters(s: &str) -> Result<FilterSpec, String> {
 /// Parses `--admit`.
 pub fn parse_admit(s: &str) -> Result<Admission, String> {
     s.parse().map_err(|e: downpour_core::CoreError| e.to_string())
+}
+
+/// Parses a period: `500ms`, `30s`, `10m`, `1h`.
+pub fn parse_every(s: &str) -> Result<std::time::Duration, String> {
+    downpour_core::eviction::parse_duration(s).ok_or_else(|| format!("{s:?} is not a duration: a number and a unit (500ms, 30s, 10m, 1h)"))
 }
 
 /// Parses `--evict`.
@@ -497,6 +514,8 @@ impl LinearConfig {
         check(self.straggler_tail.is_some(), "--straggler-tail");
         check(self.eval_every != d.eval_every, "--eval-every");
         check(self.ssp_cache != d.ssp_cache, "--ssp-cache");
+        check(self.export_dir.is_some(), "--export-dir");
+        check(self.export_every != d.export_every, "--export-every");
         v
     }
 

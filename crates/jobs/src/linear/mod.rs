@@ -188,7 +188,7 @@ fn table_def(a: &LinearConfig, normalized: bool) -> TableDef {
         filters: a.filters.clone(),
         admit: a.admit,
         evict: a.evict,
-        changes: false,
+        changes: a.export_dir.is_some(),
     }
 }
 
@@ -350,6 +350,22 @@ fn pushed_rows(b: &Batch, grad: &[f32], out: &mut Vec<f32>) {
         let m = &mut out[j as usize * 2 + 1];
         *m = m.max(v.abs());
     }
+}
+
+/// Takes the next export of `--export-dir` and says what it wrote.
+fn export_now(x: &mut crate::export::Exporter, s: &mut WorkerSession, quiet: bool) -> Result<()> {
+    let e = x.export(&mut s.kv)?;
+    if !quiet {
+        tracing::info!(
+            "exported {} ({} rows, {} evicted, {:.1} MiB) in {:.2} s",
+            e.file,
+            e.rows,
+            e.evicted,
+            e.bytes as f64 / (1 << 20) as f64,
+            e.seconds
+        );
+    }
+    Ok(())
 }
 
 /// Runs `train linear` on one worker.
@@ -515,6 +531,15 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
             Some(ReadCache::new(&s.kv, TABLE, rows).map_err(|e| anyhow::anyhow!("--ssp-cache: {e}"))?)
         }
     };
+    // Worker 0's incremental export (--export-dir): between minibatches when due, and once
+    // more when the model is final.
+    let mut exporter = match (&a.export_dir, s.rank) {
+        (Some(dir), 0) => {
+            let cfg = crate::export::ExportConfig::new(dir, a.export_every);
+            Some(crate::export::Exporter::open(cfg, &[table_def(a, normalized)]).context("--export-dir")?)
+        }
+        _ => None,
+    };
     s.barrier("linear-start")?;
     let t0 = Instant::now();
     // Time lost to synchronisation: at the final barrier (plus, at the end, the time servers
@@ -652,6 +677,12 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
             report_chunks(s, &mut feed, &mut chunk_ends)?;
             in_epoch += 1;
             s.checkpoint_point(|| format!("{epoch}:{in_epoch}"))?;
+            if let Some(x) = exporter.as_mut().filter(|x| x.due()) {
+                // a failed export is tried again when the next one is due; training goes on
+                if let Err(e) = export_now(x, s, a.quiet) {
+                    tracing::warn!("--export-dir: {e:#}; trying again in {:?}", a.export_every);
+                }
+            }
             loss_sum += l * b.len() as f64;
             loss_n += b.len();
             seen += b.len();
@@ -713,6 +744,9 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
             let waiting = Instant::now();
             s.barrier("linear-trained")?;
             idle += waiting.elapsed();
+            if let Some(x) = exporter.as_mut() {
+                export_now(x, s, a.quiet).context("--export-dir: the final export")?;
+            }
         }
         let wall = t0.elapsed().as_secs_f64();
         if s.rank == 0 {
