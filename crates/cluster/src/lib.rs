@@ -47,6 +47,7 @@ pub mod experiment;
 pub mod fault;
 mod launch;
 pub mod nodes;
+pub mod serve;
 pub mod settings;
 
 pub use embedded::{run_embedded, run_worker, EmbeddedCluster};

@@ -105,3 +105,67 @@ fn exporting_a_table_that_does_not_track_changes_says_how_to_fix_it() {
     let err = Exporter::open(ExportConfig::new(dir.path(), Duration::from_secs(1)), &[TableDef::new(1, "w")]).err().unwrap().to_string();
     assert!(err.contains("does not track changes"), "{err}");
 }
+
+#[test]
+fn a_serving_node_answers_the_exported_model_refuses_writes_and_follows_new_deltas() {
+    use downpour_cluster::serve::{self, ServeConfig};
+    use downpour_server::serving::serving_def;
+    let cluster = EmbeddedCluster::start(&Settings::default(), 2, 1).unwrap();
+    let mut s = cluster.join().unwrap();
+    let def = TableDef { value_len: 4, changes: true, evict: "lru:200".parse().unwrap(), ..TableDef::new(7, "emb") };
+    s.kv.create_table(def.clone()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = ExportConfig { skew: Duration::ZERO, ..ExportConfig::new(dir.path(), Duration::from_secs(3600)) };
+    let mut ex = Exporter::open(cfg, std::slice::from_ref(&def)).unwrap();
+    let a = keys(1, 300);
+    push(&mut s, 7, &a, 4, 1.0);
+    ex.export(&mut s.kv).unwrap();
+
+    let transport = downpour_transport::tcp::TcpTransport::new(Default::default()).unwrap();
+    let node =
+        serve::serve(&transport, ServeConfig { follow_every: Duration::from_millis(50), ..ServeConfig::new(dir.path(), "127.0.0.1:0") })
+            .unwrap();
+    let mut c = serve::connect(&transport, node.addr(), Default::default()).unwrap();
+    c.use_table(serving_def(7, "emb", 4));
+    let same = |c: &mut downpour_worker::KvClient| {
+        let want = export::load(dir.path()).unwrap();
+        let (k, v) = c.pull_range(7, KeyRange::FULL).unwrap();
+        assert_eq!(k, want.tables[0].rows.keys);
+        assert_eq!(
+            v.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            want.tables[0].rows.values.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+        );
+        k.len()
+    };
+    assert_eq!(same(&mut c), 300);
+    // a pull of a key not in the model reads 0 and creates nothing; writes are refused
+    let mut out = [9f32; 4];
+    c.pull_into(7, &[u64::MAX - 5], &mut out).unwrap();
+    assert_eq!(out, [0.0; 4]);
+    assert_eq!(c.pull_range(7, KeyRange::FULL).unwrap().0.len(), 300);
+    let err = c.push(7, &[1], &[1.0; 4]).and_then(|t| c.wait(t)).unwrap_err().to_string();
+    assert!(err.contains("read-only serving node"), "{err}");
+    let err = c.create_table(TableDef::new(8, "other")).unwrap_err().to_string();
+    assert!(err.contains('8'), "{err}");
+
+    // training goes on: new rows and evictions reach the serving node with the next delta
+    std::thread::sleep(Duration::from_millis(30));
+    let b = keys(50_000, 250);
+    push(&mut s, 7, &b, 4, 2.0);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while s.kv.pull_range(7, KeyRange::FULL).unwrap().0.len() > 400 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let e = ex.export(&mut s.kv).unwrap();
+    assert!(e.evicted > 0 && e.rows >= 250, "{e:?}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while node.served().applied.len() < 2 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(node.served().applied.len(), 2);
+    let n = same(&mut c);
+    assert_eq!(n, s.kv.pull_range(7, KeyRange::FULL).unwrap().0.len());
+    node.shutdown();
+    s.finish(true, "").unwrap();
+    cluster.wait().unwrap();
+}

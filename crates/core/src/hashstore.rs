@@ -621,6 +621,27 @@ impl HashStore {
         bytemuck::cast_slice(&self.shards[t.shard()].data[b..b + self.end() - 2])
     }
 
+    /// Removes the stored keys of `keys` (in any order; keys not stored are skipped), each
+    /// in place (its probe run shifted back, as linear probing deletes); returns how many.
+    /// The arrays keep their capacity.
+    pub fn remove_keys(&mut self, keys: &[u64]) -> usize {
+        let (stride, hash) = (self.stride, self.hash());
+        let mut removed = 0;
+        for &k in keys {
+            let h = hash(k);
+            let sh = &mut self.shards[place(h, 1).0];
+            if sh.cap == 0 {
+                continue;
+            }
+            if let Ok(i) = sh.find(k, place(h, sh.cap).1, stride) {
+                sh.remove_at(i, stride, hash);
+                removed += 1;
+            }
+        }
+        self.len -= removed;
+        removed
+    }
+
     /// Removes every stored key with `lo <= key < hi`; returns how many. Each shard holding
     /// one is rebuilt at its capacity (linear probing leaves no holes behind): O(stored
     /// keys), for replacing a shard's rows with a replica's copy, not for the hot path.

@@ -34,6 +34,10 @@ pub struct ServerConfig {
     /// id found there starts with that table's rows this server holds (its range, or the
     /// shards it is in the chain of); its definition must be the checkpoint's.
     pub resume: Option<Arc<Vec<proto::CheckpointPart>>>,
+    /// A read-only serving node (`downpour serve`): its tables are installed by the process
+    /// ([`crate::serving`]); pulls read without creating rows, and pushes, clocks, table
+    /// creation (other than of a table it holds, identically) and the other writes are refused.
+    pub read_only: bool,
 }
 
 impl Default for ServerConfig {
@@ -47,6 +51,7 @@ impl Default for ServerConfig {
             peer_transport: None,
             checkpoint_dir: None,
             resume: None,
+            read_only: false,
         }
     }
 }

@@ -54,6 +54,14 @@ pub(crate) fn handle_frame(
     if h.epoch != 0 && h.epoch != epoch && op != Op::Ping && !copy_ahead {
         return Ok(Err(ServerError::StaleEpoch { asked: h.epoch, current: epoch }));
     }
+    let op = match (st.cfg.read_only, op) {
+        // serving never grows the model: a pull reads a missing key as its initial value
+        (true, Op::Pull) => Op::Peek,
+        (true, Op::Push | Op::PushPull | Op::PushRange | Op::PushPullRange | Op::Clock | Op::ShardCopy | Op::Checkpoint | Op::VecOps) => {
+            return Ok(Err(ServerError::ReadOnly(op)))
+        }
+        (_, op) => op,
+    };
     match op {
         Op::Ping => {
             let mut r = msg::reply_to(h, me);
@@ -61,7 +69,7 @@ pub(crate) fn handle_frame(
             Ok(Ok(()))
         }
         Op::CreateTable => {
-            let res = create_table(st, h);
+            let res = if st.cfg.read_only { crate::serving::check_table(st, h) } else { create_table(st, h) };
             if res.is_ok() {
                 let mut r = msg::reply_to(h, me);
                 conn.send(&mut r, &[], &[])?;

@@ -144,6 +144,9 @@ pub enum ServerError {
     /// The server is stopping.
     #[error("the server is stopping")]
     Stopping,
+    /// A write sent to a read-only serving node.
+    #[error("{0:?} refused: this is a read-only serving node (`downpour serve`); send writes to the training cluster")]
+    ReadOnly(Op),
     /// A failure of this server's own (a checkpoint it could not write).
     #[error("{0}")]
     Internal(String),
@@ -170,7 +173,7 @@ impl ServerError {
             | ServerError::NotIdentified { .. } => Status::PermissionDenied,
             ServerError::OverLimit(_) | ServerError::TooManyKeys { .. } => Status::ResourceExhausted,
             ServerError::KeyCacheMiss { .. } => Status::KeyCacheMiss,
-            ServerError::Unsupported(_) => Status::Unsupported,
+            ServerError::Unsupported(_) | ServerError::ReadOnly(_) => Status::Unsupported,
             ServerError::Stopping => Status::Aborted,
             ServerError::Internal(_) => Status::Internal,
         }

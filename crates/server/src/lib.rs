@@ -42,6 +42,7 @@ mod metrics;
 mod node;
 mod ops;
 mod repl;
+pub mod serving;
 mod state;
 
 pub use config::{Limits, ServerConfig};

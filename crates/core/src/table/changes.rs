@@ -76,6 +76,16 @@ impl Table {
         self.changes()?.evicted_since(since_ms, keys)
     }
 
+    /// Removes the rows of `keys` (any order; keys without a row and keys of a dense table,
+    /// which always holds them, are skipped): a serving node applying a delta's evicted
+    /// keys. Not recorded as evictions. Returns how many rows went.
+    pub fn remove_keys(&mut self, keys: &[u64]) -> usize {
+        match &mut self.store {
+            Store::Sparse(h) => h.remove_keys(keys),
+            Store::Dense(_) => 0,
+        }
+    }
+
     /// Tombstones held (0 without change tracking).
     pub fn tombstones(&self) -> usize {
         self.changes.as_ref().map_or(0, Changes::tombstones)
