@@ -165,6 +165,26 @@ enum Cmd {
     /// Checkpoint tools (`checkpoint show DIR`, `checkpoint export DIR --out model.safetensors`).
     #[command(subcommand)]
     Checkpoint(crate::ckpt::CheckpointCmd),
+    /// Export directory tools (`export show DIR`, `export merge DIR --out model.safetensors`);
+    /// `train linear --export-dir DIR` writes one while training.
+    #[command(subcommand)]
+    Export(crate::export::ExportCmd),
+    /// Serve an export directory read-only (`serve --model DIR --listen ADDR`): pulls over the
+    /// same protocol as a training server, pushes refused, new deltas followed as they land.
+    Serve {
+        /// The export directory (`train linear --export-dir`).
+        #[arg(long)]
+        model: std::path::PathBuf,
+        /// Address to listen on (port 0 picks a free port, logged at start).
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: String,
+        /// How often to look for new exports: `500ms`, `1s`, `1m`.
+        #[arg(long, default_value = "1s", value_parser = downpour_jobs::linear::parse_every)]
+        follow_every: std::time::Duration,
+        /// Serve Prometheus metrics on `http://ADDR/metrics` and a health probe on `/healthz`.
+        #[arg(long, value_name = "ADDR")]
+        metrics_listen: Option<String>,
+    },
     /// Administer a running job (`admin drain --coordinator ADDR 1`).
     #[command(subcommand)]
     Admin(AdminCmd),
@@ -327,6 +347,18 @@ fn run(cli: Cli, s: Settings, exe: &Program) -> Result<()> {
         Cmd::Data(cmd) => crate::datagen::run(cmd),
         Cmd::Certs(cmd) => downpour_cluster::certs::run(&cmd),
         Cmd::Checkpoint(cmd) => crate::ckpt::run(&cmd),
+        Cmd::Export(cmd) => crate::export::run(&cmd),
+        Cmd::Serve { model, listen, follow_every, metrics_listen } => {
+            let t = transport(&s)?;
+            let server = nodes::server_config(&s, t.clone(), None)?;
+            let cfg = downpour_cluster::serve::ServeConfig { model, listen, follow_every, metrics_listen, server };
+            let node = downpour_cluster::serve::serve(t.as_ref(), cfg)?;
+            let served = node.served();
+            tracing::info!("serving {} (cut {}) on {} read-only; following new exports", served.base, served.cut_ms(), node.addr());
+            eprintln!("serving on {}", node.addr());
+            node.wait();
+            Ok(())
+        }
         Cmd::Experiment(ExperimentCmd::Consistency(a)) => {
             let out = downpour_cluster::experiment::run_consistency(&a, exe)?;
             println!("experiment: results in {} (results.json, results.md, logloss.svg)", out.display());

@@ -8,5 +8,6 @@ pub mod cli;
 mod config;
 pub use config::settings_from_flags;
 mod datagen;
+mod export;
 mod terminal;
 mod top;
