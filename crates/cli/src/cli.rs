@@ -405,6 +405,38 @@ fn run(cli: Cli, s: Settings, exe: &Program) -> Result<()> {
             })
         }
         Cmd::Top(a) => crate::top::run(a),
+        Cmd::Bench { cfg, json } if cfg.export.is_some() => {
+            let rows = cfg.export.unwrap_or_default();
+            anyhow::ensure!(rows >= 100, "--export needs at least 100 rows");
+            let r = downpour_cluster::export_bench::run(&s, cfg.servers, rows, cfg.export_value_len, &Terminal::report())?;
+            if json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                println!(
+                    "export of a table of {} rows ({} values each) on {} servers (filled in {:.1} s):",
+                    r.rows, r.value_len, cfg.servers, r.fill_s
+                );
+                println!("  full export: {:.3} s ({:.1} MiB)", r.full_s, r.full_bytes as f64 / (1 << 20) as f64);
+                println!(
+                    "  delta of 1 % changed rows: {:.3} s ({} rows) = {:.2} % of the full export's time",
+                    r.delta_s,
+                    r.delta_rows,
+                    r.delta_ratio * 100.0
+                );
+                println!("serving (downpour serve, TCP): loaded full + delta in {:.2} s", r.serve_load_s);
+                println!(
+                    "  4 KiB pull: p50 {:.0} µs, p99 {:.0} µs; pulls of 65,536 keys: {:.2} M keys/s",
+                    r.pull_4k_p50_us,
+                    r.pull_4k_p99_us,
+                    r.serve_keys_per_s / 1e6
+                );
+                println!(
+                    "  while a 1 % delta loads: {} pulls, p50 {:.0} µs, p99 {:.0} µs, max {:.0} µs",
+                    r.loading_pulls, r.loading_p50_us, r.loading_p99_us, r.loading_max_us
+                );
+            }
+            Ok(())
+        }
         Cmd::Bench { cfg, json } => {
             let flag = if cfg.embedded { Arc::new(AtomicBool::new(false)) } else { interrupt_flag() };
             let run = bench::run(&cfg, &s, exe, Terminal::report(), flag)?;

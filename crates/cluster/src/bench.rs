@@ -39,6 +39,14 @@ pub struct BenchConfig {
     pub sizes: String,
     #[cfg_attr(feature = "cli", command(flatten))]
     pub cases: BenchCases,
+    /// Instead of the cases above: incremental export and serving on an embedded cluster of
+    /// --servers servers with a table of ROWS rows (a full export; a delta after pushes to
+    /// 1 % of the rows; a serving node's 4 KiB pull latency, idle and while a delta loads).
+    #[cfg_attr(feature = "cli", arg(long, value_name = "ROWS"))]
+    pub export: Option<u64>,
+    /// Values per row of the --export table.
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 1))]
+    pub export_value_len: usize,
 }
 
 /// Parses `16MiB`, `4KiB`, `1048576`, `2GiB`.

@@ -44,6 +44,7 @@ pub mod docs {
 }
 mod embedded;
 pub mod experiment;
+pub mod export_bench;
 pub mod fault;
 mod launch;
 pub mod nodes;
