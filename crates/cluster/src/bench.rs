@@ -154,6 +154,9 @@ pub fn run(cfg: &BenchConfig, s: &Settings, exe: &crate::Program, report: Report
         args.extend(["--latency-iters".into(), a.cases.latency_iters.to_string(), "--sparse-keys".into(), a.cases.sparse_keys.to_string()]);
         args.extend(["--sparse-filters".into(), a.cases.sparse_filters.clone(), "--ops".into(), a.cases.ops.join(",")]);
         args.extend(["--sparse-admit".into(), a.cases.sparse_admit.clone(), "--sparse-evict".into(), a.cases.sparse_evict.clone()]);
+        if a.cases.sparse_changes {
+            args.push("--sparse-changes".into());
+        }
         if let Some(m) = a.cases.dnn_model {
             args.extend(["--dnn-model".into(), format!("{m:?}").to_lowercase()]);
         }

@@ -41,6 +41,10 @@ pub struct BenchCases {
     /// eviction checks cost; with one below, the churn of rows dropped and created again.
     #[cfg_attr(feature = "cli", arg(long, default_value = "never"))]
     pub sparse_evict: String,
+    /// Track changes on the sparse case's table (as `train linear --export-dir` does): what
+    /// stamping each written row costs.
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub sparse_changes: bool,
     /// Also measure a `train dnn` parameter step for this model (`mlp` with the default
     /// 256,128 hidden widths, or `cnn`): the framework's push of the whole gradient to an
     /// AdaGrad table and pull of the whole model, beside the raw dense push-then-pull of the
@@ -278,6 +282,7 @@ pub fn run_worker(a: &BenchJobConfig, s: &mut WorkerSession, report: &Report) ->
             filters: a.cases.sparse_filters.parse().map_err(|e: downpour_core::CoreError| anyhow::anyhow!("--sparse-filters: {e}"))?,
             admit,
             evict: a.cases.sparse_evict.parse().map_err(|e: downpour_core::CoreError| anyhow::anyhow!("--sparse-evict: {e}"))?,
+            changes: a.cases.sparse_changes,
             ..TableDef::new(id, "bench-sparse")
         })?;
         // Random u64 keys (seeded by rank), sorted and unique as the API requires.

@@ -15,7 +15,7 @@ use prost::Message;
 use std::sync::Arc;
 
 /// Keys a delta applies under one hold of the table's write lock.
-pub const APPLY_BATCH: usize = 16_384;
+pub const APPLY_BATCH: usize = 4096;
 
 /// A serving node's answer to a table creation: fine for a table it holds with the same
 /// definition (a client declaring the table it reads), refused otherwise.
