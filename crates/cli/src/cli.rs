@@ -165,10 +165,10 @@ enum Cmd {
     /// Checkpoint tools (`checkpoint show DIR`, `checkpoint export DIR --out model.safetensors`).
     #[command(subcommand)]
     Checkpoint(crate::ckpt::CheckpointCmd),
-    /// Export directory tools (`export show DIR`, `export merge DIR --out model.safetensors`);
-    /// `train linear --export-dir DIR` writes one while training.
-    #[command(subcommand)]
-    Export(crate::export::ExportCmd),
+    /// Export a running job's tables (`export --coordinator ADDR --out F [--since 10m]`,
+    /// `--export-dir DIR --export-every 60s`), or look into an export directory (`export show
+    /// DIR`, `export merge DIR --out F`); `train linear --export-dir DIR` writes one too.
+    Export(crate::export::ExportArgs),
     /// Serve an export directory read-only (`serve --model DIR --listen ADDR`): pulls over the
     /// same protocol as a training server, pushes refused, new deltas followed as they land.
     Serve {
@@ -347,7 +347,7 @@ fn run(cli: Cli, s: Settings, exe: &Program) -> Result<()> {
         Cmd::Data(cmd) => crate::datagen::run(cmd),
         Cmd::Certs(cmd) => downpour_cluster::certs::run(&cmd),
         Cmd::Checkpoint(cmd) => crate::ckpt::run(&cmd),
-        Cmd::Export(cmd) => crate::export::run(&cmd),
+        Cmd::Export(a) => crate::export::run(a, &s, &interrupt_flag()),
         Cmd::Serve { model, listen, follow_every, metrics_listen } => {
             let t = transport(&s)?;
             let server = nodes::server_config(&s, t.clone(), None)?;

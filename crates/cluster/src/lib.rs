@@ -45,6 +45,7 @@ pub mod docs {
 mod embedded;
 pub mod experiment;
 pub mod export_bench;
+pub mod exporter;
 pub mod fault;
 mod launch;
 pub mod nodes;

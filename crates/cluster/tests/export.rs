@@ -169,3 +169,41 @@ fn a_serving_node_answers_the_exported_model_refuses_writes_and_follows_new_delt
     s.finish(true, "").unwrap();
     cluster.wait().unwrap();
 }
+
+#[test]
+fn an_exporter_beside_the_job_learns_its_tables_and_writes_full_and_delta_exports() {
+    use downpour_cluster::exporter::{connect_to_job, export_once};
+    let cluster = EmbeddedCluster::start(&Settings::default(), 2, 1).unwrap();
+    let mut s = cluster.join().unwrap();
+    let tracked = TableDef { value_len: 3, changes: true, ..TableDef::new(4, "emb") };
+    s.kv.create_table(tracked.clone()).unwrap();
+    s.kv.create_table(TableDef::new(5, "plain")).unwrap();
+    let a = keys(1, 100);
+    push(&mut s, 4, &a, 3, 1.0);
+    push(&mut s, 5, &a, 1, 1.0);
+
+    let t = cluster.transport();
+    let (mut kv, defs) = connect_to_job(t.as_ref(), &Settings::default(), cluster.coordinator(), &[]).unwrap();
+    assert_eq!(defs.iter().map(|d| (d.id, d.value_len, d.changes)).collect::<Vec<_>>(), vec![(4, 3, true), (5, 1, false)]);
+    let dir = tempfile::tempdir().unwrap();
+    // a full export reads every table, tracked or not
+    let full = export_once(&mut kv, &defs, 0, &dir.path().join("full.st")).unwrap();
+    assert_eq!(full.tables.iter().map(|t| t.rows.keys.len()).collect::<Vec<_>>(), vec![100, 100]);
+    // a delta reads the tracked one: what changed since
+    std::thread::sleep(Duration::from_millis(30));
+    let since = downpour_core::changes::wall_ms();
+    push(&mut s, 4, &a[..9], 3, 2.0);
+    let (mut kv, defs) = connect_to_job(t.as_ref(), &Settings::default(), cluster.coordinator(), &[4]).unwrap();
+    let delta = export_once(&mut kv, &defs, since, &dir.path().join("delta.st")).unwrap();
+    assert_eq!(delta.tables.len(), 1);
+    assert_eq!(delta.tables[0].rows.keys, a[..9].to_vec());
+    assert_eq!(export::file::read(&dir.path().join("delta.st")).unwrap(), delta);
+    // a delta of a table that does not track changes, and a table that is not there, are named
+    let (mut kv, defs) = connect_to_job(t.as_ref(), &Settings::default(), cluster.coordinator(), &[5]).unwrap();
+    let err = export_once(&mut kv, &defs, since, &dir.path().join("x.st")).unwrap_err().to_string();
+    assert!(err.contains("does not track changes"), "{err}");
+    let err = connect_to_job(t.as_ref(), &Settings::default(), cluster.coordinator(), &[9]).err().unwrap().to_string();
+    assert!(err.contains("table 9"), "{err}");
+    s.finish(true, "").unwrap();
+    cluster.wait().unwrap();
+}

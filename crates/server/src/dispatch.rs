@@ -347,6 +347,14 @@ pub(crate) fn handle_frame(
             }
             Ok(r)
         }
+        Op::Tables => {
+            let mut tables: Vec<downpour_core::proto::TableSpec> = st.tables.read().values().map(|t| t.spec.clone()).collect();
+            tables.sort_by_key(|t| t.id);
+            let mut r = msg::reply_to(h, me);
+            r.meta = prost::Message::encode_to_vec(&downpour_core::proto::TableList { tables }).into();
+            conn.send(&mut r, &[], &[])?;
+            Ok(Ok(()))
+        }
         Op::Changes => {
             let slot = match lookup(st, ctx, h.table) {
                 Ok(s) => s,

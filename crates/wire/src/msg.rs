@@ -110,6 +110,9 @@ pub enum Op {
     /// the range). Body: `ChangesRequest`. One request frame answered by one or more
     /// chunks, like `PullRange`.
     Changes = 40,
+    /// The definitions of the tables this server holds: reply meta `TableList`. Answered
+    /// to clients that identified like any data call (tools that join a running job).
+    Tables = 41,
 }
 
 impl Op {
@@ -148,6 +151,7 @@ impl Op {
             38 => Blocks,
             39 => Chunks,
             40 => Changes,
+            41 => Tables,
             _ => return None,
         })
     }

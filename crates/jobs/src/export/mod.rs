@@ -16,6 +16,7 @@ pub use file::{ExportFile, Kind, TableExport, TableMeta};
 use anyhow::{bail, Context, Result};
 use downpour_core::changes::wall_ms;
 use downpour_core::table::TableDef;
+use downpour_core::KeyRange;
 use downpour_worker::KvClient;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -44,14 +45,22 @@ impl ExportConfig {
     }
 }
 
-/// Reads what an export of `tables` holds through `kv`: every row (`since_ms == 0`, a full
-/// export) or the rows written and keys evicted since `since_ms` (a delta), the cut taken
-/// before the first read.
+/// Reads what an export of `tables` holds through `kv` (which knows their definitions):
+/// every row (`since_ms == 0`, a full export; a table that does not track changes is read by
+/// range) or the rows written and keys evicted since `since_ms` (a delta: tables defined
+/// with `changes` only), the cut taken before the first read.
 pub fn read_export(kv: &mut KvClient, tables: &[TableMeta], since_ms: u64) -> Result<ExportFile> {
     let cut_ms = wall_ms();
     let kind = if since_ms == 0 { Kind::Full } else { Kind::Delta };
     let mut out = Vec::with_capacity(tables.len());
     for t in tables {
+        let tracked = kv.table(t.id).is_some_and(|d| d.changes);
+        if since_ms == 0 && !tracked {
+            // a full export of a table that does not track changes: every row, by range
+            let (keys, values) = kv.pull_range(t.id, KeyRange::FULL).with_context(|| format!("cannot read table {} ({})", t.id, t.name))?;
+            out.push(TableExport { meta: t.clone(), rows: downpour_core::changes::Rows { keys, values }, evicted: Vec::new() });
+            continue;
+        }
         let mut c = kv.changes_since(t.id, since_ms).with_context(|| format!("cannot read the changes of table {} ({})", t.id, t.name))?;
         c.evicted.sort_unstable();
         c.evicted.dedup();

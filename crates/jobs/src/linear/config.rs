@@ -274,6 +274,11 @@ pub struct LinearConfig {
     /// How often --export-dir gets a delta: `500ms`, `30s`, `10m`, `1h`.
     #[cfg_attr(feature = "cli", arg(long, default_value = "60s", value_parser = parse_every))]
     pub export_every: std::time::Duration,
+    /// Have the servers track changes without exporting from the job, for an exporter
+    /// beside it (`downpour export --coordinator ADDR --since ...|--export-dir DIR`; set by
+    /// --export-dir too).
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub track_changes: bool,
     /// Write metrics JSON here (worker 0).
     #[cfg_attr(feature = "cli", arg(long))]
     pub out: Option<PathBuf>,
@@ -338,6 +343,7 @@ impl Default for LinearConfig {
             model_out: None,
             export_dir: None,
             export_every: std::time::Duration::from_secs(60),
+            track_changes: false,
             out: None,
             quiet: false,
             eval_every: 0,
@@ -515,6 +521,7 @@ impl LinearConfig {
         check(self.eval_every != d.eval_every, "--eval-every");
         check(self.ssp_cache != d.ssp_cache, "--ssp-cache");
         check(self.export_dir.is_some(), "--export-dir");
+        check(self.track_changes, "--track-changes");
         check(self.export_every != d.export_every, "--export-every");
         v
     }

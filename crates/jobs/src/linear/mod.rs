@@ -188,7 +188,7 @@ fn table_def(a: &LinearConfig, normalized: bool) -> TableDef {
         filters: a.filters.clone(),
         admit: a.admit,
         evict: a.evict,
-        changes: a.export_dir.is_some(),
+        changes: a.export_dir.is_some() || a.track_changes,
     }
 }
 

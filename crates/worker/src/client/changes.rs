@@ -54,6 +54,41 @@ impl KvClient {
         Ok(out)
     }
 
+    /// The definitions of the tables the servers hold (what a tool that joins a running job
+    /// reads them with: [`KvClient::use_table`]), asked of every server; a table two servers
+    /// define differently is an error. Precondition: no request in flight (an error
+    /// otherwise). Blocking.
+    pub fn server_tables(&mut self) -> Result<Vec<downpour_core::table::TableDef>, ClientError> {
+        let mut out: Vec<proto::TableSpec> = Vec::new();
+        for s in 0..self.servers.len() {
+            let bad = |message: String| ClientError::BadReply { server: s, message };
+            if !self.servers[s].inflight.is_empty() {
+                return Err(bad("server_tables needs no request in flight".into()));
+            }
+            let ts = self.next_id;
+            self.next_id += 1;
+            let mut h = self.header(Op::Tables, ts, 0);
+            self.send(s, &mut h, &[], &[])?;
+            let terr = |cause| ClientError::Transport { server: s, cause };
+            let r = self.servers[s].conn.recv_header().map_err(terr)?.ok_or_else(|| bad("connection closed".into()))?;
+            let (mut k, mut v) = (vec![0u8; r.keys_len as usize], vec![0u8; r.values_len as usize]);
+            self.servers[s].conn.recv_payload(&mut k, &mut v).map_err(terr)?;
+            if r.status != 0 {
+                return Err(bad(format!("tables: {}", r.error)));
+            }
+            let list = proto::TableList::decode(r.meta.as_ref()).map_err(|e| bad(format!("tables: {e}")))?;
+            for t in list.tables {
+                match out.iter().find(|o| o.id == t.id) {
+                    Some(o) if *o != t => return Err(bad(format!("table {} is defined differently on two servers", t.id))),
+                    Some(_) => {}
+                    None => out.push(t),
+                }
+            }
+        }
+        out.sort_by_key(|t| t.id);
+        out.iter().map(|t| downpour_core::table::TableDef::from_proto(t).map_err(ClientError::from)).collect()
+    }
+
     /// One `Changes` request per (server, range) of `parts`, answered in chunks; their keys
     /// and values, in the order of `parts`.
     #[allow(clippy::type_complexity)]
