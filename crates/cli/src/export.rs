@@ -79,9 +79,9 @@ pub fn run(a: ExportArgs, s: &Settings, stop: &AtomicBool) -> Result<()> {
     };
     let since = since_ms(&a)?;
     let t = downpour_transport::network_transport(s.transport, s.net_config())?;
-    let (mut kv, defs) = downpour_cluster::exporter::connect_to_job(t.as_ref(), s, coordinator, &a.tables)?;
     match (&a.out, &a.export_dir) {
         (Some(out), _) => {
+            let (mut kv, defs) = downpour_cluster::exporter::connect_to_job(t.as_ref(), s, coordinator, &a.tables)?;
             let started = std::time::Instant::now();
             let f = downpour_cluster::exporter::export_once(&mut kv, &defs, since, out)?;
             eprintln!(
@@ -97,7 +97,7 @@ pub fn run(a: ExportArgs, s: &Settings, stop: &AtomicBool) -> Result<()> {
         }
         (None, Some(dir)) => {
             let cfg = export::ExportConfig::new(dir, a.export_every);
-            let n = downpour_cluster::exporter::export_continuously(&mut kv, &defs, cfg, stop)?;
+            let n = downpour_cluster::exporter::export_continuously(t.as_ref(), s, coordinator, &a.tables, cfg, stop)?;
             eprintln!("{n} exports written to {}", dir.display());
             Ok(())
         }

@@ -68,16 +68,26 @@ pub fn export_once(kv: &mut KvClient, defs: &[TableDef], since_ms: u64, out: &Pa
     Ok(f)
 }
 
-/// Exports `defs` into `cfg.dir` every `cfg.every` (a full export first, then deltas) until
-/// `stop` is set or the job's servers go away (an export that cannot reach them ends it,
-/// after the exports before it). Returns the exports written.
-pub fn export_continuously(kv: &mut KvClient, defs: &[TableDef], cfg: ExportConfig, stop: &AtomicBool) -> Result<usize> {
+/// Exports the job's tables (`tables`, as [`connect_to_job`] picks them) into `cfg.dir`
+/// every `cfg.every` (a full export first, then deltas) until `stop` is set or the job ends.
+/// An export that fails (a server gone, a new routing epoch) is followed by a new connection
+/// to the job and the next export on schedule; when the coordinator or the servers can no
+/// longer be reached, the job has ended and the exports written stand. Returns how many.
+pub fn export_continuously(
+    transport: &dyn Transport,
+    s: &Settings,
+    coordinator: &str,
+    tables: &[u32],
+    cfg: ExportConfig,
+    stop: &AtomicBool,
+) -> Result<usize> {
     let every = cfg.every;
-    let mut ex = Exporter::open(cfg, defs)?;
+    let (mut kv, defs) = connect_to_job(transport, s, coordinator, tables)?;
+    let mut ex = Exporter::open(cfg, &defs)?;
     let mut n = 0;
     while !stop.load(Ordering::Relaxed) {
         if ex.due() {
-            match ex.export(kv) {
+            match ex.export(&mut kv) {
                 Ok(e) => {
                     n += 1;
                     tracing::info!(
@@ -89,14 +99,18 @@ pub fn export_continuously(kv: &mut KvClient, defs: &[TableDef], cfg: ExportConf
                         e.seconds
                     );
                 }
-                Err(e) if n > 0 => {
-                    tracing::info!(
-                        "export stopped: {e:#} (the job ended?); the last export is {}",
-                        ex.manifest().exports.last().map_or("none", |e| e.file.as_str())
-                    );
-                    return Ok(n);
-                }
-                Err(e) => return Err(e),
+                Err(e) => match connect_to_job(transport, s, coordinator, tables) {
+                    Ok((k, d)) if d.iter().map(TableDef::to_proto).eq(defs.iter().map(TableDef::to_proto)) => {
+                        tracing::warn!("export failed: {e:#}; connected to the job again, the next export is due in {every:?}");
+                        kv = k;
+                    }
+                    Ok(_) => bail!("the job's tables changed: {e:#}"),
+                    Err(gone) => {
+                        let last = ex.manifest().exports.last().map_or("none", |e| e.file.as_str());
+                        tracing::info!("export stopped: {e:#}; the job is gone ({gone:#}); the last export is {last}");
+                        return Ok(n);
+                    }
+                },
             }
         }
         let until = Instant::now() + every.min(Duration::from_millis(200));
