@@ -111,7 +111,8 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true, num_args = 1..)]
         job: Vec<String>,
     },
-    /// A live view of servers' metrics in the terminal (`top --metrics HOST:PORT,...`).
+    /// A live view of servers' metrics in the terminal (`top --coordinator ADDR`, or
+    /// `top --metrics HOST:PORT,...`).
     Top(crate::top::TopArgs),
     /// Measure push/pull throughput, latency and sparse key rates.
     Bench {
@@ -404,7 +405,7 @@ fn run(cli: Cli, s: Settings, exe: &Program) -> Result<()> {
                 metrics_port,
             })
         }
-        Cmd::Top(a) => crate::top::run(a),
+        Cmd::Top(a) => crate::top::run(a, &s),
         Cmd::Bench { cfg, json } if cfg.export.is_some() => {
             let rows = cfg.export.unwrap_or_default();
             anyhow::ensure!(rows >= 100, "--export needs at least 100 rows");

@@ -13,8 +13,12 @@ use std::time::{Duration, Instant};
 pub struct TopArgs {
     /// The servers' metrics endpoints (`server --metrics-listen`, `launch --metrics-port`),
     /// comma-separated HOST:PORT.
-    #[arg(long, value_delimiter = ',', required = true, value_name = "ADDR,...")]
+    #[arg(long, value_delimiter = ',', required_unless_present = "coordinator", conflicts_with = "coordinator", value_name = "ADDR,...")]
     pub metrics: Vec<String>,
+    /// The job's coordinator: view every server that registered a metrics endpoint
+    /// (`server --metrics-listen`), as the routing stands at the start.
+    #[arg(long, value_name = "ADDR")]
+    pub coordinator: Option<String>,
     /// Seconds between refreshes (rates are over this interval).
     #[arg(long, default_value_t = 1.0)]
     pub interval: f64,
@@ -168,9 +172,29 @@ fn read_all(addrs: &[String]) -> Vec<Reading> {
     addrs.iter().map(|a| Reading { at: Instant::now(), scrape: fetch(a).map_err(|e| format!("{e:#}")) }).collect()
 }
 
+/// The metrics endpoints of the servers of the job whose coordinator is at `coordinator`.
+fn endpoints_of(coordinator: &str, s: &downpour_cluster::Settings) -> Result<Vec<String>> {
+    let t = downpour_transport::network_transport(s.transport, s.net_config())?;
+    let mut c = downpour_coordinator::client::ControlClient::connect(t.as_ref(), coordinator, s.connect_timeout)
+        .with_context(|| format!("cannot reach the coordinator at {coordinator}"))?;
+    c.set_timeout(Some(s.connect_timeout))?;
+    let routing = c.routing(0, s.connect_timeout).context("asking the coordinator for the routing")?;
+    let addrs: Vec<String> = routing.servers.iter().map(|e| e.metrics_addr.clone()).filter(|a| !a.is_empty()).collect();
+    if addrs.is_empty() {
+        bail!(
+            "none of the job's {} servers serves metrics: start them with --metrics-listen ADDR (launch --metrics-port PORT)",
+            routing.servers.len()
+        );
+    }
+    Ok(addrs)
+}
+
 /// Runs `downpour top`: refreshes until interrupted, or prints one view with `--once`.
-pub fn run(a: TopArgs) -> Result<()> {
+pub fn run(mut a: TopArgs, s: &downpour_cluster::Settings) -> Result<()> {
     anyhow::ensure!(a.interval.is_finite() && a.interval >= 0.05, "--interval must be at least 0.05 seconds");
+    if let Some(c) = &a.coordinator {
+        a.metrics = endpoints_of(c, s)?;
+    }
     let every = Duration::from_secs_f64(a.interval);
     let mut before = read_all(&a.metrics);
     if a.once && before.iter().all(|r| r.scrape.is_err()) {

@@ -586,7 +586,7 @@ fn checkpoint_flags_are_checked_before_anything_starts() {
 }
 
 #[test]
-fn top_shows_a_running_servers_tables_and_rates_and_says_when_none_answers() {
+fn top_finds_the_servers_through_the_coordinator_shows_their_tables_and_rates_and_says_when_none_answers() {
     use std::process::Stdio;
     let dir = tempfile::tempdir().unwrap();
     let addr_file = dir.path().join("coord.addr");
@@ -607,7 +607,8 @@ fn top_shows_a_running_servers_tables_and_rates_and_says_when_none_answers() {
     };
     let deadline = Instant::now() + Duration::from_secs(20);
     let view = loop {
-        let o = downpour().args(["top", "--metrics", &metrics, "--once", "--interval", "0.3"]).output().unwrap();
+        // the endpoints from the coordinator (the server registered its metrics address)
+        let o = downpour().args(["top", "--coordinator", &addr, "--once", "--interval", "0.3"]).output().unwrap();
         let out = String::from_utf8_lossy(&o.stdout).into_owned();
         if (o.status.success() && push_rate(&out) != "-") || Instant::now() > deadline {
             break out;

@@ -218,7 +218,7 @@ fn refresh(state: &ServerState, model: &Path, served: &Mutex<Served>) -> Result<
 pub fn connect(transport: &dyn Transport, addr: &str, cfg: KvConfig) -> Result<KvClient> {
     let routing = proto::Routing {
         epoch: 1,
-        servers: vec![proto::ServerEntry { node_id: SERVING_NODE, addr: addr.to_string() }],
+        servers: vec![proto::ServerEntry { node_id: SERVING_NODE, addr: addr.to_string(), ..Default::default() }],
         active: true,
         ..Default::default()
     };

@@ -89,9 +89,13 @@ pub fn peak_rss_bytes() -> Option<u64> {
 /// coordinator is lost.
 pub fn run_server_node(transport: &dyn Transport, cfg: NodeConfig) -> Result<(), NodeError> {
     let server = Server::bind(transport, &cfg.listen, cfg.server.clone())?;
+    // (registered with the coordinator, for `downpour top --coordinator`: the advertised host
+    // when listening on a wildcard address)
+    let mut metrics_addr = String::new();
     if let Some(listen) = &cfg.metrics_listen {
         let at = crate::metrics::serve_metrics(listen, server.state().clone()).map_err(NodeError::Metrics)?;
         tracing::info!("metrics on http://{at}/metrics (health: /healthz)");
+        metrics_addr = advertised_addr(&at, cfg.advertise.as_deref()).unwrap_or_default();
     }
     let addr = advertised_addr(&server.addr(), cfg.advertise.as_deref())?;
     let mut control = ControlClient::connect(transport, &cfg.coordinator, cfg.connect_timeout)?;
@@ -103,6 +107,7 @@ pub fn run_server_node(transport: &dyn Transport, cfg: NodeConfig) -> Result<(),
     let reg = control.register_as(&downpour_core::proto::RegisterRequest {
         role: "server".into(),
         addr: addr.clone(),
+        metrics_addr,
         token: ControlClient::new_token(),
         ..Default::default()
     })?;

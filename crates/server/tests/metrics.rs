@@ -42,7 +42,7 @@ fn a_scrape_shows_rows_requests_admissions_and_evictions_and_health_answers() {
     let h = server.spawn().unwrap();
     let routing = downpour_core::proto::Routing {
         epoch: 1,
-        servers: vec![downpour_core::proto::ServerEntry { node_id: 10, addr: h.addr.clone() }],
+        servers: vec![downpour_core::proto::ServerEntry { node_id: 10, addr: h.addr.clone(), ..Default::default() }],
         ..Default::default()
     };
     let mut kv = KvClient::connect(t.as_ref(), &routing, 1, KvConfig::default()).unwrap();

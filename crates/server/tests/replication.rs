@@ -25,7 +25,7 @@ const VNODES: u32 = 4;
 fn routing(epoch: u64, servers: &[(u32, String)]) -> proto::Routing {
     proto::Routing {
         epoch,
-        servers: servers.iter().map(|(id, addr)| proto::ServerEntry { node_id: *id, addr: addr.clone() }).collect(),
+        servers: servers.iter().map(|(id, addr)| proto::ServerEntry { node_id: *id, addr: addr.clone(), ..Default::default() }).collect(),
         replication: 2,
         vnodes: VNODES,
         shards: SHARDS,

@@ -24,7 +24,11 @@ fn server(t: &dyn Transport, cfg: ServerConfig) -> ServerHandle {
 }
 
 fn routing(h: &ServerHandle) -> proto::Routing {
-    proto::Routing { epoch: 1, servers: vec![proto::ServerEntry { node_id: 10, addr: h.addr.clone() }], ..Default::default() }
+    proto::Routing {
+        epoch: 1,
+        servers: vec![proto::ServerEntry { node_id: 10, addr: h.addr.clone(), ..Default::default() }],
+        ..Default::default()
+    }
 }
 
 fn kv_cfg() -> KvConfig {

@@ -54,7 +54,7 @@ fn cluster_of(t: &dyn Transport, n: usize, chunk_bytes: usize, workers: u32) -> 
     for i in 0..n {
         let s = Server::bind(t, listen_addr(t), ServerConfig { chunk_bytes, ..Default::default() }).unwrap();
         s.state().set_placement(10 + i as u32, i as u32, n as u32, workers, 1);
-        routing.servers.push(proto::ServerEntry { node_id: 10 + i as u32, addr: s.addr() });
+        routing.servers.push(proto::ServerEntry { node_id: 10 + i as u32, addr: s.addr(), ..Default::default() });
         servers.push(s.spawn().unwrap());
     }
     let cfg = KvConfig { chunk_bytes, request_timeout: Duration::from_secs(20), reply_window: 2, max_outstanding: 16 };
@@ -265,7 +265,11 @@ fn connecting_to_an_address_nobody_listens_on_is_a_clear_error() {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let dead = l.local_addr().unwrap().to_string();
     drop(l);
-    let routing = proto::Routing { epoch: 1, servers: vec![proto::ServerEntry { node_id: 1, addr: dead.clone() }], ..Default::default() };
+    let routing = proto::Routing {
+        epoch: 1,
+        servers: vec![proto::ServerEntry { node_id: 1, addr: dead.clone(), ..Default::default() }],
+        ..Default::default()
+    };
     let e = KvClient::connect(t.as_ref(), &routing, 1, KvConfig::default()).err().expect("must fail");
     assert!(e.to_string().contains(&dead), "{e}");
 }
@@ -586,7 +590,11 @@ fn a_user_filter_registered_on_both_ends_runs_and_an_unknown_one_is_refused() {
     let cfg = ServerConfig { chunk_bytes: 4096, filters: reg.clone(), ..Default::default() };
     let s = Server::bind(t.as_ref(), "inproc://0", cfg).unwrap();
     s.state().set_placement(10, 0, 1, 1, 1);
-    let routing = proto::Routing { epoch: 1, servers: vec![proto::ServerEntry { node_id: 10, addr: s.addr() }], ..Default::default() };
+    let routing = proto::Routing {
+        epoch: 1,
+        servers: vec![proto::ServerEntry { node_id: 10, addr: s.addr(), ..Default::default() }],
+        ..Default::default()
+    };
     let server = s.spawn().unwrap();
     let kcfg = KvConfig { chunk_bytes: 4096, request_timeout: Duration::from_secs(20), reply_window: 2, max_outstanding: 16 };
     let mut kv = KvClient::connect(t.as_ref(), &routing, 1, kcfg).unwrap();

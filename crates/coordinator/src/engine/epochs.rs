@@ -52,7 +52,11 @@ impl Engine {
                 .servers
                 .iter()
                 .filter(|(id, _)| live(id))
-                .map(|(id, addr)| proto::ServerEntry { node_id: *id, addr: addr.clone() })
+                .map(|(id, addr)| proto::ServerEntry {
+                    node_id: *id,
+                    addr: addr.clone(),
+                    metrics_addr: self.metrics.get(id).cloned().unwrap_or_default(),
+                })
                 .collect(),
             replication: if self.cfg.replication >= 2 { self.cfg.replication as u32 } else { 0 },
             vnodes: self.cfg.vnodes,

@@ -219,10 +219,16 @@ impl Engine {
                     };
                     ring.add(id).map_err(CoordError::Ring)?;
                     self.servers.push((id, req.addr.clone()));
+                    if !req.metrics_addr.is_empty() {
+                        self.metrics.insert(id, req.metrics_addr.clone());
+                    }
                     joined = Some(self.reconfigure(format!("server {rank} (node {id}) joined at {}", req.addr), false, now));
                     (rank, "server")
                 } else {
                     self.servers.push((id, req.addr.clone()));
+                    if !req.metrics_addr.is_empty() {
+                        self.metrics.insert(id, req.metrics_addr.clone());
+                    }
                     (self.servers.len() as u32 - 1, "server")
                 }
             }

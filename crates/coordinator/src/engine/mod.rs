@@ -49,6 +49,8 @@ pub struct Engine {
     pub(crate) next_id: u32,
     /// Servers by rank: node id and data address.
     pub(crate) servers: Vec<(u32, String)>,
+    /// Servers' metrics endpoints, by node id (those that serve one).
+    pub(crate) metrics: std::collections::BTreeMap<u32, String>,
     /// Workers by rank: the node id holding the rank.
     pub(crate) workers: Vec<u32>,
     /// Every registered node's role and rank.
@@ -128,6 +130,7 @@ impl Engine {
             cfg,
             next_id: 1,
             servers: Vec::new(),
+            metrics: Default::default(),
             workers: Vec::new(),
             roles: HashMap::new(),
             registrations: HashMap::new(),

@@ -49,7 +49,15 @@ fn snapshot(st: &Engine, cfg: &CoordinatorConfig) -> proto::CoordinatorState {
         workers_expected: cfg.workers as u32,
         replication: cfg.replication as u32,
         next_id: st.next_id,
-        servers: st.servers.iter().map(|(id, addr)| proto::ServerEntry { node_id: *id, addr: addr.clone() }).collect(),
+        servers: st
+            .servers
+            .iter()
+            .map(|(id, addr)| proto::ServerEntry {
+                node_id: *id,
+                addr: addr.clone(),
+                metrics_addr: st.metrics.get(id).cloned().unwrap_or_default(),
+            })
+            .collect(),
         workers: st.workers.clone(),
         epoch: st.epochs.epoch(),
         active: st.epochs.active(),
@@ -104,6 +112,7 @@ fn restore(p: proto::CoordinatorState, cfg: &CoordinatorConfig, dir: &Path) -> R
     let mut st = Engine::new(cfg.clone());
     st.next_id = p.next_id;
     st.servers = p.servers.iter().map(|s| (s.node_id, s.addr.clone())).collect();
+    st.metrics = p.servers.iter().filter(|s| !s.metrics_addr.is_empty()).map(|s| (s.node_id, s.metrics_addr.clone())).collect();
     st.workers = p.workers.clone();
     for (rank, (id, _)) in st.servers.iter().enumerate() {
         st.roles.insert(*id, ("server", rank as u32));
