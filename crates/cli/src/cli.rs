@@ -143,6 +143,11 @@ enum Cmd {
         /// new job.
         #[arg(long)]
         state_dir: Option<std::path::PathBuf>,
+        /// Serve Prometheus metrics on `http://ADDR/metrics` (membership, routing epoch,
+        /// recoveries and the time they took, checkpoints, barriers) and a health probe on
+        /// `/healthz`.
+        #[arg(long, value_name = "ADDR")]
+        metrics_listen: Option<String>,
     },
     /// Run a server of a cluster.
     Server {
@@ -446,7 +451,7 @@ fn run(cli: Cli, s: Settings, exe: &Program) -> Result<()> {
             }
             Ok(())
         }
-        Cmd::Coordinator { listen, servers, workers, addr_file, state_dir } => {
+        Cmd::Coordinator { listen, servers, workers, addr_file, state_dir, metrics_listen } => {
             anyhow::ensure!(servers >= 1 && workers >= 1, "--servers and --workers must be at least 1");
             let t = transport(&s)?;
             let listener = t.listen(&listen)?;
@@ -458,6 +463,10 @@ fn run(cli: Cli, s: Settings, exe: &Program) -> Result<()> {
             let mut cfg = nodes::coordinator_config(&s, servers, workers);
             cfg.state_dir = state_dir;
             let c = Coordinator::open(cfg).map_err(|e| anyhow::anyhow!("{e}"))?;
+            if let Some(m) = &metrics_listen {
+                let at = c.serve_metrics(m)?;
+                tracing::info!("metrics on http://{at}/metrics (health: /healthz)");
+            }
             match c.serve(listener) {
                 JobOutcome::Succeeded => {
                     tracing::info!("job finished");

@@ -592,11 +592,24 @@ fn top_finds_the_servers_through_the_coordinator_shows_their_tables_and_rates_an
     let addr_file = dir.path().join("coord.addr");
     let af = addr_file.display().to_string();
     let spawn = |args: &[&str]| downpour().args(args).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
-    let mut coord = spawn(&["coordinator", "--listen", "127.0.0.1:0", "--servers", "1", "--workers", "1", "--addr-file", &af]);
+    // free ports for the metrics endpoints
+    let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let coord_metrics = format!("127.0.0.1:{}", free());
+    let mut coord = spawn(&[
+        "coordinator",
+        "--listen",
+        "127.0.0.1:0",
+        "--servers",
+        "1",
+        "--workers",
+        "1",
+        "--addr-file",
+        &af,
+        "--metrics-listen",
+        &coord_metrics,
+    ]);
     let addr = common::wait_for_addr(&addr_file);
-    // a free port for the metrics endpoint
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let metrics = format!("127.0.0.1:{port}");
+    let metrics = format!("127.0.0.1:{}", free());
     let mut server = spawn(&["server", "--coordinator", &addr, "--listen", "127.0.0.1:0", "--metrics-listen", &metrics]);
     // a worker that keeps pushing to table "counter" until killed
     let mut worker = spawn(&["worker", "--coordinator", &addr, "counter", "--keys", "1000", "--rounds", "5000000"]);
@@ -615,6 +628,26 @@ fn top_finds_the_servers_through_the_coordinator_shows_their_tables_and_rates_an
         }
         std::thread::sleep(Duration::from_millis(100));
     };
+    // the coordinator's endpoint: its membership and routing epoch, parsed as Prometheus text
+    let scrape = {
+        use std::io::{Read, Write};
+        let mut c = std::net::TcpStream::connect(&coord_metrics).unwrap();
+        c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let mut text = String::new();
+        c.read_to_string(&mut text).unwrap();
+        let body = text.split("\r\n\r\n").nth(1).unwrap_or_default().to_string();
+        prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_string()))).unwrap()
+    };
+    let value = |name: &str, label: Option<(&str, &str)>| {
+        scrape.samples.iter().find(|x| x.metric == name && label.is_none_or(|(k, v)| x.labels.get(k) == Some(v))).map(|x| match x.value {
+            prometheus_parse::Value::Gauge(v) | prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Untyped(v) => v,
+            _ => f64::NAN,
+        })
+    };
+    assert_eq!(value("downpour_routing_epoch", None), Some(1.0));
+    assert_eq!(value("downpour_coordinator_servers", Some(("state", "live"))), Some(1.0));
+    assert_eq!(value("downpour_coordinator_workers", Some(("state", "registered"))), Some(1.0));
+    assert_eq!(value("downpour_routing_epochs_served_total", Some(("cause", "failure"))), Some(0.0));
     for p in [&mut worker, &mut server, &mut coord] {
         p.kill().unwrap();
         p.wait().unwrap();

@@ -32,6 +32,7 @@ impl Coordinator {
             }
             EpochReadyOutcome::Waiting => {}
             EpochReadyOutcome::Served(r) => {
+                self.recoveries.lock().served(&r);
                 let (what, from) = if r.failure { ("recovery", "detection") } else { ("reconfiguration", "the change") };
                 tracing::info!(
                     "routing epoch {} served: {what} took {:.1} ms from {from} to serving ({} rows copied) after: {}",

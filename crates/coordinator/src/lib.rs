@@ -31,6 +31,7 @@ mod config;
 mod epochs;
 mod error;
 mod membership;
+mod metrics;
 mod monitor;
 mod scheduler;
 mod service;

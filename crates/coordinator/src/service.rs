@@ -33,6 +33,8 @@ pub struct Coordinator {
     pub(crate) held: AtomicUsize,
     /// The state directory could not be written (logged once; the job failed).
     persist_error: AtomicBool,
+    /// Routing epochs served since this coordinator started, for its metrics.
+    pub(crate) recoveries: Mutex<crate::metrics::EpochStats>,
 }
 
 impl Coordinator {
@@ -92,6 +94,7 @@ impl Coordinator {
             started: Instant::now(),
             held: AtomicUsize::new(0),
             persist_error: AtomicBool::new(false),
+            recoveries: Mutex::new(Default::default()),
         })
     }
 

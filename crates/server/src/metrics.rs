@@ -17,8 +17,6 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -102,61 +100,20 @@ type Counters = Family<Labels, Counter>;
 
 /// Binds `listen` and answers scrapes on a thread of its own until the server stops;
 /// returns the bound address. Fails with the address in the message when it cannot bind.
+/// `GET /metrics` is [`render`]; `GET /healthz` is `ok` while the server serves.
 pub fn serve_metrics(listen: &str, st: Arc<ServerState>) -> std::io::Result<String> {
-    let l = TcpListener::bind(listen).map_err(|e| std::io::Error::new(e.kind(), format!("metrics endpoint on {listen}: {e}")))?;
-    l.set_nonblocking(true)?;
-    let addr = l.local_addr()?.to_string();
-    std::thread::Builder::new().name("server-metrics".into()).spawn(move || {
-        while !st.stop.load(Ordering::Relaxed) {
-            match l.accept() {
-                Ok((s, _)) => {
-                    if let Err(e) = answer(s, &st) {
-                        tracing::debug!("metrics endpoint: {e}");
-                    }
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(20)),
-                Err(e) => {
-                    tracing::warn!("metrics endpoint: {e}");
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-            }
-        }
-    })?;
-    Ok(addr)
-}
-
-/// Answers one HTTP request (a connection each). A client gets 2 s in all to send its
-/// request, however it trickles in, and 2 s to take the reply: a slow or silent client
-/// cannot hold the endpoint (and the health probe) for longer.
-fn answer(mut s: TcpStream, st: &ServerState) -> std::io::Result<()> {
-    const LIMIT: Duration = Duration::from_secs(2);
-    let deadline = std::time::Instant::now() + LIMIT;
-    s.set_nonblocking(false)?;
-    s.set_write_timeout(Some(LIMIT))?;
-    let mut buf = [0u8; 4096];
-    let mut n = 0;
-    while n < buf.len() && !buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
-        if left.is_zero() {
-            return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "the request took longer than 2 s"));
-        }
-        s.set_read_timeout(Some(left))?;
-        match s.read(&mut buf[n..])? {
-            0 => break,
-            k => n += k,
-        }
-    }
-    let head = String::from_utf8_lossy(&buf[..n]);
-    let mut parts = head.split_whitespace();
-    let (status, kind, body) = match (parts.next(), parts.next()) {
-        (Some("GET"), Some("/metrics")) => ("200 OK", "text/plain; version=0.0.4; charset=utf-8", render(st)),
-        (Some("GET"), Some("/healthz")) if !st.stop.load(Ordering::Relaxed) => ("200 OK", "text/plain", "ok\n".into()),
-        (Some("GET"), Some("/healthz")) => ("503 Service Unavailable", "text/plain", "stopping\n".into()),
-        (Some("GET"), _) => ("404 Not Found", "text/plain", "GET /metrics or /healthz\n".into()),
-        _ => ("400 Bad Request", "text/plain", "GET /metrics or /healthz\n".into()),
-    };
-    let reply = format!("HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
-    s.write_all(reply.as_bytes())
+    let (st2, st3) = (st.clone(), st);
+    downpour_transport::http::serve_http(
+        listen,
+        "server-metrics",
+        move |path| match path {
+            "/metrics" => Some(("200 OK", downpour_transport::http::PROMETHEUS_TEXT, render(&st2))),
+            "/healthz" if !st2.stop.load(Ordering::Relaxed) => Some(("200 OK", "text/plain", "ok\n".into())),
+            "/healthz" => Some(("503 Service Unavailable", "text/plain", "stopping\n".into())),
+            _ => None,
+        },
+        move || st3.stop.load(Ordering::Relaxed),
+    )
 }
 
 fn labels(pairs: &[(&str, &str)]) -> Labels {

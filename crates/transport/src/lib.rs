@@ -22,6 +22,7 @@
 
 pub mod faulty;
 pub mod grpc;
+pub mod http;
 pub mod inproc;
 pub mod security;
 pub mod tcp;
