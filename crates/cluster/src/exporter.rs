@@ -90,14 +90,7 @@ pub fn export_continuously(
             match ex.export(&mut kv) {
                 Ok(e) => {
                     n += 1;
-                    tracing::info!(
-                        "exported {} ({} rows, {} evicted, {:.1} MiB) in {:.2} s",
-                        e.file,
-                        e.rows,
-                        e.evicted,
-                        e.bytes as f64 / (1 << 20) as f64,
-                        e.seconds
-                    );
+                    tracing::info!("exported {e}");
                 }
                 Err(e) => match connect_to_job(transport, s, coordinator, tables) {
                     Ok((k, d)) if d.iter().map(TableDef::to_proto).eq(defs.iter().map(TableDef::to_proto)) => {

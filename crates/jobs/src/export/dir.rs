@@ -32,6 +32,21 @@ pub struct Entry {
     pub seconds: f64,
 }
 
+impl std::fmt::Display for Entry {
+    /// `000002-delta.safetensors (N rows, M evicted, X MiB) in S s`
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} ({} rows, {} evicted, {:.1} MiB) in {:.2} s",
+            self.file,
+            self.rows,
+            self.evicted,
+            self.bytes as f64 / (1 << 20) as f64,
+            self.seconds
+        )
+    }
+}
+
 /// `manifest.json`: the tables and the exports, oldest first.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Manifest {

@@ -356,14 +356,7 @@ fn pushed_rows(b: &Batch, grad: &[f32], out: &mut Vec<f32>) {
 fn export_now(x: &mut crate::export::Exporter, s: &mut WorkerSession, quiet: bool) -> Result<()> {
     let e = x.export(&mut s.kv)?;
     if !quiet {
-        tracing::info!(
-            "exported {} ({} rows, {} evicted, {:.1} MiB) in {:.2} s",
-            e.file,
-            e.rows,
-            e.evicted,
-            e.bytes as f64 / (1 << 20) as f64,
-            e.seconds
-        );
+        tracing::info!("exported {e}");
     }
     Ok(())
 }

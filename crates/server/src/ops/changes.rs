@@ -7,10 +7,9 @@ use crate::conn::{ConnCtx, ReqResult};
 use crate::error::ServerError;
 use crate::state::{ServerState, TableSlot};
 use downpour_core::hashstore::SHARDS;
-use downpour_core::msg;
 use downpour_core::proto::{ChangesRequest, FrameHeader};
 use downpour_core::KeyRange;
-use downpour_transport::{key_bytes, value_bytes, Connection, TransportError};
+use downpour_transport::{Connection, TransportError};
 use prost::Message;
 
 pub(crate) fn changes(
@@ -42,19 +41,6 @@ pub(crate) fn changes(
         }
         slot.table.read().def().value_len
     };
-    let n = ctx.out_keys.len();
-    let per = (st.cfg.chunk_bytes / (8 + 4 * vl)).max(1);
-    let mut i = 0;
-    loop {
-        let j = (i + per).min(n);
-        let mut r = msg::reply_to(h, me);
-        r.last = j >= n;
-        r.range_begin = range.begin;
-        r.range_end = range.end;
-        conn.send(&mut r, key_bytes(&ctx.out_keys[i..j]), value_bytes(&ctx.out[i * vl..j * vl]))?;
-        if j >= n {
-            return Ok(Ok(()));
-        }
-        i = j;
-    }
+    super::pull::send_rows(st, h, conn, me, range, &ctx.out_keys, &ctx.out, vl)?;
+    Ok(Ok(()))
 }

@@ -69,7 +69,24 @@ pub(crate) fn pull_range(
     if let Err(e) = slot.table.write().pull_range(range, &mut ctx.out_keys, &mut ctx.out) {
         return Ok(Err(ServerError::Core(e)));
     }
-    let n = ctx.out_keys.len();
+    send_rows(st, h, conn, me, range, &ctx.out_keys, &ctx.out, vl)?;
+    Ok(Ok(()))
+}
+
+/// Sends `keys` and their `values` (`vl` each; none when `vl` is 0) as the chunked reply to
+/// `h`, each chunk naming `range`, the last flagged: a sparse range pull's reply.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn send_rows(
+    st: &ServerState,
+    h: &FrameHeader,
+    conn: &mut dyn Connection,
+    me: u32,
+    range: KeyRange,
+    keys: &[u64],
+    values: &[f32],
+    vl: usize,
+) -> Result<(), TransportError> {
+    let n = keys.len();
     let per = (st.cfg.chunk_bytes / (8 + 4 * vl)).max(1);
     let mut i = 0;
     loop {
@@ -78,9 +95,9 @@ pub(crate) fn pull_range(
         r.last = j >= n;
         r.range_begin = range.begin;
         r.range_end = range.end;
-        conn.send(&mut r, key_bytes(&ctx.out_keys[i..j]), value_bytes(&ctx.out[i * vl..j * vl]))?;
+        conn.send(&mut r, key_bytes(&keys[i..j]), value_bytes(&values[i * vl..j * vl]))?;
         if j >= n {
-            return Ok(Ok(()));
+            return Ok(());
         }
         i = j;
     }
