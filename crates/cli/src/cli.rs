@@ -199,6 +199,10 @@ enum Cmd {
         /// Coordinator address.
         #[arg(long)]
         coordinator: String,
+        /// Serve the worker's metrics (its clock, the staleness of its pulls, the time servers
+        /// held them) on `http://ADDR/metrics` while it runs.
+        #[arg(long, value_name = "ADDR")]
+        metrics_listen: Option<String>,
         #[command(subcommand)]
         job: Job,
     },
@@ -509,7 +513,14 @@ fn run(cli: Cli, s: Settings, exe: &Program) -> Result<()> {
             run_server_node(t.as_ref(), cfg)?;
             Ok(())
         }
-        Cmd::Worker { coordinator, job } => downpour_cluster::run_worker(transport(&s)?, &s, &coordinator, &job, &Terminal::report()),
+        Cmd::Worker { coordinator, metrics_listen, job } => downpour_cluster::run_worker_serving_metrics(
+            transport(&s)?,
+            &s,
+            &coordinator,
+            &job,
+            &Terminal::report(),
+            metrics_listen.as_deref(),
+        ),
     }
 }
 

@@ -612,7 +612,9 @@ fn top_finds_the_servers_through_the_coordinator_shows_their_tables_and_rates_an
     let metrics = format!("127.0.0.1:{}", free());
     let mut server = spawn(&["server", "--coordinator", &addr, "--listen", "127.0.0.1:0", "--metrics-listen", &metrics]);
     // a worker that keeps pushing to table "counter" until killed
-    let mut worker = spawn(&["worker", "--coordinator", &addr, "counter", "--keys", "1000", "--rounds", "5000000"]);
+    let worker_metrics = format!("127.0.0.1:{}", free());
+    let mut worker =
+        spawn(&["worker", "--coordinator", &addr, "--metrics-listen", &worker_metrics, "counter", "--keys", "1000", "--rounds", "5000000"]);
     // the push rate of the counter table's row ("-" until both of a view's scrapes hold the table)
     let push_rate = |view: &str| -> String {
         let row = view.lines().find(|l| l.contains("counter")).unwrap_or_default();
@@ -628,16 +630,24 @@ fn top_finds_the_servers_through_the_coordinator_shows_their_tables_and_rates_an
         }
         std::thread::sleep(Duration::from_millis(100));
     };
-    // the coordinator's endpoint: its membership and routing epoch, parsed as Prometheus text
-    let scrape = {
+    // the coordinator's and the worker's endpoints, parsed as Prometheus text
+    let get = |at: &str| {
         use std::io::{Read, Write};
-        let mut c = std::net::TcpStream::connect(&coord_metrics).unwrap();
+        let mut c = std::net::TcpStream::connect(at).unwrap();
         c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
         let mut text = String::new();
         c.read_to_string(&mut text).unwrap();
         let body = text.split("\r\n\r\n").nth(1).unwrap_or_default().to_string();
         prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_string()))).unwrap()
     };
+    let of_worker = get(&worker_metrics);
+    assert!(
+        of_worker.samples.iter().any(|x| x.metric == "downpour_worker" && x.labels.get("rank") == Some("0")),
+        "{:?}",
+        of_worker.samples
+    );
+    assert!(of_worker.samples.iter().any(|x| x.metric == "downpour_worker_pull_staleness_count"), "{:?}", of_worker.samples);
+    let scrape = get(&coord_metrics);
     let value = |name: &str, label: Option<(&str, &str)>| {
         scrape.samples.iter().find(|x| x.metric == name && label.is_none_or(|(k, v)| x.labels.get(k) == Some(v))).map(|x| match x.value {
             prometheus_parse::Value::Gauge(v) | prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Untyped(v) => v,

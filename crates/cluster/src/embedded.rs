@@ -16,6 +16,19 @@ use std::sync::Arc;
 
 /// Runs one worker: join, run the job, report done. Used by worker processes and threads.
 pub fn run_worker(transport: Arc<dyn Transport>, s: &Settings, coordinator: &str, job: &Job, report: &Report) -> Result<()> {
+    run_worker_serving_metrics(transport, s, coordinator, job, report, None)
+}
+
+/// [`run_worker`], serving the worker's metrics on `metrics_listen` while its own share runs
+/// (`worker --metrics-listen`; shares it takes over from lost workers serve none).
+pub fn run_worker_serving_metrics(
+    transport: Arc<dyn Transport>,
+    s: &Settings,
+    coordinator: &str,
+    job: &Job,
+    report: &Report,
+    metrics_listen: Option<&str>,
+) -> Result<()> {
     if s.checkpoint.is_some() || s.resume.is_some() {
         job.check_checkpoints()?;
     }
@@ -40,7 +53,8 @@ pub fn run_worker(transport: Arc<dyn Transport>, s: &Settings, coordinator: &str
             }
         })));
     }
-    let result = run_own_share(transport, &cfg, job, report);
+    let own = SessionConfig { metrics_listen: metrics_listen.map(str::to_string), ..cfg.clone() };
+    let result = run_own_share(transport, &own, job, report);
     // this process's work includes the shares it took over
     let taken: Vec<_> = std::mem::take(&mut *adopted.lock());
     for h in taken {

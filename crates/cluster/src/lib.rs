@@ -52,7 +52,7 @@ pub mod nodes;
 pub mod serve;
 pub mod settings;
 
-pub use embedded::{run_embedded, run_worker, EmbeddedCluster};
+pub use embedded::{run_embedded, run_worker, run_worker_serving_metrics, EmbeddedCluster};
 pub use fault::{Fault, FaultAction, FaultTarget};
 pub use launch::{launch_local, LocalRun, Program};
 pub use settings::Settings;

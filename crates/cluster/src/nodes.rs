@@ -79,5 +79,6 @@ pub fn session_config(s: &Settings, coordinator: &str) -> Result<SessionConfig> 
         },
         records_progress: false,
         on_adopt: None,
+        metrics_listen: None,
     })
 }

@@ -20,6 +20,7 @@
 mod cache;
 mod client;
 mod failover;
+pub mod metrics;
 mod session;
 
 pub use cache::{CacheStats, PendingRead, ReadCache};

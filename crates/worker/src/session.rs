@@ -34,6 +34,10 @@ pub struct SessionConfig {
     /// worker's process to take a lost worker's share over: it should register one more
     /// worker (the same job) in a thread of its own, which then takes the vacant rank.
     pub on_adopt: Option<AdoptHook>,
+    /// Serve this worker's metrics (`worker --metrics-listen`: its clock, the staleness of
+    /// its pulls, the time servers held them; [`crate::metrics`]) on this address while the
+    /// session runs.
+    pub metrics_listen: Option<String>,
 }
 
 /// What a worker's process does when asked to take a lost worker's share over (see
@@ -296,6 +300,11 @@ pub fn join_job(transport: Arc<dyn Transport>, cfg: &SessionConfig) -> Result<Wo
         })
         .map_err(|e| SessionError::Job(format!("cannot start the heartbeat thread: {e}")))?;
     let recording = routing.replication >= 2;
+    if let Some(listen) = &cfg.metrics_listen {
+        let at = crate::metrics::serve_worker_metrics(listen, reg.rank as usize, reg.node_id, kv.metrics(), hb_stop.clone())
+            .map_err(|e| SessionError::Job(e.to_string()))?;
+        tracing::info!("worker {}: metrics on http://{at}/metrics (health: /healthz)", reg.rank);
+    }
     Ok(WorkerSession {
         kv,
         rank: reg.rank as usize,

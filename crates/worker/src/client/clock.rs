@@ -23,6 +23,7 @@ impl KvClient {
     /// a known table has a staleness bound.
     pub fn clock(&mut self) -> Result<u64, ClientError> {
         self.clock += 1;
+        self.metrics.clock(self.clock);
         self.send_clock(false)?;
         Ok(self.clock)
     }

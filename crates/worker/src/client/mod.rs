@@ -90,6 +90,8 @@ pub struct KvClient {
     staleness: Vec<u64>,
     /// Largest staleness any pull saw (the histogram caps at [`MAX_STALENESS`]).
     staleness_max: Option<u64>,
+    /// The counts a metrics endpoint reads (relaxed atomics).
+    metrics: std::sync::Arc<crate::metrics::ClientMetrics>,
     /// Total time servers held this client's finished pulls for consistency bounds.
     held: Duration,
     /// Pushes the servers dropped as late (a backup worker's round already applied).
@@ -147,6 +149,7 @@ impl KvClient {
             worker_rank: None,
             staleness: Vec::new(),
             staleness_max: None,
+            metrics: Default::default(),
             held: Duration::ZERO,
             dropped: 0,
             fast_forwards: 0,
@@ -251,6 +254,12 @@ impl KvClient {
             self.staleness.resize(i + 1, 0);
         }
         self.staleness[i] += 1;
+        self.metrics.staleness(st);
+    }
+
+    /// What this client counts for a metrics endpoint (shared; see [`crate::metrics`]).
+    pub fn metrics(&self) -> std::sync::Arc<crate::metrics::ClientMetrics> {
+        self.metrics.clone()
     }
 
     /// The largest staleness any pull saw (uncapped), `None` before any pull reported one.

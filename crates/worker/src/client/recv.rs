@@ -148,6 +148,7 @@ impl KvClient {
                     self.staleness.resize(i + 1, 0);
                 }
                 self.staleness[i] += 1;
+                self.metrics.staleness(st);
             }
             let conn = &mut sc.conn;
             match front.reply {

@@ -127,6 +127,7 @@ impl KvClient {
     pub(crate) fn finish(&mut self, ts: u64) -> Result<OpState, ClientError> {
         let mut op = self.ops.remove(&ts).ok_or(ClientError::UnknownTimestamp(Timestamp(ts)))?;
         self.held += Duration::from_micros(op.held_us);
+        self.metrics.held(op.held_us);
         match op.error.take() {
             Some(e) => Err(e),
             None => Ok(op),
