@@ -92,6 +92,38 @@ def test_an_lru_table_keeps_its_newest_rows_and_a_dropped_key_reads_as_new():
     cluster.wait()
 
 
+def test_a_session_exports_a_full_model_then_deltas_of_what_changed(tmp_path):
+    import json
+    import struct
+
+    cluster = downpour.embedded(servers=2)
+    s = cluster.join()
+    t = s.table(7, "emb", value_len=4, changes=True)
+    keys = downpour.scramble(np.arange(1000, dtype=np.uint64))
+    keys.sort()
+    t.push(keys, np.ones((1000, 4), dtype=np.float32))
+    out = str(tmp_path / "exp")
+    first = s.export(out, [7])
+    assert first["kind"] == "full" and first["rows"] == 1000
+    time.sleep(0.05)  # past the full export's 10 ms tick
+    t.push(keys[:25], np.ones((25, 4), dtype=np.float32))
+    second = s.export(out, [7])
+    assert second["kind"] == "delta" and second["rows"] == 25 and second["since_ms"] > 0
+    manifest = json.loads((tmp_path / "exp" / "manifest.json").read_text())
+    assert [e["file"] for e in manifest["exports"]] == [first["file"], second["file"]]
+    # a safetensors file: its header names the delta's tensors
+    raw = (tmp_path / "exp" / second["file"]).read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8 : 8 + n])
+    assert header["table7.keys"]["shape"] == [25] and header["table7.values"]["shape"] == [25, 4]
+    assert header["__metadata__"]["kind"] == "delta"
+    with pytest.raises(downpour.DownpourError, match="does not track changes"):
+        s.table(8, "plain")
+        s.export(str(tmp_path / "other"), [8])
+    s.finish()
+    cluster.wait()
+
+
 def test_two_worker_threads_see_each_others_pushes_with_the_gil_released():
     cluster = downpour.embedded(servers=2, workers=2)
     keys = np.arange(0, 5000, 7, dtype=np.uint64)

@@ -129,6 +129,8 @@ fn connect(py: Python<'_>, coordinator: &str, token: Option<&str>, transport: Op
 #[pyclass(module = "downpour._downpour")]
 struct Session {
     inner: Arc<Mutex<WorkerSession>>,
+    /// The export directories this session exports into ([`Session::export`]), by path.
+    exporters: Arc<Mutex<std::collections::HashMap<std::path::PathBuf, downpour_jobs::export::Exporter>>>,
     #[pyo3(get)]
     rank: usize,
     #[pyo3(get)]
@@ -138,7 +140,7 @@ struct Session {
 impl Session {
     fn new(s: WorkerSession) -> Session {
         let (rank, num_workers) = (s.rank, s.num_workers);
-        Session { inner: Arc::new(Mutex::new(s)), rank, num_workers }
+        Session { inner: Arc::new(Mutex::new(s)), exporters: Default::default(), rank, num_workers }
     }
 }
 
@@ -165,10 +167,12 @@ impl Session {
     /// `backup_workers` workers completed it. `admit` (sparse tables) is when a pushed key
     /// gets a row, as for `train linear --admit`: `always`, `count:N[:MIB]`, `probability:P`.
     /// `evict` (sparse tables) is which rows the servers drop, as for `train linear --evict`:
-    /// `never`, `ttl:DURATION`, `lru:MAX_ROWS`, `lfu:MAX_ROWS`, `memory:MIB`.
+    /// `never`, `ttl:DURATION`, `lru:MAX_ROWS`, `lfu:MAX_ROWS`, `memory:MIB`. `changes` has
+    /// the servers track which rows change and which are evicted, for incremental export
+    /// ([`Session::export`], `downpour export`; 4 bytes more per row).
     #[pyo3(signature = (id, name, value_len = 1, dense = None, init = "zeros", init_std = 0.01, seed = 1, rule = "add", lr = 0.01,
         momentum = 0.9, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, l1 = 0.0, l2 = 0.0, ftrl_beta = 1.0, consistency = "async", filters = "none",
-        aggregate = "none", backup_workers = 0, admit = "always", evict = "never"))]
+        aggregate = "none", backup_workers = 0, admit = "always", evict = "never", changes = false))]
     #[allow(clippy::too_many_arguments)]
     fn table(
         &self,
@@ -195,6 +199,7 @@ impl Session {
         backup_workers: u32,
         admit: &str,
         evict: &str,
+        changes: bool,
     ) -> PyResult<Table> {
         if value_len == 0 {
             return Err(err("value_len must be at least 1"));
@@ -213,11 +218,52 @@ impl Session {
             backup_workers,
             admit: admit.parse().map_err(err)?,
             evict: evict.parse().map_err(err)?,
+            changes,
             ..TableDef::new(id, name)
         };
         let inner = self.inner.clone();
         py.detach(|| inner.lock().kv.create_table(def)).map_err(err)?;
         Ok(Table { session: self.inner.clone(), id, value_len })
+    }
+
+    /// Takes the next export of `tables` (ids of tables this session created with
+    /// `changes=True`) into export directory `dir`: a full export the first time (in this
+    /// process), then a delta of the rows written and keys evicted since the one before, as
+    /// `train linear --export-dir` does; `downpour serve --model DIR` follows the directory
+    /// and `downpour export merge DIR --out F` folds it into one file. Returns the export's
+    /// manifest entry as a dict (`file`, `kind`, `rows`, `evicted`, `bytes`, `seconds`,
+    /// `since_ms`, `cut_ms`).
+    fn export<'py>(&self, py: Python<'py>, dir: &str, tables: Vec<u32>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+        let (inner, exporters) = (self.inner.clone(), self.exporters.clone());
+        let path = std::path::PathBuf::from(dir);
+        let e = py
+            .detach(|| -> anyhow::Result<downpour_jobs::export::Entry> {
+                let mut s = inner.lock();
+                let mut all = exporters.lock();
+                if !all.contains_key(&path) {
+                    let defs = tables
+                        .iter()
+                        .map(|id| s.kv.table(*id).cloned().ok_or_else(|| anyhow::anyhow!("table {id} is not one of this session's tables")))
+                        .collect::<anyhow::Result<Vec<_>>>()?;
+                    let cfg = downpour_jobs::export::ExportConfig::new(&path, std::time::Duration::ZERO);
+                    all.insert(path.clone(), downpour_jobs::export::Exporter::open(cfg, &defs)?);
+                }
+                let x = all.get_mut(&path).ok_or_else(|| anyhow::anyhow!("no exporter"))?;
+                let ids: Vec<u32> = x.manifest().tables.iter().map(|t| t.id).collect();
+                anyhow::ensure!(ids == tables, "{dir} exports tables {ids:?}, not {tables:?}");
+                x.export(&mut s.kv)
+            })
+            .map_err(|e| err(format!("{e:#}")))?;
+        let d = pyo3::types::PyDict::new(py);
+        d.set_item("file", &e.file)?;
+        d.set_item("kind", if e.kind == downpour_jobs::export::Kind::Full { "full" } else { "delta" })?;
+        d.set_item("rows", e.rows)?;
+        d.set_item("evicted", e.evicted)?;
+        d.set_item("bytes", e.bytes)?;
+        d.set_item("seconds", e.seconds)?;
+        d.set_item("since_ms", e.since_ms)?;
+        d.set_item("cut_ms", e.cut_ms)?;
+        Ok(d)
     }
 
     /// Waits until every worker reached the barrier `name`.
