@@ -64,8 +64,12 @@ class Session:
         backup_workers: int = 0,
         admit: str = "always",
         evict: str = "never",
+        changes: bool = False,
     ) -> Table:
         """Creates table id (or checks that it exists alike) and returns it."""
+    def export(self, dir: str, tables: list[int], skew_ms: int = 1000) -> dict:
+        """The next export of tables (created with changes=True) into export directory dir:
+        a full one first, then deltas; returns its manifest entry."""
     def barrier(self, name: str) -> None:
         """Waits until every worker reached the barrier name."""
     def clock(self) -> int:

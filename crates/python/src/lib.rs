@@ -232,8 +232,11 @@ impl Session {
     /// `train linear --export-dir` does; `downpour serve --model DIR` follows the directory
     /// and `downpour export merge DIR --out F` folds it into one file. Returns the export's
     /// manifest entry as a dict (`file`, `kind`, `rows`, `evicted`, `bytes`, `seconds`,
-    /// `since_ms`, `cut_ms`).
-    fn export<'py>(&self, py: Python<'py>, dir: &str, tables: Vec<u32>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+    /// `since_ms`, `cut_ms`). A delta starts `skew_ms` before the previous export's cut (for
+    /// servers whose clocks run behind; rows written in that margin are exported twice),
+    /// as set by the first call for `dir`.
+    #[pyo3(signature = (dir, tables, skew_ms = 1000))]
+    fn export<'py>(&self, py: Python<'py>, dir: &str, tables: Vec<u32>, skew_ms: u64) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
         let (inner, exporters) = (self.inner.clone(), self.exporters.clone());
         let path = std::path::PathBuf::from(dir);
         let e = py
@@ -245,7 +248,10 @@ impl Session {
                         .iter()
                         .map(|id| s.kv.table(*id).cloned().ok_or_else(|| anyhow::anyhow!("table {id} is not one of this session's tables")))
                         .collect::<anyhow::Result<Vec<_>>>()?;
-                    let cfg = downpour_jobs::export::ExportConfig::new(&path, std::time::Duration::ZERO);
+                    let cfg = downpour_jobs::export::ExportConfig {
+                        skew: std::time::Duration::from_millis(skew_ms),
+                        ..downpour_jobs::export::ExportConfig::new(&path, std::time::Duration::ZERO)
+                    };
                     all.insert(path.clone(), downpour_jobs::export::Exporter::open(cfg, &defs)?);
                 }
                 let x = all.get_mut(&path).ok_or_else(|| anyhow::anyhow!("no exporter"))?;
