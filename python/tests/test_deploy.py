@@ -1,0 +1,63 @@
+"""The Kubernetes base (deploy/k8s): every object valid against the Kubernetes API schemas,
+and every container's command one that docs/kubernetes.md lists (which the CLI's test parses)."""
+
+import pathlib
+import re
+
+import pytest
+
+import yaml  # noqa: E402  (the test extra installs it)
+import kubernetes_validate as kv  # noqa: E402
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+K8S = REPO / "deploy" / "k8s"
+
+
+def objects():
+    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    for name in kustomization["resources"]:
+        for doc in yaml.safe_load_all((K8S / name).read_text()):
+            if doc:
+                yield name, doc
+
+
+def test_the_kustomization_lists_every_manifest():
+    listed = set(yaml.safe_load((K8S / "kustomization.yaml").read_text())["resources"])
+    present = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
+    assert listed == present
+
+
+def test_every_object_is_valid_against_the_kubernetes_api_schemas():
+    version = kv.utils.latest_version()
+    seen = set()
+    for name, doc in objects():
+        kv.validate(doc, version, strict=True)
+        seen.add(doc["kind"])
+    assert {"ConfigMap", "Secret", "Service", "StatefulSet", "Job"} <= seen
+
+
+def test_a_broken_object_is_refused_by_the_validator():
+    bad = {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": "x"}, "spec": {"replicas": "two"}}
+    with pytest.raises(Exception):
+        kv.validate(bad, kv.utils.latest_version(), strict=True)
+
+
+def test_every_container_runs_a_command_the_docs_list():
+    config = {}
+    for _, doc in objects():
+        if doc["kind"] == "ConfigMap":
+            config.update(doc["data"])
+    env = dict(config, POD_NAME="downpour-server-0", POD_NAMESPACE="ml")
+    documented = set()
+    for block in re.findall(r"```sh\n(.*?)```", (REPO / "docs" / "kubernetes.md").read_text(), re.S):
+        documented.update(line.strip() for line in block.splitlines() if line.startswith("downpour "))
+    commands = 0
+    for _, doc in objects():
+        if doc["kind"] not in ("StatefulSet", "Job", "Deployment"):
+            continue
+        for c in doc["spec"]["template"]["spec"]["containers"]:
+            args = [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], a) for a in c["args"]]
+            line = "downpour " + " ".join(args)
+            assert line in documented, f"{c['name']}: {line}"
+            commands += 1
+    assert commands == 3
