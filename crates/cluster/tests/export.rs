@@ -207,3 +207,38 @@ fn an_exporter_beside_the_job_learns_its_tables_and_writes_full_and_delta_export
     s.finish(true, "").unwrap();
     cluster.wait().unwrap();
 }
+
+#[test]
+fn full_exports_every_few_deltas_prune_the_old_chain_and_never_reuse_a_file_name() {
+    let cluster = EmbeddedCluster::start(&Settings::default(), 1, 1).unwrap();
+    let mut s = cluster.join().unwrap();
+    let def = TableDef { changes: true, ..TableDef::new(3, "w") };
+    s.kv.create_table(def.clone()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = ExportConfig { skew: Duration::ZERO, full_every: 2, ..ExportConfig::new(dir.path(), Duration::from_secs(3600)) };
+    let mut ex = Exporter::open(cfg, std::slice::from_ref(&def)).unwrap();
+    let mut kinds = Vec::new();
+    for i in 0..8u64 {
+        push(&mut s, 3, &keys(100 * i + 1, 10), 1, i as f32);
+        kinds.push(ex.export(&mut s.kv).unwrap().kind);
+    }
+    // full, delta, delta, full, delta, delta, full, delta
+    assert_eq!(kinds.iter().filter(|k| **k == Kind::Full).count(), 3, "{kinds:?}");
+    let m = ex.manifest().clone();
+    // the chain before the previous full export is gone, files and entries
+    assert_eq!(m.exports.first().unwrap().kind, Kind::Full);
+    assert_eq!(m.exports.len(), 5, "{:?}", m.exports.iter().map(|e| &e.file).collect::<Vec<_>>());
+    let mut names: Vec<&String> = m.exports.iter().map(|e| &e.file).collect();
+    names.dedup();
+    assert_eq!(names.len(), 5);
+    assert_eq!(m.exports.last().unwrap().file, "000008-delta.safetensors");
+    let on_disk = std::fs::read_dir(dir.path())
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "safetensors"))
+        .count();
+    assert_eq!(on_disk, 5);
+    let model = export::load(dir.path()).unwrap();
+    assert_eq!(model.tables[0].rows.keys, s.kv.pull_range(3, KeyRange::FULL).unwrap().0);
+    s.finish(true, "").unwrap();
+    cluster.wait().unwrap();
+}

@@ -123,7 +123,9 @@ impl Exporter {
         };
         self.last = Some(started);
         let f = read_export(kv, &self.manifest.tables, since)?;
-        let (file, path) = dir::entry_path(&self.cfg.dir, self.manifest.exports.len() + 1, f.kind);
+        // numbered past the newest export (pruning removes old entries, never reuses numbers)
+        let seq = self.manifest.exports.last().and_then(|e| e.file.split('-').next()?.parse::<usize>().ok()).unwrap_or(0) + 1;
+        let (file, path) = dir::entry_path(&self.cfg.dir, seq, f.kind);
         let bytes = file::write(&path, &f)?;
         let entry = Entry {
             file,
