@@ -14,7 +14,7 @@
 # exit. Environment: DOWNPOUR_BIN (default target/release/downpour).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ROUNDS=${1:-6000}
+ROUNDS=${1:-20000}
 BIN=$(realpath "${DOWNPOUR_BIN:-target/release/downpour}")
 [ "$(id -u)" = 0 ] || { echo "k8s_rehearsal.sh: needs root (network namespaces)" >&2; exit 2; }
 [ -x "$BIN" ] || { echo "k8s_rehearsal.sh: no $BIN (cargo build --release first)" >&2; exit 2; }
@@ -105,13 +105,19 @@ for j in 0 1; do
     run_pod "dpk-w$j" "worker-$j" "$WORK/worker-$j.log" ${worker%% train *} counter --keys 2000 --rounds "$ROUNDS"
     wpids+=($!)
 done
+running() { # the workers must still be at work when a pod goes or comes
+    for p in "${wpids[@]}"; do kill -0 "$p" 2>/dev/null || { echo "k8s_rehearsal.sh: the job ended before: $1 (give more ROUNDS)" >&2; exit 1; }; done
+}
 sleep 1.5
+running "the replacement of server 1"
 echo "[rehearsal] server 1's pod dies; its replacement (same name) starts"
 pod_down dpk-s1; pod_up dpk-s1; start_server 1
 sleep 1.5
+running "the scale-up"
 echo "[rehearsal] the StatefulSet scales up: server 2 starts"
 start_server 2
 sleep 1.5
+running "the scale-down"
 echo "[rehearsal] the StatefulSet scales down: server 2's pod is deleted"
 pod_down dpk-s2
 ok=1
@@ -122,8 +128,10 @@ done
 grep -h "counter:" "$WORK"/worker-*.log || true
 grep -h "routing epoch .* served" "$WORK/coordinator.log" | sed 's/^.*INFO //' || true
 exact=$(grep -h "counter: OK" "$WORK"/worker-*.log | wc -l)
-if [ "$ok" != 1 ] || [ "$exact" != 2 ]; then
-    echo "k8s_rehearsal.sh: FAILED ($exact of 2 workers exact); the logs:" >&2
+# epochs 2..5: the loss, the replacement's join, the scale-up's join, the scale-down's loss
+served=$(grep -c "routing epoch .* served" "$WORK/coordinator.log" || true)
+if [ "$ok" != 1 ] || [ "$exact" != 2 ] || [ "$served" -lt 4 ]; then
+    echo "k8s_rehearsal.sh: FAILED ($exact of 2 workers exact, $served routing epochs served of 4); the logs:" >&2
     tail -n 5 "$WORK"/*.log >&2
     exit 1
 fi

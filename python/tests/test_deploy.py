@@ -1,8 +1,11 @@
 """The Kubernetes base (deploy/k8s): every object valid against the Kubernetes API schemas,
 and every container's command one that docs/kubernetes.md lists (which the CLI's test parses)."""
 
+import os
 import pathlib
 import re
+import shutil
+import subprocess
 
 import pytest
 
@@ -61,3 +64,13 @@ def test_every_container_runs_a_command_the_docs_list():
             assert line in documented, f"{c['name']}: {line}"
             commands += 1
     assert commands == 3
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None, reason="network namespaces need root and iproute2")
+def test_the_pods_commands_ride_out_a_pod_replacement_a_scale_up_and_a_scale_down():
+    binary = REPO / "target" / "release" / "downpour"
+    if not binary.exists():
+        pytest.skip("no release build (cargo build --release)")
+    r = subprocess.run(["bash", str(REPO / "scripts" / "k8s_rehearsal.sh")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "both workers' counters exact" in r.stdout
