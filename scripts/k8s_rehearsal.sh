@@ -6,8 +6,9 @@
 # job in place of the manifest's training job (it checks that every update arrived exactly
 # once). While they run, the script does to the servers what Kubernetes does to pods: server
 # 1's pod dies and is replaced (same name and address: it registers as a new server and joins
-# the ring), the StatefulSet is scaled up (server 2 joins) and back down (server 2's pod is
-# deleted: a failure the job rides out). Passes when both workers' counters are exact.
+# the ring), the StatefulSet is scaled up (server 2 joins) and back down (server 2's pod runs
+# its preStop hook: it drains itself, exits, and the pod goes). Passes when both workers'
+# counters are exact and the coordinator served the four routing epochs.
 #
 # Usage (root; a release build first): scripts/k8s_rehearsal.sh [ROUNDS]
 # Everything it creates is named dpk* (namespaces, links, /etc/netns/dpk-*) and removed on
@@ -77,6 +78,9 @@ for d in docs:
         c = d["spec"]["template"]["spec"]["containers"][0]
         env = dict(config, POD_NAME="@POD@", POD_NAMESPACE=sys.argv[1])
         print(c["name"], " ".join(re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], a) for a in c["args"]))
+        hook = c.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command", [])
+        if hook:
+            print("prestop-" + c["name"], hook[-1])
 for k, v in config.items():
     print("env", f"{k}={v}")
 PY
@@ -88,6 +92,9 @@ run_pod() { # POD NAME LOG COMMAND...: runs COMMAND in POD's namespace with the 
     ip netns exec "$p" env "${ENV[@]}" "$BIN" "$@" >"$log" 2>&1 &
 }
 
+# a preStop hook runs `downpour` from the image's PATH
+mkdir -p "$WORK/bin" && ln -s "$BIN" "$WORK/bin/downpour"
+prestop=$(cmd_of prestop-server)
 coord=$(cmd_of coordinator)
 server=$(cmd_of server)
 worker=$(cmd_of worker)
@@ -118,7 +125,13 @@ echo "[rehearsal] the StatefulSet scales up: server 2 starts"
 start_server 2
 sleep 1.5
 running "the scale-down"
-echo "[rehearsal] the StatefulSet scales down: server 2's pod is deleted"
+echo "[rehearsal] the StatefulSet scales down: server 2's pod runs its preStop hook (a drain), then goes"
+ip netns exec dpk-s2 env "${ENV[@]}" POD_NAME=downpour-server-2 POD_NAMESPACE="$NS" PATH="$WORK/bin:$PATH" \
+    timeout 60 sh -c "$prestop" >"$WORK/prestop-2.log" 2>&1 || { echo "k8s_rehearsal.sh: the preStop hook failed" >&2; cat "$WORK/prestop-2.log" >&2; exit 1; }
+grep -q "being drained" "$WORK/prestop-2.log" || { echo "k8s_rehearsal.sh: the preStop hook did not drain" >&2; cat "$WORK/prestop-2.log" >&2; exit 1; }
+# (its endpoint closes as it stops; the process ends a moment later)
+for _ in $(seq 50); do [ -z "$(ip netns pids dpk-s2)" ] && break; sleep 0.1; done
+[ -z "$(ip netns pids dpk-s2)" ] || { echo "k8s_rehearsal.sh: server 2 still runs 5 s after its preStop hook" >&2; cat "$WORK/prestop-2.log" >&2; exit 1; }
 pod_down dpk-s2
 ok=1
 for p in "${wpids[@]}"; do
@@ -128,11 +141,11 @@ done
 grep -h "counter:" "$WORK"/worker-*.log || true
 grep -h "routing epoch .* served" "$WORK/coordinator.log" | sed 's/^.*INFO //' || true
 exact=$(grep -h "counter: OK" "$WORK"/worker-*.log | wc -l)
-# epochs 2..5: the loss, the replacement's join, the scale-up's join, the scale-down's loss
+# epochs 2..5: the loss, the replacement's join, the scale-up's join, the scale-down's drain
 served=$(grep -c "routing epoch .* served" "$WORK/coordinator.log" || true)
 if [ "$ok" != 1 ] || [ "$exact" != 2 ] || [ "$served" -lt 4 ]; then
     echo "k8s_rehearsal.sh: FAILED ($exact of 2 workers exact, $served routing epochs served of 4); the logs:" >&2
     tail -n 5 "$WORK"/*.log >&2
     exit 1
 fi
-echo "k8s_rehearsal.sh: OK: both workers' counters exact through a pod replacement, a scale-up and a scale-down"
+echo "k8s_rehearsal.sh: OK: both workers' counters exact through a pod replacement, a scale-up and a scale-down (drained)"

@@ -63,7 +63,14 @@ def test_every_container_runs_a_command_the_docs_list():
             line = "downpour " + " ".join(args)
             assert line in documented, f"{c['name']}: {line}"
             commands += 1
-    assert commands == 3
+            # a preStop hook's downpour command, its shell variables expanded
+            hook = c.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command", [])
+            if hook:
+                script = re.sub(r"\$(\w+)", lambda m: env[m.group(1)], hook[-1]).replace('"', "")
+                drain = re.match(r"(downpour admin drain [^&]*?)\s*&&", script)
+                assert drain and drain.group(1) in documented, f"{c['name']}'s preStop: {script}"
+                commands += 1
+    assert commands == 4
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None, reason="network namespaces need root and iproute2")

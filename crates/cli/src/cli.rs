@@ -219,7 +219,12 @@ pub enum AdminCmd {
         #[arg(long)]
         coordinator: String,
         /// The server's rank, as its log lines name it ("server 1 (node 3)").
-        server: u32,
+        #[arg(required_unless_present = "addr", conflicts_with = "addr")]
+        server: Option<u32>,
+        /// Instead of a rank: the data address the server registered (its advertised
+        /// HOST:PORT), as a Kubernetes preStop hook knows its own pod.
+        #[arg(long)]
+        addr: Option<String>,
     },
 }
 
@@ -479,13 +484,17 @@ fn run(cli: Cli, s: Settings, exe: &Program) -> Result<()> {
                 JobOutcome::Failed(r) => anyhow::bail!("the job failed: {r}"),
             }
         }
-        Cmd::Admin(AdminCmd::Drain { coordinator, server }) => {
+        Cmd::Admin(AdminCmd::Drain { coordinator, server, addr }) => {
             let t = transport(&s)?;
             let mut c = downpour_coordinator::client::ControlClient::connect(t.as_ref(), &coordinator, s.connect_timeout)
                 .with_context(|| format!("cannot reach the coordinator at {coordinator}"))?;
             c.set_timeout(Some(s.connect_timeout))?;
-            let r = c.drain(server).with_context(|| format!("draining server {server}"))?;
-            println!("server {server} (node {}) is being drained: routing epoch {} moves its shards away", r.node_id, r.epoch);
+            let (r, which) = match (server, addr) {
+                (Some(rank), _) => (c.drain(rank).with_context(|| format!("draining server {rank}"))?, format!("server {rank}")),
+                (None, Some(a)) => (c.drain_addr(&a).with_context(|| format!("draining the server at {a}"))?, format!("the server at {a}")),
+                (None, None) => anyhow::bail!("admin drain: give the server's rank or --addr"),
+            };
+            println!("{which} (node {}) is being drained: routing epoch {} moves its shards away", r.node_id, r.epoch);
             Ok(())
         }
         Cmd::Server { coordinator, listen, advertise, registered_file, metrics_listen } => {

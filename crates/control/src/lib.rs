@@ -259,7 +259,14 @@ impl ControlClient {
     /// exits once it hears it. Refused for unreplicated jobs, unknown or already removed
     /// servers, and when fewer servers than copies would be left.
     pub fn drain(&mut self, rank: u32) -> Result<proto::DrainReply, ControlError> {
-        let r = self.call(Op::Drain, proto::DrainRequest { server: rank }.encode_to_vec())?;
+        let r = self.call(Op::Drain, proto::DrainRequest { server: rank, ..Default::default() }.encode_to_vec())?;
+        decode_body(&r).map_err(ControlError::Malformed)
+    }
+
+    /// [`ControlClient::drain`] of the server on the ring registered at data address `addr`
+    /// (a pod's preStop hook drains itself by its advertised address).
+    pub fn drain_addr(&mut self, addr: &str) -> Result<proto::DrainReply, ControlError> {
+        let r = self.call(Op::Drain, proto::DrainRequest { addr: addr.to_string(), ..Default::default() }.encode_to_vec())?;
         decode_body(&r).map_err(ControlError::Malformed)
     }
 

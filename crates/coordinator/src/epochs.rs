@@ -11,8 +11,9 @@ use std::time::{Duration, Instant};
 impl Coordinator {
     /// `admin drain`: moves server `rank`'s shards to the other servers in a new epoch; the
     /// server hears it with its next heartbeat and exits once off the ring.
-    pub(crate) fn drain(&self, rank: u32) -> Result<proto::DrainReply, CoordError> {
+    pub(crate) fn drain(&self, req: &proto::DrainRequest) -> Result<proto::DrainReply, CoordError> {
         let mut st = self.state.lock();
+        let rank = if req.addr.is_empty() { req.server } else { st.server_at(&req.addr)? };
         let reply = st.drain(rank, self.now())?;
         self.persist(&mut st, true);
         self.cv.notify_all();

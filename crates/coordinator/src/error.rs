@@ -117,6 +117,12 @@ pub enum CoordError {
         /// The server ranks the job has had.
         servers: usize,
     },
+    /// `admin drain --addr` of an address no server on the ring registered.
+    #[error("no server on the ring registered at {addr}")]
+    NoServerAt {
+        /// The address asked for.
+        addr: String,
+    },
     /// `admin drain` before every server registered (there is no ring yet).
     #[error("the servers are still registering; drain once the job runs")]
     StillRegistering,
@@ -318,6 +324,7 @@ impl CoordError {
             | DrainUnreplicated
             | NoSuchServer { .. }
             | NotOnRing { .. }
+            | NoServerAt { .. }
             | DrainTooFew { .. }
             | BarrierAhead { .. }
             | ProgressRank { .. }

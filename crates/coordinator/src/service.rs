@@ -274,7 +274,7 @@ impl Coordinator {
             }
             Some(Op::Drain) => {
                 let req = proto::DrainRequest::decode(h.meta.as_ref()).map_err(bad)?;
-                self.drain(req.server).map(|r| r.encode_to_vec())
+                self.drain(&req).map(|r| r.encode_to_vec())
             }
             Some(Op::CheckpointJoin) => {
                 let req = proto::CheckpointJoin::decode(h.meta.as_ref()).map_err(bad)?;

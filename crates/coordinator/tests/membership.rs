@@ -111,7 +111,10 @@ fn a_drained_server_leaves_the_ring_and_hears_it_while_refused_drains_change_not
         let e = admin.drain(rank).unwrap_err().to_string();
         assert!(e.contains(why), "{e}");
     }
-    let d = admin.drain(1).unwrap();
+    let e = admin.drain_addr("inproc://nowhere").unwrap_err().to_string();
+    assert!(e.contains("no server on the ring registered at inproc://nowhere"), "{e}");
+    // (as a pod's preStop hook drains itself: by the address it registered)
+    let d = admin.drain_addr("inproc://s1").unwrap();
     assert_eq!((d.epoch, d.node_id), (2, r1.node_id));
     let routing = job.routing();
     assert_eq!(members(&routing), vec![r0.node_id, r2.node_id]);
@@ -121,6 +124,8 @@ fn a_drained_server_leaves_the_ring_and_hears_it_while_refused_drains_change_not
 
     let again = admin.drain(1).unwrap_err().to_string();
     assert!(again.contains("not on the ring"), "{again}");
+    let again = admin.drain_addr("inproc://s1").unwrap_err().to_string();
+    assert!(again.contains("no server on the ring registered at inproc://s1"), "{again}");
     let too_few = admin.drain(0).unwrap_err().to_string();
     assert!(too_few.contains("would leave 1 servers for 2 copies"), "{too_few}");
     assert_eq!(job.routing().epoch, 2, "refused drains start no epoch");

@@ -85,6 +85,17 @@ impl Engine {
         epoch
     }
 
+    /// The rank of the server on the ring registered at data address `addr` (a replaced
+    /// server's newer registration at the same address, once the older left the ring).
+    pub fn server_at(&self, addr: &str) -> Result<u32, CoordError> {
+        let on_ring = |id: u32| self.ring.as_ref().is_some_and(|r| r.servers().any(|s| s == id));
+        self.servers
+            .iter()
+            .rposition(|(id, a)| a == addr && on_ring(*id))
+            .map(|r| r as u32)
+            .ok_or_else(|| CoordError::NoServerAt { addr: addr.to_string() })
+    }
+
     /// `admin drain`: moves server `rank`'s shards to the other servers in a new epoch; the
     /// server hears it with its next heartbeat and exits once off the ring. Refused when it
     /// would leave fewer servers than copies.
