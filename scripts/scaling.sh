@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# Strong and weak scaling of `train linear` on an emulated cluster (issue 29, item 2): every
+# node (coordinator, S servers, W workers) runs in its own network namespace, a "machine"
+# with one full-duplex link of RATE to a shared bridge (tbf both ways; this kernel has no
+# netem, so no added delay) and a CPU quota of CPU cores (a cgroup-v1 cpu controller group
+# per node), so that W + S + 1 machines of one fixed speed fit on this machine's 2 cores.
+#
+#   strong: EXAMPLES examples in all, W = each of WS workers;
+#   weak:   PER_WORKER examples per worker (a file of W × PER_WORKER examples).
+# One epoch of async SGD (`--algorithm sgd`), S servers. Prints one line per run: examples/s,
+# speed-up and efficiency against W = 1, worker 0's idle fraction, bytes on the wire per
+# example, test AUC; and writes them as JSON lines to DIR/scaling.jsonl.
+#
+# Usage (root; a release build first): scripts/scaling.sh [DIR]
+# Environment: RATE (10gbit), CPU (0.1), WS ("1 2 4 8 16"), SERVERS (2), EXAMPLES (400000),
+# PER_WORKER (50000), MODES ("strong weak"), DOWNPOUR_BIN. Everything it creates is named
+# dps* (namespaces, links, cgroups) and removed on exit; the data stays in DIR.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DIR=$(realpath -m "${1:-/tmp/downpour-scaling}")
+RATE=${RATE:-10gbit}
+CPU=${CPU:-0.1}
+WS=${WS:-"1 2 4 8 16"}
+S=${SERVERS:-2}
+EXAMPLES=${EXAMPLES:-400000}
+PER_WORKER=${PER_WORKER:-50000}
+MODES=${MODES:-"strong weak"}
+BIN=$(realpath "${DOWNPOUR_BIN:-target/release/downpour}")
+CG=/sys/fs/cgroup/cpu
+[ "$(id -u)" = 0 ] || { echo "scaling.sh: needs root (network namespaces, cgroups)" >&2; exit 2; }
+[ -x "$BIN" ] || { echo "scaling.sh: no $BIN (cargo build --release first)" >&2; exit 2; }
+[ -d "$CG" ] || { echo "scaling.sh: no cgroup-v1 cpu controller at $CG" >&2; exit 2; }
+mkdir -p "$DIR"
+QUOTA=$(python3 -c "print(int($CPU * 100000))")
+
+NODES=()
+cleanup() {
+    for ns in $(ip netns list 2>/dev/null | awk '$1 ~ /^dps-/ { print $1 }'); do
+        ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
+        ip netns del "$ns" 2>/dev/null || true
+        ip link del "v-$ns" 2>/dev/null || true
+    done
+    for g in "$CG"/dps-*; do [ -d "$g" ] && rmdir "$g" 2>/dev/null || true; done
+    ip link del dpsbr0 2>/dev/null || true
+}
+trap cleanup EXIT
+cleanup
+
+data() { # FILE N: N synth-ctr examples (made once)
+    [ -s "$1" ] || "$BIN" --log warn data synth-ctr --examples "$2" --nnz 20 --key-space 10000000 --zipf 1.1 --seed 7 --out "$1" >/dev/null 2>&1
+}
+data "$DIR/test.svm" 50000
+
+machines() { # coordinator, S servers, W workers: namespaces on the bridge, shaped, with a CPU group
+    local w=$1 i ns
+    ip link add dpsbr0 type bridge && ip link set dpsbr0 up
+    NODES=(dps-c)
+    for ((i = 0; i < S; i++)); do NODES+=("dps-s$i"); done
+    for ((i = 0; i < w; i++)); do NODES+=("dps-w$i"); done
+    i=2
+    for ns in "${NODES[@]}"; do
+        ip netns add "$ns"
+        ip link add "v-$ns" type veth peer name eth0 netns "$ns"
+        ip link set "v-$ns" master dpsbr0 up
+        ip -n "$ns" addr add "10.79.0.$i/24" dev eth0
+        ip -n "$ns" link set eth0 up
+        ip -n "$ns" link set lo up
+        tc qdisc add dev "v-$ns" root tbf rate "$RATE" burst 4mb latency 50ms
+        ip netns exec "$ns" tc qdisc add dev eth0 root tbf rate "$RATE" burst 4mb latency 50ms
+        mkdir -p "$CG/$ns"
+        echo 100000 > "$CG/$ns/cpu.cfs_period_us"
+        echo "$QUOTA" > "$CG/$ns/cpu.cfs_quota_us"
+        i=$((i + 1))
+    done
+}
+on() { # NS LOG COMMAND...: runs COMMAND on machine NS (its namespace and CPU group)
+    local ns=$1 log=$2; shift 2
+    sh -c 'echo $$ > "$0/cgroup.procs"; ns=$1; shift; exec ip netns exec "$ns" "$@"' "$CG/$ns" "$ns" "$@" >"$log" 2>&1 &
+}
+
+: > "$DIR/scaling.jsonl"
+for mode in $MODES; do
+    base=""
+    for w in $WS; do
+        if [ "$mode" = strong ]; then n=$EXAMPLES; else n=$((w * PER_WORKER)); fi
+        train="$DIR/train-$n.svm"
+        data "$train" "$n"
+        cleanup
+        machines "$w"
+        run="$DIR/run-$mode-$w"
+        rm -rf "$run" && mkdir -p "$run"
+        on dps-c "$run/coordinator.log" "$BIN" --log warn coordinator --listen 10.79.0.2:7070 --servers "$S" --workers "$w"
+        sleep 0.3
+        for ((i = 0; i < S; i++)); do on "dps-s$i" "$run/server-$i.log" "$BIN" --log warn server --coordinator 10.79.0.2:7070 --listen "10.79.0.$((3 + i)):0"; done
+        pids=()
+        for ((i = 0; i < w; i++)); do
+            on "dps-w$i" "$run/worker-$i.log" "$BIN" --log warn worker --coordinator 10.79.0.2:7070 train linear --train "$train" \
+                --test "$DIR/test.svm" --epochs 1 --algorithm sgd --quiet --out "$run/metrics-$i.json"
+            pids+=($!)
+        done
+        ok=1
+        for p in "${pids[@]}"; do wait "$p" || ok=0; done
+        [ "$ok" = 1 ] || { echo "scaling.sh: $mode W=$w failed:" >&2; tail -n 3 "$run"/*.log >&2; exit 1; }
+        line=$(python3 - "$mode" "$w" "$S" "$RATE" "$CPU" "$base" "$run"/metrics-*.json <<'PY'
+import json, sys
+mode, w, s, rate, cpu, base = sys.argv[1:7]
+m = [json.load(open(f)) for f in sys.argv[7:]]
+first = m[0]
+eps = first["examples_per_s"]
+# (worker 0 writes the metrics: its bytes, taken as every worker's)
+per_ex = (first["bytes_sent"] + first["bytes_received"]) * int(w) / max(first["train_examples"], 1)
+out = {"mode": mode, "workers": int(w), "servers": int(s), "rate": rate, "cpu_per_node": float(cpu),
+       "examples": first["train_examples"], "examples_per_s": eps, "wall_s": first["wall_s"],
+       "idle_fraction_worker0": first["idle_fraction"], "wire_bytes_per_example": per_ex, "test_auc": first["test_auc"]}
+if base:
+    b = float(base)
+    out["speedup"] = eps / b
+    out["efficiency"] = eps / b / int(w) if mode == "strong" else eps / (b * int(w))
+print(json.dumps(out))
+PY
+)
+        echo "$line" >> "$DIR/scaling.jsonl"
+        [ -n "$base" ] || base=$(python3 -c "import json,sys; print(json.loads(sys.argv[1])['examples_per_s'])" "$line")
+        python3 -c "
+import json, sys
+r = json.loads(sys.argv[1])
+print(f\"{r['mode']:6} W={r['workers']:2} S={r['servers']}: {r['examples_per_s']:10.0f} ex/s  speed-up {r.get('speedup', 1.0):5.2f}  efficiency {r.get('efficiency', 1.0):4.2f}  idle {r['idle_fraction_worker0']:.2f}  {r['wire_bytes_per_example']:6.0f} B/ex  AUC {r['test_auc']:.4f}\")" "$line"
+    done
+done
+cleanup
