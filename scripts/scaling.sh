@@ -13,7 +13,7 @@
 #
 # Usage (root; a release build first): scripts/scaling.sh [DIR]
 # Environment: RATE (10gbit), CPU (0.1), WS ("1 2 4 8 16"), SERVERS (2), EXAMPLES (400000),
-# PER_WORKER (50000), MODES ("strong weak"), DOWNPOUR_BIN. Everything it creates is named
+# PER_WORKER (100000), MODES ("strong weak"), DOWNPOUR_BIN. Everything it creates is named
 # dps* (namespaces, links, cgroups) and removed on exit; the data stays in DIR.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,15 +23,17 @@ CPU=${CPU:-0.1}
 WS=${WS:-"1 2 4 8 16"}
 S=${SERVERS:-2}
 EXAMPLES=${EXAMPLES:-400000}
-PER_WORKER=${PER_WORKER:-50000}
+PER_WORKER=${PER_WORKER:-100000}
 MODES=${MODES:-"strong weak"}
 BIN=$(realpath "${DOWNPOUR_BIN:-target/release/downpour}")
 CG=/sys/fs/cgroup/cpu
+ACCT=/sys/fs/cgroup/cpuacct
 [ "$(id -u)" = 0 ] || { echo "scaling.sh: needs root (network namespaces, cgroups)" >&2; exit 2; }
 [ -x "$BIN" ] || { echo "scaling.sh: no $BIN (cargo build --release first)" >&2; exit 2; }
 [ -d "$CG" ] || { echo "scaling.sh: no cgroup-v1 cpu controller at $CG" >&2; exit 2; }
 mkdir -p "$DIR"
-QUOTA=$(python3 -c "print(int($CPU * 100000))")
+# (a 10 ms period: a throttled node waits at most that long, not the default 100 ms)
+QUOTA=$(python3 -c "print(max(1000, int($CPU * 10000)))")
 
 NODES=()
 cleanup() {
@@ -40,7 +42,7 @@ cleanup() {
         ip netns del "$ns" 2>/dev/null || true
         ip link del "v-$ns" 2>/dev/null || true
     done
-    for g in "$CG"/dps-*; do [ -d "$g" ] && rmdir "$g" 2>/dev/null || true; done
+    for g in "$CG"/dps-* "$ACCT"/dps-*; do [ -d "$g" ] && rmdir "$g" 2>/dev/null || true; done
     ip link del dpsbr0 2>/dev/null || true
 }
 trap cleanup EXIT
@@ -49,7 +51,7 @@ cleanup
 data() { # FILE N: N synth-ctr examples (made once)
     [ -s "$1" ] || "$BIN" --log warn data synth-ctr --examples "$2" --nnz 20 --key-space 10000000 --zipf 1.1 --seed 7 --out "$1" >/dev/null 2>&1
 }
-data "$DIR/test.svm" 50000
+data "$DIR/test.svm" 10000
 
 machines() { # coordinator, S servers, W workers: namespaces on the bridge, shaped, with a CPU group
     local w=$1 i ns
@@ -67,15 +69,20 @@ machines() { # coordinator, S servers, W workers: namespaces on the bridge, shap
         ip -n "$ns" link set lo up
         tc qdisc add dev "v-$ns" root tbf rate "$RATE" burst 4mb latency 50ms
         ip netns exec "$ns" tc qdisc add dev eth0 root tbf rate "$RATE" burst 4mb latency 50ms
-        mkdir -p "$CG/$ns"
-        echo 100000 > "$CG/$ns/cpu.cfs_period_us"
+        mkdir -p "$CG/$ns" "$ACCT/$ns"
+        echo 10000 > "$CG/$ns/cpu.cfs_period_us"
         echo "$QUOTA" > "$CG/$ns/cpu.cfs_quota_us"
         i=$((i + 1))
     done
 }
 on() { # NS LOG COMMAND...: runs COMMAND on machine NS (its namespace and CPU group)
     local ns=$1 log=$2; shift 2
-    sh -c 'echo $$ > "$0/cgroup.procs"; ns=$1; shift; exec ip netns exec "$ns" "$@"' "$CG/$ns" "$ns" "$@" >"$log" 2>&1 &
+    sh -c 'echo $$ > "$0/cgroup.procs"; echo $$ > "$1/cgroup.procs"; ns=$2; shift 2; exec ip netns exec "$ns" "$@"' "$CG/$ns" "$ACCT/$ns" "$ns" "$@" >"$log" 2>&1 &
+}
+cpu_s() { # the CPU seconds the machines matching GLOB used
+    local t=0 f
+    for f in $ACCT/$1/cpuacct.usage; do t=$((t + $(cat "$f"))); done
+    python3 -c "print($t / 1e9)"
 }
 
 : > "$DIR/scaling.jsonl"
@@ -101,17 +108,24 @@ for mode in $MODES; do
         ok=1
         for p in "${pids[@]}"; do wait "$p" || ok=0; done
         [ "$ok" = 1 ] || { echo "scaling.sh: $mode W=$w failed:" >&2; tail -n 3 "$run"/*.log >&2; exit 1; }
-        line=$(python3 - "$mode" "$w" "$S" "$RATE" "$CPU" "$base" "$run"/metrics-*.json <<'PY'
+        # (the servers end with the job: give them a moment, then read their CPU)
+        for ns in dps-c $(for ((i = 0; i < S; i++)); do echo "dps-s$i"; done); do
+            for _ in $(seq 50); do [ -z "$(ip netns pids "$ns")" ] && break; sleep 0.1; done
+        done
+        wcpu=$(cpu_s 'dps-w*'); scpu=$(cpu_s 'dps-s*')
+        line=$(python3 - "$mode" "$w" "$S" "$RATE" "$CPU" "$base" "$wcpu" "$scpu" "$run"/metrics-*.json <<'PY'
 import json, sys
-mode, w, s, rate, cpu, base = sys.argv[1:7]
-m = [json.load(open(f)) for f in sys.argv[7:]]
+mode, w, s, rate, cpu, base, wcpu, scpu = sys.argv[1:9]
+m = [json.load(open(f)) for f in sys.argv[9:]]
 first = m[0]
 eps = first["examples_per_s"]
 # (worker 0 writes the metrics: its bytes, taken as every worker's)
 per_ex = (first["bytes_sent"] + first["bytes_received"]) * int(w) / max(first["train_examples"], 1)
 out = {"mode": mode, "workers": int(w), "servers": int(s), "rate": rate, "cpu_per_node": float(cpu),
        "examples": first["train_examples"], "examples_per_s": eps, "wall_s": first["wall_s"],
-       "idle_fraction_worker0": first["idle_fraction"], "wire_bytes_per_example": per_ex, "test_auc": first["test_auc"]}
+       "idle_fraction_worker0": first["idle_fraction"], "wire_bytes_per_example": per_ex, "test_auc": first["test_auc"],
+       "worker_cpu_s_per_example": float(wcpu) / max(first["train_examples"], 1),
+       "server_cpu_s_per_example": float(scpu) / max(first["train_examples"], 1)}
 if base:
     b = float(base)
     out["speedup"] = eps / b
@@ -121,6 +135,13 @@ PY
 )
         echo "$line" >> "$DIR/scaling.jsonl"
         [ -n "$base" ] || base=$(python3 -c "import json,sys; print(json.loads(sys.argv[1])['examples_per_s'])" "$line")
+        # the planner's costs, measured on the first strong run (W = 1)
+        if [ "$mode" = strong ] && [ ! -s "$DIR/calibration.json" -o "$w" = "${WS%% *}" ]; then
+            python3 -c "
+import json, sys
+r = json.loads(sys.argv[1])
+json.dump({'worker_cpu_s': r['worker_cpu_s_per_example'], 'server_cpu_s': r['server_cpu_s_per_example'], 'wire_bytes': r['wire_bytes_per_example']}, open(sys.argv[2], 'w'))" "$line" "$DIR/calibration.json"
+        fi
         python3 -c "
 import json, sys
 r = json.loads(sys.argv[1])
@@ -128,3 +149,24 @@ print(f\"{r['mode']:6} W={r['workers']:2} S={r['servers']}: {r['examples_per_s']
     done
 done
 cleanup
+
+# the planner against every run (`downpour plan`, from the W = 1 run's costs)
+echo "planner (calibration $(cat "$DIR/calibration.json")):"
+: > "$DIR/validation.jsonl"
+while read -r line; do
+    w=$(python3 -c "import json,sys; print(json.loads(sys.argv[1])['workers'])" "$line")
+    p=$("$BIN" --log warn plan --workers "$w" --servers "$S" --cpu "$CPU" --link "$RATE" --calibration "$DIR/calibration.json" --json)
+    python3 -c "
+import json, sys
+r, p = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+err = p['examples_per_s'] / r['examples_per_s'] - 1
+v = {'mode': r['mode'], 'workers': r['workers'], 'servers': r['servers'], 'measured': r['examples_per_s'], 'predicted': p['examples_per_s'],
+     'error': err, 'bottleneck': p['bottleneck'], 'server_cpu_util': p['server_cpu_util'], 'worker_cpu_util': p['worker_cpu_util']}
+print(json.dumps(v), file=open(sys.argv[3], 'a'))
+print(f\"{r['mode']:6} W={r['workers']:2}: measured {r['examples_per_s']:9.0f}  predicted {p['examples_per_s']:9.0f}  error {err * 100:+6.1f} %  bound by the {p['bottleneck']}\")
+" "$line" "$p" "$DIR/validation.jsonl"
+done < "$DIR/scaling.jsonl"
+for w in 100 1000; do
+    "$BIN" --log warn plan --workers "$w" --cpu "$CPU" --link "$RATE" --calibration "$DIR/calibration.json" > "$DIR/plan-$w.txt"
+    head -n 1 "$DIR/plan-$w.txt"
+done

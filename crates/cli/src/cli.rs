@@ -64,6 +64,30 @@ enum Cmd {
     },
     /// Score examples with a model exported by `train linear --model-out` (one probability a line).
     Predict(PredictConfig),
+    /// Predict a `train linear` job's examples/s on W workers and S servers of a given CPU
+    /// and link from costs measured once (`scripts/scaling.sh` writes them): the bound that
+    /// sets it, each resource's use, and the servers worth having.
+    Plan {
+        /// Workers.
+        #[arg(long)]
+        workers: usize,
+        /// Servers (by default the fewest within 5 % of the best for these workers).
+        #[arg(long)]
+        servers: Option<usize>,
+        /// CPU cores per machine.
+        #[arg(long, default_value_t = 1.0)]
+        cpu: f64,
+        /// Link speed per machine, each way: `10gbit`, `1gbit`, `100mbit`.
+        #[arg(long, default_value = "10gbit")]
+        link: String,
+        /// The measured costs: JSON with `worker_cpu_s`, `server_cpu_s` and `wire_bytes` per
+        /// example (`scripts/scaling.sh` writes DIR/calibration.json).
+        #[arg(long)]
+        calibration: std::path::PathBuf,
+        /// Print the prediction as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Data tools (`data synth-ctr`).
     #[command(subcommand)]
     Data(crate::datagen::DataCmd),
@@ -385,6 +409,36 @@ fn run(cli: Cli, s: Settings, exe: &Program) -> Result<()> {
             Ok(())
         }
         Cmd::Predict(a) => downpour_jobs::model::predict(&a),
+        Cmd::Plan { workers, servers, cpu, link, calibration, json } => {
+            use downpour_cluster::plan;
+            let text = std::fs::read_to_string(&calibration).with_context(|| format!("cannot read {}", calibration.display()))?;
+            let c: plan::Calibration =
+                serde_json::from_str(&text).with_context(|| format!("{}: not a calibration", calibration.display()))?;
+            let m = plan::Machines { workers, servers: servers.unwrap_or(1), cpu, link_bytes_per_s: plan::parse_link(&link)? };
+            let servers = match servers {
+                Some(s) => s,
+                None => plan::recommend_servers(&c, &m)?,
+            };
+            let p = plan::predict(&c, &plan::Machines { servers, ..m })?;
+            if json {
+                println!("{}", serde_json::to_string(&p)?);
+            } else {
+                println!(
+                    "{workers} workers, {servers} servers ({cpu} cores, {link} each): {:.0} examples/s, bound by the {}",
+                    p.examples_per_s, p.bottleneck
+                );
+                for (name, x) in &p.bounds {
+                    println!("  {name:<13} {x:>14.0} examples/s");
+                }
+                println!(
+                    "  use: workers' CPUs {:.0} %, servers' CPUs {:.0} %, busiest link {:.0} %",
+                    p.worker_cpu_util * 100.0,
+                    p.server_cpu_util * 100.0,
+                    p.link_util * 100.0
+                );
+            }
+            Ok(())
+        }
         Cmd::Launch { servers, workers, tls_dir, faults, metrics_port, exec, job } => {
             // Check the job's flags before starting anything (a program's are its own).
             if exec.is_none() {

@@ -670,3 +670,24 @@ fn top_finds_the_servers_through_the_coordinator_shows_their_tables_and_rates_an
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("no server answered") && err.contains("127.0.0.1:1"), "{err}");
 }
+
+#[test]
+fn plan_predicts_from_a_calibration_names_the_bound_and_recommends_servers() {
+    let dir = tempfile::tempdir().unwrap();
+    let cal = dir.path().join("calibration.json");
+    std::fs::write(&cal, r#"{"worker_cpu_s": 1e-5, "server_cpu_s": 4e-6, "wire_bytes": 800}"#).unwrap();
+    let c = cal.display().to_string();
+    let o = run(downpour().args(["plan", "--workers", "16", "--servers", "2", "--cpu", "0.1", "--calibration", &c, "--json"]));
+    assert!(o.status.success(), "{}", text(&o).1);
+    let p: serde_json::Value = serde_json::from_str(text(&o).0.trim()).unwrap();
+    assert_eq!(p["bottleneck"], "servers");
+    assert!((p["examples_per_s"].as_f64().unwrap() - 50_000.0).abs() < 1e-6, "{p}");
+    // without --servers: the fewest within 5 % of the best
+    let o = run(downpour().args(["plan", "--workers", "16", "--cpu", "0.1", "--calibration", &c]));
+    assert!(text(&o).0.contains("16 workers, 7 servers"), "{}", text(&o).0);
+    std::fs::write(&cal, "{}").unwrap();
+    let o = run(downpour().args(["plan", "--workers", "2", "--calibration", &c]));
+    assert!(!o.status.success() && text(&o).1.contains("not a calibration"), "{}", text(&o).1);
+    let o = run(downpour().args(["plan", "--workers", "2", "--link", "fast", "--calibration", &c]));
+    assert!(!o.status.success());
+}

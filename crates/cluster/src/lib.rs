@@ -49,6 +49,7 @@ pub mod exporter;
 pub mod fault;
 mod launch;
 pub mod nodes;
+pub mod plan;
 pub mod serve;
 pub mod settings;
 
