@@ -9,7 +9,9 @@
 #   weak:   PER_WORKER examples per worker (a file of W × PER_WORKER examples).
 # One epoch of async SGD (`--algorithm sgd`), S servers. Prints one line per run: examples/s,
 # speed-up and efficiency against W = 1, worker 0's idle fraction, bytes on the wire per
-# example, test AUC; and writes them as JSON lines to DIR/scaling.jsonl.
+# example, test AUC; and writes them as JSON lines to DIR/scaling.jsonl, the W = 1 run's
+# per-example costs to DIR/calibration-S<SERVERS>.json, and the planner's prediction of
+# every run (from every calibration in DIR) to DIR/validation.jsonl.
 #
 # Usage (root; a release build first): scripts/scaling.sh [DIR]
 # Environment: RATE (10gbit), CPU (0.1), WS ("1 2 4 8 16"), SERVERS (2), EXAMPLES (400000),
@@ -135,12 +137,12 @@ PY
 )
         echo "$line" >> "$DIR/scaling.jsonl"
         [ -n "$base" ] || base=$(python3 -c "import json,sys; print(json.loads(sys.argv[1])['examples_per_s'])" "$line")
-        # the planner's costs, measured on the first strong run (W = 1)
-        if [ "$mode" = strong ] && [ ! -s "$DIR/calibration.json" -o "$w" = "${WS%% *}" ]; then
+        # the planner's costs at these servers, measured on the first run of the first mode
+        if [ "$mode" = "${MODES%% *}" ] && [ "$w" = "${WS%% *}" ]; then
             python3 -c "
 import json, sys
 r = json.loads(sys.argv[1])
-json.dump({'worker_cpu_s': r['worker_cpu_s_per_example'], 'server_cpu_s': r['server_cpu_s_per_example'], 'wire_bytes': r['wire_bytes_per_example']}, open(sys.argv[2], 'w'))" "$line" "$DIR/calibration.json"
+json.dump({'worker_cpu_s': r['worker_cpu_s_per_example'], 'server_cpu_s': r['server_cpu_s_per_example'], 'wire_bytes': r['wire_bytes_per_example'], 'servers': r['servers']}, open(sys.argv[2], 'w'))" "$line" "$DIR/calibration-S$S.json"
         fi
         python3 -c "
 import json, sys
@@ -150,12 +152,15 @@ print(f\"{r['mode']:6} W={r['workers']:2} S={r['servers']}: {r['examples_per_s']
 done
 cleanup
 
-# the planner against every run (`downpour plan`, from the W = 1 run's costs)
-echo "planner (calibration $(cat "$DIR/calibration.json")):"
+# the planner against every run (`downpour plan`, from the costs of the W = 1 runs: at two
+# server counts when DIR holds calibrations from runs with other SERVERS)
+cals=()
+for f in "$DIR"/calibration-S*.json; do cals+=(--calibration "$f"); done
+echo "planner (calibrations: ${cals[*]})"
 : > "$DIR/validation.jsonl"
 while read -r line; do
     w=$(python3 -c "import json,sys; print(json.loads(sys.argv[1])['workers'])" "$line")
-    p=$("$BIN" --log warn plan --workers "$w" --servers "$S" --cpu "$CPU" --link "$RATE" --calibration "$DIR/calibration.json" --json)
+    p=$("$BIN" --log warn plan --workers "$w" --servers "$S" --cpu "$CPU" --link "$RATE" "${cals[@]}" --json)
     python3 -c "
 import json, sys
 r, p = json.loads(sys.argv[1]), json.loads(sys.argv[2])
@@ -167,6 +172,6 @@ print(f\"{r['mode']:6} W={r['workers']:2}: measured {r['examples_per_s']:9.0f}  
 " "$line" "$p" "$DIR/validation.jsonl"
 done < "$DIR/scaling.jsonl"
 for w in 100 1000; do
-    "$BIN" --log warn plan --workers "$w" --cpu "$CPU" --link "$RATE" --calibration "$DIR/calibration.json" > "$DIR/plan-$w.txt"
+    "$BIN" --log warn plan --workers "$w" --cpu "$CPU" --link "$RATE" "${cals[@]}" > "$DIR/plan-$w.txt"
     head -n 1 "$DIR/plan-$w.txt"
 done

@@ -81,9 +81,11 @@ enum Cmd {
         #[arg(long, default_value = "10gbit")]
         link: String,
         /// The measured costs: JSON with `worker_cpu_s`, `server_cpu_s` and `wire_bytes` per
-        /// example (`scripts/scaling.sh` writes DIR/calibration.json).
-        #[arg(long)]
-        calibration: std::path::PathBuf,
+        /// example, and the run's `servers` (`scripts/scaling.sh` writes
+        /// DIR/calibration-S<N>.json). Repeat it with runs at two server counts: each cost is
+        /// then a line in the servers (per-request work grows with them).
+        #[arg(long, required = true)]
+        calibration: Vec<std::path::PathBuf>,
         /// Print the prediction as JSON.
         #[arg(long)]
         json: bool,
@@ -411,15 +413,17 @@ fn run(cli: Cli, s: Settings, exe: &Program) -> Result<()> {
         Cmd::Predict(a) => downpour_jobs::model::predict(&a),
         Cmd::Plan { workers, servers, cpu, link, calibration, json } => {
             use downpour_cluster::plan;
-            let text = std::fs::read_to_string(&calibration).with_context(|| format!("cannot read {}", calibration.display()))?;
-            let c: plan::Calibration =
-                serde_json::from_str(&text).with_context(|| format!("{}: not a calibration", calibration.display()))?;
+            let mut cals = Vec::new();
+            for f in &calibration {
+                let text = std::fs::read_to_string(f).with_context(|| format!("cannot read {}", f.display()))?;
+                cals.push(serde_json::from_str::<plan::Calibration>(&text).with_context(|| format!("{}: not a calibration", f.display()))?);
+            }
             let m = plan::Machines { workers, servers: servers.unwrap_or(1), cpu, link_bytes_per_s: plan::parse_link(&link)? };
             let servers = match servers {
                 Some(s) => s,
-                None => plan::recommend_servers(&c, &m)?,
+                None => plan::recommend_servers(&cals, &m)?,
             };
-            let p = plan::predict(&c, &plan::Machines { servers, ..m })?;
+            let p = plan::predict_from(&cals, &plan::Machines { servers, ..m })?;
             if json {
                 println!("{}", serde_json::to_string(&p)?);
             } else {

@@ -28,6 +28,38 @@ pub struct Calibration {
     pub server_cpu_s: f64,
     /// Bytes on the wire per example (both directions, at the workers).
     pub wire_bytes: f64,
+    /// The servers of the run (its requests split over them: each adds per-request costs).
+    #[serde(default)]
+    pub servers: Option<usize>,
+}
+
+impl Calibration {
+    /// The costs at `servers` servers from calibrations taken at different server counts:
+    /// each cost a line in S through the two runs furthest apart in S (a request per server
+    /// per minibatch: more servers, more per-request work per example), kept positive; one
+    /// calibration (or all at one S) is taken as it is.
+    pub fn at(cals: &[Calibration], servers: usize) -> Result<Calibration> {
+        let Some(first) = cals.first() else { bail!("no calibration") };
+        let with_s: Vec<(f64, &Calibration)> = cals.iter().filter_map(|c| c.servers.map(|s| (s as f64, c))).collect();
+        let lo = with_s.iter().min_by(|a, b| a.0.total_cmp(&b.0));
+        let hi = with_s.iter().max_by(|a, b| a.0.total_cmp(&b.0));
+        let (Some(&(s0, a)), Some(&(s1, b))) = (lo, hi) else { return Ok(*first) };
+        if s1 <= s0 {
+            return Ok(*a);
+        }
+        let x = servers as f64;
+        let line = |ya: f64, yb: f64| {
+            let y = ya + (yb - ya) * (x - s0) / (s1 - s0);
+            // (a cost never falls below a tenth of the smaller measurement)
+            y.max(ya.min(yb) / 10.0)
+        };
+        Ok(Calibration {
+            worker_cpu_s: line(a.worker_cpu_s, b.worker_cpu_s),
+            server_cpu_s: line(a.server_cpu_s, b.server_cpu_s),
+            wire_bytes: line(a.wire_bytes, b.wire_bytes),
+            servers: Some(servers),
+        })
+    }
 }
 
 /// A configuration to predict.
@@ -64,7 +96,12 @@ pub struct Prediction {
     pub link_util: f64,
 }
 
-/// Predicts `m` from `c`.
+/// Predicts `m` from calibrations `cals` (their costs at `m.servers`, [`Calibration::at`]).
+pub fn predict_from(cals: &[Calibration], m: &Machines) -> Result<Prediction> {
+    predict(&Calibration::at(cals, m.servers)?, m)
+}
+
+/// Predicts `m` from `c` (its costs taken as they are, whatever `m.servers`).
 pub fn predict(c: &Calibration, m: &Machines) -> Result<Prediction> {
     let positive = |x: f64| x.is_finite() && x > 0.0;
     if m.workers == 0 || m.servers == 0 || !positive(m.cpu) || !positive(m.link_bytes_per_s) {
@@ -97,15 +134,15 @@ pub fn predict(c: &Calibration, m: &Machines) -> Result<Prediction> {
 
 /// The fewest servers for `workers` workers whose prediction is within 5 % of the best over
 /// 1..=`workers` servers (more servers past the point where the workers or their links
-/// bound the job buy nothing).
-pub fn recommend_servers(c: &Calibration, m: &Machines) -> Result<usize> {
-    let best = predict(c, &Machines { servers: m.workers.max(1), ..*m })?.examples_per_s;
-    for s in 1..=m.workers.max(1) {
-        if predict(c, &Machines { servers: s, ..*m })?.examples_per_s >= 0.95 * best {
-            return Ok(s);
-        }
+/// bound the job buy nothing, and with per-request costs they may cost).
+pub fn recommend_servers(cals: &[Calibration], m: &Machines) -> Result<usize> {
+    let n = m.workers.max(1);
+    let mut rates = Vec::with_capacity(n);
+    for s in 1..=n {
+        rates.push(predict_from(cals, &Machines { servers: s, ..*m })?.examples_per_s);
     }
-    Ok(m.workers.max(1))
+    let best = rates.iter().copied().fold(0.0, f64::max);
+    Ok(rates.iter().position(|&x| x >= 0.95 * best).map_or(n, |i| i + 1))
 }
 
 /// Parses a link speed as `tc` writes it: `10gbit`, `1gbit`, `100mbit`, `500kbit` (bits/s),
@@ -128,7 +165,7 @@ mod tests {
     use super::*;
 
     fn cal() -> Calibration {
-        Calibration { worker_cpu_s: 1e-5, server_cpu_s: 4e-6, wire_bytes: 800.0 }
+        Calibration { worker_cpu_s: 1e-5, server_cpu_s: 4e-6, wire_bytes: 800.0, servers: None }
     }
 
     #[test]
@@ -152,7 +189,23 @@ mod tests {
     fn the_recommended_servers_stop_where_more_buy_nothing() {
         let m = Machines { workers: 16, servers: 1, cpu: 0.1, link_bytes_per_s: 1.25e9 };
         // workers bound at 160,000; servers at 25,000 each: 7 reach 95 % of it
-        assert_eq!(recommend_servers(&cal(), &m).unwrap(), 7);
+        assert_eq!(recommend_servers(&[cal()], &m).unwrap(), 7);
+    }
+
+    #[test]
+    fn costs_measured_at_two_server_counts_are_drawn_as_lines_in_the_servers() {
+        let a = Calibration { servers: Some(2), ..cal() };
+        let b = Calibration { worker_cpu_s: 4e-5, server_cpu_s: 1.6e-5, servers: Some(8), ..cal() };
+        let at5 = Calibration::at(&[a, b], 5).unwrap();
+        assert!((at5.worker_cpu_s - 2.5e-5).abs() < 1e-12 && (at5.server_cpu_s - 1e-5).abs() < 1e-12, "{at5:?}");
+        // below the measured range, never under a tenth of the smaller cost
+        let at0 = Calibration::at(&[a, b], 0).unwrap();
+        assert!(at0.worker_cpu_s >= 1e-6 && at0.server_cpu_s >= 4e-7, "{at0:?}");
+        // per-request costs make more servers cost: the recommendation stops early
+        let m = Machines { workers: 16, servers: 1, cpu: 0.1, link_bytes_per_s: 1.25e9 };
+        assert!(recommend_servers(&[a, b], &m).unwrap() < recommend_servers(&[cal()], &m).unwrap());
+        // one calibration is taken as it is
+        assert_eq!(Calibration::at(&[a], 8).unwrap(), a);
     }
 
     #[test]
