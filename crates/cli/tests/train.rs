@@ -4,37 +4,8 @@ use std::io::Write;
 use std::path::Path;
 use std::process::Command;
 
-fn downpour() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_downpour"));
-    c.env("DOWNPOUR_LOG", "warn");
-    c
-}
-
-/// Writes `n` examples: 15 of 500 features each, label drawn from σ(w·x) with a fixed w.
-fn write_data(path: &Path, n: usize, seed: u64) {
-    let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
-    let w: Vec<f64> = (0..500u64).map(|k| if k % 3 == 0 { ((k * 7919 % 200) as f64 / 100.0) - 1.0 } else { 0.0 } * 2.5).collect();
-    let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
-    for _ in 0..n {
-        let mut ks: Vec<u64> = (0..15).map(|_| next() % 500).collect();
-        ks.sort_unstable();
-        ks.dedup();
-        let z: f64 = ks.iter().map(|&k| w[k as usize]).sum();
-        let p = 1.0 / (1.0 + (-z).exp());
-        let y = (next() % 1_000_000) as f64 / 1e6 < p;
-        write!(f, "{}", if y { "+1" } else { "-1" }).unwrap();
-        for k in ks {
-            write!(f, " {k}:1").unwrap();
-        }
-        writeln!(f).unwrap();
-    }
-}
+mod linear_data;
+use linear_data::{downpour, metrics, train_logged, write_data};
 
 /// Runs `predict` with `model` on `data` (writing `preds`) and returns the log loss of its
 /// probabilities against the file's labels.
@@ -48,25 +19,6 @@ fn predict_logloss(model: &Path, data: &Path, preds: &Path) -> f64 {
     let labels: Vec<bool> = std::fs::read_to_string(data).unwrap().lines().map(|l| l.starts_with('+')).collect();
     assert_eq!(p.len(), labels.len());
     p.iter().zip(&labels).map(|(&p, &y)| -(if y { p } else { 1.0 - p }).clamp(1e-15, 1.0).ln()).sum::<f64>() / p.len() as f64
-}
-
-/// Runs embedded `train linear` on `tr` / `te` with `workers` workers, metrics to `out`, the
-/// model to `model`, plus `extra`; returns its info-level log (the run must succeed).
-fn train_logged(tr: &Path, te: &Path, out: &Path, model: &Path, workers: usize, extra: &[&str]) -> String {
-    let o = downpour()
-        .env("DOWNPOUR_LOG", "info")
-        .args(["train", "linear", "--train", tr.to_str().unwrap(), "--test", te.to_str().unwrap()])
-        .args(["--workers", &workers.to_string(), "--out", out.to_str().unwrap(), "--model-out", model.to_str().unwrap()])
-        .args(extra)
-        .output()
-        .unwrap();
-    let log = String::from_utf8_lossy(&o.stderr).to_string();
-    assert!(o.status.success(), "{log}");
-    log
-}
-
-fn metrics(path: &Path) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
 #[test]
@@ -910,142 +862,4 @@ fn a_lost_workers_unfinished_chunks_go_to_the_other_workers() {
     assert!(err.contains("unfinished chunk(s) of training data go to the other workers"), "{err}");
     let m: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
     assert!(m["test_auc"].as_f64().unwrap() > 0.75, "{m}");
-}
-
-/// Rows of table 10 ("linear") on every server, from an info-level log.
-fn linear_rows(log: &str) -> u64 {
-    log.match_indices("table 10 \"linear\": ").map(|(i, m)| log[i + m.len()..].split(' ').next().unwrap().parse::<u64>().unwrap()).sum()
-}
-
-/// 6,000 training examples in `tr`, each also carrying 4 ids no other example has (24,000
-/// rows a table holds without admission or eviction), and 2,000 test examples in `te`
-/// (without them), from `seed`.
-fn write_data_with_ids_seen_once(tr: &Path, te: &Path, seed: u64) {
-    write_data(tr, 6_000, seed);
-    write_data(te, 2_000, seed + 1);
-    let text = std::fs::read_to_string(tr).unwrap();
-    let once: String = text
-        .lines()
-        .enumerate()
-        .map(|(i, l)| format!("{l} {}:1 {}:1 {}:1 {}:1\n", 1000 + 4 * i, 1001 + 4 * i, 1002 + 4 * i, 1003 + 4 * i))
-        .collect();
-    std::fs::write(tr, once).unwrap();
-}
-
-#[test]
-fn admission_keeps_features_seen_once_out_of_the_servers_and_still_learns() {
-    let d = tempfile::tempdir().unwrap();
-    let (tr, te, out, model) = (d.path().join("tr.svm"), d.path().join("te.svm"), d.path().join("m.json"), d.path().join("m.st"));
-    write_data_with_ids_seen_once(&tr, &te, 31);
-    let all = train_logged(&tr, &te, &out, &model, 2, &["--epochs", "1"]);
-    let auc_all = metrics(&out)["test_auc"].as_f64().unwrap();
-    let admitted = train_logged(&tr, &te, &out, &model, 2, &["--epochs", "1", "--admit", "count:2"]);
-    let auc_admitted = metrics(&out)["test_auc"].as_f64().unwrap();
-    let (rows_all, rows_admitted) = (linear_rows(&all), linear_rows(&admitted));
-    assert!(rows_all >= 24_000 && rows_admitted <= 600, "rows: {rows_all} without admission, {rows_admitted} with");
-    assert!(admitted.contains("admission count:2"), "{admitted}");
-    assert!((auc_all - auc_admitted).abs() < 0.02, "AUC {auc_all} without admission, {auc_admitted} with");
-    for (flags, said) in [(&["--admit", "count:0"][..], "count:N"), (&["--admit", "count:2", "--replication", "2"][..], "replicated")] {
-        let o = downpour().args(["train", "linear", "--train", tr.to_str().unwrap(), "--quiet"]).args(flags).output().unwrap();
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert!(!o.status.success() && err.contains(said), "{flags:?}: {err}");
-    }
-}
-
-#[test]
-fn eviction_bounds_every_servers_rows_and_still_learns() {
-    let d = tempfile::tempdir().unwrap();
-    let (tr, te, out, model) = (d.path().join("tr.svm"), d.path().join("te.svm"), d.path().join("m.json"), d.path().join("m.st"));
-    write_data_with_ids_seen_once(&tr, &te, 41);
-    let all = train_logged(&tr, &te, &out, &model, 2, &["--epochs", "1"]);
-    let auc_all = metrics(&out)["test_auc"].as_f64().unwrap();
-    let bounded = train_logged(&tr, &te, &out, &model, 2, &["--epochs", "1", "--evict", "lru:4000"]);
-    let auc_bounded = metrics(&out)["test_auc"].as_f64().unwrap();
-    let (rows_all, rows_bounded) = (linear_rows(&all), linear_rows(&bounded));
-    let servers = bounded.matches("table 10 \"linear\": ").count();
-    assert!(servers >= 1 && rows_all >= 24_000, "{servers} servers, {rows_all} rows unbounded");
-    // every server dropped rows in the background while the job ran (how close to the bound
-    // each stays is measured in docs/benchmarks.md, not timed here)
-    let dropped: Vec<u64> = bounded
-        .match_indices("eviction lru:4000: ")
-        .map(|(i, m)| bounded[i + m.len()..].split(' ').next().unwrap().parse::<u64>().unwrap())
-        .collect();
-    assert!(dropped.len() == servers && dropped.iter().all(|&n| n > 0), "rows dropped per server: {dropped:?}");
-    assert!(rows_bounded < rows_all, "{rows_bounded} rows left of {rows_all}");
-    // the 500 ids every example draws from stay: they are the recently used ones (async runs
-    // differ by about ±0.005 in AUC between runs alike)
-    assert!((auc_all - auc_bounded).abs() < 0.03, "AUC {auc_all} unbounded, {auc_bounded} with lru:4000");
-    for (flags, said) in [
-        (&["--evict", "lru:0"][..], "MAX_ROWS"),
-        (&["--evict", "ttl:30"][..], "unit"),
-        (&["--evict", "ttl:1h", "--replication", "2"][..], "replicated"),
-        (&["--evict", "memory:64", "--ssp-cache", "1000", "--consistency", "ssp:2"][..], "--ssp-cache"),
-    ] {
-        let o = downpour().args(["train", "linear", "--train", tr.to_str().unwrap(), "--quiet"]).args(flags).output().unwrap();
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert!(!o.status.success() && err.contains(said), "{flags:?}: {err}");
-    }
-}
-
-#[test]
-fn an_export_directory_written_while_training_merges_to_the_trained_model_and_is_served() {
-    let d = tempfile::tempdir().unwrap();
-    let (tr, te, out, model) = (d.path().join("tr.svm"), d.path().join("te.svm"), d.path().join("m.json"), d.path().join("m.st"));
-    let (dir, merged) = (d.path().join("exp"), d.path().join("merged.st"));
-    write_data_with_ids_seen_once(&tr, &te, 51);
-    let log = train_logged(&tr, &te, &out, &model, 2, &["--epochs", "2", "--export-dir", dir.to_str().unwrap(), "--export-every", "50ms"]);
-    assert!(log.contains("exported 000001-full.safetensors"), "{log}");
-    let o = downpour().args(["export", "show", dir.to_str().unwrap()]).output().unwrap();
-    let shown = String::from_utf8_lossy(&o.stdout);
-    assert!(o.status.success() && shown.contains("delta") && shown.contains("table 10 \"linear\""), "{shown}");
-    let o = downpour().args(["export", "merge", dir.to_str().unwrap(), "--out", merged.to_str().unwrap()]).output().unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    // the last export is cut after training ended: folded, it is the trained model (the
-    // servers' keys are scrambled ids, rows carry w first; --model-out keeps the non-zero w).
-    // (Without eviction: a pass may still drop rows between the last export and
-    // --model-out; deltas with evictions are checked bit for bit in downpour-cluster.)
-    let f = downpour_jobs::export::file::read(&merged).unwrap();
-    let t = &f.tables[0];
-    let vl = t.meta.value_len;
-    let mut got: Vec<(u64, f32)> = t
-        .rows
-        .keys
-        .iter()
-        .zip(t.rows.values.chunks_exact(vl))
-        .map(|(&k, v)| (downpour_core::keys::unscramble(k), v[0]))
-        .filter(|p| p.1 != 0.0)
-        .collect();
-    got.sort_unstable_by_key(|p| p.0);
-    let want = downpour_jobs::model::load(&model).unwrap();
-    let got_keys: Vec<u64> = got.iter().map(|p| p.0).collect();
-    let first_diff = got_keys.iter().zip(&want.keys).position(|(a, b)| a != b);
-    assert!(got_keys == want.keys, "{} keys merged, {} in the model; first difference at {first_diff:?}", got_keys.len(), want.keys.len());
-    assert_eq!(got.iter().map(|p| p.1.to_bits()).collect::<Vec<_>>(), want.weights.iter().map(|w| w.to_bits()).collect::<Vec<_>>());
-    // `serve` answers the same rows over the wire and refuses pushes
-    let mut node = downpour()
-        .env("DOWNPOUR_LOG", "info")
-        .args(["serve", "--model", dir.to_str().unwrap(), "--listen", "127.0.0.1:0"])
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(node.stderr.take().unwrap()));
-    let addr = lines.by_ref().map_while(Result::ok).find_map(|l| l.strip_prefix("serving on ").map(str::to_string)).unwrap();
-    let transport = downpour_transport::tcp::TcpTransport::new(Default::default()).unwrap();
-    let mut c = downpour_cluster::serve::connect(&transport, &addr, Default::default()).unwrap();
-    c.use_table(downpour_server::serving::serving_def(t.meta.id, &t.meta.name, vl));
-    let some: Vec<u64> = t.rows.keys.iter().step_by(7).copied().collect();
-    let mut out = vec![0f32; some.len() * vl];
-    c.pull_into(t.meta.id, &some, &mut out).unwrap();
-    let want_rows: Vec<f32> = t.rows.keys.iter().zip(t.rows.values.chunks_exact(vl)).step_by(7).flat_map(|(_, v)| v.to_vec()).collect();
-    assert_eq!(out, want_rows);
-    let refused = c.push(t.meta.id, &some[..1], &vec![1.0; vl]).and_then(|ts| c.wait(ts));
-    assert!(refused.unwrap_err().to_string().contains("read-only"));
-    let _ = node.kill();
-    let _ = node.wait();
-    // an export directory that is not one, and a bad period, are named
-    let o = downpour().args(["export", "merge", d.path().to_str().unwrap(), "--out", merged.to_str().unwrap()]).output().unwrap();
-    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("manifest.json"));
-    let o =
-        downpour().args(["train", "linear", "--train", tr.to_str().unwrap(), "--export-dir", "x", "--export-every", "5"]).output().unwrap();
-    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("not a duration"));
 }
