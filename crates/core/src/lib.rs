@@ -17,6 +17,7 @@ compile_error!("Downpour sends keys and values in their in-memory form: little-e
 pub mod admission;
 pub mod blocks;
 pub mod chain_epoch;
+pub mod chain_evict;
 pub mod chain_push;
 pub mod chain_rounds;
 pub mod changes;
