@@ -68,10 +68,21 @@ fn eviction_bounds_every_servers_rows_and_still_learns() {
     // the 500 ids every example draws from stay: they are the recently used ones (async runs
     // differ by about ±0.005 in AUC between runs alike)
     assert!((auc_all - auc_bounded).abs() < 0.03, "AUC {auc_all} unbounded, {auc_bounded} with lru:4000");
+    // two copies of every row on three servers: each head drops rows of the shards it heads
+    // and its chain drops them too (the copies compared in downpour-server's tests)
+    let replicated =
+        train_logged(&tr, &te, &out, &model, 2, &["--epochs", "1", "--evict", "lru:4000", "--servers", "3", "--replication", "2"]);
+    let auc_replicated = metrics(&out)["test_auc"].as_f64().unwrap();
+    let dropped: Vec<u64> = replicated
+        .match_indices("eviction lru:4000: ")
+        .map(|(i, m)| replicated[i + m.len()..].split(' ').next().unwrap().parse::<u64>().unwrap())
+        .collect();
+    assert!(dropped.len() == 3 && dropped.iter().all(|&n| n > 0), "rows dropped per server: {dropped:?}");
+    assert!((auc_all - auc_replicated).abs() < 0.03, "AUC {auc_all} unbounded, {auc_replicated} with lru:4000 on two copies");
     for (flags, said) in [
         (&["--evict", "lru:0"][..], "MAX_ROWS"),
         (&["--evict", "ttl:30"][..], "unit"),
-        (&["--evict", "ttl:1h", "--replication", "2"][..], "replicated"),
+        (&["--evict", "ttl:1h", "--replication", "2", "--consistency", "bsp"][..], "bsp"),
         (&["--evict", "memory:64", "--ssp-cache", "1000", "--consistency", "ssp:2"][..], "--ssp-cache"),
     ] {
         let o = downpour().args(["train", "linear", "--train", tr.to_str().unwrap(), "--quiet"]).args(flags).output().unwrap();

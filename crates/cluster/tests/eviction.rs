@@ -1,6 +1,7 @@
 //! Eviction on a live cluster: the table's `evict` travels to every server, whose background
 //! thread drops rows while the worker keeps pushing; dropped keys read as new, the rows kept
-//! are the ones the policy names, and replicated clusters refuse the table with the reason.
+//! are the ones the policy names; a replicated cluster drops rows too, and refuses with the
+//! reason what it cannot replicate (admission, eviction on `bsp` tables).
 
 use downpour_cluster::{EmbeddedCluster, Settings};
 use downpour_core::table::TableDef;
@@ -94,12 +95,28 @@ fn a_ttl_table_drops_what_was_not_used_within_the_ttl_and_keeps_what_was() {
 }
 
 #[test]
-fn a_replicated_cluster_refuses_an_evicting_table_with_the_reason() {
+fn a_replicated_cluster_drops_rows_of_an_lfu_table_and_refuses_what_it_cannot_replicate_with_the_reason() {
     let settings = Settings { replication: 2, ..Settings::default() };
     let cluster = EmbeddedCluster::start(&settings, 2, 1).unwrap();
     let mut s = cluster.join().unwrap();
-    let e = s.kv.create_table(TableDef { evict: "lfu:10".parse().unwrap(), ..TableDef::new(1, "lfu") }).unwrap_err().to_string();
-    assert!(e.contains("replicated") && e.contains("lfu:10"), "{e}");
+    // two servers, two copies: each holds every row and heads about half, kept under 500/2
+    s.kv.create_table(TableDef { evict: "lfu:500".parse().unwrap(), ..TableDef::new(1, "lfu") }).unwrap();
+    let k = keys(1, 4000);
+    let t = s.kv.push(1, &k, &vec![1.0; k.len()]).unwrap();
+    s.kv.wait(t).unwrap();
+    let n = wait_until(&mut s, &[&k], |n| n[0] <= 600);
+    assert!(n[0] <= 600, "{} rows of 4000 left on the heads", n[0]);
+    let e = s.kv.create_table(TableDef { admit: "count:2".parse().unwrap(), ..TableDef::new(2, "admit") }).unwrap_err().to_string();
+    assert!(e.contains("replicated") && e.contains("count:2"), "{e}");
+    let e =
+        s.kv.create_table(TableDef {
+            evict: "ttl:1h".parse().unwrap(),
+            consistency: downpour_core::consistency::Consistency::Bsp,
+            ..TableDef::new(3, "bsp")
+        })
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("bsp") && e.contains("ttl:"), "{e}");
     s.finish(true, "").unwrap();
     cluster.wait().unwrap();
 }

@@ -8,18 +8,21 @@
 //!
 //! 1. Only the head of a shard decides which of its rows go (its eviction policy over the
 //!    rows it heads). It drops them under the table's lock and records them
-//!    ([`PendingDrops::record_dropped`]): one [`RowDrop`] per shard, carrying a snapshot of
-//!    the shard's exactly-once watermarks taken after the drop, so the snapshot names every
-//!    update the head had applied to the shard before it.
+//!    ([`PendingDrops::record_dropped`]): one [`RowDrop`] per shard, numbered in the shard's
+//!    drop watermark slot (a slot past the workers') and carrying a snapshot of the shard's
+//!    exactly-once watermarks taken after the drop, so the snapshot names every update the
+//!    head had applied to the shard before it.
 //! 2. A worker's push that touches a recorded row waits at the head
 //!    ([`PendingDrops::blocks`]) until the drop is acknowledged: no update the head applies
 //!    after a drop can reach a successor before the drop does.
 //! 3. A successor takes a drop only from its predecessor under its own epoch
-//!    ([`check_drop`]) and applies it only once its watermarks cover the snapshot
-//!    (`Watermarks::covers`): every update the head applied before the drop is applied here
-//!    first, whatever connection it comes on. It records the drop too (when it has a
-//!    successor), forwards it, and acknowledges it once its successor did: the head's
-//!    acknowledgement means the tail has it.
+//!    ([`check_drop`]) and applies it only once the shard's drops before it are applied and
+//!    its watermarks cover the snapshot ([`drop_state`]): every update the head applied
+//!    before the drop is applied here first, whatever connection it comes on. A drop it
+//!    applied before is not applied again (the drop slot says so). It records the drop
+//!    (when it has a successor), forwards it, and acknowledges it once its successor did
+//!    (a drop that comes again while still held is forwarded again, not acknowledged at
+//!    once): the head's acknowledgement means the tail has it.
 //! 4. A member keeps every drop it applied until its successor acknowledges it and sends
 //!    the rest again to its successor under each new routing epoch ([`PendingDrops::to_send`]),
 //!    or forgets them where it became the tail or left the chain: a head that fails with a
@@ -27,9 +30,9 @@
 //!    yet (waiting for its updates) is simply refused at an epoch move: nothing downstream
 //!    has it either, and an upstream member that applied it sends it again.
 //!
-//! Dropping a row that is not there does nothing, so a drop sent twice is harmless; a row
-//! cannot come back between two deliveries of a drop, because pushes to it wait at the
-//! head for as long as any member still holds the drop.
+//! A drop sent twice (a member sends what it holds again after a failure while the first
+//! is still on its way) is applied once: were it applied again after the head, having its
+//! acknowledgement, took a push to one of its rows, it would drop that push on one copy.
 //!
 //! Not for `bsp` tables: their rounds are applied from the head's round buffers, which
 //! this ordering does not cover (creating such a table is refused).
@@ -38,22 +41,15 @@ use crate::chain_push::PushKeys;
 use crate::shards::{ShardMap, Watermarks};
 use crate::{CoreError, Result};
 
-/// A drop's identity: the server that decided it and its sequence number there.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct DropId {
-    /// The head that dropped the rows.
-    pub origin: u32,
-    /// Its count of drops so far.
-    pub seq: u64,
-}
-
-/// Rows of one shard of a replicated table dropped by the shard's head.
+/// Rows of one shard of a replicated table dropped by the shard's head: the shard's
+/// `seq`-th drop (a shard's drops are numbered along its chain, and each copy applies them
+/// once, in order, under the table's drop watermark slot).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RowDrop {
-    /// Who decided it, and its number there.
-    pub id: DropId,
     /// The shard (of the table's `ShardMap`).
     pub shard: usize,
+    /// Its number among the shard's drops (from 1).
+    pub seq: u64,
     /// The rows dropped: sorted, without duplicates, all in the shard's range.
     pub keys: Vec<u64>,
     /// The shard's watermarks at the head after the drop (`Watermarks::encode` of the one
@@ -62,39 +58,35 @@ pub struct RowDrop {
 }
 
 /// Bytes of a [`RowDrop::meta`] before the watermarks.
-const META_HEAD: usize = 4 + 8 + 4;
+const META_HEAD: usize = 8 + 4;
 
 impl RowDrop {
     /// The frame `meta` that carries the drop (its keys travel as the frame's keys):
-    /// origin (u32), sequence (u64), shard (u32), little-endian, then the watermarks.
+    /// sequence (u64) and shard (u32), little-endian, then the watermarks.
     pub fn meta(&self) -> Vec<u8> {
         let mut m = Vec::with_capacity(META_HEAD + self.marks.len());
-        m.extend_from_slice(&self.id.origin.to_le_bytes());
-        m.extend_from_slice(&self.id.seq.to_le_bytes());
+        m.extend_from_slice(&self.seq.to_le_bytes());
         m.extend_from_slice(&(self.shard as u32).to_le_bytes());
         m.extend_from_slice(&self.marks);
         m
     }
 
     /// The drop a frame carries: its `meta` ([`RowDrop::meta`]) and keys. Fails on a meta
-    /// too short or keys not sorted and unique.
+    /// too short, a sequence number 0, or keys not sorted and unique.
     pub fn decode(meta: &[u8], keys: &[u64]) -> Result<RowDrop> {
         if meta.len() < META_HEAD {
             return Err(CoreError::Replication(format!("a row drop's meta has {} bytes, fewer than {META_HEAD}", meta.len())));
         }
-        let mut o = [0u8; 4];
         let mut q = [0u8; 8];
         let mut s = [0u8; 4];
-        o.copy_from_slice(&meta[..4]);
-        q.copy_from_slice(&meta[4..12]);
-        s.copy_from_slice(&meta[12..16]);
+        q.copy_from_slice(&meta[..8]);
+        s.copy_from_slice(&meta[8..12]);
+        let seq = u64::from_le_bytes(q);
+        if seq == 0 {
+            return Err(CoreError::Replication("a row drop numbered 0 (drops are numbered from 1)".into()));
+        }
         crate::keys::check_sorted_unique(keys)?;
-        Ok(RowDrop {
-            id: DropId { origin: u32::from_le_bytes(o), seq: u64::from_le_bytes(q) },
-            shard: u32::from_le_bytes(s) as usize,
-            keys: keys.to_vec(),
-            marks: meta[META_HEAD..].to_vec(),
-        })
+        Ok(RowDrop { shard: u32::from_le_bytes(s) as usize, seq, keys: keys.to_vec(), marks: meta[META_HEAD..].to_vec() })
     }
 }
 
@@ -111,7 +103,14 @@ pub enum DropNext {
 /// `sent_epoch`: the epochs must match, `me` must be in the shard's chain past the head
 /// with `sender` right before it, and the keys must lie in the shard. `Err` says why not
 /// (the sender tries again under the next epoch).
-pub fn check_drop(map: &ShardMap, drop: &RowDrop, me: u32, sender: u32, sent_epoch: u64, epoch: u64) -> std::result::Result<DropNext, String> {
+pub fn check_drop(
+    map: &ShardMap,
+    drop: &RowDrop,
+    me: u32,
+    sender: u32,
+    sent_epoch: u64,
+    epoch: u64,
+) -> std::result::Result<DropNext, String> {
     if sent_epoch != epoch {
         return Err(format!("a row drop for routing epoch {sent_epoch} but this server is at epoch {epoch}"));
     }
@@ -120,7 +119,9 @@ pub fn check_drop(map: &ShardMap, drop: &RowDrop, me: u32, sender: u32, sent_epo
     }
     match map.position(drop.shard, me) {
         Some(p) if p > 0 && map.chain(drop.shard)[p - 1] == sender => {}
-        _ => return Err(format!("node {sender} is not this server's predecessor in shard {}'s chain in routing epoch {epoch}", drop.shard)),
+        _ => {
+            return Err(format!("node {sender} is not this server's predecessor in shard {}'s chain in routing epoch {epoch}", drop.shard))
+        }
     }
     let range = map.range(drop.shard);
     if let (Some(&a), Some(&b)) = (drop.keys.first(), drop.keys.last()) {
@@ -131,12 +132,57 @@ pub fn check_drop(map: &ShardMap, drop: &RowDrop, me: u32, sender: u32, sent_epo
     Ok(map.successor(drop.shard, me).map_or(DropNext::Tail, DropNext::Forward))
 }
 
+/// Where a received drop stands against a copy's watermarks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DropState {
+    /// Apply it now: the shard's drops before it are applied here, and every update the
+    /// head had applied before it.
+    Apply,
+    /// Applied here before (a drop sent again): nothing to apply.
+    Applied,
+    /// Not yet: an earlier drop of the shard, or an update the head applied before it, is
+    /// still to come.
+    Wait,
+}
+
+/// Where `drop` stands on a copy whose watermarks are `marks`, the shard's drops numbered
+/// in slot `slot` (`(seq, 0)`: the last drop applied) and the workers' updates in the slots
+/// before it. Fails when the drop's watermarks are not one shard's for these slots.
+pub fn drop_state(marks: &Watermarks, drop: &RowDrop, slot: usize) -> Result<DropState> {
+    let slots = marks.workers();
+    if drop.marks.len() != slots * 16 || slot >= slots {
+        return Err(CoreError::Replication(format!(
+            "a row drop of shard {} carries {} bytes of watermarks; this table has {slots} marks per shard",
+            drop.shard,
+            drop.marks.len()
+        )));
+    }
+    let applied = marks.get(drop.shard, slot)?.0;
+    if applied >= drop.seq {
+        return Ok(DropState::Applied);
+    }
+    if applied + 1 < drop.seq {
+        return Ok(DropState::Wait);
+    }
+    let mut snap = Watermarks::new(1, slots);
+    snap.decode_into(0, 1, &drop.marks)?;
+    for w in (0..slots).filter(|&w| w != slot) {
+        if marks.get(drop.shard, w)? < snap.get(0, w)? {
+            return Ok(DropState::Wait);
+        }
+    }
+    Ok(DropState::Apply)
+}
+
+/// Records on a copy that `drop` was applied (its number in the shard's drop slot).
+pub fn applied(marks: &mut Watermarks, drop: &RowDrop, slot: usize) -> Result<()> {
+    marks.raise(drop.shard, slot, (drop.seq, 0))
+}
+
 /// The drops a chain member applied and its successor has not acknowledged yet.
 #[derive(Clone, Debug, Default)]
 pub struct PendingDrops {
     drops: Vec<RowDrop>,
-    /// Drops decided here so far (the next one's sequence number).
-    decided: u64,
 }
 
 impl PendingDrops {
@@ -156,11 +202,20 @@ impl PendingDrops {
     }
 
     /// A head dropped `keys` (any order) of the shards it heads in `map` (server `me`):
-    /// records one drop per shard that has a successor, each with the shard's watermarks
-    /// now (`marks`: call under the lock that orders pushes, right after dropping the
-    /// rows). At most `max_keys` keys per drop (a frame's worth). Returns the drops
-    /// recorded. Keys of shards `me` is alone in or does not head are left out.
-    pub fn record_dropped(&mut self, map: &ShardMap, me: u32, keys: &mut [u64], marks: &Watermarks, max_keys: usize) -> usize {
+    /// numbers and records one drop per shard that has a successor (at most `max_keys`
+    /// keys each: a frame's worth), raising the shard's drop slot `slot` in `marks` and
+    /// taking the watermarks after it. Call under the lock that orders pushes, right after
+    /// dropping the rows. Returns the drops recorded; keys of shards `me` is alone in or
+    /// does not head are left out.
+    pub fn record_dropped(
+        &mut self,
+        map: &ShardMap,
+        me: u32,
+        keys: &mut [u64],
+        marks: &mut Watermarks,
+        slot: usize,
+        max_keys: usize,
+    ) -> Result<usize> {
         keys.sort_unstable();
         let mut n = 0;
         let parts: Vec<(usize, std::ops::Range<usize>)> = map.split_keys(keys).collect();
@@ -168,29 +223,35 @@ impl PendingDrops {
             if map.position(shard, me) != Some(0) || map.successor(shard, me).is_none() {
                 continue;
             }
+            let chunks: Vec<&[u64]> = keys[range].chunks(max_keys.max(1)).collect();
+            let first = marks.get(shard, slot)?.0 + 1;
+            marks.raise(shard, slot, (first + chunks.len() as u64 - 1, 0))?;
             let snapshot = marks.encode(shard, shard + 1);
-            for part in keys[range].chunks(max_keys.max(1)) {
-                let id = DropId { origin: me, seq: self.decided };
-                self.decided += 1;
-                self.drops.push(RowDrop { id, shard, keys: part.to_vec(), marks: snapshot.clone() });
+            for (i, part) in chunks.into_iter().enumerate() {
+                self.drops.push(RowDrop { shard, seq: first + i as u64, keys: part.to_vec(), marks: snapshot.clone() });
                 n += 1;
             }
         }
-        n
+        Ok(n)
     }
 
     /// A member applied `drop` from its predecessor and must pass it on: recorded until
     /// acknowledged (once, however often it comes).
     pub fn record(&mut self, drop: RowDrop) {
-        if !self.drops.iter().any(|d| d.id == drop.id) {
+        if !self.holds(drop.shard, drop.seq) {
             self.drops.push(drop);
         }
     }
 
-    /// The successor acknowledged drop `id`: forgotten. Whether it was held.
-    pub fn acked(&mut self, id: DropId) -> bool {
+    /// Whether the drop numbered `seq` of `shard` waits for an acknowledgement here.
+    pub fn holds(&self, shard: usize, seq: u64) -> bool {
+        self.drops.iter().any(|d| d.shard == shard && d.seq == seq)
+    }
+
+    /// The successor acknowledged drop `seq` of `shard`: forgotten. Whether it was held.
+    pub fn acked(&mut self, shard: usize, seq: u64) -> bool {
         let before = self.drops.len();
-        self.drops.retain(|d| d.id != id);
+        self.drops.retain(|d| !(d.shard == shard && d.seq == seq));
         self.drops.len() != before
     }
 
@@ -215,10 +276,11 @@ impl PendingDrops {
     }
 
     /// The drops to send (again) under `map` from server `me`, each with the successor
-    /// to send it to. Drops of shards where `me` is now the tail, or no longer a member,
-    /// are forgotten: nobody after it needs them.
+    /// to send it to, in each shard's order. Drops of shards where `me` is now the tail,
+    /// or no longer a member, are forgotten: nobody after it needs them.
     pub fn to_send(&mut self, map: &ShardMap, me: u32) -> Vec<(u32, RowDrop)> {
         self.drops.retain(|d| d.shard < map.len() && map.successor(d.shard, me).is_some());
+        self.drops.sort_by_key(|d| (d.shard, d.seq));
         self.drops.iter().filter_map(|d| map.successor(d.shard, me).map(|next| (next, d.clone()))).collect()
     }
 }
@@ -233,61 +295,75 @@ mod tests {
         ShardMap::new(&Ring::with_members(16, members.iter().copied(), 1), KeyRange::new(0, 1000), 4, k)
     }
 
+    fn drop_of(shard: usize, seq: u64, keys: Vec<u64>) -> RowDrop {
+        RowDrop { shard, seq, keys, marks: Vec::new() }
+    }
+
     #[test]
-    fn a_drop_travels_in_a_frame_and_a_short_meta_is_refused() {
-        let d = RowDrop { id: DropId { origin: 7, seq: 3 }, shard: 2, keys: vec![1, 5, 9], marks: vec![1; 32] };
+    fn a_drop_travels_in_a_frame_and_a_malformed_one_is_refused() {
+        let d = RowDrop { shard: 2, seq: 3, keys: vec![1, 5, 9], marks: vec![1; 32] };
         assert_eq!(RowDrop::decode(&d.meta(), &d.keys).unwrap(), d);
         assert!(RowDrop::decode(&d.meta()[..10], &d.keys).is_err());
         assert!(RowDrop::decode(&d.meta(), &[5, 1]).is_err(), "unsorted keys are refused");
+        assert!(RowDrop::decode(&RowDrop { seq: 0, ..d }.meta(), &[1]).is_err(), "drops are numbered from 1");
     }
 
     #[test]
     fn only_the_predecessor_under_the_same_epoch_may_send_a_drop() {
         let m = map(&[1, 2, 3], 3);
         let chain = m.chain(0).to_vec();
-        let d = RowDrop { id: DropId { origin: chain[0], seq: 0 }, shard: 0, keys: vec![m.range(0).begin], marks: vec![] };
+        let d = drop_of(0, 1, vec![m.range(0).begin]);
         assert_eq!(check_drop(&m, &d, chain[1], chain[0], 4, 4), Ok(DropNext::Forward(chain[2])));
         assert_eq!(check_drop(&m, &d, chain[2], chain[1], 4, 4), Ok(DropNext::Tail));
         assert!(check_drop(&m, &d, chain[1], chain[0], 3, 4).is_err(), "another epoch");
         assert!(check_drop(&m, &d, chain[2], chain[0], 4, 4).is_err(), "not the predecessor");
         assert!(check_drop(&m, &d, chain[0], chain[2], 4, 4).is_err(), "the head takes none");
-        let outside = RowDrop { keys: vec![m.range(1).begin], ..d.clone() };
+        let outside = drop_of(0, 1, vec![m.range(1).begin]);
         assert!(check_drop(&m, &outside, chain[1], chain[0], 4, 4).is_err(), "keys of another shard");
     }
 
     #[test]
-    fn a_head_records_one_drop_per_headed_shard_with_a_successor() {
+    fn a_head_numbers_one_drop_per_headed_shard_with_a_successor() {
         let m = map(&[1, 2], 2);
         let me = m.chain(0)[0];
-        let marks = Watermarks::new(m.len(), 2);
+        let mut marks = Watermarks::new(m.len(), 3);
         let mut keys: Vec<u64> = (0..4).map(|s| m.range(s).begin).rev().collect();
         let mut p = PendingDrops::default();
-        let n = p.record_dropped(&m, me, &mut keys, &marks, 100);
-        let headed = (0..m.len()).filter(|&s| m.position(s, me) == Some(0)).count();
-        assert_eq!(n, headed);
-        assert_eq!(p.rows(), headed);
+        let n = p.record_dropped(&m, me, &mut keys, &mut marks, 2, 100).unwrap();
+        let headed: Vec<usize> = (0..m.len()).filter(|&s| m.position(s, me) == Some(0)).collect();
+        assert_eq!(n, headed.len());
+        for &s in &headed {
+            assert!(p.holds(s, 1));
+            assert_eq!(marks.get(s, 2).unwrap(), (1, 0), "the shard's drop slot counts it");
+        }
+        // a second pass numbers on
+        p.record_dropped(&m, me, &mut keys, &mut marks, 2, 100).unwrap();
+        assert!(p.holds(headed[0], 2));
         // alone in every chain: nothing to carry
         let solo = map(&[1], 1);
         let mut q = PendingDrops::default();
-        assert_eq!(q.record_dropped(&solo, 1, &mut keys, &Watermarks::new(solo.len(), 2), 100), 0);
+        assert_eq!(q.record_dropped(&solo, 1, &mut keys, &mut Watermarks::new(solo.len(), 3), 2, 100).unwrap(), 0);
         assert!(q.is_empty());
     }
 
     #[test]
-    fn drops_split_into_frames_of_at_most_max_keys() {
+    fn drops_split_into_frames_of_at_most_max_keys_numbered_in_order() {
         let m = map(&[1, 2], 2);
         let me = m.chain(0)[0];
         let r = m.range(0);
         let mut keys: Vec<u64> = (r.begin..r.begin + 10).collect();
+        let mut marks = Watermarks::new(m.len(), 2);
         let mut p = PendingDrops::default();
-        assert_eq!(p.record_dropped(&m, me, &mut keys, &Watermarks::new(m.len(), 1), 4), 3);
+        assert_eq!(p.record_dropped(&m, me, &mut keys, &mut marks, 1, 4).unwrap(), 3);
         assert_eq!(p.rows(), 10);
+        assert!(p.holds(0, 1) && p.holds(0, 2) && p.holds(0, 3));
+        assert_eq!(marks.get(0, 1).unwrap(), (3, 0));
     }
 
     #[test]
     fn pushes_to_dropped_rows_wait_until_the_drop_is_acknowledged() {
         let mut p = PendingDrops::default();
-        let d = RowDrop { id: DropId { origin: 1, seq: 0 }, shard: 0, keys: vec![10, 20, 30], marks: vec![] };
+        let d = drop_of(0, 1, vec![10, 20, 30]);
         p.record(d.clone());
         p.record(d.clone());
         assert_eq!(p.len(), 1, "a drop received twice is held once");
@@ -295,8 +371,8 @@ mod tests {
         assert!(!p.blocks(PushKeys::Keys(&[1, 21, 50])));
         assert!(p.blocks(PushKeys::Range(KeyRange::new(25, 31))));
         assert!(!p.blocks(PushKeys::Range(KeyRange::new(31, 40))));
-        assert!(p.acked(d.id));
-        assert!(!p.acked(d.id));
+        assert!(p.acked(0, 1));
+        assert!(!p.acked(0, 1));
         assert!(!p.blocks(PushKeys::Keys(&[10, 20, 30])));
     }
 
@@ -305,7 +381,7 @@ mod tests {
         let old = map(&[1, 2, 3], 3);
         let mut p = PendingDrops::default();
         for s in 0..old.len() {
-            p.record(RowDrop { id: DropId { origin: 9, seq: s as u64 }, shard: s, keys: vec![old.range(s).begin], marks: vec![] });
+            p.record(drop_of(s, 1, vec![old.range(s).begin]));
         }
         // node 3 is gone: each member's successor in the 2-node chains
         let new = map(&[1, 2], 3);
@@ -320,17 +396,26 @@ mod tests {
     }
 
     #[test]
-    fn watermarks_cover_a_snapshot_only_once_every_workers_update_is_applied() {
-        let mut head = Watermarks::new(2, 2);
-        let mut tail = Watermarks::new(2, 2);
+    fn a_drop_waits_for_the_updates_and_drops_before_it_and_is_applied_once() {
+        // two workers, the drop slot after them
+        let mut head = Watermarks::new(2, 3);
+        let mut tail = Watermarks::new(2, 3);
         head.admit(1, 0, 3, &[5, 6]).unwrap();
         head.admit(1, 1, 1, &[7]).unwrap();
-        let snap = head.encode(1, 2);
-        assert!(!tail.covers(1, &snap).unwrap());
+        head.raise(1, 2, (1, 0)).unwrap();
+        let d1 = RowDrop { shard: 1, seq: 1, keys: vec![6], marks: head.encode(1, 2) };
+        head.raise(1, 2, (2, 0)).unwrap();
+        let d2 = RowDrop { shard: 1, seq: 2, keys: vec![7], marks: head.encode(1, 2) };
+        assert_eq!(drop_state(&tail, &d1, 2).unwrap(), DropState::Wait);
         tail.admit(1, 0, 3, &[5, 6]).unwrap();
-        assert!(!tail.covers(1, &snap).unwrap(), "worker 1's update is missing");
+        assert_eq!(drop_state(&tail, &d1, 2).unwrap(), DropState::Wait, "worker 1's update is missing");
         tail.admit(1, 1, 2, &[9]).unwrap();
-        assert!(tail.covers(1, &snap).unwrap(), "a later update covers an earlier one");
-        assert!(tail.covers(1, &snap[..16]).is_err());
+        assert_eq!(drop_state(&tail, &d1, 2).unwrap(), DropState::Apply, "a later update covers an earlier one");
+        assert_eq!(drop_state(&tail, &d2, 2).unwrap(), DropState::Wait, "drop 1 first");
+        applied(&mut tail, &d1, 2).unwrap();
+        assert_eq!(drop_state(&tail, &d1, 2).unwrap(), DropState::Applied);
+        assert_eq!(drop_state(&tail, &d2, 2).unwrap(), DropState::Apply);
+        let short = RowDrop { marks: d2.marks[..16].to_vec(), ..d2 };
+        assert!(drop_state(&tail, &short, 2).is_err());
     }
 }

@@ -141,14 +141,17 @@ impl Eviction {
 
     /// The pass to make over a table of `len` rows of `row_bytes` bytes each (`fixed_bytes`
     /// more held whatever the rows, e.g. an admission sketch), whose rows' coldness at `now`
-    /// is `hist`; `None` when nothing is to go.
-    pub fn plan(&self, len: u64, row_bytes: usize, fixed_bytes: usize, hist: &Histogram) -> Option<Victims> {
+    /// is `hist`, keeping `share` (in (0, 1]) of the rows the bound allows (1 but on a
+    /// replicated table's head: [`crate::table::Table::eviction_plan_share`]); `None` when
+    /// nothing is to go.
+    pub fn plan(&self, len: u64, row_bytes: usize, fixed_bytes: usize, hist: &Histogram, share: f64) -> Option<Victims> {
         let keep = match *self {
             Eviction::Never => return None,
             Eviction::Ttl { ms } => return Some(Victims::OlderThan((ms / self.tick_ms()) as Tick)),
             Eviction::Lru { max_rows } | Eviction::Lfu { max_rows } => max_rows,
             Eviction::Memory { .. } => self.memory_keep(row_bytes, fixed_bytes).unwrap_or(u64::MAX),
         };
+        let keep = if share < 1.0 { (keep as f64 * share.max(0.0)) as u64 } else { keep };
         // Never more than the rows surveyed: rows that came since are the newest, and the
         // next pass sees them (a burst of new rows must not empty the table).
         let excess = len.saturating_sub(keep).min(hist.total());
@@ -477,10 +480,10 @@ mod tests {
         let mut h = Histogram::default();
         h.counts[3] = 1_000_000;
         // 1 MiB cap, 32-byte rows: 0.7 MiB · 2/3 / 32 = 15291 rows kept
-        let v = Eviction::Memory { mib: 1.0 }.plan(1_000_000, 32, 0, &h).unwrap();
+        let v = Eviction::Memory { mib: 1.0 }.plan(1_000_000, 32, 0, &h, 1.0).unwrap();
         let Victims::Coldest { quota } = v else { panic!("{v:?}") };
         assert_eq!((quota[3], quota.iter().sum::<u64>()), (1_000_000 - 15_291, 1_000_000 - 15_291));
-        assert_eq!(Eviction::Lru { max_rows: 2_000_000 }.plan(1_000_000, 32, 0, &h), None);
+        assert_eq!(Eviction::Lru { max_rows: 2_000_000 }.plan(1_000_000, 32, 0, &h, 1.0), None);
     }
 
     #[test]
@@ -490,14 +493,14 @@ mod tests {
         let mut h = Histogram::default();
         h.counts[0] = 50;
         h.counts[20] = 100;
-        let mut v = Eviction::Lru { max_rows: 100 }.plan(1150, 16, 0, &h).unwrap();
+        let mut v = Eviction::Lru { max_rows: 100 }.plan(1150, 16, 0, &h, 1.0).unwrap();
         let taken = (0..1100).filter(|_| v.take(Mark::Stamp, 1000, 1000)).count();
         assert_eq!(taken, 50, "of the rows of age 0, only as many as were surveyed");
         // under lfu new rows (count 1) are the coldest: rows that came after the survey do
         // not add to what a pass takes
         let mut h = Histogram::default();
         h.counts[Mark::Count.bucket(5, 0)] = 1001;
-        let mut v = Eviction::Lfu { max_rows: 1000 }.plan(1501, 16, 0, &h).unwrap();
+        let mut v = Eviction::Lfu { max_rows: 1000 }.plan(1501, 16, 0, &h, 1.0).unwrap();
         let new = (0..500).filter(|_| v.take(Mark::Count, 1, 0)).count();
         let warm = (0..1001).filter(|_| v.take(Mark::Count, 5, 0)).count();
         assert_eq!((new, warm), (0, 501), "the 500 new rows were not surveyed: the excess comes from the 1001 that were");
@@ -519,7 +522,7 @@ mod tests {
             }
             let policy = if lfu { Eviction::Lfu { max_rows: keep } } else { Eviction::Lru { max_rows: keep } };
             let len = marks.len() as u64;
-            match policy.plan(len, 24, 0, &h) {
+            match policy.plan(len, 24, 0, &h, 1.0) {
                 None => prop_assert!(len <= keep),
                 Some(mut v) => {
                     let taken: Vec<bool> = marks.iter().map(|&m| v.take(mark, m, now)).collect();

@@ -701,24 +701,25 @@ impl HashStore {
         }
     }
 
-    /// Counts the rows of shard `si` by coldness under `mark` at `now` into `hist`.
-    /// Precondition: a store with marks.
-    pub fn survey_shard(&self, si: usize, mark: Mark, now: Tick, hist: &mut Histogram) {
+    /// Counts the rows of shard `si` whose key is `eligible` by coldness under `mark` at
+    /// `now` into `hist`. Precondition: a store with marks.
+    pub fn survey_shard(&self, si: usize, mark: Mark, now: Tick, hist: &mut Histogram, eligible: impl Fn(u64) -> bool) {
         let (stride, m) = (self.stride, self.end());
         let sh = &self.shards[si];
         for row in sh.data.chunks_exact(stride) {
-            if row[0] & row[1] != u32::MAX {
+            if row[0] & row[1] != u32::MAX && eligible(row_key(row)) {
                 hist.add(mark.bucket(row[m], now));
             }
         }
     }
 
-    /// Drops the rows of shard `si` that `victims` takes under `mark` at `now` (in storage
-    /// order), calling `gone(key)` for each; returns the rows dropped. A shard whose load stays
+    /// Drops the rows of shard `si` that `victims` takes under `mark` at `now` among those
+    /// whose key is `eligible` (in storage order), calling `gone(key)` for each; returns the rows dropped. A shard whose load stays
     /// at `shrink_below` or more keeps its arrays and loses the rows in place (each one's
     /// probe run shifted back, as linear probing deletes); one whose load falls below is
     /// rebuilt at [`REBUILT_LOAD`] (so freed rows free memory), holding its old and new arrays
     /// at once. Precondition: a store with marks.
+    #[allow(clippy::too_many_arguments)]
     pub fn evict_shard(
         &mut self,
         si: usize,
@@ -726,12 +727,17 @@ impl HashStore {
         now: Tick,
         victims: &mut Victims,
         shrink_below: f64,
+        eligible: impl Fn(u64) -> bool,
         mut gone: impl FnMut(u64),
     ) -> usize {
         let (stride, m, hash) = (self.stride, self.end(), self.hash());
         let sh = &mut self.shards[si];
         let mut dry = victims.clone();
-        let going = sh.data.chunks_exact(stride).filter(|row| row[0] & row[1] != u32::MAX && dry.take(mark, row[m], now)).count();
+        let going = sh
+            .data
+            .chunks_exact(stride)
+            .filter(|row| row[0] & row[1] != u32::MAX && eligible(row_key(row)) && dry.take(mark, row[m], now))
+            .count();
         if going == 0 {
             return 0;
         }
@@ -742,7 +748,7 @@ impl HashStore {
                 cap,
                 stride,
                 |k, row| {
-                    let take = victims.take(mark, row[m], now);
+                    let take = eligible(k) && victims.take(mark, row[m], now);
                     if take {
                         gone(k);
                     }
@@ -756,8 +762,8 @@ impl HashStore {
             let keys: Vec<u64> = sh
                 .data
                 .chunks_exact(stride)
-                .filter(|row| row[0] & row[1] != u32::MAX && victims.take(mark, row[m], now))
-                .map(|row| row[0] as u64 | (row[1] as u64) << 32)
+                .filter(|row| row[0] & row[1] != u32::MAX && eligible(row_key(row)) && victims.take(mark, row[m], now))
+                .map(row_key)
                 .collect();
             for &k in &keys {
                 if let Ok(i) = sh.find(k, place(hash(k), sh.cap).1, stride) {
@@ -908,6 +914,12 @@ impl ShardsMut<'_> {
     pub fn into_parts(self) -> (usize, bool) {
         (self.added, self.clustered)
     }
+}
+
+/// The key of a stored row (its first two words).
+#[inline]
+fn row_key(row: &[u32]) -> u64 {
+    row[0] as u64 | (row[1] as u64) << 32
 }
 
 #[cfg(test)]

@@ -211,28 +211,6 @@ impl Watermarks {
         out
     }
 
-    /// Whether shard `shard`'s marks are at or past every mark of `snapshot` (one shard's
-    /// [`Watermarks::encode`], taken on another copy): every update that copy had applied
-    /// to the shard then has been applied here. Fails when `snapshot` is not one shard's
-    /// marks for this many workers.
-    pub fn covers(&self, shard: usize, snapshot: &[u8]) -> Result<bool> {
-        let lo = shard * self.workers;
-        if lo + self.workers > self.marks.len() || snapshot.len() != self.workers * 16 {
-            return Err(CoreError::Replication(format!(
-                "watermarks of shard {shard}: {} bytes for {} marks",
-                snapshot.len(),
-                self.workers
-            )));
-        }
-        Ok(self.marks[lo..lo + self.workers].iter().zip(snapshot.chunks_exact(16)).all(|(&mine, c)| {
-            let mut r = [0u8; 8];
-            let mut k = [0u8; 8];
-            r.copy_from_slice(&c[..8]);
-            k.copy_from_slice(&c[8..]);
-            mine >= (u64::from_le_bytes(r), u64::from_le_bytes(k))
-        }))
-    }
-
     /// Replaces the marks of shards `[a, b)` with `bytes` from [`Watermarks::encode`].
     pub fn decode_into(&mut self, a: usize, b: usize, bytes: &[u8]) -> Result<()> {
         let lo = a * self.workers;

@@ -10,6 +10,7 @@ use crate::ops::filtered::decode_filtered;
 use crate::ops::pull::pull_range;
 use crate::ops::table::{account_table, check_quota, create_table};
 use crate::ops::vecprog::run_vec_program;
+use crate::repl::drops::receive_drop;
 use crate::repl::epoch::receive_copy;
 use crate::repl::fence::fence_worker;
 use crate::repl::push::{chain_push, replicated_push};
@@ -57,9 +58,18 @@ pub(crate) fn handle_frame(
     let op = match (st.cfg.read_only, op) {
         // serving never grows the model: a pull reads a missing key as its initial value
         (true, Op::Pull) => Op::Peek,
-        (true, Op::Push | Op::PushPull | Op::PushRange | Op::PushPullRange | Op::Clock | Op::ShardCopy | Op::Checkpoint | Op::VecOps) => {
-            return Ok(Err(ServerError::ReadOnly(op)))
-        }
+        (
+            true,
+            Op::Push
+            | Op::PushPull
+            | Op::PushRange
+            | Op::PushPullRange
+            | Op::Clock
+            | Op::ShardCopy
+            | Op::RowDrop
+            | Op::Checkpoint
+            | Op::VecOps,
+        ) => return Ok(Err(ServerError::ReadOnly(op))),
         (_, op) => op,
     };
     match op {
@@ -311,6 +321,17 @@ pub(crate) fn handle_frame(
                 conn.send(&mut rep, &[], value_bytes(&ctx.out))?;
             }
             Ok(Ok(()))
+        }
+        Op::RowDrop => {
+            let slot = match lookup(st, ctx, h.table) {
+                Ok(s) => s,
+                Err(e) => return Ok(Err(e)),
+            };
+            let res = receive_drop(st, &slot, h, ctx, conn, me);
+            if !matches!(res, Ok(Ok(()))) {
+                ctx.fwd.reset();
+            }
+            res
         }
         Op::ShardCopy => {
             let slot = match lookup(st, ctx, h.table) {

@@ -95,6 +95,11 @@ pub enum ServerError {
         /// The table.
         table: u32,
     },
+    /// A row drop down a replicated table's chain (`core::chain_evict`) did not complete
+    /// in time: a push waiting for the drop of a row it touches, or a drop waiting for the
+    /// updates applied before it (the sender retries).
+    #[error("{0}")]
+    DropWait(String),
     /// A replaced worker's push or clock (see `core::fence`).
     #[error(transparent)]
     Fenced(#[from] Fenced),
@@ -165,6 +170,7 @@ impl ServerError {
             | ServerError::NotInChain(_)
             | ServerError::ForwardFailed { .. }
             | ServerError::NoAck { .. }
+            | ServerError::DropWait(_)
             | ServerError::RoundsNotApplied { .. } => Status::StaleEpoch,
             ServerError::ReplicaRefused { status, .. } => *status,
             ServerError::Fenced(_)

@@ -253,6 +253,22 @@ impl ServerState {
         self.tables.read().get(&id).map(|t| t.table.read().len())
     }
 
+    /// The rows of table `id` this server stores in `range`, in key order: keys, and per
+    /// key its values then its update-rule state (`Table::row_len` floats). A copy taken
+    /// under the table's read lock (for comparing the copies of a replicated table).
+    pub fn table_rows(&self, id: u32, range: downpour_core::KeyRange) -> Option<(Vec<u64>, Vec<f32>)> {
+        let slot = self.tables.read().get(&id).cloned()?;
+        let (mut keys, mut rows) = (Vec::new(), Vec::new());
+        slot.table.read().export_rows(range, &mut keys, &mut rows);
+        Some((keys, rows))
+    }
+
+    /// Row drops of table `id` this server applied and its successors have not
+    /// acknowledged yet (`core::chain_evict`; 0 for an unreplicated table).
+    pub fn pending_drops(&self, id: u32) -> usize {
+        self.tables.read().get(&id).and_then(|t| t.repl.as_ref().map(|r| r.drops.lock().len())).unwrap_or(0)
+    }
+
     /// Bytes before ("in", decoded) and after ("out", on the wire) each filter of table `id`,
     /// over all connections: `(direction, counts)`, direction `requests received` or
     /// `replies sent`.

@@ -113,6 +113,12 @@ pub enum Op {
     /// The definitions of the tables this server holds: reply meta `TableList`. Answered
     /// to clients that identified like any data call (tools that join a running job).
     Tables = 41,
+    /// Server to server (replicated tables with eviction): rows of one shard dropped by the
+    /// shard's head, passed down the chain like an update (`downpour_core::chain_evict`).
+    /// Keys: the rows, sorted; `meta`: the drop's identity, shard and the head's
+    /// watermarks of the shard (`RowDrop::meta`). Applied once the receiver has every
+    /// update those watermarks name, forwarded, and acknowledged once the tail has it.
+    RowDrop = 42,
 }
 
 impl Op {
@@ -152,6 +158,7 @@ impl Op {
             39 => Chunks,
             40 => Changes,
             41 => Tables,
+            42 => RowDrop,
             _ => return None,
         })
     }
@@ -285,6 +292,9 @@ mod tests {
             Op::Progress,
             Op::Blocks,
             Op::Chunks,
+            Op::Changes,
+            Op::Tables,
+            Op::RowDrop,
         ] {
             assert_eq!(Op::from_u32(op as u32), Some(op));
         }

@@ -92,9 +92,15 @@ impl Table {
     /// Counts the rows of storage shard `shard` (`0..hashstore::SHARDS`) by coldness at
     /// `now` into `hist`, the first step of a pass. No effect without eviction.
     pub fn eviction_survey(&self, shard: usize, now: Tick, hist: &mut Histogram) {
+        self.eviction_survey_where(shard, now, hist, |_| true);
+    }
+
+    /// [`Table::eviction_survey`] over the rows whose key is `eligible` (a replicated
+    /// table's head surveys the rows of the shards it heads: `core::chain_evict`).
+    pub fn eviction_survey_where(&self, shard: usize, now: Tick, hist: &mut Histogram, eligible: impl Fn(u64) -> bool) {
         if let (Some(e), Store::Sparse(h)) = (&self.evicting, &self.store) {
             if !matches!(e.policy, Eviction::Ttl { .. }) {
-                h.survey_shard(shard, e.mark, now, hist);
+                h.survey_shard(shard, e.mark, now, hist, eligible);
             }
         }
     }
@@ -104,24 +110,67 @@ impl Table {
     pub fn eviction_plan(&self, hist: &Histogram, now: Tick) -> Option<EvictPass> {
         let (e, Store::Sparse(h)) = (self.evicting.as_ref()?, &self.store) else { return None };
         let fixed = self.admitter.as_ref().map_or(0, Admitter::bytes);
-        e.policy.plan(self.len() as u64, h.row_bytes(), fixed, hist).map(|victims| EvictPass { victims, now })
+        e.policy.plan(self.len() as u64, h.row_bytes(), fixed, hist, 1.0).map(|victims| EvictPass { victims, now })
+    }
+
+    /// The pass to make over a `share` (in (0, 1]) of the table's bound, from the survey of
+    /// the rows it applies to (`hist`, which also counts them): a replicated table's head
+    /// keeps the rows it heads under its bound divided by the copies of each row, so that
+    /// with every server heading a like part each one's rows stay near the bound.
+    pub fn eviction_plan_share(&self, hist: &Histogram, now: Tick, share: f64) -> Option<EvictPass> {
+        let (e, Store::Sparse(h)) = (self.evicting.as_ref()?, &self.store) else { return None };
+        let fixed = self.admitter.as_ref().map_or(0, Admitter::bytes);
+        e.policy.plan(hist.total(), h.row_bytes(), fixed, hist, share).map(|victims| EvictPass { victims, now })
     }
 
     /// Drops the rows of storage shard `shard` that `pass` takes, calling `gone(key)` for
     /// each; returns how many. A server calls it one shard at a time under the table's lock,
     /// so pushes wait for one shard's work at most.
     /// Under change tracking, each key dropped is recorded as a tombstone for incremental export.
-    pub fn evict_shard(&mut self, shard: usize, pass: &mut EvictPass, mut gone: impl FnMut(u64)) -> usize {
+    pub fn evict_shard(&mut self, shard: usize, pass: &mut EvictPass, gone: impl FnMut(u64)) -> usize {
+        self.evict_shard_where(shard, pass, |_| true, gone)
+    }
+
+    /// [`Table::evict_shard`] among the rows whose key is `eligible` (those
+    /// [`Table::eviction_survey_where`] surveyed).
+    pub fn evict_shard_where(
+        &mut self,
+        shard: usize,
+        pass: &mut EvictPass,
+        eligible: impl Fn(u64) -> bool,
+        mut gone: impl FnMut(u64),
+    ) -> usize {
         let (Some(e), Store::Sparse(h)) = (self.evicting.as_mut(), &mut self.store) else { return 0 };
         let changes = &mut self.changes;
         let shrink = if matches!(e.policy, Eviction::Memory { .. }) { crate::eviction::REBUILT_LOAD } else { crate::eviction::SHRINK_LOAD };
-        let n = h.evict_shard(shard, e.mark, pass.now, &mut pass.victims, shrink, |k| {
+        let n = h.evict_shard(shard, e.mark, pass.now, &mut pass.victims, shrink, eligible, |k| {
             if let Some(c) = changes.as_mut() {
                 c.evicted(k);
             }
             gone(k)
         });
         e.stats.evicted += n as u64;
+        n
+    }
+
+    /// Drops the rows of `keys` (sorted or not; keys without a row are skipped) as this
+    /// table's eviction would: each one counted as evicted and, under change tracking,
+    /// recorded as a tombstone. A replica applying its chain head's drop
+    /// (`core::chain_evict`). Returns the rows dropped.
+    pub fn drop_rows(&mut self, keys: &[u64]) -> usize {
+        let Store::Sparse(h) = &mut self.store else { return 0 };
+        let mut n = 0;
+        for &k in keys {
+            if h.remove_keys(std::slice::from_ref(&k)) == 1 {
+                if let Some(c) = self.changes.as_mut() {
+                    c.evicted(k);
+                }
+                n += 1;
+            }
+        }
+        if let Some(e) = self.evicting.as_mut() {
+            e.stats.evicted += n as u64;
+        }
         n
     }
 

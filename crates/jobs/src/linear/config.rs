@@ -200,7 +200,9 @@ pub struct LinearConfig {
     /// Which feature rows the servers drop, in the background: `never`, `ttl:DURATION` (not
     /// pushed or pulled for that long: `30s`, `10m`, `2h`, `7d`), `lru:MAX_ROWS` or
     /// `lfu:MAX_ROWS` (per server), `memory:MIB` (the table's arrays per server kept under
-    /// it, least recently used rows first). A dropped feature starts again from 0.
+    /// it, least recently used rows first). A dropped feature starts again from 0. With
+    /// `--replication K`, each server drops rows only of the shards it heads, keeping them
+    /// under the bound divided by K, and the chains drop the same rows (not with `bsp`).
     #[cfg_attr(feature = "cli", arg(long, default_value = "never", value_parser = parse_evict))]
     pub evict: Eviction,
     /// Update rule on the servers.

@@ -495,11 +495,6 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
         "--admit {}: the copies of a replicated table would each count pushes on their own; admission runs on unreplicated clusters only so far",
         a.admit
     );
-    ensure!(
-        a.evict.is_never() || !replicated,
-        "--evict {}: every copy of a replicated table would have to drop the same rows; eviction runs on unreplicated clusters only so far",
-        a.evict
-    );
     s.kv.create_table(table_def(a, normalized))?;
     let mut cache = match a.ssp_cache {
         0 => None,

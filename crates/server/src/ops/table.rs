@@ -98,17 +98,26 @@ pub(crate) fn create_table(st: &ServerState, h: &FrameHeader) -> ReqResult {
             if !def.filters.is_empty() {
                 return Err(ServerError::Unsupported(format!("table {}: filters on replicated tables are not supported yet", def.id)));
             }
-            if !def.evict.is_never() {
+            if !def.admit.is_always() {
                 return Err(ServerError::Unsupported(format!(
-                    "table {}: eviction ({}) on replicated tables is not supported yet (every copy of a chain must drop the same rows)",
+                    "table {}: admission ({}) on replicated tables is not supported yet (each copy would count pushes on its own)",
+                    def.id, def.admit
+                )));
+            }
+            if !def.evict.is_never() && bsp {
+                return Err(ServerError::Unsupported(format!(
+                    "table {}: eviction ({}) on a replicated bsp table is not supported yet (its rounds are applied from the heads' buffers, which row drops are not ordered with)",
                     def.id, def.evict
                 )));
             }
             // every shard this server is in the chain of, now or after a fail-over
             let map = r.map(def.domain(), &r.members());
             let me = st.node_id.load(Ordering::Relaxed);
-            // bsp: per shard, one more watermark slot: the rounds applied
-            let marks = Watermarks::new(map.len(), workers + usize::from(bsp));
+            // bsp: per shard, one more watermark slot: the rounds applied; eviction: the
+            // row drops applied (`core::chain_evict`)
+            let evicting = !def.evict.is_never();
+            let marks = Watermarks::new(map.len(), workers + usize::from(bsp || evicting));
+            let drop_slot = evicting.then_some(workers);
             let chain = if bsp {
                 let epoch = st.epoch.load(Ordering::Relaxed);
                 let rounds = ChainRounds::new(map.len(), workers, def.backup_workers as usize, def.aggregate, def.value_len, epoch, |s| {
@@ -119,7 +128,7 @@ pub(crate) fn create_table(st: &ServerState, h: &FrameHeader) -> ReqResult {
             } else {
                 None
             };
-            (def.domain(), Some(TableRepl { map: RwLock::new(Arc::new(map)), marks: Mutex::new(marks) }), chain)
+            (def.domain(), Some(TableRepl::new(map, marks, drop_slot)), chain)
         }
     };
     if def.is_dense() {

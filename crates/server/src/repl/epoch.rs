@@ -99,6 +99,8 @@ pub fn move_to_epoch(st: &ServerState, routing: proto::Routing) -> Result<u64, E
             peer_ack(peer.conn.as_mut()).map_err(|e| EpochError::Copy(format!("copying to node {node}: {e}")))?;
         }
     }
+    // row drops not acknowledged under the old placement go to the new successors now
+    st.evict_wake.notify_one();
     Ok(sent)
 }
 

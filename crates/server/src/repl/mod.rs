@@ -6,16 +6,19 @@
 //!   buffered at the head);
 //! - `rounds`: replicated `bsp` rounds: clocks, round watermarks down the chains, pulls
 //!   waiting for rounds;
+//! - `drops`: row drops down the chains (eviction on replicated tables);
 //! - `epoch`: moving to a new routing epoch, replica copies sent and received;
 //! - `fence`: fencing replaced workers;
 //! - `peer`: connections to the job's other servers.
 
+pub(crate) mod drops;
 pub(crate) mod epoch;
 pub(crate) mod fence;
 pub(crate) mod peer;
 pub(crate) mod push;
 pub(crate) mod rounds;
 
+use downpour_core::chain_evict::PendingDrops;
 use downpour_core::chain_push::Forwarder;
 use downpour_core::chain_rounds::ChainRounds;
 use downpour_core::proto;
@@ -25,6 +28,7 @@ use downpour_core::KeyRange;
 use downpour_transport::Connection;
 use parking_lot::{Condvar, Mutex, RwLock};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// The rounds of a replicated `bsp` table and the condition variable clocks and pulls wait
@@ -40,6 +44,40 @@ pub(crate) struct ChainSlot {
 pub(crate) struct TableRepl {
     pub(crate) map: RwLock<Arc<ShardMap>>,
     pub(crate) marks: Mutex<Watermarks>,
+    /// Notified (on `marks`) after a push is applied while a row drop waits for the
+    /// updates before it (`drops::receive_drop`); `drop_waiters` says whether one does.
+    pub(crate) applied: Condvar,
+    pub(crate) drop_waiters: AtomicUsize,
+    /// Row drops applied here and not yet acknowledged by the successor
+    /// (`core::chain_evict`). Lock order: the table's lock, `marks`, then this.
+    pub(crate) drops: Mutex<PendingDrops>,
+    /// Notified (on `drops`) when a drop is acknowledged: pushes to its rows wait for it.
+    pub(crate) drops_acked: Condvar,
+    /// The watermark slot numbering each shard's row drops (tables with eviction).
+    pub(crate) drop_slot: Option<usize>,
+}
+
+impl TableRepl {
+    pub(crate) fn new(map: ShardMap, marks: Watermarks, drop_slot: Option<usize>) -> TableRepl {
+        TableRepl {
+            map: RwLock::new(Arc::new(map)),
+            marks: Mutex::new(marks),
+            applied: Condvar::new(),
+            drop_waiters: AtomicUsize::new(0),
+            drops: Mutex::new(PendingDrops::default()),
+            drops_acked: Condvar::new(),
+            drop_slot,
+        }
+    }
+
+    /// After a push or a drop was applied (not under `marks`' lock): wakes the drops
+    /// waiting for it.
+    pub(crate) fn pushed(&self) {
+        if self.drop_waiters.load(Ordering::Relaxed) > 0 {
+            let _g = self.marks.lock();
+            self.applied.notify_all();
+        }
+    }
 }
 
 /// A replicated job's routing as this server knows it.

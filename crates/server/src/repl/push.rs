@@ -2,6 +2,7 @@
 //! down each shard's chain and acknowledges it once the successors did; [`chain_push`]
 //! buffers a worker's push to a replicated `bsp` table under its round at the head.
 
+use super::drops;
 use super::fence::fence_worker;
 use super::peer::{forward_conn, is_peer};
 use super::rounds::{round_marks, stale_rounds};
@@ -9,7 +10,7 @@ use super::{ChainSlot, TableRepl};
 use crate::conn::{ConnCtx, ReqResult};
 use crate::error::ServerError;
 use crate::gate::{check_range_push, check_round_push};
-use crate::ops::table::{account, check_quota};
+use crate::ops::table::{account_table, check_quota};
 use crate::state::{ServerState, TableSlot};
 use downpour_core::chain_push::{self, PushKeys, PushMeta};
 use downpour_core::chain_rounds::Buffered;
@@ -19,6 +20,7 @@ use downpour_core::proto::FrameHeader;
 use downpour_core::{CoreError, KeyRange};
 use downpour_transport::{key_bytes, value_bytes, Connection, TransportError};
 use std::sync::atomic::Ordering;
+use std::time::Instant;
 
 /// A push to a replicated table, from a worker (this server must head every shard it
 /// touches) or forwarded by the previous member of the shards' chains. Each shard's part is
@@ -89,11 +91,21 @@ pub(crate) fn replicated_push(
     let keys = if ranged { PushKeys::Range(span) } else { PushKeys::Keys(&ctx.keys) };
     let segments = chain_push::segments(&map, keys);
     let meta = PushMeta { forwarded: h.forwarded, worker: h.worker, request_id: h.request_id, epoch: h.epoch, table: h.table };
-    {
+    let deadline = Instant::now() + drops::DROP_WAIT;
+    loop {
         let mut t = slot.table.write();
         // the epoch is checked under the table's lock: an epoch move takes its copies under it
         if let Err(why) = chain_push::check_roles(&map, &segments, me, &meta, st.epoch.load(Ordering::Relaxed)) {
             return Ok(Err(ServerError::NotInChain(why)));
+        }
+        // a worker's push to a row dropped here waits until the drop is down the chain
+        // (`core::chain_evict`), so no successor gets the push first
+        if !h.forwarded && drops::blocked(r, keys) {
+            drop(t);
+            if let Err(e) = drops::wait_unblocked(r, keys, deadline) {
+                return Ok(Err(e));
+            }
+            continue;
         }
         if !ranged {
             if let Err(e) = check_quota(st, &t, &ctx.keys) {
@@ -102,11 +114,13 @@ pub(crate) fn replicated_push(
         }
         let before = t.bytes();
         let applied = chain_push::admit_and_apply(&mut t, &mut r.marks.lock(), &meta, keys, &ctx.vals, &segments);
-        account(st, before, t.bytes());
+        account_table(st, &t, before);
         if let Err(e) = applied {
             return Ok(Err(ServerError::Core(e)));
         }
+        break;
     }
+    r.pushed();
     if ctx.fwd.epoch != h.epoch {
         ctx.fwd.conns.clear();
         ctx.fwd.epoch = h.epoch;
