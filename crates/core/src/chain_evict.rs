@@ -12,9 +12,10 @@
 //!    drop watermark slot (a slot past the workers') and carrying a snapshot of the shard's
 //!    exactly-once watermarks taken after the drop, so the snapshot names every update the
 //!    head had applied to the shard before it.
-//! 2. A worker's push that touches a recorded row waits at the head
-//!    ([`PendingDrops::blocks`]) until the drop is acknowledged: no update the head applies
-//!    after a drop can reach a successor before the drop does.
+//! 2. A worker's push that would apply an update to a recorded row waits at the head
+//!    ([`PendingDrops::push_waits`]) until the drop is acknowledged: no update the head
+//!    applies after a drop can reach a successor before the drop does. (A retry of an
+//!    update applied before the drop goes on: the successors may need it to take the drop.)
 //! 3. A successor takes a drop only from its predecessor under its own epoch
 //!    ([`check_drop`]) and applies it only once the shard's drops before it are applied and
 //!    its watermarks cover the snapshot ([`drop_state`]): every update the head applied
@@ -28,7 +29,12 @@
 //!    or forgets them where it became the tail or left the chain: a head that fails with a
 //!    drop half way down the chain leaves its successor to finish it. A drop not applied
 //!    yet (waiting for its updates) is simply refused at an epoch move: nothing downstream
-//!    has it either, and an upstream member that applied it sends it again.
+//!    has it either, and an upstream member that applied it sends it again. A replica copy
+//!    carries the drops of its shard its sender holds ([`PendingDrops::handover`]): the
+//!    copy has them applied, and a member after its receiver may not, so the receiver holds
+//!    them to pass on, in place of those it held for the shard ([`PendingDrops::replaced`]:
+//!    the copy's state replaces its own, whose drops may name updates the copy lacks). A drop that comes to a member that applied it before (or got it with
+//!    a copy) is still passed on, and held: a member after it may lack it.
 //!
 //! A drop sent twice (a member sends what it holds again after a failure while the first
 //! is still on its way) is applied once: were it applied again after the head, having its
@@ -37,9 +43,10 @@
 //! Not for `bsp` tables: their rounds are applied from the head's round buffers, which
 //! this ordering does not cover (creating such a table is refused).
 
-use crate::chain_push::PushKeys;
+use crate::chain_push::{PushKeys, PushMeta};
 use crate::shards::{ShardMap, Watermarks};
-use crate::{CoreError, Result};
+use crate::{CoreError, KeyRange, Result};
+use std::ops::Range;
 
 /// Rows of one shard of a replicated table dropped by the shard's head: the shard's
 /// `seq`-th drop (a shard's drops are numbered along its chain, and each copy applies them
@@ -55,18 +62,23 @@ pub struct RowDrop {
     /// The shard's watermarks at the head after the drop (`Watermarks::encode` of the one
     /// shard): a successor applies the drop only once its own cover them.
     pub marks: Vec<u8>,
+    /// Handed over with a replica copy ([`PendingDrops::handover`]): the receiver holds it
+    /// to pass on (the copy has it applied already) rather than applying it.
+    pub handover: bool,
 }
 
 /// Bytes of a [`RowDrop::meta`] before the watermarks.
-const META_HEAD: usize = 8 + 4;
+const META_HEAD: usize = 8 + 4 + 1;
 
 impl RowDrop {
     /// The frame `meta` that carries the drop (its keys travel as the frame's keys):
-    /// sequence (u64) and shard (u32), little-endian, then the watermarks.
+    /// sequence (u64) and shard (u32), little-endian, a flags byte (1: handed over), then
+    /// the watermarks.
     pub fn meta(&self) -> Vec<u8> {
         let mut m = Vec::with_capacity(META_HEAD + self.marks.len());
         m.extend_from_slice(&self.seq.to_le_bytes());
         m.extend_from_slice(&(self.shard as u32).to_le_bytes());
+        m.push(u8::from(self.handover));
         m.extend_from_slice(&self.marks);
         m
     }
@@ -85,9 +97,24 @@ impl RowDrop {
         if seq == 0 {
             return Err(CoreError::Replication("a row drop numbered 0 (drops are numbered from 1)".into()));
         }
+        if meta[12] > 1 {
+            return Err(CoreError::Replication(format!("a row drop's flags {} are unknown", meta[12])));
+        }
         crate::keys::check_sorted_unique(keys)?;
-        Ok(RowDrop { shard: u32::from_le_bytes(s) as usize, seq, keys: keys.to_vec(), marks: meta[META_HEAD..].to_vec() })
+        Ok(RowDrop {
+            shard: u32::from_le_bytes(s) as usize,
+            seq,
+            keys: keys.to_vec(),
+            marks: meta[META_HEAD..].to_vec(),
+            handover: meta[12] == 1,
+        })
     }
+}
+
+/// Whether a frame `meta` carries a drop handed over with a replica copy (which, like the
+/// copy, may come from a server already in the next routing epoch).
+pub fn is_handover(meta: &[u8]) -> bool {
+    meta.len() >= META_HEAD && meta[12] == 1
 }
 
 /// What a chain member does with a drop once applied.
@@ -228,19 +255,42 @@ impl PendingDrops {
             marks.raise(shard, slot, (first + chunks.len() as u64 - 1, 0))?;
             let snapshot = marks.encode(shard, shard + 1);
             for (i, part) in chunks.into_iter().enumerate() {
-                self.drops.push(RowDrop { shard, seq: first + i as u64, keys: part.to_vec(), marks: snapshot.clone() });
+                self.drops.push(RowDrop { shard, seq: first + i as u64, keys: part.to_vec(), marks: snapshot.clone(), handover: false });
                 n += 1;
             }
         }
         Ok(n)
     }
 
-    /// A member applied `drop` from its predecessor and must pass it on: recorded until
-    /// acknowledged (once, however often it comes).
+    /// A member applied `drop` from its predecessor (or got it applied with a replica copy)
+    /// and must pass it on: recorded until acknowledged (once, however often it comes).
     pub fn record(&mut self, drop: RowDrop) {
         if !self.holds(drop.shard, drop.seq) {
-            self.drops.push(drop);
+            self.drops.push(RowDrop { handover: false, ..drop });
         }
+    }
+
+    /// The drops of `shard` held here, to hand over with a replica copy of the shard taken
+    /// under the same lock (each flagged [`RowDrop::handover`]): the copy has them applied,
+    /// and its receiver passes them on, so a successor that lacks one gets it even if this
+    /// server fails before sending it.
+    pub fn handover(&self, shard: usize) -> Vec<RowDrop> {
+        self.drops.iter().filter(|d| d.shard == shard).map(|d| RowDrop { handover: true, ..d.clone() }).collect()
+    }
+
+    /// A replica copy of `range` was installed (under `map`): the drops held for its
+    /// shards are forgotten, the copy's state replaces this server's (its sender hands over
+    /// the drops it holds there, after the copy: [`PendingDrops::handover`]). Returns how
+    /// many went.
+    pub fn replaced(&mut self, map: &ShardMap, range: KeyRange) -> usize {
+        let before = self.drops.len();
+        self.drops.retain(|d| {
+            d.shard >= map.len() || {
+                let r = map.range(d.shard);
+                !(range.begin <= r.begin && r.end <= range.end)
+            }
+        });
+        before - self.drops.len()
     }
 
     /// Whether the drop numbered `seq` of `shard` waits for an acknowledgement here.
@@ -255,8 +305,36 @@ impl PendingDrops {
         self.drops.len() != before
     }
 
-    /// Whether a worker's push to `keys` must wait: it touches a row whose drop is not
-    /// acknowledged yet.
+    /// Whether a worker's push (`meta`, touching `segments` of `keys`: `chain_push`'s) must
+    /// wait: a part of it not applied here yet (by `marks`) touches a row whose drop is
+    /// not acknowledged. A part applied before (a retry of an update the head applied
+    /// before a drop, which the successors may need before they can take the drop) goes
+    /// on. Call under the lock that orders pushes, before `chain_push::admit_and_apply`.
+    pub fn push_waits(&self, marks: &Watermarks, meta: &PushMeta, keys: PushKeys<'_>, segments: &[(usize, Range<usize>)]) -> Result<bool> {
+        if self.drops.is_empty() {
+            return Ok(false);
+        }
+        for (shard, range) in segments {
+            let (shard, range) = (*shard, range.clone());
+            let part = match keys {
+                PushKeys::Range(span) => {
+                    let r = KeyRange::new(span.begin + range.start as u64, span.begin + range.end as u64);
+                    let from = marks.unapplied_range(shard, meta.worker as usize, meta.request_id, r)?;
+                    PushKeys::Range(KeyRange::new(from, r.end))
+                }
+                PushKeys::Keys(k) => {
+                    let k = &k[range];
+                    PushKeys::Keys(&k[marks.unapplied(shard, meta.worker as usize, meta.request_id, k)?..])
+                }
+            };
+            if !part.is_empty() && self.blocks(part) {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Whether an update of `keys` would touch a row whose drop is not acknowledged yet.
     pub fn blocks(&self, keys: PushKeys<'_>) -> bool {
         self.drops.iter().any(|d| {
             let (Some(&lo), Some(&hi)) = (d.keys.first(), d.keys.last()) else { return false };
@@ -289,19 +367,18 @@ impl PendingDrops {
 mod tests {
     use super::*;
     use crate::ring::Ring;
-    use crate::KeyRange;
 
     fn map(members: &[u32], k: usize) -> ShardMap {
         ShardMap::new(&Ring::with_members(16, members.iter().copied(), 1), KeyRange::new(0, 1000), 4, k)
     }
 
     fn drop_of(shard: usize, seq: u64, keys: Vec<u64>) -> RowDrop {
-        RowDrop { shard, seq, keys, marks: Vec::new() }
+        RowDrop { shard, seq, keys, marks: Vec::new(), handover: false }
     }
 
     #[test]
     fn a_drop_travels_in_a_frame_and_a_malformed_one_is_refused() {
-        let d = RowDrop { shard: 2, seq: 3, keys: vec![1, 5, 9], marks: vec![1; 32] };
+        let d = RowDrop { shard: 2, seq: 3, keys: vec![1, 5, 9], marks: vec![1; 32], handover: true };
         assert_eq!(RowDrop::decode(&d.meta(), &d.keys).unwrap(), d);
         assert!(RowDrop::decode(&d.meta()[..10], &d.keys).is_err());
         assert!(RowDrop::decode(&d.meta(), &[5, 1]).is_err(), "unsorted keys are refused");
@@ -361,6 +438,27 @@ mod tests {
     }
 
     #[test]
+    fn a_copy_hands_over_the_drops_of_its_shard_and_the_receiver_holds_them_as_its_own() {
+        let mut p = PendingDrops::default();
+        p.record(drop_of(0, 1, vec![10]));
+        p.record(drop_of(1, 4, vec![20]));
+        let h = p.handover(1);
+        assert_eq!(h.len(), 1);
+        assert!(h[0].handover && h[0].seq == 4);
+        let back = RowDrop::decode(&h[0].meta(), &h[0].keys).unwrap();
+        assert!(back.handover);
+        let mut q = PendingDrops::default();
+        let m = map(&[1, 2], 2);
+        q.record(drop_of(1, 2, vec![20]));
+        q.record(drop_of(2, 1, vec![m.range(2).begin]));
+        assert_eq!(q.replaced(&m, m.range(1)), 1, "the receiver's own drops of the copied shard go");
+        assert!(q.holds(2, 1));
+        q.record(back);
+        assert!(q.holds(1, 4));
+        assert!(q.to_send(&map(&[1, 2], 2), 1).iter().all(|(_, d)| !d.handover), "sent on as an ordinary drop");
+    }
+
+    #[test]
     fn pushes_to_dropped_rows_wait_until_the_drop_is_acknowledged() {
         let mut p = PendingDrops::default();
         let d = drop_of(0, 1, vec![10, 20, 30]);
@@ -374,6 +472,27 @@ mod tests {
         assert!(p.acked(0, 1));
         assert!(!p.acked(0, 1));
         assert!(!p.blocks(PushKeys::Keys(&[10, 20, 30])));
+    }
+
+    #[test]
+    fn a_retry_of_an_update_applied_before_a_drop_does_not_wait_for_it() {
+        let m = map(&[1, 2], 2);
+        let me = m.chain(0)[0];
+        let r = m.range(0);
+        let keys = [r.begin, r.begin + 1];
+        let mut marks = Watermarks::new(m.len(), 2);
+        let meta = PushMeta { forwarded: false, worker: 0, request_id: 5, epoch: 1, table: 1 };
+        let segs = crate::chain_push::segments(&m, PushKeys::Keys(&keys));
+        marks.admit(0, 0, 5, &keys).unwrap();
+        let mut p = PendingDrops::default();
+        p.record_dropped(&m, me, &mut [r.begin], &mut marks, 1, 10).unwrap();
+        assert!(!p.push_waits(&marks, &meta, PushKeys::Keys(&keys), &segs).unwrap(), "request 5 was applied before the drop");
+        let next = PushMeta { request_id: 6, ..meta };
+        assert!(p.push_waits(&marks, &next, PushKeys::Keys(&keys), &segs).unwrap(), "request 6 would update a dropped row");
+        assert!(p.push_waits(&marks, &next, PushKeys::Range(KeyRange::new(r.begin, r.begin + 2)), &segs).unwrap());
+        let other = [r.begin + 1];
+        let segs = crate::chain_push::segments(&m, PushKeys::Keys(&other));
+        assert!(!p.push_waits(&marks, &next, PushKeys::Keys(&other), &segs).unwrap(), "a row not dropped");
     }
 
     #[test]
@@ -403,9 +522,9 @@ mod tests {
         head.admit(1, 0, 3, &[5, 6]).unwrap();
         head.admit(1, 1, 1, &[7]).unwrap();
         head.raise(1, 2, (1, 0)).unwrap();
-        let d1 = RowDrop { shard: 1, seq: 1, keys: vec![6], marks: head.encode(1, 2) };
+        let d1 = RowDrop { shard: 1, seq: 1, keys: vec![6], marks: head.encode(1, 2), handover: false };
         head.raise(1, 2, (2, 0)).unwrap();
-        let d2 = RowDrop { shard: 1, seq: 2, keys: vec![7], marks: head.encode(1, 2) };
+        let d2 = RowDrop { shard: 1, seq: 2, keys: vec![7], marks: head.encode(1, 2), handover: false };
         assert_eq!(drop_state(&tail, &d1, 2).unwrap(), DropState::Wait);
         tail.admit(1, 0, 3, &[5, 6]).unwrap();
         assert_eq!(drop_state(&tail, &d1, 2).unwrap(), DropState::Wait, "worker 1's update is missing");

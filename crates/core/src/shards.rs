@@ -139,10 +139,21 @@ impl Watermarks {
     /// sorted `keys`: returns the index of the first key not applied yet (`keys.len()` when
     /// all were) and records the rest as applied. The caller applies `keys[index..]`.
     pub fn admit(&mut self, shard: usize, worker: usize, request: u64, keys: &[u64]) -> Result<usize> {
+        let from = self.unapplied(shard, worker, request, keys)?;
+        if let (true, Some(&last)) = (from < keys.len(), keys.last()) {
+            let i = self.slot(shard, worker)?;
+            self.marks[i] = (request, last);
+        }
+        Ok(from)
+    }
+
+    /// What [`Watermarks::admit`] would return, without recording anything: the index of
+    /// the first of `keys` the update has not applied yet.
+    pub fn unapplied(&self, shard: usize, worker: usize, request: u64, keys: &[u64]) -> Result<usize> {
         let i = self.slot(shard, worker)?;
-        let (Some(&first), Some(&last)) = (keys.first(), keys.last()) else { return Ok(0) };
+        let Some(&first) = keys.first() else { return Ok(0) };
         let (r, k) = self.marks[i];
-        let from = if request < r {
+        Ok(if request < r {
             keys.len()
         } else if request == r {
             if first > k {
@@ -152,31 +163,33 @@ impl Watermarks {
             }
         } else {
             0
-        };
-        if from < keys.len() {
-            self.marks[i] = (request, last);
-        }
-        Ok(from)
+        })
     }
 
     /// [`Watermarks::admit`] for the keys `[range.begin, range.end)`: the first key to apply.
     pub fn admit_range(&mut self, shard: usize, worker: usize, request: u64, range: KeyRange) -> Result<u64> {
+        let from = self.unapplied_range(shard, worker, request, range)?;
+        if from < range.end {
+            let i = self.slot(shard, worker)?;
+            self.marks[i] = (request, range.end - 1);
+        }
+        Ok(from)
+    }
+
+    /// What [`Watermarks::admit_range`] would return, without recording anything.
+    pub fn unapplied_range(&self, shard: usize, worker: usize, request: u64, range: KeyRange) -> Result<u64> {
         let i = self.slot(shard, worker)?;
         if range.is_empty() {
             return Ok(range.begin);
         }
         let (r, k) = self.marks[i];
-        let from = if request < r {
+        Ok(if request < r {
             range.end
         } else if request == r {
             range.begin.max(k.saturating_add(1)).min(range.end)
         } else {
             range.begin
-        };
-        if from < range.end {
-            self.marks[i] = (request, range.end - 1);
-        }
-        Ok(from)
+        })
     }
 
     /// The mark of `(shard, worker)`: `(request id, last key)` of the last update applied.

@@ -75,6 +75,11 @@ fn pass(st: &ServerState, slot: &TableSlot) -> usize {
     let mut hist = Histogram::default();
     let me = st.node_id.load(Ordering::Relaxed);
     let map = slot.repl.as_ref().map(|r| r.map.read().clone());
+    if map.is_some() && !st.repl.read().as_ref().is_some_and(|r| r.active_members == r.members()) {
+        // a replicated table drops rows only once every member of this epoch has its copies:
+        // a copy installed after a drop would bring the rows (and the drops applied) back
+        return 0;
+    }
     let heads = |k: u64| map.as_ref().is_none_or(|m| m.shard_of(k).is_some_and(|s| m.position(s, me) == Some(0)));
     for s in 0..SHARDS {
         slot.table.read().eviction_survey_where(s, now, &mut hist, heads);

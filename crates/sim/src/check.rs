@@ -66,6 +66,7 @@ impl Sim {
             if map.chain(shard).iter().all(|n| self.servers.get(n).is_none_or(|s| !s.alive)) {
                 return Err(Violation(format!("every copy of shard {shard} died (chain {:?})", map.chain(shard))));
             }
+            let mut dropped_value = None;
             for &node in map.chain(shard) {
                 let s = self.servers.get_mut(&node).ok_or_else(|| Violation(format!("server {node} of the final chain is gone")))?;
                 if !s.alive {
@@ -73,6 +74,18 @@ impl Sim {
                 }
                 let mut got = [0f32];
                 s.table.pull(&[key], &mut got).map_err(|e| Violation(e.to_string()))?;
+                if self.dropped_keys.contains(&key) {
+                    // a dropped key: every copy the same, none past the sequential run
+                    let first = *dropped_value.get_or_insert(got[0]);
+                    if got[0] != first || got[0] > want {
+                        return Err(Violation(format!(
+                            "key {key} (shard {shard}, chain {:?}), dropped by its head: server {node} holds {} where the chain's first live copy holds {first} (the sequential run gives {want}, drops aside)",
+                            map.chain(shard),
+                            got[0]
+                        )));
+                    }
+                    continue;
+                }
                 if got[0] != want {
                     return Err(Violation(format!(
                         "key {key} (shard {shard}, chain {:?}): server {node} holds {} but the sequential run gives {want} ({})",

@@ -126,6 +126,9 @@ impl Sim {
                 let r = self.coord.engine.register(&req, now).map_err(|e| Violation(format!("a joining server was refused: {e}")))?;
                 let s = self.new_server(r.id, 0, self.coord.engine.epochs().served());
                 self.servers.insert(r.id, s);
+                if self.cfg.evict {
+                    self.schedule(self.now + evict::EVICT_EVERY, Node::Server(r.id), Node::Server(r.id), Msg::EvictTick);
+                }
                 self.new_epoch();
                 Ok(())
             }

@@ -51,6 +51,7 @@
 //! delivered, late).
 
 use downpour_core::chain_epoch;
+use downpour_core::chain_evict::{PendingDrops, RowDrop};
 use downpour_core::chain_push::{self, AfterFailure, Forwarder, PushKeys, PushMeta, Skip};
 use downpour_core::chain_rounds::{self, ChainRounds};
 use downpour_core::fence::WorkerFence;
@@ -66,6 +67,7 @@ use std::collections::{BTreeMap, BinaryHeap, HashMap};
 
 mod check;
 mod coordinator;
+mod evict;
 mod rounds;
 mod server;
 mod worker;
@@ -128,6 +130,11 @@ pub struct SimConfig {
     /// snapshot (what the runtime writes to its state directory), as a coordinator restarted
     /// with `--state-dir` does; its time starts again at 0.
     pub coordinator_restarts: usize,
+    /// Eviction (async runs only): now and then each server drops a few rows of the shards
+    /// it heads (of half the keys, so the other half still checks exactly-once) and the
+    /// chains carry the drops (`core::chain_evict`); the copies of a dropped key must end
+    /// equal, and at most the sequential run's value.
+    pub evict: bool,
 }
 
 impl SimConfig {
@@ -157,6 +164,7 @@ impl SimConfig {
             bsp: false,
             drains: 0,
             coordinator_restarts: 0,
+            evict: false,
         };
         // crashes and cut-offs together leave at least one copy of every key
         cfg.cutoffs = r.below((k - cfg.crashes) as u64) as usize;
@@ -170,6 +178,8 @@ impl SimConfig {
         }
         cfg.drains = if cfg.crashes + cfg.cutoffs + 1 < k { r.below(2) as usize } else { 0 };
         cfg.coordinator_restarts = r.below(3) as usize;
+        // drawn from a stream of its own, so the fields above stay what they were
+        cfg.evict = !cfg.bsp && Rng(splitmix64(seed ^ 0xE71C_7E00)).below(2) == 0;
         cfg
     }
 }
@@ -205,6 +215,8 @@ pub struct Outcome {
     pub fenced: u64,
     /// Coordinator restarts.
     pub coordinator_restarts: u64,
+    /// Row drops the heads decided (eviction runs).
+    pub drops: u64,
 }
 
 /// Runs the simulation of `seed` and checks its invariants.
@@ -293,13 +305,15 @@ enum Msg {
         epoch: u64,
         members: Vec<u32>,
     },
-    /// A replica copy of an epoch move.
+    /// A replica copy of an epoch move, with the row drops of its shard its sender holds
+    /// (`PendingDrops::handover`, sent after it on the same connection in the runtime).
     Copy {
         epoch: u64,
         range: KeyRange,
         keys: Vec<u64>,
         rows: Vec<f32>,
         marks: Vec<u8>,
+        drops: Vec<RowDrop>,
     },
     /// A copy was installed (or refused: `ok` false).
     CopyAck {
@@ -342,6 +356,19 @@ enum Msg {
     Restart,
     /// A replacement worker starts (it registered with the coordinator).
     Start,
+    /// Eviction runs: a server's evictor drops rows it heads and sends the drops it holds.
+    EvictTick,
+    /// The frame at the front of incoming connection `(up, conn)` waited too long (a
+    /// worker's push for a drop of its rows, a drop for the updates before it): `token`
+    /// names the wait.
+    WaitTimeout {
+        up: Node,
+        conn: u64,
+        token: u64,
+    },
+    /// A server looks again at the frames waiting on its connections (after an update or
+    /// a drop was applied, a drop acknowledged, an epoch move).
+    Wake,
 }
 
 /// What a request frame is.
@@ -355,6 +382,8 @@ enum FrameOp {
     Clock(u64),
     /// Round watermarks `(shard, rounds applied)` down a chain, after the rounds' updates.
     Marks(Vec<(usize, u64)>),
+    /// Rows a head dropped, down the chain (`core::chain_evict`).
+    Drop(RowDrop),
 }
 
 /// Why a push failed, as its answer says.
@@ -410,6 +439,8 @@ enum PendKind {
     /// A successor's round watermarks: raise `raise` here (the successors hold them now)
     /// and answer.
     Marks { raise: Vec<(usize, u64)> },
+    /// A row drop: the successor holds it now (`PendingDrops::acked`); answer.
+    Drop { shard: usize, seq: u64 },
 }
 
 /// What a server keeps for one incoming connection, as the runtime's connection loop does
@@ -434,6 +465,10 @@ struct Incoming {
     /// A round update forwarded here failed since the last round watermarks (the
     /// runtime's `ConnCtx::forward_failed`).
     forward_failed: bool,
+    /// The frame at the front of `inbox` waits (a worker's push for the drop of a row it
+    /// touches, a drop for the updates before it; the runtime's thread blocks): the
+    /// wait's token. Nothing more is read meanwhile.
+    waiting: Option<u64>,
 }
 
 /// A push frame waiting on its connection for the request before it to be answered.
@@ -455,6 +490,9 @@ struct Server {
     map: ShardMap,
     /// The members of the last epoch this server heard was served (where the data is).
     known_served: Vec<u32>,
+    /// Whether it heard that its own epoch was served (every member has its copies): only
+    /// then does its evictor drop rows (`evict.rs` in the runtime).
+    epoch_served: bool,
     table: Table,
     marks: Watermarks,
     incoming: HashMap<ConnKey, Incoming>,
@@ -478,6 +516,10 @@ struct Server {
     /// Connections waiting for the lock, in order, and an epoch move waiting for it.
     lock_waiters: std::collections::VecDeque<ConnKey>,
     deferred_move: Option<(u64, Vec<u32>, Vec<u32>)>,
+    /// Eviction runs: the drops applied here and not acknowledged by the successor (the
+    /// production type), and the evictor sending them.
+    drops: PendingDrops,
+    evictor: evict::Evictor,
 }
 
 struct Worker {
@@ -581,6 +623,10 @@ struct Sim {
     silenced: Vec<u32>,
     /// A rule found broken where the event's handler cannot return it.
     violation: Option<Violation>,
+    /// Eviction runs: every key a head dropped (their copies are checked equal, not exact).
+    dropped_keys: std::collections::HashSet<u64>,
+    /// Tokens of waits (`Incoming::waiting`).
+    waits: u64,
 }
 
 const TABLE: u32 = 1;
@@ -666,6 +712,8 @@ impl Sim {
             cut: Vec::new(),
             silenced: Vec::new(),
             violation: None,
+            dropped_keys: Default::default(),
+            waits: 0,
             cfg,
         };
         for &id in &members {
@@ -707,6 +755,7 @@ impl Sim {
             epoch,
             map: self.map_of(members),
             known_served: members.to_vec(),
+            epoch_served: epoch == 1,
             table: Table::new(TableDef::new(TABLE, "sim"), KeyRange::FULL, &RuleRegistry::new()).expect("a valid table definition"),
             // one slot per worker, and the round watermark's (`chain_rounds`)
             marks: Watermarks::new(shards, self.cfg.workers + 1),
@@ -724,6 +773,8 @@ impl Sim {
             lock: None,
             lock_waiters: Default::default(),
             deferred_move: None,
+            drops: PendingDrops::default(),
+            evictor: evict::Evictor::new(id),
         }
     }
 
@@ -775,6 +826,12 @@ impl Sim {
             self.send_push(w as u32);
         }
         self.schedule(TICK, Node::Coordinator, Node::Coordinator, Msg::Tick);
+        if self.cfg.evict {
+            let ids: Vec<u32> = self.servers.keys().copied().collect();
+            for id in ids {
+                self.schedule(evict::EVICT_EVERY, Node::Server(id), Node::Server(id), Msg::EvictTick);
+            }
+        }
         while let Some(ev) = self.queue.pop() {
             self.now = ev.at;
             if self.now > HORIZON {

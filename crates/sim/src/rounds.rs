@@ -187,6 +187,14 @@ impl Sim {
     pub(crate) fn finish_pending(&mut self, id: u32, key: ConnKey, p: Pending, result: Result<(), Failure>) -> Result<(), Violation> {
         match p.kind {
             PendKind::Push => self.finish(id, key, p.meta, result),
+            PendKind::Drop { shard, seq } => {
+                if result.is_ok() {
+                    // pushes waiting for it may go on
+                    self.servers.get_mut(&id).expect("present").drops.acked(shard, seq);
+                    self.wake_later(id);
+                }
+                self.finish(id, key, p.meta, result)
+            }
             PendKind::Marks { raise } => match result {
                 Ok(()) => {
                     // the successors hold these rounds: raised here too, unless the epoch

@@ -31,6 +31,9 @@ impl Sim {
             }
             Msg::Ack { conn, meta, result } => {
                 let Node::Server(succ) = from else { return Ok(()) };
+                if conn == s.evictor.conn() {
+                    return self.evictor_ack(id, meta, result);
+                }
                 // acknowledgements come back on the forwarding connection they answer (the
                 // runtime opens new ones when the epoch changes or after a failure)
                 let Some(&key) = s.owner.get(&conn) else { return Ok(()) };
@@ -71,6 +74,9 @@ impl Sim {
                 self.finish_pending(id, (up, conn), p, Err(Failure { retried: true, why }))
             }
             Msg::Routing { epoch, members, served } => self.server_move(id, epoch, members, served),
+            Msg::EvictTick => self.evict_tick(id),
+            Msg::WaitTimeout { up, conn, token } => self.wait_timeout(id, (up, conn), token),
+            Msg::Wake => self.wake(id),
             Msg::Holders { nodes } => {
                 // the coordinator's heartbeat answer names the newest holder of every rank
                 s.fence.note_holders(&nodes);
@@ -82,17 +88,24 @@ impl Sim {
             Msg::Served { epoch, members } => {
                 if s.epoch == epoch {
                     s.known_served = members;
+                    s.epoch_served = true;
                 }
                 Ok(())
             }
-            Msg::Copy { epoch, range, keys, rows, marks } => {
+            Msg::Copy { epoch, range, keys, rows, marks, drops } => {
                 // a copy of an older epoch is refused (its sender moved on as well)
                 let ok = epoch >= s.epoch && {
                     let r = chain_epoch::install_copy(&mut s.table, &mut s.marks, &s.map, range, &keys, &rows, &marks);
                     r.map_err(|e| Violation(format!("server {id}: installing a copy of {range}: {e}")))?;
+                    s.drops.replaced(&s.map, range);
+                    for d in drops {
+                        s.drops.record(d);
+                    }
                     true
                 };
                 self.send(Node::Server(id), from, Msg::CopyAck { epoch, ok });
+                // pushes waiting for drops the copy replaced
+                self.wake_later(id);
                 Ok(())
             }
             Msg::CopyAck { epoch, ok } => {
@@ -118,7 +131,7 @@ impl Sim {
                 return Ok(());
             }
             let Some(c) = s.incoming.get_mut(&key) else { return Ok(()) };
-            if c.pending.is_some() || c.clock_wait.is_some() || c.lock_wait.is_some() {
+            if c.pending.is_some() || c.clock_wait.is_some() || c.lock_wait.is_some() || c.waiting.is_some() {
                 return Ok(());
             }
             let Some(f) = c.inbox.pop_front() else { return Ok(()) };
@@ -167,6 +180,7 @@ impl Sim {
             FrameOp::Push => {}
             FrameOp::Round(_) | FrameOp::Clock(_) => return self.round_request(id, key, f),
             FrameOp::Marks(_) => return self.round_marks(id, key, f),
+            FrameOp::Drop(_) => return self.server_drop(id, key, f),
         }
         let Frame { sender, meta, last, keys, vals, .. } = f;
         let s = self.servers.get_mut(&id).expect("present");
@@ -196,10 +210,21 @@ impl Sim {
             self.fail(id, key, meta, last, Failure { retried: true, why });
             return Ok(());
         }
+        // a worker's push to a row dropped here waits until the drop is down the chain
+        // (`repl::push`, `core::chain_evict`)
+        let waits =
+            !meta.forwarded && s.drops.push_waits(&s.marks, &meta, PushKeys::Keys(&keys), &segs).map_err(|e| Violation(e.to_string()))?;
+        if waits {
+            self.hold(id, key, Frame { sender, op: FrameOp::Push, meta, last, keys, vals });
+            return Ok(());
+        }
         if let Err(e) = chain_push::admit_and_apply(&mut s.table, &mut s.marks, &meta, PushKeys::Keys(&keys), &vals, &segs) {
             self.fail(id, key, meta, last, Failure { retried: true, why: e.to_string() });
             return Ok(());
         }
+        // drops waiting for this update may go on (`TableRepl::pushed`)
+        self.wake_later(id);
+        let s = self.servers.get_mut(&id).expect("present");
         if sender < heard {
             return Err(Violation(format!(
                 "server {id} took request {} of node {sender} under worker rank {rank} after it had heard of node {heard}, which replaced it (a fenced worker applied an update)",
@@ -288,6 +313,7 @@ impl Sim {
         }
         s.epoch = epoch;
         s.known_served = data;
+        s.epoch_served = false;
         s.map = new.clone();
         if !members.contains(&id) {
             s.alive = false;
@@ -300,8 +326,12 @@ impl Sim {
             let (mut keys, mut rows) = (Vec::new(), Vec::new());
             s.table.export_rows(range, &mut keys, &mut rows);
             let marks = s.marks.encode(c.shard, c.shard + 1);
+            let drops = s.drops.handover(c.shard);
             for &to in &c.to {
-                sends.push((to, Msg::Copy { epoch, range, keys: keys.clone(), rows: rows.clone(), marks: marks.clone() }));
+                sends.push((
+                    to,
+                    Msg::Copy { epoch, range, keys: keys.clone(), rows: rows.clone(), marks: marks.clone(), drops: drops.clone() },
+                ));
             }
         }
         if let Some(cr) = s.rounds.as_mut() {
@@ -309,6 +339,9 @@ impl Sim {
             cr.set_heads(epoch, |sh| new.position(sh, id) == Some(0));
         }
         s.copies_waiting = sends.len();
+        // waiting frames see the new epoch (a drop waiting for updates is refused); the
+        // evictor sends the drops held here to the new successors at its next round
+        self.wake_later(id);
         for (to, msg) in sends {
             self.send(Node::Server(id), Node::Server(to), msg);
         }

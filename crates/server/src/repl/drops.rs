@@ -2,7 +2,7 @@
 //! [`receive_drop`] applies a drop from the predecessor once the updates before it are
 //! here and passes it on, [`send_drops`] sends the drops a server holds to its successors
 //! (the evictor calls it after each pass and after an epoch move), and [`blocked`] /
-//! [`wait_unblocked`] hold a worker's push to a row whose drop is not acknowledged yet.
+//! [`wait_for_acks`] hold a worker's push to a row whose drop is not acknowledged yet.
 
 use super::peer::{is_peer, peer_connect};
 use super::TableRepl;
@@ -11,11 +11,12 @@ use crate::error::ServerError;
 use crate::ops::table::account;
 use crate::state::{ServerState, TableSlot};
 use downpour_core::chain_evict::{self, DropNext, DropState, RowDrop};
-use downpour_core::chain_push::PushKeys;
+use downpour_core::chain_push::{PushKeys, PushMeta};
 use downpour_core::msg::{self, Op, Status};
 use downpour_core::proto::FrameHeader;
 use downpour_transport::{key_bytes, Connection, TransportError};
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -24,24 +25,30 @@ const COVER_WAIT: Duration = Duration::from_secs(5);
 /// How long a worker's push waits for the drop of a row it touches to be acknowledged.
 pub(crate) const DROP_WAIT: Duration = Duration::from_secs(5);
 
-/// Whether a worker's push to `keys` must wait: a row it touches was dropped here and the
-/// drop is not acknowledged down the chain yet. Call under the table's lock.
-pub(crate) fn blocked(r: &TableRepl, keys: PushKeys<'_>) -> bool {
+/// Whether a worker's push must wait: a part of it not applied yet touches a row dropped
+/// here whose drop is not acknowledged down the chain yet
+/// ([`chain_evict::PendingDrops::push_waits`]). Call under the table's lock.
+pub(crate) fn blocked(r: &TableRepl, meta: &PushMeta, keys: PushKeys<'_>, segments: &[(usize, Range<usize>)]) -> Result<bool, ServerError> {
+    let marks = r.marks.lock();
     let d = r.drops.lock();
-    !d.is_empty() && d.blocks(keys)
+    if d.is_empty() {
+        return Ok(false);
+    }
+    d.push_waits(&marks, meta, keys, segments).map_err(ServerError::Core)
 }
 
-/// Waits (without the table's lock) until no drop of a row of `keys` is pending, or
-/// fails at `deadline` (the worker retries).
-pub(crate) fn wait_unblocked(r: &TableRepl, keys: PushKeys<'_>, deadline: Instant) -> Result<(), ServerError> {
+/// Waits (without the table's lock) for the next acknowledgement of a drop held here, then
+/// the caller looks again ([`blocked`]); fails at `deadline` (the worker retries).
+pub(crate) fn wait_for_acks(r: &TableRepl, deadline: Instant) -> Result<(), ServerError> {
     let mut d = r.drops.lock();
-    while !d.is_empty() && d.blocks(keys) {
-        if r.drops_acked.wait_until(&mut d, deadline).timed_out() && d.blocks(keys) {
-            return Err(ServerError::DropWait(format!(
-                "a push touches rows this server dropped whose drop its successor has not acknowledged in {} s",
-                DROP_WAIT.as_secs()
-            )));
-        }
+    if d.is_empty() {
+        return Ok(());
+    }
+    if Instant::now() >= deadline || r.drops_acked.wait_until(&mut d, deadline).timed_out() {
+        return Err(ServerError::DropWait(format!(
+            "a push touches rows this server dropped whose drop its successor has not acknowledged in {} s",
+            DROP_WAIT.as_secs()
+        )));
     }
     Ok(())
 }
@@ -51,7 +58,8 @@ pub(crate) fn wait_unblocked(r: &TableRepl, keys: PushKeys<'_>, deadline: Instan
 /// watermarks cover the drop's (every update the head applied before it is applied here:
 /// [`chain_evict::drop_state`]), recorded and forwarded to the successor, whose
 /// acknowledgement comes before this one's. A drop applied here before is not applied
-/// again; while this server still holds it, it is forwarded again.
+/// again, but forwarded all the same. A drop handed over with a replica copy is held, to
+/// pass on.
 pub(crate) fn receive_drop(
     st: &ServerState,
     slot: &TableSlot,
@@ -70,6 +78,14 @@ pub(crate) fn receive_drop(
         Ok(d) => d,
         Err(e) => return Ok(Err(ServerError::Core(e))),
     };
+    if drop.handover {
+        // the copy before it on this connection has it applied: held, to pass on
+        r.drops.lock().record(drop);
+        st.evict_wake.notify_one();
+        let mut rep = msg::reply_to(h, me);
+        conn.send(&mut rep, &[], &[])?;
+        return Ok(Ok(()));
+    }
     let map = r.map.read().clone();
     let next = match chain_evict::check_drop(&map, &drop, me, h.sender, h.epoch, st.epoch.load(Ordering::Relaxed)) {
         Ok(n) => n,
@@ -123,8 +139,15 @@ pub(crate) fn receive_drop(
                 }
                 forward
             }
-            // applied before: passed on again only while still unacknowledged after this server
-            Ok(DropState::Applied) => r.drops.lock().holds(drop.shard, drop.seq),
+            // applied before (or come with a copy): passed on and held all the same, a
+            // member after this one may lack it
+            Ok(DropState::Applied) => {
+                let forward = matches!(next, DropNext::Forward(_));
+                if forward {
+                    r.drops.lock().record(drop.clone());
+                }
+                forward
+            }
             Ok(DropState::Wait) => return Ok(Err(ServerError::Internal("a row drop ready to apply is waiting again".into()))),
             Err(e) => return Ok(Err(ServerError::Core(e))),
         }

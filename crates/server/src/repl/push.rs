@@ -100,12 +100,16 @@ pub(crate) fn replicated_push(
         }
         // a worker's push to a row dropped here waits until the drop is down the chain
         // (`core::chain_evict`), so no successor gets the push first
-        if !h.forwarded && drops::blocked(r, keys) {
+        let waits = if h.forwarded { Ok(false) } else { drops::blocked(r, &meta, keys, &segments) };
+        if waits.as_ref().is_ok_and(|&w| w) {
             drop(t);
-            if let Err(e) = drops::wait_unblocked(r, keys, deadline) {
+            if let Err(e) = drops::wait_for_acks(r, deadline) {
                 return Ok(Err(e));
             }
             continue;
+        }
+        if let Err(e) = waits {
+            return Ok(Err(e));
         }
         if !ranged {
             if let Err(e) = check_quota(st, &t, &ctx.keys) {
