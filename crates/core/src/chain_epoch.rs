@@ -27,6 +27,12 @@ pub fn outgoing(old: &ShardMap, new: &ShardMap, alive: &[u32], me: u32) -> Resul
     Ok(copies(old, new, alive)?.into_iter().filter(|c| c.from == me).collect())
 }
 
+/// [`outgoing`] for a table with eviction: this server's copies among
+/// `chain_evict::resync_copies` (a changed chain is copied to every other member).
+pub fn outgoing_resync(old: &ShardMap, new: &ShardMap, alive: &[u32], me: u32) -> Result<Vec<ShardCopy>> {
+    Ok(crate::chain_evict::resync_copies(old, new, alive)?.into_iter().filter(|c| c.from == me).collect())
+}
+
 /// Installs a received chunk of a copy of the rows of `range` (`keys` sorted, `rows` of the
 /// table's row length each). The first chunk carries `marks`, the watermarks of the range's
 /// shards as encoded by [`Watermarks::encode`]: with it, every row the receiver held in

@@ -26,15 +26,13 @@
 //!    once): the head's acknowledgement means the tail has it.
 //! 4. A member keeps every drop it applied until its successor acknowledges it and sends
 //!    the rest again to its successor under each new routing epoch ([`PendingDrops::to_send`]),
-//!    or forgets them where it became the tail or left the chain: a head that fails with a
-//!    drop half way down the chain leaves its successor to finish it. A drop not applied
-//!    yet (waiting for its updates) is simply refused at an epoch move: nothing downstream
-//!    has it either, and an upstream member that applied it sends it again. A replica copy
-//!    carries the drops of its shard its sender holds ([`PendingDrops::handover`]): the
-//!    copy has them applied, and a member after its receiver may not, so the receiver holds
-//!    them to pass on, in place of those it held for the shard ([`PendingDrops::replaced`]:
-//!    the copy's state replaces its own, whose drops may name updates the copy lacks). A drop that comes to a member that applied it before (or got it with
-//!    a copy) is still passed on, and held: a member after it may lack it.
+//!    or forgets them where it became the tail or left the chain. An epoch move that
+//!    changes a shard's chain copies the shard from its first surviving member to every
+//!    other member of the new chain ([`resync_copies`]): each changed chain starts the
+//!    epoch equal, drops included. A drop not applied yet (waiting for its updates) is
+//!    refused at an epoch move. A member passes on every drop that comes to it, applied
+//!    before or not (it may have it from a copy while the member after it lacks it), and
+//!    holds it until acknowledged.
 //!
 //! A drop sent twice (a member sends what it holds again after a failure while the first
 //! is still on its way) is applied once: were it applied again after the head, having its
@@ -44,7 +42,7 @@
 //! this ordering does not cover (creating such a table is refused).
 
 use crate::chain_push::{PushKeys, PushMeta};
-use crate::shards::{ShardMap, Watermarks};
+use crate::shards::{ShardCopy, ShardMap, Watermarks};
 use crate::{CoreError, KeyRange, Result};
 use std::ops::Range;
 
@@ -62,23 +60,18 @@ pub struct RowDrop {
     /// The shard's watermarks at the head after the drop (`Watermarks::encode` of the one
     /// shard): a successor applies the drop only once its own cover them.
     pub marks: Vec<u8>,
-    /// Handed over with a replica copy ([`PendingDrops::handover`]): the receiver holds it
-    /// to pass on (the copy has it applied already) rather than applying it.
-    pub handover: bool,
 }
 
 /// Bytes of a [`RowDrop::meta`] before the watermarks.
-const META_HEAD: usize = 8 + 4 + 1;
+const META_HEAD: usize = 8 + 4;
 
 impl RowDrop {
     /// The frame `meta` that carries the drop (its keys travel as the frame's keys):
-    /// sequence (u64) and shard (u32), little-endian, a flags byte (1: handed over), then
-    /// the watermarks.
+    /// sequence (u64) and shard (u32), little-endian, then the watermarks.
     pub fn meta(&self) -> Vec<u8> {
         let mut m = Vec::with_capacity(META_HEAD + self.marks.len());
         m.extend_from_slice(&self.seq.to_le_bytes());
         m.extend_from_slice(&(self.shard as u32).to_le_bytes());
-        m.push(u8::from(self.handover));
         m.extend_from_slice(&self.marks);
         m
     }
@@ -97,24 +90,9 @@ impl RowDrop {
         if seq == 0 {
             return Err(CoreError::Replication("a row drop numbered 0 (drops are numbered from 1)".into()));
         }
-        if meta[12] > 1 {
-            return Err(CoreError::Replication(format!("a row drop's flags {} are unknown", meta[12])));
-        }
         crate::keys::check_sorted_unique(keys)?;
-        Ok(RowDrop {
-            shard: u32::from_le_bytes(s) as usize,
-            seq,
-            keys: keys.to_vec(),
-            marks: meta[META_HEAD..].to_vec(),
-            handover: meta[12] == 1,
-        })
+        Ok(RowDrop { shard: u32::from_le_bytes(s) as usize, seq, keys: keys.to_vec(), marks: meta[META_HEAD..].to_vec() })
     }
-}
-
-/// Whether a frame `meta` carries a drop handed over with a replica copy (which, like the
-/// copy, may come from a server already in the next routing epoch).
-pub fn is_handover(meta: &[u8]) -> bool {
-    meta.len() >= META_HEAD && meta[12] == 1
 }
 
 /// What a chain member does with a drop once applied.
@@ -213,24 +191,24 @@ pub struct PendingDrops {
 }
 
 impl PendingDrops {
-    /// Whether no drop is waiting for an acknowledgement (the push path's fast check).
+    /// Whether no drop is held (the push path's fast check).
     pub fn is_empty(&self) -> bool {
         self.drops.is_empty()
     }
 
-    /// Drops waiting for an acknowledgement.
+    /// Drops held.
     pub fn len(&self) -> usize {
         self.drops.len()
     }
 
-    /// Rows waiting for an acknowledgement of their drop.
+    /// Rows of the drops held.
     pub fn rows(&self) -> usize {
         self.drops.iter().map(|d| d.keys.len()).sum()
     }
 
     /// A head dropped `keys` (any order) of the shards it heads in `map` (server `me`):
     /// numbers and records one drop per shard that has a successor (at most `max_keys`
-    /// keys each: a frame's worth), raising the shard's drop slot `slot` in `marks` and
+    /// keys each: a frame's worth), raising the shard's drops slot `slot` in `marks` and
     /// taking the watermarks after it. Call under the lock that orders pushes, right after
     /// dropping the rows. Returns the drops recorded; keys of shards `me` is alone in or
     /// does not head are left out.
@@ -245,7 +223,7 @@ impl PendingDrops {
     ) -> Result<usize> {
         keys.sort_unstable();
         let mut n = 0;
-        let parts: Vec<(usize, std::ops::Range<usize>)> = map.split_keys(keys).collect();
+        let parts: Vec<(usize, Range<usize>)> = map.split_keys(keys).collect();
         for (shard, range) in parts {
             if map.position(shard, me) != Some(0) || map.successor(shard, me).is_none() {
                 continue;
@@ -255,45 +233,22 @@ impl PendingDrops {
             marks.raise(shard, slot, (first + chunks.len() as u64 - 1, 0))?;
             let snapshot = marks.encode(shard, shard + 1);
             for (i, part) in chunks.into_iter().enumerate() {
-                self.drops.push(RowDrop { shard, seq: first + i as u64, keys: part.to_vec(), marks: snapshot.clone(), handover: false });
+                self.drops.push(RowDrop { shard, seq: first + i as u64, keys: part.to_vec(), marks: snapshot.clone() });
                 n += 1;
             }
         }
         Ok(n)
     }
 
-    /// A member applied `drop` from its predecessor (or got it applied with a replica copy)
-    /// and must pass it on: recorded until acknowledged (once, however often it comes).
+    /// A member took `drop` from its predecessor (applied now or before) and must pass it
+    /// on: held until acknowledged (once, however often it comes).
     pub fn record(&mut self, drop: RowDrop) {
         if !self.holds(drop.shard, drop.seq) {
-            self.drops.push(RowDrop { handover: false, ..drop });
+            self.drops.push(drop);
         }
     }
 
-    /// The drops of `shard` held here, to hand over with a replica copy of the shard taken
-    /// under the same lock (each flagged [`RowDrop::handover`]): the copy has them applied,
-    /// and its receiver passes them on, so a successor that lacks one gets it even if this
-    /// server fails before sending it.
-    pub fn handover(&self, shard: usize) -> Vec<RowDrop> {
-        self.drops.iter().filter(|d| d.shard == shard).map(|d| RowDrop { handover: true, ..d.clone() }).collect()
-    }
-
-    /// A replica copy of `range` was installed (under `map`): the drops held for its
-    /// shards are forgotten, the copy's state replaces this server's (its sender hands over
-    /// the drops it holds there, after the copy: [`PendingDrops::handover`]). Returns how
-    /// many went.
-    pub fn replaced(&mut self, map: &ShardMap, range: KeyRange) -> usize {
-        let before = self.drops.len();
-        self.drops.retain(|d| {
-            d.shard >= map.len() || {
-                let r = map.range(d.shard);
-                !(range.begin <= r.begin && r.end <= range.end)
-            }
-        });
-        before - self.drops.len()
-    }
-
-    /// Whether the drop numbered `seq` of `shard` waits for an acknowledgement here.
+    /// Whether the drop numbered `seq` of `shard` is held here.
     pub fn holds(&self, shard: usize, seq: u64) -> bool {
         self.drops.iter().any(|d| d.shard == shard && d.seq == seq)
     }
@@ -305,11 +260,24 @@ impl PendingDrops {
         self.drops.len() != before
     }
 
+    /// A replica copy of `range` was installed (under `map`): the drops held for its
+    /// shards are forgotten, the copy's state replaces this server's. Returns how many went.
+    pub fn replaced(&mut self, map: &ShardMap, range: KeyRange) -> usize {
+        let before = self.drops.len();
+        self.drops.retain(|d| {
+            d.shard >= map.len() || {
+                let r = map.range(d.shard);
+                !(range.begin <= r.begin && r.end <= range.end)
+            }
+        });
+        before - self.drops.len()
+    }
+
     /// Whether a worker's push (`meta`, touching `segments` of `keys`: `chain_push`'s) must
     /// wait: a part of it not applied here yet (by `marks`) touches a row whose drop is
-    /// not acknowledged. A part applied before (a retry of an update the head applied
-    /// before a drop, which the successors may need before they can take the drop) goes
-    /// on. Call under the lock that orders pushes, before `chain_push::admit_and_apply`.
+    /// held. A part applied before (a retry of an update the head applied before a drop,
+    /// which the successors may need before they can take the drop) goes on. Call under
+    /// the lock that orders pushes, before `chain_push::admit_and_apply`.
     pub fn push_waits(&self, marks: &Watermarks, meta: &PushMeta, keys: PushKeys<'_>, segments: &[(usize, Range<usize>)]) -> Result<bool> {
         if self.drops.is_empty() {
             return Ok(false);
@@ -334,7 +302,7 @@ impl PendingDrops {
         Ok(false)
     }
 
-    /// Whether an update of `keys` would touch a row whose drop is not acknowledged yet.
+    /// Whether an update of `keys` would touch a row whose drop is held.
     pub fn blocks(&self, keys: PushKeys<'_>) -> bool {
         self.drops.iter().any(|d| {
             let (Some(&lo), Some(&hi)) = (d.keys.first(), d.keys.last()) else { return false };
@@ -363,6 +331,22 @@ impl PendingDrops {
     }
 }
 
+/// The replica copies an epoch move makes of a table with eviction (placement `old`, the
+/// data's, to `new`; `alive` the servers left): for every shard whose chain changed, its
+/// first member that held it sends it to every other member of the new chain, not only to
+/// the new ones (`shards::copies`). Within an epoch the members of a chain have applied a
+/// prefix of its drops, in chain order; a change of the chain can break that (a new member
+/// copied from the head before a member after the head had a drop, and the head fails),
+/// and a member cannot take back a drop. So each changed chain starts the epoch from one
+/// member's state, drops applied included: that member is the first survivor of the chain,
+/// which holds every update and drop any survivor holds. The receivers forget the drops they
+/// held for the shard ([`PendingDrops::replaced`]); the sender keeps sending its own (the
+/// epoch may never be served, and the next one planned from an older placement may copy
+/// nothing to a member that lacks them), which members that have them pass on.
+pub fn resync_copies(old: &ShardMap, new: &ShardMap, alive: &[u32]) -> Result<Vec<ShardCopy>> {
+    crate::shards::copies_to(old, new, alive, true)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -373,12 +357,12 @@ mod tests {
     }
 
     fn drop_of(shard: usize, seq: u64, keys: Vec<u64>) -> RowDrop {
-        RowDrop { shard, seq, keys, marks: Vec::new(), handover: false }
+        RowDrop { shard, seq, keys, marks: Vec::new() }
     }
 
     #[test]
     fn a_drop_travels_in_a_frame_and_a_malformed_one_is_refused() {
-        let d = RowDrop { shard: 2, seq: 3, keys: vec![1, 5, 9], marks: vec![1; 32], handover: true };
+        let d = RowDrop { shard: 2, seq: 3, keys: vec![1, 5, 9], marks: vec![1; 32] };
         assert_eq!(RowDrop::decode(&d.meta(), &d.keys).unwrap(), d);
         assert!(RowDrop::decode(&d.meta()[..10], &d.keys).is_err());
         assert!(RowDrop::decode(&d.meta(), &[5, 1]).is_err(), "unsorted keys are refused");
@@ -411,7 +395,7 @@ mod tests {
         assert_eq!(n, headed.len());
         for &s in &headed {
             assert!(p.holds(s, 1));
-            assert_eq!(marks.get(s, 2).unwrap(), (1, 0), "the shard's drop slot counts it");
+            assert_eq!(marks.get(s, 2).unwrap(), (1, 0), "the shard's drops slot counts it");
         }
         // a second pass numbers on
         p.record_dropped(&m, me, &mut keys, &mut marks, 2, 100).unwrap();
@@ -435,27 +419,6 @@ mod tests {
         assert_eq!(p.rows(), 10);
         assert!(p.holds(0, 1) && p.holds(0, 2) && p.holds(0, 3));
         assert_eq!(marks.get(0, 1).unwrap(), (3, 0));
-    }
-
-    #[test]
-    fn a_copy_hands_over_the_drops_of_its_shard_and_the_receiver_holds_them_as_its_own() {
-        let mut p = PendingDrops::default();
-        p.record(drop_of(0, 1, vec![10]));
-        p.record(drop_of(1, 4, vec![20]));
-        let h = p.handover(1);
-        assert_eq!(h.len(), 1);
-        assert!(h[0].handover && h[0].seq == 4);
-        let back = RowDrop::decode(&h[0].meta(), &h[0].keys).unwrap();
-        assert!(back.handover);
-        let mut q = PendingDrops::default();
-        let m = map(&[1, 2], 2);
-        q.record(drop_of(1, 2, vec![20]));
-        q.record(drop_of(2, 1, vec![m.range(2).begin]));
-        assert_eq!(q.replaced(&m, m.range(1)), 1, "the receiver's own drops of the copied shard go");
-        assert!(q.holds(2, 1));
-        q.record(back);
-        assert!(q.holds(1, 4));
-        assert!(q.to_send(&map(&[1, 2], 2), 1).iter().all(|(_, d)| !d.handover), "sent on as an ordinary drop");
     }
 
     #[test]
@@ -496,6 +459,38 @@ mod tests {
     }
 
     #[test]
+    fn a_changed_chain_is_copied_to_every_other_member_and_an_unchanged_one_not_at_all() {
+        let old = map(&[1, 2, 3], 3);
+        let new = map(&[1, 2, 3, 4], 3);
+        let plain = crate::shards::copies(&old, &new, &[1, 2, 3, 4]).unwrap();
+        let resync = resync_copies(&old, &new, &[1, 2, 3, 4]).unwrap();
+        for s in 0..new.len() {
+            let changed = old.chain(s) != new.chain(s);
+            let c = resync.iter().find(|c| c.shard == s);
+            assert_eq!(c.is_some(), changed, "shard {s}");
+            if let Some(c) = c {
+                let mut to = c.to.clone();
+                to.push(c.from);
+                to.sort_unstable();
+                let mut chain = new.chain(s).to_vec();
+                chain.sort_unstable();
+                assert_eq!(to, chain, "every member of the new chain ends with the sender's state");
+                assert_eq!(Some(c.from), plain.iter().find(|p| p.shard == s).map(|p| p.from).or(Some(c.from)));
+            }
+        }
+    }
+
+    #[test]
+    fn an_installed_copy_replaces_the_drops_held_for_its_shard() {
+        let m = map(&[1, 2], 2);
+        let mut q = PendingDrops::default();
+        q.record(drop_of(1, 2, vec![m.range(1).begin]));
+        q.record(drop_of(2, 1, vec![m.range(2).begin]));
+        assert_eq!(q.replaced(&m, m.range(1)), 1);
+        assert!(q.holds(2, 1) && !q.holds(1, 2));
+    }
+
+    #[test]
     fn after_an_epoch_move_drops_go_to_the_new_successor_or_are_forgotten_at_the_tail() {
         let old = map(&[1, 2, 3], 3);
         let mut p = PendingDrops::default();
@@ -516,15 +511,15 @@ mod tests {
 
     #[test]
     fn a_drop_waits_for_the_updates_and_drops_before_it_and_is_applied_once() {
-        // two workers, the drop slot after them
+        // two workers, the drops slot after them
         let mut head = Watermarks::new(2, 3);
         let mut tail = Watermarks::new(2, 3);
         head.admit(1, 0, 3, &[5, 6]).unwrap();
         head.admit(1, 1, 1, &[7]).unwrap();
         head.raise(1, 2, (1, 0)).unwrap();
-        let d1 = RowDrop { shard: 1, seq: 1, keys: vec![6], marks: head.encode(1, 2), handover: false };
+        let d1 = RowDrop { shard: 1, seq: 1, keys: vec![6], marks: head.encode(1, 2) };
         head.raise(1, 2, (2, 0)).unwrap();
-        let d2 = RowDrop { shard: 1, seq: 2, keys: vec![7], marks: head.encode(1, 2), handover: false };
+        let d2 = RowDrop { shard: 1, seq: 2, keys: vec![7], marks: head.encode(1, 2) };
         assert_eq!(drop_state(&tail, &d1, 2).unwrap(), DropState::Wait);
         tail.admit(1, 0, 3, &[5, 6]).unwrap();
         assert_eq!(drop_state(&tail, &d1, 2).unwrap(), DropState::Wait, "worker 1's update is missing");

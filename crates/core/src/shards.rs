@@ -263,11 +263,17 @@ pub struct ShardCopy {
 /// the servers still `alive`. An error names a shard none of whose holders survived (its
 /// updates are lost: more than K − 1 servers failed at once).
 pub fn copies(old: &ShardMap, new: &ShardMap, alive: &[u32]) -> Result<Vec<ShardCopy>> {
+    copies_to(old, new, alive, false)
+}
+
+/// [`copies`], or with `whole_chain` (`chain_evict::resync_copies`), for every shard whose
+/// chain changed at all, a copy to every member of the new chain but the sender.
+pub fn copies_to(old: &ShardMap, new: &ShardMap, alive: &[u32], whole_chain: bool) -> Result<Vec<ShardCopy>> {
     let mut out = Vec::new();
     for i in 0..new.len().min(old.len()) {
         let (oc, nc) = (old.chain(i), new.chain(i));
-        let to: Vec<u32> = nc.iter().copied().filter(|n| !oc.contains(n)).collect();
-        if to.is_empty() {
+        let changed = if whole_chain { oc != nc } else { nc.iter().any(|n| !oc.contains(n)) };
+        if !changed {
             continue;
         }
         let from =
@@ -277,7 +283,10 @@ pub fn copies(old: &ShardMap, new: &ShardMap, alive: &[u32]) -> Result<Vec<Shard
                     old.range(i)
                 ))
             })?;
-        out.push(ShardCopy { shard: i, from, to });
+        let to: Vec<u32> = nc.iter().copied().filter(|&n| n != from && (whole_chain || !oc.contains(&n))).collect();
+        if !to.is_empty() {
+            out.push(ShardCopy { shard: i, from, to });
+        }
     }
     Ok(out)
 }

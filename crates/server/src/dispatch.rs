@@ -51,9 +51,7 @@ pub(crate) fn handle_frame(
     let epoch = st.epoch.load(Ordering::Relaxed);
     // A replica copy (and the table creation before it) may come from a server that heard
     // of a new epoch before this one did.
-    let copy_ahead = (matches!(op, Op::ShardCopy | Op::CreateTable)
-        || (op == Op::RowDrop && downpour_core::chain_evict::is_handover(&h.meta)))
-        && h.epoch > epoch;
+    let copy_ahead = matches!(op, Op::ShardCopy | Op::CreateTable) && h.epoch > epoch;
     if h.epoch != 0 && h.epoch != epoch && op != Op::Ping && !copy_ahead {
         return Ok(Err(ServerError::StaleEpoch { asked: h.epoch, current: epoch }));
     }

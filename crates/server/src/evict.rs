@@ -75,7 +75,7 @@ fn pass(st: &ServerState, slot: &TableSlot) -> usize {
     let mut hist = Histogram::default();
     let me = st.node_id.load(Ordering::Relaxed);
     let map = slot.repl.as_ref().map(|r| r.map.read().clone());
-    if map.is_some() && !st.repl.read().as_ref().is_some_and(|r| r.active_members == r.members()) {
+    if map.is_some() && st.repl.read().as_ref().is_none_or(|r| r.active_members != r.members()) {
         // a replicated table drops rows only once every member of this epoch has its copies:
         // a copy installed after a drop would bring the rows (and the drops applied) back
         return 0;
@@ -107,7 +107,6 @@ fn pass(st: &ServerState, slot: &TableSlot) -> usize {
             let before = t.bytes();
             gone.clear();
             dropped += t.evict_shard_where(s, &mut plan, heads, |k| gone.push(k));
-            account(st, before, t.bytes());
             if let (Some(r), Some(m), Some(ds), false) = (&slot.repl, &map, slot.repl.as_ref().and_then(|r| r.drop_slot), gone.is_empty()) {
                 // numbered and recorded under the table's lock, with the watermarks after the drop
                 let mut marks = r.marks.lock();
@@ -115,6 +114,7 @@ fn pass(st: &ServerState, slot: &TableSlot) -> usize {
                     tracing::error!("table {}: row drops not recorded (the copies may differ): {e}", slot.spec.id);
                 }
             }
+            account(st, before, t.bytes());
         }
     }
     let mut t = slot.table.write();

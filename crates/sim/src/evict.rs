@@ -120,7 +120,8 @@ impl Sim {
         let s = self.servers.get_mut(&id).expect("present");
         let (shard, seq) = (((meta.request_id & !DROP_REQUEST) >> 32) as usize, meta.request_id & 0xFFFF_FFFF);
         s.evictor.waiting.retain(|&w| w != (shard, seq));
-        if result.is_ok() && s.drops.acked(shard, seq) {
+        // (an acknowledgement from an older epoch's chain counts no more: `repl::drops::acked_in`)
+        if result.is_ok() && meta.epoch == s.epoch && s.drops.acked(shard, seq) {
             self.wake_later(id);
         }
         Ok(())
@@ -153,8 +154,8 @@ impl Sim {
                 self.wake_later(id);
                 forward
             }
+            // applied before (or had with a copy): passed on all the same, and held
             DropState::Applied => {
-                // passed on and held all the same: a member after this one may lack it
                 let forward = matches!(next, DropNext::Forward(_));
                 if forward {
                     s.drops.record(d.clone());

@@ -305,15 +305,13 @@ enum Msg {
         epoch: u64,
         members: Vec<u32>,
     },
-    /// A replica copy of an epoch move, with the row drops of its shard its sender holds
-    /// (`PendingDrops::handover`, sent after it on the same connection in the runtime).
+    /// A replica copy of an epoch move.
     Copy {
         epoch: u64,
         range: KeyRange,
         keys: Vec<u64>,
         rows: Vec<f32>,
         marks: Vec<u8>,
-        drops: Vec<RowDrop>,
     },
     /// A copy was installed (or refused: `ok` false).
     CopyAck {

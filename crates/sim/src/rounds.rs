@@ -190,7 +190,10 @@ impl Sim {
             PendKind::Drop { shard, seq } => {
                 if result.is_ok() {
                     // pushes waiting for it may go on
-                    self.servers.get_mut(&id).expect("present").drops.acked(shard, seq);
+                    let s = self.servers.get_mut(&id).expect("present");
+                    if s.epoch == p.meta.epoch {
+                        s.drops.acked(shard, seq);
+                    }
                     self.wake_later(id);
                 }
                 self.finish(id, key, p.meta, result)

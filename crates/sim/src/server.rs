@@ -92,15 +92,13 @@ impl Sim {
                 }
                 Ok(())
             }
-            Msg::Copy { epoch, range, keys, rows, marks, drops } => {
+            Msg::Copy { epoch, range, keys, rows, marks } => {
                 // a copy of an older epoch is refused (its sender moved on as well)
                 let ok = epoch >= s.epoch && {
                     let r = chain_epoch::install_copy(&mut s.table, &mut s.marks, &s.map, range, &keys, &rows, &marks);
                     r.map_err(|e| Violation(format!("server {id}: installing a copy of {range}: {e}")))?;
+                    // the copy's state replaces this server's (`repl::epoch::receive_copy`)
                     s.drops.replaced(&s.map, range);
-                    for d in drops {
-                        s.drops.record(d);
-                    }
                     true
                 };
                 self.send(Node::Server(id), from, Msg::CopyAck { epoch, ok });
@@ -319,19 +317,21 @@ impl Sim {
             s.alive = false;
             return Ok(());
         }
-        let plan = chain_epoch::outgoing(&old, &new, &members, id).map_err(|e| Violation(format!("server {id}, epoch {epoch}: {e}")))?;
+        // with eviction, a changed chain is copied whole (`repl/epoch.rs`)
+        let plan = if self.cfg.evict {
+            chain_epoch::outgoing_resync(&old, &new, &members, id)
+        } else {
+            chain_epoch::outgoing(&old, &new, &members, id)
+        }
+        .map_err(|e| Violation(format!("server {id}, epoch {epoch}: {e}")))?;
         let mut sends = Vec::new();
         for c in &plan {
             let range = new.range(c.shard);
             let (mut keys, mut rows) = (Vec::new(), Vec::new());
             s.table.export_rows(range, &mut keys, &mut rows);
             let marks = s.marks.encode(c.shard, c.shard + 1);
-            let drops = s.drops.handover(c.shard);
             for &to in &c.to {
-                sends.push((
-                    to,
-                    Msg::Copy { epoch, range, keys: keys.clone(), rows: rows.clone(), marks: marks.clone(), drops: drops.clone() },
-                ));
+                sends.push((to, Msg::Copy { epoch, range, keys: keys.clone(), rows: rows.clone(), marks: marks.clone() }));
             }
         }
         if let Some(cr) = s.rounds.as_mut() {

@@ -21,6 +21,7 @@ fn every_seed_keeps_every_replica_equal_to_the_sequential_run() {
     let mut by_k = [0u64; 4];
     let mut pipelined = 0u64;
     let mut bsp = 0u64;
+    let mut evicting = 0u64;
     let mut reported = Instant::now();
     for seed in first..first + count {
         // the soak runs for many minutes: a line every 30 s (shown with `-- --nocapture`)
@@ -45,9 +46,11 @@ fn every_seed_keeps_every_replica_equal_to_the_sequential_run() {
                 totals.drained += o.drained;
                 totals.fenced += o.fenced;
                 totals.coordinator_restarts += o.coordinator_restarts;
+                totals.drops += o.drops;
                 by_k[cfg.k] += 1;
                 pipelined += u64::from(cfg.window > 1);
                 bsp += u64::from(cfg.bsp);
+                evicting += u64::from(cfg.evict);
             }
             Err(v) => panic!(
                 "seed {seed} broke the protocol: {v}\n  configuration: {cfg:?}\n  reproduce: SIM_SEED={seed}{} cargo test --release -p downpour-sim --test seeds",
@@ -56,11 +59,12 @@ fn every_seed_keeps_every_replica_equal_to_the_sequential_run() {
         }
     }
     eprintln!(
-        "{count} seeds from {first} in {:.1}s: K=1/2/3 {}/{}/{}, {pipelined} with pipelined workers, {bsp} with a replicated bsp table, {} frames delivered, {} lost, {} duplicated, {} epochs, {} retried pushes, {} workers replaced while running, {} pushes of replaced workers fenced, {} servers drained, {} coordinator restarts",
+        "{count} seeds from {first} in {:.1}s: K=1/2/3 {}/{}/{}, {pipelined} with pipelined workers, {bsp} with a replicated bsp table, {evicting} with eviction ({} row drops), {} frames delivered, {} lost, {} duplicated, {} epochs, {} retried pushes, {} workers replaced while running, {} pushes of replaced workers fenced, {} servers drained, {} coordinator restarts",
         t0.elapsed().as_secs_f64(),
         by_k[1],
         by_k[2],
         by_k[3],
+        totals.drops,
         totals.delivered,
         totals.lost,
         totals.duplicated,
@@ -81,6 +85,7 @@ fn every_seed_keeps_every_replica_equal_to_the_sequential_run() {
         assert!(totals.coordinator_restarts > 0, "the coordinator restarted from its snapshot");
         assert!(bsp > 0 && bsp < count, "async and bsp tables");
         assert!(totals.drained > 0, "servers were drained");
+        assert!(evicting > 0 && evicting < count && totals.drops > 0, "heads dropped rows in some runs");
     }
 }
 

@@ -153,7 +153,7 @@ impl Table {
         n
     }
 
-    /// Drops the rows of `keys` (sorted or not; keys without a row are skipped) as this
+    /// Drops the rows of `keys` (any order; keys without a row are skipped) as this
     /// table's eviction would: each one counted as evicted and, under change tracking,
     /// recorded as a tombstone. A replica applying its chain head's drop
     /// (`core::chain_evict`). Returns the rows dropped.

@@ -58,8 +58,7 @@ pub(crate) fn wait_for_acks(r: &TableRepl, deadline: Instant) -> Result<(), Serv
 /// watermarks cover the drop's (every update the head applied before it is applied here:
 /// [`chain_evict::drop_state`]), recorded and forwarded to the successor, whose
 /// acknowledgement comes before this one's. A drop applied here before is not applied
-/// again, but forwarded all the same. A drop handed over with a replica copy is held, to
-/// pass on.
+/// again, but passed on all the same.
 pub(crate) fn receive_drop(
     st: &ServerState,
     slot: &TableSlot,
@@ -78,14 +77,6 @@ pub(crate) fn receive_drop(
         Ok(d) => d,
         Err(e) => return Ok(Err(ServerError::Core(e))),
     };
-    if drop.handover {
-        // the copy before it on this connection has it applied: held, to pass on
-        r.drops.lock().record(drop);
-        st.evict_wake.notify_one();
-        let mut rep = msg::reply_to(h, me);
-        conn.send(&mut rep, &[], &[])?;
-        return Ok(Ok(()));
-    }
     let map = r.map.read().clone();
     let next = match chain_evict::check_drop(&map, &drop, me, h.sender, h.epoch, st.epoch.load(Ordering::Relaxed)) {
         Ok(n) => n,
@@ -139,8 +130,7 @@ pub(crate) fn receive_drop(
                 }
                 forward
             }
-            // applied before (or come with a copy): passed on and held all the same, a
-            // member after this one may lack it
+            // applied before (or had with a copy): passed on all the same, and held
             Ok(DropState::Applied) => {
                 let forward = matches!(next, DropNext::Forward(_));
                 if forward {
@@ -170,7 +160,7 @@ pub(crate) fn receive_drop(
         });
         match sent {
             Ok(None) => {
-                r.drops.lock().acked(drop.shard, drop.seq);
+                acked_in(st, r, h.epoch, drop.shard, drop.seq);
                 r.drops_acked.notify_all();
             }
             // kept: sent again by the evictor (and after the next epoch move)
@@ -184,6 +174,16 @@ pub(crate) fn receive_drop(
     let mut rep = msg::reply_to(h, me);
     conn.send(&mut rep, &[], &[])?;
     Ok(Ok(()))
+}
+
+/// The successor acknowledged drop `seq` of `shard`, sent under `epoch`: forgotten (with
+/// the acknowledged ones after it) only if this server is still at that epoch. An epoch
+/// move took its copies while the drop was held, leaving it out, and the new chain must
+/// acknowledge it again. (Checked under the drops' lock, which the move takes its copies
+/// under after switching epochs.) Whether anything was forgotten.
+fn acked_in(st: &ServerState, r: &TableRepl, epoch: u64, shard: usize, seq: u64) -> bool {
+    let mut d = r.drops.lock();
+    st.epoch.load(Ordering::Relaxed) == epoch && d.acked(shard, seq)
 }
 
 /// The frame carrying `drop` (its keys go as the frame's keys).
@@ -244,7 +244,7 @@ pub(crate) fn send_drops(st: &ServerState, slot: &TableSlot, r: &TableRepl, out:
         let Some(c) = out.conns.get_mut(&to) else { continue };
         match c.recv_header() {
             Ok(Some(a)) if a.status == 0 => {
-                if r.drops.lock().acked(shard, seq) {
+                if acked_in(st, r, epoch, shard, seq) {
                     acked += 1;
                 }
             }

@@ -55,7 +55,13 @@ pub fn move_to_epoch(st: &ServerState, routing: proto::Routing) -> Result<u64, E
         };
         let old = repl.map(domain, &old_members);
         let new = repl.map(domain, &new_members);
-        let plan = chain_epoch::outgoing(&old, &new, &new_members, me).map_err(|e| EpochError::Failed(format!("table {id}: {e}")))?;
+        // a table with eviction: a changed chain is copied whole (`core::chain_evict::resync_copies`)
+        let plan = if tr.drop_slot.is_some() {
+            chain_epoch::outgoing_resync(&old, &new, &new_members, me)
+        } else {
+            chain_epoch::outgoing(&old, &new, &new_members, me)
+        }
+        .map_err(|e| EpochError::Failed(format!("table {id}: {e}")))?;
         let mut outgoing = Vec::new();
         {
             // a replicated bsp table: no round is half applied or half forwarded while its
@@ -64,13 +70,11 @@ pub fn move_to_epoch(st: &ServerState, routing: proto::Routing) -> Result<u64, E
             let t = slot.table.write();
             *tr.map.write() = Arc::new(new.clone());
             let marks = tr.marks.lock();
-            let drops = tr.drops.lock();
             for c in &plan {
                 let (mut keys, mut rows) = (Vec::new(), Vec::new());
                 let range = new.range(c.shard);
                 t.export_rows(range, &mut keys, &mut rows);
-                // the row drops of the shard this server still holds go with it (`core::chain_evict`)
-                outgoing.push((c.to.clone(), range, keys, rows, marks.encode(c.shard, c.shard + 1), drops.handover(c.shard)));
+                outgoing.push((c.to.clone(), range, keys, rows, marks.encode(c.shard, c.shard + 1)));
             }
             if let Some(cr) = rounds.as_mut() {
                 cr.set_heads(routing.epoch, |s| new.position(s, me) == Some(0));
@@ -80,7 +84,7 @@ pub fn move_to_epoch(st: &ServerState, routing: proto::Routing) -> Result<u64, E
             // clocks and pulls waiting under the old epoch are refused now
             c.changed.notify_all();
         }
-        for (to, range, keys, rows, marks, drops) in outgoing {
+        for (to, range, keys, rows, marks) in outgoing {
             for node in to {
                 let peer = match peers.entry(node) {
                     std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
@@ -91,7 +95,6 @@ pub fn move_to_epoch(st: &ServerState, routing: proto::Routing) -> Result<u64, E
                     }),
                 };
                 send_copy(st, peer, me, routing.epoch, id, &slot.spec, range, &keys, &rows, row_len, &marks)
-                    .and_then(|()| send_handover(peer, me, routing.epoch, id, &drops))
                     .map_err(|e| EpochError::Copy(format!("copying {range} of table {id} to node {node}: {e}")))?;
                 sent += keys.len() as u64;
             }
@@ -186,25 +189,6 @@ fn send_copy(
     Ok(())
 }
 
-/// Sends the row drops handed over with a shard's copy, after it on the same connection
-/// (`core::chain_evict::PendingDrops::handover`); acknowledgements counted in `peer.acks`.
-fn send_handover(
-    peer: &mut CopyPeer,
-    me: u32,
-    epoch: u64,
-    table: u32,
-    drops: &[downpour_core::chain_evict::RowDrop],
-) -> Result<(), String> {
-    for d in drops {
-        let mut h = msg::request(Op::RowDrop, me, peer.acks as u64 + 1, epoch, table);
-        h.forwarded = true;
-        h.meta = d.meta().into();
-        peer.conn.send(&mut h, key_bytes(&d.keys), &[]).map_err(|e| e.to_string())?;
-        peer.acks += 1;
-    }
-    Ok(())
-}
-
 /// Installs a chunk of a replica copy ([`Op::ShardCopy`]): rows, and with the first chunk
 /// the watermarks of the shards it covers.
 pub(crate) fn receive_copy(st: &ServerState, slot: &TableSlot, h: &FrameHeader, ctx: &mut ConnCtx) -> ReqResult {
@@ -220,7 +204,7 @@ pub(crate) fn receive_copy(st: &ServerState, slot: &TableSlot, h: &FrameHeader, 
     let mut marks = r.marks.lock();
     chain_epoch::install_copy(&mut t, &mut marks, &map, range, &ctx.keys, &ctx.vals, &h.meta).map_err(ServerError::Core)?;
     if !h.meta.is_empty() && r.drop_slot.is_some() {
-        // the copy's state replaces this server's: so do the drops its sender hands over next
+        // the copy's state replaces this server's, drops applied included
         if r.drops.lock().replaced(&map, range) > 0 {
             r.drops_acked.notify_all();
         }
