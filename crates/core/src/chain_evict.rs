@@ -26,7 +26,10 @@
 //!    once): the head's acknowledgement means the tail has it.
 //! 4. A member keeps every drop it applied until its successor acknowledges it and sends
 //!    the rest again to its successor under each new routing epoch ([`PendingDrops::to_send`]),
-//!    or forgets them where it became the tail or left the chain. An epoch move that
+//!    or forgets them where it became the tail or left the chain; acknowledgements and
+//!    tails count only for a chain the placement where the data is has too ([`settled`]:
+//!    an epoch never served may be followed by one planned from the older placement). An
+//!    epoch move that
 //!    changes a shard's chain copies the shard from its first surviving member to every
 //!    other member of the new chain ([`resync_copies`]): each changed chain starts the
 //!    epoch equal, drops included. A drop not applied yet (waiting for its updates) is
@@ -254,6 +257,8 @@ impl PendingDrops {
     }
 
     /// The successor acknowledged drop `seq` of `shard`: forgotten. Whether it was held.
+    /// Only for a [`settled`] shard: otherwise the acknowledging chain may not be the one
+    /// the next epoch starts from.
     pub fn acked(&mut self, shard: usize, seq: u64) -> bool {
         let before = self.drops.len();
         self.drops.retain(|d| !(d.shard == shard && d.seq == seq));
@@ -322,13 +327,21 @@ impl PendingDrops {
     }
 
     /// The drops to send (again) under `map` from server `me`, each with the successor
-    /// to send it to, in each shard's order. Drops of shards where `me` is now the tail,
-    /// or no longer a member, are forgotten: nobody after it needs them.
-    pub fn to_send(&mut self, map: &ShardMap, me: u32) -> Vec<(u32, RowDrop)> {
-        self.drops.retain(|d| d.shard < map.len() && map.successor(d.shard, me).is_some());
+    /// to send it to, in each shard's order. Drops of a [`settled`] shard where `me` is now
+    /// the tail, or no longer a member, are forgotten: nobody after it needs them.
+    pub fn to_send(&mut self, map: &ShardMap, me: u32, settled: impl Fn(usize) -> bool) -> Vec<(u32, RowDrop)> {
+        self.drops.retain(|d| d.shard < map.len() && (map.successor(d.shard, me).is_some() || !settled(d.shard)));
         self.drops.sort_by_key(|d| (d.shard, d.seq));
         self.drops.iter().filter_map(|d| map.successor(d.shard, me).map(|next| (next, d.clone()))).collect()
     }
+}
+
+/// Whether shard `shard`'s chain under the routing in force (`map`) is its chain where the
+/// data is (`data`: the placement of the last epoch this server heard was served). Until
+/// then a new epoch may be planned from `data`, so a drop acknowledged by the chain of
+/// `map` is still held (a member of the `data` chain may lack it) and sent again.
+pub fn settled(data: &ShardMap, map: &ShardMap, shard: usize) -> bool {
+    shard < data.len() && shard < map.len() && data.chain(shard) == map.chain(shard)
 }
 
 /// The replica copies an epoch move makes of a table with eviction (placement `old`, the
@@ -481,6 +494,17 @@ mod tests {
     }
 
     #[test]
+    fn a_chain_is_settled_only_where_the_data_placement_has_it_too() {
+        let data = map(&[1, 2, 3], 2);
+        let now = map(&[1, 2, 3, 4], 2);
+        for s in 0..now.len() {
+            assert_eq!(settled(&data, &now, s), data.chain(s) == now.chain(s));
+            assert!(settled(&now, &now, s));
+        }
+        assert!(!settled(&data, &now, now.len()), "no such shard");
+    }
+
+    #[test]
     fn an_installed_copy_replaces_the_drops_held_for_its_shard() {
         let m = map(&[1, 2], 2);
         let mut q = PendingDrops::default();
@@ -500,11 +524,17 @@ mod tests {
         // node 3 is gone: each member's successor in the 2-node chains
         let new = map(&[1, 2], 3);
         let me = 1;
-        let sends = p.clone().to_send(&new, me);
+        let sends = p.clone().to_send(&new, me, |_| true);
         for (next, d) in &sends {
             assert_eq!(Some(*next), new.successor(d.shard, me));
         }
-        let kept = p.to_send(&new, me).len();
+        let kept = p.clone().to_send(&new, me, |_| true).len();
+        assert_eq!(p.clone().to_send(&new, me, |_| false).len(), kept, "nothing sent where none follows");
+        let all = p.clone();
+        let mut q = all.clone();
+        q.to_send(&new, me, |_| false);
+        assert_eq!(q.len(), all.len(), "but nothing forgotten while the data's placement differs");
+        let kept = p.to_send(&new, me, |_| true).len();
         assert_eq!(kept, (0..new.len()).filter(|&s| new.successor(s, me).is_some()).count());
         assert_eq!(p.len(), kept, "drops where this server is the tail are forgotten");
     }

@@ -185,9 +185,17 @@ impl Sim {
     fn monitor(&mut self) -> Result<(), Violation> {
         let now = self.clock();
         let servers: Vec<u32> = self.servers.iter().filter(|(id, s)| s.alive && !self.cut.contains(id)).map(|(id, _)| *id).collect();
+        let served = (self.coord.served_epoch, self.coord.engine.epochs().served().to_vec());
         for id in servers {
             if self.coord.engine.heartbeat_seen(id, now).is_none() {
                 self.coord.engine.heartbeat_reply(id, now);
+                // a heartbeat's answer carries the routing: a server at the served epoch
+                // that missed the word hears it now (`node.rs` calls `epoch_served`), unless
+                // this answer is missed too
+                let s = &self.servers[&id];
+                if s.epoch == served.0 && !s.epoch_served && self.coord.engine.epochs().active() && !self.rng.chance(self.cfg.skip_served) {
+                    self.send(Node::Coordinator, Node::Server(id), Msg::Served { epoch: served.0, members: served.1.clone() });
+                }
             }
         }
         for w in 0..self.workers.len() {

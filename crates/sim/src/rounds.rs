@@ -8,6 +8,7 @@
 //! the watermarks.
 
 use super::*;
+use downpour_core::chain_evict;
 
 impl Sim {
     /// A worker's push of a round, or its clock, at a server (`FrameOp::Round`,
@@ -190,8 +191,9 @@ impl Sim {
             PendKind::Drop { shard, seq } => {
                 if result.is_ok() {
                     // pushes waiting for it may go on
+                    let data = self.map_of(&self.servers[&id].known_served);
                     let s = self.servers.get_mut(&id).expect("present");
-                    if s.epoch == p.meta.epoch {
+                    if s.epoch == p.meta.epoch && chain_evict::settled(&data, &s.map, shard) {
                         s.drops.acked(shard, seq);
                     }
                     self.wake_later(id);

@@ -176,14 +176,16 @@ pub(crate) fn receive_drop(
     Ok(Ok(()))
 }
 
-/// The successor acknowledged drop `seq` of `shard`, sent under `epoch`: forgotten (with
-/// the acknowledged ones after it) only if this server is still at that epoch. An epoch
+/// The successor acknowledged drop `seq` of `shard`, sent under `epoch`: forgotten only if
+/// this server is still at that epoch and the shard's chain is settled
+/// ([`chain_evict::settled`]). An epoch
 /// move took its copies while the drop was held, leaving it out, and the new chain must
 /// acknowledge it again. (Checked under the drops' lock, which the move takes its copies
 /// under after switching epochs.) Whether anything was forgotten.
 fn acked_in(st: &ServerState, r: &TableRepl, epoch: u64, shard: usize, seq: u64) -> bool {
     let mut d = r.drops.lock();
-    st.epoch.load(Ordering::Relaxed) == epoch && d.acked(shard, seq)
+    let settled = chain_evict::settled(&r.data_map.read(), &r.map.read(), shard);
+    st.epoch.load(Ordering::Relaxed) == epoch && settled && d.acked(shard, seq)
 }
 
 /// The frame carrying `drop` (its keys go as the frame's keys).
@@ -212,7 +214,8 @@ pub(crate) fn send_drops(st: &ServerState, slot: &TableSlot, r: &TableRepl, out:
         out.epoch = epoch;
     }
     let map = r.map.read().clone();
-    let sends = r.drops.lock().to_send(&map, me);
+    let data = r.data_map.read().clone();
+    let sends = r.drops.lock().to_send(&map, me, |s| chain_evict::settled(&data, &map, s));
     if sends.is_empty() {
         return Ok(0);
     }

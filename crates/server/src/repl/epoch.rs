@@ -69,6 +69,7 @@ pub fn move_to_epoch(st: &ServerState, routing: proto::Routing) -> Result<u64, E
             let mut rounds = slot.chain.as_ref().map(|c| c.rounds.lock());
             let t = slot.table.write();
             *tr.map.write() = Arc::new(new.clone());
+            *tr.data_map.write() = Arc::new(old.clone());
             let marks = tr.marks.lock();
             for c in &plan {
                 let (mut keys, mut rows) = (Vec::new(), Vec::new());
@@ -120,10 +121,22 @@ struct CopyPeer {
 
 /// Marks the current epoch as served by every server: its placement is where the data is.
 pub fn epoch_served(st: &ServerState, routing: &proto::Routing) {
-    if let Some(r) = st.repl.write().as_mut() {
-        if r.routing.epoch == routing.epoch {
+    let served = match st.repl.write().as_mut() {
+        Some(r) if r.routing.epoch == routing.epoch => {
             r.active_members = routing.servers.iter().map(|s| s.node_id).collect();
+            true
         }
+        _ => false,
+    };
+    if served {
+        // the data is where this epoch put it: its chains are settled
+        for slot in st.tables.read().values() {
+            if let Some(tr) = &slot.repl {
+                let map = tr.map.read().clone();
+                *tr.data_map.write() = map;
+            }
+        }
+        st.evict_wake.notify_one();
     }
 }
 

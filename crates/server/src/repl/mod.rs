@@ -43,6 +43,10 @@ pub(crate) struct ChainSlot {
 
 pub(crate) struct TableRepl {
     pub(crate) map: RwLock<Arc<ShardMap>>,
+    /// The placement where the data is (the last epoch this server heard was served): row
+    /// drops count as acknowledged only for chains it shares with `map`
+    /// (`core::chain_evict::settled`).
+    pub(crate) data_map: RwLock<Arc<ShardMap>>,
     pub(crate) marks: Mutex<Watermarks>,
     /// Notified (on `marks`) after a push is applied while a row drop waits for the
     /// updates before it (`drops::receive_drop`); `drop_waiters` says whether one does.
@@ -59,8 +63,10 @@ pub(crate) struct TableRepl {
 
 impl TableRepl {
     pub(crate) fn new(map: ShardMap, marks: Watermarks, drop_slot: Option<usize>) -> TableRepl {
+        let map = Arc::new(map);
         TableRepl {
-            map: RwLock::new(Arc::new(map)),
+            data_map: RwLock::new(map.clone()),
+            map: RwLock::new(map),
             marks: Mutex::new(marks),
             applied: Condvar::new(),
             drop_waiters: AtomicUsize::new(0),
