@@ -91,6 +91,46 @@ fn eviction_bounds_every_servers_rows_and_still_learns() {
     }
 }
 
+/// Rows dropped by `policy` on each server, from an info-level log.
+fn dropped_rows(log: &str, policy: &str) -> Vec<u64> {
+    let tag = format!("eviction {policy}: ");
+    log.match_indices(&tag).map(|(i, m)| log[i + m.len()..].split(' ').next().unwrap().parse::<u64>().unwrap()).collect()
+}
+
+#[test]
+fn eviction_on_two_copies_through_a_server_killed_mid_run_learns_as_well_as_an_undisturbed_run() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/spamassassin");
+    let d = tempfile::tempdir().unwrap();
+    let run = |fault: Option<&str>, name: &str| -> (f64, String) {
+        let out = d.path().join(name);
+        let mut c = downpour();
+        c.env("DOWNPOUR_LOG", "info").args(["launch", "--servers", "3", "--workers", "2", "--replication", "2"]);
+        if let Some(f) = fault {
+            c.args(["--fault", f]);
+        }
+        // rows unused for 150 ms go (an epoch takes about 200 ms here): hundreds of
+        // thousands of drops down the chains while the workers push
+        let o = c
+            .args(["--", "train", "linear", "--format", "text-jsonl", "--evict", "ttl:150ms"])
+            .args(["--train", root.join("train.jsonl.gz").to_str().unwrap(), "--test", root.join("test.jsonl.gz").to_str().unwrap()])
+            .args(["--epochs", "20", "--lr", "1", "--quiet", "--out", out.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let log = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert!(o.status.success(), "{fault:?}: {log}");
+        (metrics(&out)["test_auc"].as_f64().unwrap(), log)
+    };
+    let (calm, log) = run(None, "calm.json");
+    let dropped = dropped_rows(&log, "ttl:150ms");
+    assert!(dropped.len() == 3 && dropped.iter().all(|&n| n > 1000), "rows dropped per server: {dropped:?}");
+    let (killed, log) = run(Some("kill server:1 at 1200ms"), "killed.json");
+    assert!(log.contains("killed server 1") && log.contains("routing epoch 2 served"), "the fault did not land mid-run: {log}");
+    let dropped = dropped_rows(&log, "ttl:150ms");
+    assert!(dropped.len() == 2 && dropped.iter().all(|&n| n > 1000), "rows dropped per surviving server: {dropped:?}");
+    assert!(calm >= 0.99, "undisturbed test AUC {calm}");
+    assert!((calm - killed).abs() <= 0.005, "AUC {killed} with a server killed against {calm}");
+}
+
 #[test]
 fn an_export_directory_written_while_training_merges_to_the_trained_model_and_is_served() {
     let d = tempfile::tempdir().unwrap();

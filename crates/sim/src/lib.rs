@@ -43,6 +43,12 @@
 //! while it runs, that no server takes a push from a worker after it heard of the node that
 //! replaced it.
 //!
+//! Eviction runs (half the async seeds): now and then a head drops a few rows of the shards
+//! it heads, through `core::chain_evict` as the runtime's evictor does, and the chains carry
+//! the drops (`evict.rs`: a drop received, a push to a dropped row held at the head, epoch
+//! moves that copy a changed chain whole). The check then wants the copies of every key a
+//! head dropped equal (and at most the sequential run's value), the others exact.
+//!
 //! What it does not model yet: barriers and checkpoints, calls
 //! lost to a coordinator restart, the journal's retention of `bsp` rounds (async workers
 //! replay through `core::journal`), requests of several chunks from workers (forwards of
