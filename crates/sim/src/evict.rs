@@ -81,9 +81,7 @@ impl Sim {
                 }
             }
             let before = s.drops.len();
-            let data = self.map_of(&self.servers[&id].known_served);
-            let s = self.servers.get_mut(&id).expect("present");
-            let sends = s.drops.to_send(&s.map, id, |sh| chain_evict::settled(&data, &s.map, sh));
+            let sends = s.drops.to_send(&s.map, id, |sh| chain_evict::settled(&s.data_map, &s.map, sh));
             let forgot = s.drops.len() < before;
             let (conn, epoch) = (s.evictor.conn(), s.epoch);
             let mut sent = Vec::new();
@@ -119,13 +117,12 @@ impl Sim {
 
     /// An answer to a drop server `id`'s evictor sent.
     pub(crate) fn evictor_ack(&mut self, id: u32, meta: PushMeta, result: Result<(), Failure>) -> Result<(), Violation> {
-        let data = self.map_of(&self.servers[&id].known_served);
         let s = self.servers.get_mut(&id).expect("present");
         let (shard, seq) = (((meta.request_id & !DROP_REQUEST) >> 32) as usize, meta.request_id & 0xFFFF_FFFF);
         s.evictor.waiting.retain(|&w| w != (shard, seq));
         // (an acknowledgement from an older epoch's chain, or one the data's placement does
         // not have, counts no more: `repl::drops::acked_in`)
-        let settled = chain_evict::settled(&data, &s.map, shard);
+        let settled = chain_evict::settled(&s.data_map, &s.map, shard);
         if result.is_ok() && meta.epoch == s.epoch && settled && s.drops.acked(shard, seq) {
             self.wake_later(id);
         }

@@ -494,6 +494,8 @@ struct Server {
     map: ShardMap,
     /// The members of the last epoch this server heard was served (where the data is).
     known_served: Vec<u32>,
+    /// The placement of `known_served` (`repl::TableRepl::data_map`).
+    data_map: ShardMap,
     /// Whether it heard that its own epoch was served (every member has its copies): only
     /// then does its evictor drop rows (`evict.rs` in the runtime).
     epoch_served: bool,
@@ -759,6 +761,7 @@ impl Sim {
             epoch,
             map: self.map_of(members),
             known_served: members.to_vec(),
+            data_map: self.map_of(members),
             epoch_served: epoch == 1,
             table: Table::new(TableDef::new(TABLE, "sim"), KeyRange::FULL, &RuleRegistry::new()).expect("a valid table definition"),
             // one slot per worker, and the round watermark's (`chain_rounds`)

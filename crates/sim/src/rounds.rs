@@ -191,9 +191,8 @@ impl Sim {
             PendKind::Drop { shard, seq } => {
                 if result.is_ok() {
                     // pushes waiting for it may go on
-                    let data = self.map_of(&self.servers[&id].known_served);
                     let s = self.servers.get_mut(&id).expect("present");
-                    if s.epoch == p.meta.epoch && chain_evict::settled(&data, &s.map, shard) {
+                    if s.epoch == p.meta.epoch && chain_evict::settled(&s.data_map, &s.map, shard) {
                         s.drops.acked(shard, seq);
                     }
                     self.wake_later(id);

@@ -88,6 +88,7 @@ impl Sim {
             Msg::Served { epoch, members } => {
                 if s.epoch == epoch {
                     s.known_served = members;
+                    s.data_map = s.map.clone();
                     s.epoch_served = true;
                 }
                 Ok(())
@@ -311,6 +312,7 @@ impl Sim {
         }
         s.epoch = epoch;
         s.known_served = data;
+        s.data_map = old.clone();
         s.epoch_served = false;
         s.map = new.clone();
         if !members.contains(&id) {
