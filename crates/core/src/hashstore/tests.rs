@@ -1,0 +1,147 @@
+//! Tests of [`HashStore`](super::HashStore).
+
+#[test]
+fn removing_a_range_keeps_every_other_key_and_its_row() {
+    let mut h = HashStore::new(1, 0);
+    let keys: Vec<u64> = (0..5000u64).map(|i| i * 7919).collect();
+    let mut slots = Vec::new();
+    h.resolve(&keys, true, &mut slots, |k, w| w[0] = k as f32);
+    let (lo, hi) = (1000 * 7919, 3000 * 7919);
+    assert_eq!(h.remove_range(lo, hi), 2000);
+    assert_eq!(h.len(), 3000);
+    for &k in &keys {
+        assert_eq!(h.contains(k), !(lo..hi).contains(&k), "key {k}");
+    }
+    h.resolve(&keys[..10], false, &mut slots, |_, _| {});
+    for (i, t) in slots.iter().enumerate() {
+        assert_eq!(h.w(*t)[0], keys[i] as f32);
+    }
+    assert_eq!(h.remove_range(lo, hi), 0);
+}
+
+use super::*;
+use proptest::prelude::*;
+use std::collections::HashMap;
+
+proptest! {
+    // Inserting and reading back through growth of many shards behaves like a HashMap.
+    #[test]
+    fn behaves_like_a_hashmap_across_growth(batches in proptest::collection::vec(proptest::collection::vec(0u64..5_000, 1..400), 1..20)) {
+        let mut st = HashStore::new(2, 1);
+        let mut model: HashMap<u64, (f32, f32)> = HashMap::new();
+        let mut slots = Vec::new();
+        for (bi, b) in batches.iter().enumerate() {
+            let create = bi % 4 != 3;
+            st.resolve(b, create, &mut slots, |k, w| { w[0] = k as f32; w[1] = 0.0; });
+            for (&k, &t) in b.iter().zip(&slots) {
+                if !create && !model.contains_key(&k) {
+                    prop_assert_eq!(t, MISSING);
+                    continue;
+                }
+                let e = model.entry(k).or_insert((k as f32, 0.0));
+                let (w, s) = st.row_mut(t);
+                prop_assert_eq!(w[0], e.0);
+                prop_assert_eq!(w[1], e.1);
+                w[1] += 1.0;
+                s[0] += 1.0;
+                e.1 += 1.0;
+            }
+        }
+        prop_assert_eq!(st.len(), model.len());
+        let (mut k, mut v) = (vec![], vec![]);
+        st.range(100, 4_000, &mut k, &mut v);
+        let mut expect: Vec<u64> = model.keys().copied().filter(|&x| (100..4_000).contains(&x)).collect();
+        expect.sort_unstable();
+        prop_assert_eq!(&k, &expect);
+        for (i, key) in k.iter().enumerate() {
+            prop_assert_eq!(v[2 * i + 1], model[key].1);
+        }
+    }
+}
+
+proptest! {
+    // Uniform keys (as the applications scramble them) keep the order-preserving
+    // placement through growth and read back like a HashMap.
+    #[test]
+    fn uniform_keys_stay_in_key_order_and_behave_like_a_hashmap(batches in proptest::collection::vec(proptest::collection::vec(0u64..20_000, 1..600), 1..12)) {
+        let mut st = HashStore::new(1, 1);
+        let mut model: HashMap<u64, f32> = HashMap::new();
+        let mut slots = Vec::new();
+        for b in &batches {
+            let keys: Vec<u64> = b.iter().map(|&x| crate::keys::scramble(x)).collect();
+            st.resolve(&keys, true, &mut slots, |k, w| w[0] = (k % 1000) as f32);
+            for (&k, &t) in keys.iter().zip(&slots) {
+                let e = model.entry(k).or_insert((k % 1000) as f32);
+                let (w, _) = st.row_mut(t);
+                prop_assert_eq!(w[0], *e);
+                w[0] += 1.0;
+                *e += 1.0;
+            }
+        }
+        prop_assert!(st.is_ordered(), "uniform keys keep the ordered placement");
+        prop_assert_eq!(st.len(), model.len());
+        let mut all: Vec<u64> = model.keys().copied().collect();
+        all.sort_unstable();
+        st.resolve(&all, false, &mut slots, |_, _| {});
+        for (k, t) in all.iter().zip(&slots) {
+            prop_assert_eq!(st.w(*t)[0], model[k]);
+        }
+    }
+}
+
+#[test]
+fn clustered_keys_move_the_store_to_mixed_placement_and_lose_nothing() {
+    let mut st = HashStore::new(1, 0);
+    let mut slots = Vec::new();
+    // sequential ids all fall into the first slots of shard 0 under the identity
+    let keys: Vec<u64> = (0..50_000u64).collect();
+    for c in keys.chunks(1000) {
+        st.resolve(c, true, &mut slots, |k, w| w[0] = k as f32);
+    }
+    assert!(!st.is_ordered(), "sequential ids cluster");
+    assert_eq!(st.len(), keys.len());
+    st.resolve(&keys, false, &mut slots, |_, _| {});
+    assert!(keys.iter().zip(&slots).all(|(&k, &t)| t != MISSING && st.w(t)[0] == k as f32));
+    // and a request in key order walks every shard's rows forwards while ordered
+    let mut u = HashStore::new(1, 0);
+    let mut ks: Vec<u64> = (0..20_000u64).map(crate::keys::scramble).collect();
+    ks.sort_unstable();
+    u.resolve(&ks, true, &mut slots, |_, w| w[0] = 0.0);
+    assert!(u.is_ordered());
+    let in_order = slots.windows(2).filter(|w| w[0].shard() != w[1].shard() || w[0].index() < w[1].index()).count();
+    assert!(in_order as f64 > 0.99 * (slots.len() - 1) as f64, "{in_order} of {} steps go forwards", slots.len() - 1);
+}
+
+#[test]
+fn a_bulk_load_of_sorted_uniform_keys_in_chunks_stays_ordered_within_the_memory_bounds() {
+    // as a server receives a 1M-key push: chunks of ~87k keys, tables in blocks of 4096
+    let keys = crate::keys::random_sorted_keys(1_000_000, 7);
+    let mut st = HashStore::new(1, 0);
+    let mut slots = Vec::new();
+    for c in keys.chunks(87_000) {
+        st.reserve_for(c);
+        for b in c.chunks(4096) {
+            st.resolve(b, true, &mut slots, |k, w| w[0] = (k % 7) as f32);
+        }
+    }
+    assert!(st.is_ordered(), "the keys were uniform");
+    assert_eq!(st.len(), keys.len());
+    st.resolve(&keys, false, &mut slots, |_, _| {});
+    assert!(keys.iter().zip(&slots).all(|(&k, &t)| t != MISSING && st.w(t)[0] == (k % 7) as f32));
+    let per_key = st.bytes() as f64 / st.len() as f64;
+    // 12 bytes a slot at 53–80 % load
+    assert!((14.0..=23.0).contains(&per_key), "{per_key} bytes per key");
+}
+
+#[test]
+fn memory_per_key_stays_within_the_load_bounds() {
+    let mut st = HashStore::new(1, 2);
+    let mut slots = Vec::new();
+    let keys: Vec<u64> = (0..1_000_000u64).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15) % (1 << 40)).collect();
+    for c in keys.chunks(10_000) {
+        st.resolve(c, true, &mut slots, |_, w| w[0] = 0.0);
+    }
+    let per_key = st.bytes() as f64 / st.len() as f64;
+    // 20 bytes a slot at 53–80 % load: 25–38 bytes a key.
+    assert!((24.0..=40.0).contains(&per_key), "{per_key} bytes per key");
+}

@@ -1,0 +1,364 @@
+//! Tests of [`Table`](super::Table): storage, update rules, exports and copies.
+
+use super::*;
+use proptest::prelude::*;
+use std::collections::BTreeMap;
+
+/// A table of id 1 (sparse unless `dense`), for the tests of this crate.
+pub(crate) fn def(dense: Option<KeyRange>, vl: usize, rule: &str) -> TableDef {
+    TableDef {
+        value_len: vl,
+        storage: dense.map(Storage::Dense).unwrap_or(Storage::Sparse),
+        rule: proto::Rule { name: rule.into(), lr: 0.1, ..Default::default() },
+        ..TableDef::new(1, "t")
+    }
+}
+
+/// A request large enough for two threads: the keys without a row are collected from
+/// both halves, in key order, and admitted at their second push.
+#[test]
+fn large_admitting_pushes_admit_every_key_at_its_second_push() {
+    let d = TableDef { admit: Admission::Count { n: 2, sketch_mib: 16.0 }, ..def(None, 1, "add") };
+    let mut t = Table::new(d, KeyRange::FULL, &RuleRegistry::new()).unwrap();
+    let keys = crate::keys::random_sorted_keys(4 * PARALLEL_MIN, 5);
+    let n = keys.len();
+    let mut out = vec![9f32; n];
+    t.push_pull(&keys, &vec![1.0; n], &mut out).unwrap();
+    assert!(out.iter().all(|&v| v == 0.0) && t.is_empty(), "{} rows after one push", t.len());
+    t.push(&keys, &vec![2.0; n]).unwrap();
+    assert_eq!(t.len(), n);
+    t.push_pull(&keys, &vec![3.0; n], &mut out).unwrap();
+    assert!(out.iter().all(|&v| v == 5.0));
+    assert_eq!(t.admission().unwrap(), AdmissionStats { admitted: n as u64, refused: n as u64 });
+}
+
+#[test]
+fn admission_travels_in_the_wire_form_and_is_refused_on_dense_tables() {
+    let d = TableDef { admit: "count:3:0.5".parse().unwrap(), ..def(None, 1, "add") };
+    assert_eq!(TableDef::from_proto(&d.to_proto()).unwrap().admit, d.admit);
+    assert_eq!(TableDef::from_proto(&def(None, 1, "add").to_proto()).unwrap().admit, Admission::Always);
+    let dense = TableDef { admit: Admission::Probability(0.5), ..def(Some(KeyRange::new(0, 10)), 1, "add") };
+    let e = TableDef::from_proto(&dense.to_proto()).unwrap_err();
+    assert!(e.to_string().contains("sparse"), "{e}");
+}
+
+/// A large request (applied on two threads, half the shards each, where the machine has
+/// two cores) gives what one thread gives, key by key: on uniform keys (ordered store),
+/// on sequential ids (mixed store, one thread), each with adagrad's state.
+#[test]
+fn large_requests_split_over_two_threads_give_what_one_thread_gives() {
+    let reg = RuleRegistry::new();
+    let uniform: Vec<u64> = {
+        let mut k: Vec<u64> = (0..80_000u64).map(crate::keys::scramble).collect();
+        k.sort_unstable();
+        k
+    };
+    let sequential: Vec<u64> = (1..80_001).collect();
+    for keys in [uniform, sequential] {
+        let g: Vec<f32> = (0..keys.len() * 2).map(|i| ((i % 13) as f32 - 6.0) / 5.0).collect();
+        let mut split = Table::new(def(None, 2, "adagrad"), KeyRange::FULL, &reg).unwrap();
+        let mut one = Table::new(def(None, 2, "adagrad"), KeyRange::FULL, &reg).unwrap();
+        one.parallel = false;
+        for _ in 0..2 {
+            split.push(&keys, &g).unwrap();
+        }
+        // one thread: the same pushes in small requests
+        for _ in 0..2 {
+            for (kc, gc) in keys.chunks(1000).zip(g.chunks(2000)) {
+                one.push(kc, gc).unwrap();
+            }
+        }
+        let (mut a, mut b) = (vec![0f32; keys.len() * 2], vec![0f32; keys.len() * 2]);
+        split.pull(&keys, &mut a).unwrap();
+        one.pull(&keys, &mut b).unwrap();
+        assert!(a == b, "the split request differs");
+        assert_eq!(split.len(), keys.len());
+        let (mut ka, mut ra, mut kb, mut rb) = (vec![], vec![], vec![], vec![]);
+        split.export_rows(KeyRange::FULL, &mut ka, &mut ra);
+        one.export_rows(KeyRange::FULL, &mut kb, &mut rb);
+        assert!(ka == kb && ra == rb, "rule state differs");
+    }
+}
+
+#[test]
+fn a_copied_range_with_rule_state_continues_exactly_like_the_original() {
+    // adagrad keeps per-element state: a replica must carry it to apply the next update alike
+    for dense in [None, Some(KeyRange::new(0, 100))] {
+        let reg = RuleRegistry::new();
+        let mut a = Table::new(def(dense, 2, "adagrad"), KeyRange::FULL, &reg).unwrap();
+        let keys: Vec<u64> = (10..30).collect();
+        let g: Vec<f32> = (0..40).map(|i| (i as f32 - 20.0) / 7.0).collect();
+        a.push(&keys, &g).unwrap();
+        let (mut k, mut rows) = (Vec::new(), Vec::new());
+        a.export_rows(KeyRange::new(15, 25), &mut k, &mut rows);
+        assert_eq!(k, (15..25).collect::<Vec<u64>>());
+        assert_eq!(rows.len(), k.len() * a.row_len());
+        let mut b = Table::new(def(dense, 2, "adagrad"), KeyRange::FULL, &reg).unwrap();
+        b.import_rows(&k, &rows).unwrap();
+        a.push(&k, &g[..20]).unwrap();
+        b.push(&k, &g[..20]).unwrap();
+        let (mut wa, mut wb) = (vec![0f32; 20], vec![0f32; 20]);
+        a.pull(&k, &mut wa).unwrap();
+        b.pull(&k, &mut wb).unwrap();
+        assert_eq!(wa, wb);
+        assert!(b.import_rows(&k, &rows[1..]).is_err());
+    }
+}
+
+#[test]
+fn sparse_table_creates_keys_on_pull_with_initializer() {
+    let mut d = def(None, 2, "add");
+    d.init = Init::Uniform { lo: 1.0, hi: 2.0, seed: 9 };
+    let mut t = Table::new(d.clone(), KeyRange::FULL, &RuleRegistry::new()).unwrap();
+    let mut out = [0f32; 4];
+    t.pull(&[5, 9], &mut out).unwrap();
+    let mut expect = [0f32; 2];
+    d.init.fill(9, &mut expect);
+    assert_eq!(&out[2..], &expect);
+    assert_eq!(t.len(), 2);
+}
+
+#[test]
+fn peek_reads_missing_keys_as_their_initial_value_without_creating_them() {
+    let mut d = def(None, 1, "add");
+    d.init = Init::Uniform { lo: 1.0, hi: 2.0, seed: 3 };
+    let mut t = Table::new(d.clone(), KeyRange::FULL, &RuleRegistry::new()).unwrap();
+    t.push(&[4], &[10.0]).unwrap();
+    let mut out = [0f32; 2];
+    t.peek(&[4, 7], &mut out).unwrap();
+    let mut init7 = [0f32; 1];
+    d.init.fill(7, &mut init7);
+    let mut init4 = [0f32; 1];
+    d.init.fill(4, &mut init4);
+    assert_eq!(out, [init4[0] + 10.0, init7[0]]);
+    assert_eq!(t.len(), 1, "peek must not create keys");
+}
+
+#[test]
+fn invalid_requests_are_errors_not_panics() {
+    let mut t = Table::new(def(Some(KeyRange::new(10, 20)), 1, "add"), KeyRange::new(10, 20), &RuleRegistry::new()).unwrap();
+    assert!(matches!(t.push(&[12, 11], &[1.0, 1.0]), Err(CoreError::UnsortedKeys { .. })));
+    assert!(matches!(t.push(&[12], &[1.0, 1.0]), Err(CoreError::LengthMismatch { .. })));
+    assert!(matches!(t.push(&[25], &[1.0]), Err(CoreError::KeyOutOfRange { .. })));
+    assert!(matches!(t.push_range(18, &[1.0, 1.0, 1.0]), Err(CoreError::KeyOutOfRange { .. })));
+    assert!(matches!(t.dense_values(KeyRange::new(5, 12)), Err(CoreError::KeyOutOfRange { .. })));
+    assert!(TableDef::from_proto(&proto::TableSpec { value_len: 0, ..Default::default() }).is_err());
+    assert!(
+        TableDef::from_proto(&proto::TableSpec { value_len: 1, dense: true, dense_begin: 5, dense_end: 5, ..Default::default() }).is_err()
+    );
+}
+
+#[test]
+fn dense_range_push_and_pull() {
+    let mut t = Table::new(def(Some(KeyRange::new(100, 110)), 2, "add"), KeyRange::new(104, 200), &RuleRegistry::new()).unwrap();
+    assert_eq!(t.owned(), KeyRange::new(104, 110));
+    t.push_range(105, &[1.0, 2.0, 3.0, 4.0]).unwrap();
+    t.push(&[106, 109], &[10.0, 10.0, 5.0, 5.0]).unwrap();
+    assert_eq!(t.dense_values(KeyRange::new(105, 107)).unwrap(), &[1.0, 2.0, 13.0, 14.0]);
+    let (mut k, mut v) = (vec![], vec![]);
+    t.pull_range(KeyRange::new(108, 1000), &mut k, &mut v).unwrap();
+    assert_eq!(k, vec![108, 109]);
+    assert_eq!(v, vec![0.0, 0.0, 5.0, 5.0]);
+}
+
+#[test]
+fn a_keyed_push_of_one_run_on_a_dense_table_matches_pushing_its_keys_in_two_sparse_halves() {
+    for (rule, vl) in [("add", 1), ("adagrad", 1), ("ftrl", 1), ("sgd", 2), ("bpg", 3)] {
+        let reg = RuleRegistry::new();
+        let mut whole = Table::new(def(Some(KeyRange::new(100, 140)), vl, rule), KeyRange::FULL, &reg).unwrap();
+        let mut single = Table::new(def(Some(KeyRange::new(100, 140)), vl, rule), KeyRange::FULL, &reg).unwrap();
+        let keys: Vec<u64> = (105..131).collect();
+        for step in 0..3 {
+            let vals: Vec<f32> = (0..keys.len() * vl).map(|i| ((i * 7 + step * 13) % 11) as f32 / 3.0 - 1.5).collect();
+            whole.push(&keys, &vals).unwrap();
+            // every other key: not one run, so the per-key path
+            for parity in [0, 1] {
+                let idx: Vec<usize> = (0..keys.len()).filter(|i| i % 2 == parity).collect();
+                let ks: Vec<u64> = idx.iter().map(|&i| keys[i]).collect();
+                let vs: Vec<f32> = idx.iter().flat_map(|&i| vals[i * vl..(i + 1) * vl].to_vec()).collect();
+                single.push(&ks, &vs).unwrap();
+            }
+        }
+        let (mut ka, mut ra, mut kb, mut rb) = (vec![], vec![], vec![], vec![]);
+        whole.export_rows(KeyRange::new(100, 140), &mut ka, &mut ra);
+        single.export_rows(KeyRange::new(100, 140), &mut kb, &mut rb);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+        assert_eq!((ka, bits(&ra)), (kb, bits(&rb)), "{rule}");
+    }
+}
+
+/// A user rule for the tests: `w = (w + g) / 2`, with a per-element counter as state.
+struct HalveCounting;
+impl crate::rule::UpdateRule for HalveCounting {
+    fn state_per_element(&self) -> usize {
+        1
+    }
+    fn apply(&self, w: &mut [f32], s: &mut [f32], g: &[f32]) {
+        for ((w, g), s) in w.iter_mut().zip(g).zip(s) {
+            *w = (*w + g) / 2.0;
+            *s += 1.0;
+        }
+    }
+}
+
+/// Every rule with the value length its rows have.
+fn every_rule() -> Vec<(&'static str, usize)> {
+    vec![
+        ("assign", 2),
+        ("add", 1),
+        ("sgd", 3),
+        ("momentum", 1),
+        ("adagrad", 2),
+        ("adam", 1),
+        ("ftrl", 1),
+        ("bpg", 3),
+        ("adagrad-norm", 2),
+        ("ftrl-norm", 2),
+        ("halve-counting", 2),
+    ]
+}
+
+proptest! {
+    // The sparse store, on every rule, on keys spread over the whole domain (ordered
+    // placement) and on small ids (the mixed hash), with a random initialiser: each push,
+    // pull, fused push-pull and peek gives what a map of rows gives with the rule's
+    // contiguous step applied row by row, and the rows (values and rule state) agree at
+    // the end.
+    #[test]
+    fn every_rule_on_the_sparse_store_matches_a_map_of_rows(
+        rule in 0..11usize,
+        spread in any::<bool>(),
+        ops in proptest::collection::vec((0..4u8, proptest::collection::vec((any::<u64>(), -4.0f32..4.0, 0.1f32..3.0), 1..300)), 1..12),
+    ) {
+        let mut reg = RuleRegistry::new();
+        reg.register("halve-counting", std::sync::Arc::new(HalveCounting)).unwrap();
+        let (name, vl) = every_rule()[rule];
+        let mut d = def(None, vl, name);
+        d.init = Init::Uniform { lo: -0.5, hi: 0.5, seed: 7 };
+        d.rule.l1 = 0.05;
+        let mut t = Table::new(d.clone(), KeyRange::FULL, &reg).unwrap();
+        let r = reg.resolve(&d.rule).unwrap();
+        let sl = vl * r.state_per_element();
+        let mut model: BTreeMap<u64, (Vec<f32>, Vec<f32>)> = BTreeMap::new();
+        let row = |model: &mut BTreeMap<u64, (Vec<f32>, Vec<f32>)>, k: u64| -> (Vec<f32>, Vec<f32>) {
+            model.entry(k).or_insert_with(|| {
+                let mut w = vec![0.0; vl];
+                d.init.fill(k, &mut w);
+                (w, vec![0.0; sl])
+            }).clone()
+        };
+        for (op, batch) in ops {
+            let m: BTreeMap<u64, (f32, f32)> = batch.iter().map(|&(k, g, x)| (if spread { k % (u64::MAX - 1) } else { k % 5000 }, (g, x))).collect();
+            let keys: Vec<u64> = m.keys().copied().collect();
+            // pushed rows: (g, |x|) pairs for the normalised rules, (g, u, thr) for bpg
+            let vals: Vec<f32> = m.values().flat_map(|&(g, x)| (0..vl).map(move |e| if e == 0 { g } else { x * e as f32 })).collect();
+            let mut out = vec![f32::NAN; keys.len() * vl];
+            match op {
+                0 => t.push(&keys, &vals).unwrap(),
+                1 => t.pull(&keys, &mut out).unwrap(),
+                2 => t.push_pull(&keys, &vals, &mut out).unwrap(),
+                _ => t.peek(&keys, &mut out).unwrap(),
+            }
+            for (i, &k) in keys.iter().enumerate() {
+                let expect = match op {
+                    0 | 2 => {
+                        let (mut w, mut s) = row(&mut model, k);
+                        r.apply(&mut w, &mut s, &vals[i * vl..(i + 1) * vl]);
+                        model.insert(k, (w.clone(), s));
+                        w
+                    }
+                    1 => row(&mut model, k).0,
+                    _ => match model.get(&k) {
+                        Some((w, _)) => w.clone(),
+                        None => {
+                            let mut w = vec![0.0; vl];
+                            d.init.fill(k, &mut w);
+                            w
+                        }
+                    },
+                };
+                if op != 0 {
+                    prop_assert_eq!(&out[i * vl..(i + 1) * vl], &expect[..], "{} key {} op {}", name, k, op);
+                }
+            }
+        }
+        prop_assert_eq!(t.len(), model.len());
+        let (mut k, mut rows) = (vec![], vec![]);
+        t.export_rows(KeyRange::FULL, &mut k, &mut rows);
+        let expect_rows: Vec<f32> = model.values().flat_map(|(w, s)| w.iter().chain(s).copied().collect::<Vec<_>>()).collect();
+        prop_assert_eq!(k, model.keys().copied().collect::<Vec<_>>());
+        prop_assert!(rows.iter().zip(&expect_rows).all(|(a, b)| a.to_bits() == b.to_bits()) && rows.len() == expect_rows.len(), "rows differ");
+    }
+}
+
+proptest! {
+    // The sorted-array + delta store behaves exactly like a map, across compactions.
+    /// Under `count:N` a key's row appears at its N-th push, which is the first applied;
+    /// pulls and peeks never create rows; push-pull reads a refused key as new; the rows
+    /// are those of a map that counts pushes. Batches are large enough at times to take
+    /// the two-thread path and the bulk reservation.
+    #[test]
+    fn admission_matches_a_map_that_counts_pushes(
+        batches in proptest::collection::vec((proptest::collection::vec((0u64..3000, -5i32..5), 1..2500), 0u8..3), 1..20),
+        n in 1u8..4,
+    ) {
+        let def = TableDef { admit: Admission::Count { n, sketch_mib: 1.0 }, ..def(None, 1, "add") };
+        let mut t = Table::new(def, KeyRange::FULL, &RuleRegistry::new()).unwrap();
+        // key → (pushes so far, the row if admitted)
+        let mut model: BTreeMap<u64, (u8, Option<f32>)> = BTreeMap::new();
+        for (batch, kind) in &batches {
+            // spread keys over the whole space (shards), sorted
+            let m: BTreeMap<u64, f32> = batch.iter().map(|&(k, v)| (k.wrapping_mul(0x9e37_79b9_7f4a_7c15), v as f32)).collect();
+            let keys: Vec<u64> = m.keys().copied().collect();
+            let vals: Vec<f32> = m.values().copied().collect();
+            let mut out = vec![9.0; keys.len()];
+            match kind {
+                0 => t.pull(&keys, &mut out).unwrap(),
+                1 => t.push_pull(&keys, &vals, &mut out).unwrap(),
+                _ => t.push(&keys, &vals).unwrap(),
+            }
+            for ((k, v), o) in keys.iter().zip(&vals).zip(&out) {
+                let e = model.entry(*k).or_insert((0, None));
+                if *kind != 0 {
+                    e.0 = e.0.saturating_add(1);
+                    if e.0 >= n {
+                        e.1 = Some(e.1.unwrap_or(0.0) + v);
+                    }
+                }
+                if *kind != 2 {
+                    prop_assert_eq!(*o, e.1.unwrap_or(0.0), "key {} after {} pushes", k, e.0);
+                }
+            }
+        }
+        let admitted = model.values().filter(|e| e.1.is_some()).count();
+        prop_assert_eq!(t.len(), admitted);
+        let st = t.admission().unwrap();
+        prop_assert_eq!(st.admitted as usize, admitted);
+        let refused: u64 = model.values().map(|e| e.0.min(n - 1) as u64).sum();
+        prop_assert_eq!(st.refused, refused);
+    }
+
+    #[test]
+    fn sparse_store_matches_a_btreemap(batches in proptest::collection::vec(proptest::collection::vec((0u64..20_000, -5i32..5), 1..600), 1..25)) {
+        let mut t = Table::new(def(None, 1, "add"), KeyRange::FULL, &RuleRegistry::new()).unwrap();
+        let mut model: BTreeMap<u64, f32> = BTreeMap::new();
+        for (bi, batch) in batches.iter().enumerate() {
+            let m: BTreeMap<u64, f32> = batch.iter().map(|&(k, v)| (k, v as f32)).collect();
+            let keys: Vec<u64> = m.keys().copied().collect();
+            let vals: Vec<f32> = m.values().copied().collect();
+            if bi % 3 == 2 {
+                let mut out = vec![0.0; keys.len()];
+                t.pull(&keys, &mut out).unwrap();
+                for (k, o) in keys.iter().zip(&out) { prop_assert_eq!(*model.entry(*k).or_insert(0.0), *o); }
+            } else {
+                let mut out = vec![0.0; keys.len()];
+                t.push_pull(&keys, &vals, &mut out).unwrap();
+                for ((k, v), o) in keys.iter().zip(&vals).zip(&out) { let e = model.entry(*k).or_insert(0.0); *e += v; prop_assert_eq!(*e, *o); }
+            }
+        }
+        let (mut k, mut v) = (vec![], vec![]);
+        t.pull_range(KeyRange::new(0, 10_000), &mut k, &mut v).unwrap();
+        let expect: Vec<(u64, f32)> = model.range(0..10_000).map(|(a, b)| (*a, *b)).collect();
+        prop_assert_eq!(k.into_iter().zip(v).collect::<Vec<_>>(), expect);
+    }
+}
