@@ -189,7 +189,9 @@ impl Sim {
     pub(crate) fn hold(&mut self, id: u32, key: ConnKey, f: Frame) {
         self.waits += 1;
         let token = self.waits;
-        let c = self.servers.get_mut(&id).expect("present").incoming.entry(key).or_default();
+        let s = self.servers.get_mut(&id).expect("present");
+        s.waiting.insert(key);
+        let c = s.incoming.entry(key).or_default();
         c.inbox.push_front(f);
         c.waiting = Some(token);
         self.schedule(self.now + WAIT, Node::Server(id), Node::Server(id), Msg::WaitTimeout { up: key.0, conn: key.1, token });
@@ -197,7 +199,7 @@ impl Sim {
 
     /// Server `id` looks at its waiting frames soon (not from inside a handler).
     pub(crate) fn wake_later(&mut self, id: u32) {
-        let waits = self.servers.get(&id).is_some_and(|s| s.incoming.values().any(|c| c.waiting.is_some()));
+        let waits = self.servers.get(&id).is_some_and(|s| !s.waiting.is_empty());
         if waits {
             self.schedule(self.now, Node::Server(id), Node::Server(id), Msg::Wake);
         }
@@ -206,8 +208,12 @@ impl Sim {
     /// Every waiting frame of server `id` is looked at again.
     pub(crate) fn wake(&mut self, id: u32) -> Result<(), Violation> {
         let Some(s) = self.servers.get_mut(&id) else { return Ok(()) };
-        let mut keys: Vec<ConnKey> = s.incoming.iter_mut().filter_map(|(k, c)| c.waiting.take().map(|_| *k)).collect();
-        keys.sort_unstable();
+        let keys: Vec<ConnKey> = std::mem::take(&mut s.waiting).into_iter().collect();
+        for k in &keys {
+            if let Some(c) = s.incoming.get_mut(k) {
+                c.waiting = None;
+            }
+        }
         for key in keys {
             self.read_on(id, key)?;
         }
@@ -217,11 +223,13 @@ impl Sim {
     /// A frame waited too long: refused (its sender retries), and the connection reads on
     /// (or is closed, for a push: `chain_push::after_failure`).
     pub(crate) fn wait_timeout(&mut self, id: u32, key: ConnKey, token: u64) -> Result<(), Violation> {
-        let Some(c) = self.servers.get_mut(&id).and_then(|s| s.incoming.get_mut(&key)) else { return Ok(()) };
+        let Some(s) = self.servers.get_mut(&id) else { return Ok(()) };
+        let Some(c) = s.incoming.get_mut(&key) else { return Ok(()) };
         if c.waiting != Some(token) {
             return Ok(());
         }
         c.waiting = None;
+        s.waiting.remove(&key);
         let Some(f) = c.inbox.pop_front() else { return Ok(()) };
         self.fail(
             id,

@@ -526,6 +526,8 @@ struct Server {
     /// production type), and the evictor sending them.
     drops: PendingDrops,
     evictor: evict::Evictor,
+    /// The incoming connections whose front frame waits (`Incoming::waiting`).
+    waiting: std::collections::BTreeSet<ConnKey>,
 }
 
 struct Worker {
@@ -782,6 +784,7 @@ impl Sim {
             deferred_move: None,
             drops: PendingDrops::default(),
             evictor: evict::Evictor::new(id),
+            waiting: Default::default(),
         }
     }
 

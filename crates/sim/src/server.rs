@@ -166,6 +166,7 @@ impl Sim {
     fn close(&mut self, id: u32, key: ConnKey) {
         if let Some(s) = self.servers.get_mut(&id) {
             s.incoming.remove(&key);
+            s.waiting.remove(&key);
             s.closed.insert(key);
             if s.lock == Some(key) {
                 s.lock = None; // its thread ends, and the lock is free
