@@ -13,6 +13,8 @@ on the servers and push and pull NumPy arrays without copies:
     s.finish(); cluster.wait()
 
 A script that `python -m downpour.launch` runs joins its cluster with `downpour.connect()`.
+A model exported with `Session.export` is served read-only by `downpour.serve(dir)` (or the
+`downpour serve` command) and read with `downpour.serving(addr).pull(table, keys)`.
 PyTorch modules whose rows live on the servers are in `downpour.torch`. Every error is a
 `DownpourError` carrying the cause's message.
 """
@@ -22,19 +24,37 @@ import os as _os
 from typing import Optional, Sequence
 
 from . import _downpour
-from ._downpour import Cluster, DownpourError, Handle, PullHandle, Session, Table, embedded, initial_rows, scramble
+from ._downpour import (
+    Cluster,
+    DownpourError,
+    Handle,
+    PullHandle,
+    ServingClient,
+    ServingNode,
+    Session,
+    Table,
+    embedded,
+    initial_rows,
+    scramble,
+    serve,
+    serving,
+)
 
 __all__ = [
     "Cluster",
     "DownpourError",
     "Handle",
     "PullHandle",
+    "ServingClient",
+    "ServingNode",
     "Session",
     "Table",
     "connect",
     "embedded",
     "initial_rows",
     "scramble",
+    "serve",
+    "serving",
 ]
 
 

@@ -1,6 +1,6 @@
 """Type stubs of the extension module (crates/python)."""
 
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import numpy as np
 import numpy.typing as npt
@@ -108,3 +108,21 @@ def scramble(ids: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
 
 def cli(argv: List[str], program: List[str]) -> int:
     """Runs the downpour command-line tool in this process; returns the exit code."""
+
+class ServingNode:
+    addr: str
+    def served(self) -> Tuple[str, int]:
+        """The export served: (base file, cut in ms since the UNIX epoch)."""
+    def close(self) -> None:
+        """Stops serving."""
+
+class ServingClient:
+    tables: List[Tuple[int, str, int]]
+    def pull(self, table: int, keys: npt.NDArray[np.uint64], out: Optional[npt.NDArray[np.float32]] = None) -> npt.NDArray[np.float32]:
+        """The rows of keys in table: into out or a new (len(keys), value_len) array; missing keys read as zeros."""
+
+def serve(model: str, listen: str = "127.0.0.1:0", follow_ms: int = 1000) -> ServingNode:
+    """Serves export directory model read-only on listen, following new exports (downpour serve)."""
+
+def serving(addr: str) -> ServingClient:
+    """Connects to the serving node at addr (host:port)."""

@@ -126,6 +126,42 @@ def test_a_session_exports_a_full_model_then_deltas_of_what_changed(tmp_path):
     cluster.wait()
 
 
+def test_an_exported_model_is_served_and_read_back_from_python(tmp_path):
+    cluster = downpour.embedded(servers=2)
+    s = cluster.join()
+    t = s.table(7, "emb", value_len=4, changes=True)
+    keys = downpour.scramble(np.arange(500, dtype=np.uint64))
+    keys.sort()
+    values = np.arange(2000, dtype=np.float32).reshape(500, 4)
+    t.push(keys, values)
+    out = str(tmp_path / "exp")
+    time.sleep(0.05)
+    s.export(out, [7], skew_ms=0)
+    node = downpour.serve(out, follow_ms=20)
+    try:
+        c = downpour.serving(node.addr)
+        assert c.tables == [(7, "emb", 4)]
+        np.testing.assert_array_equal(c.pull(7, keys), t.pull(keys))
+        assert node.served()[0].endswith(".safetensors")
+        # a key the model never held reads as zeros; a table it does not serve is an error
+        np.testing.assert_array_equal(c.pull(7, np.array([12345], dtype=np.uint64)), np.zeros((1, 4), dtype=np.float32))
+        with pytest.raises(downpour.DownpourError, match="not served"):
+            c.pull(8, keys)
+        # a delta written later is followed: the served rows move on
+        time.sleep(0.05)
+        t.push(keys[:10], np.ones((10, 4), dtype=np.float32))
+        s.export(out, [7])
+        deadline = time.time() + 10
+        want = t.pull(keys[:10])
+        while time.time() < deadline and not np.array_equal(c.pull(7, keys[:10]), want):
+            time.sleep(0.02)
+        np.testing.assert_array_equal(c.pull(7, keys[:10]), want)
+    finally:
+        node.close()
+    s.finish()
+    cluster.wait()
+
+
 def test_two_worker_threads_see_each_others_pushes_with_the_gil_released():
     cluster = downpour.embedded(servers=2, workers=2)
     keys = np.arange(0, 5000, 7, dtype=np.uint64)

@@ -545,6 +545,116 @@ impl Table {
     }
 }
 
+/// A serving node running in this process (`downpour serve`): an export directory served
+/// read-only, following new exports as they land.
+#[pyclass(module = "downpour._downpour")]
+struct ServingNode {
+    inner: Mutex<Option<downpour_cluster::serve::Serving>>,
+    /// The address clients connect to (`serving(addr)`).
+    #[pyo3(get)]
+    addr: String,
+}
+
+/// Serves the export directory `model` (`Session.export`, `train linear --export-dir`)
+/// read-only on `listen` (`host:0` picks a free port), as `downpour serve` does: pulls are
+/// answered from the newest full export and the deltas after it, pushes refused, and the
+/// directory looked at for new exports every `follow_ms` milliseconds.
+#[pyfunction]
+#[pyo3(signature = (model, listen = "127.0.0.1:0", follow_ms = 1000))]
+fn serve(py: Python<'_>, model: &str, listen: &str, follow_ms: u64) -> PyResult<ServingNode> {
+    let node = py
+        .detach(|| -> anyhow::Result<downpour_cluster::serve::Serving> {
+            let s = Settings::default();
+            let t = network_transport(TransportKind::Tcp, s.net_config())?;
+            let cfg = downpour_cluster::serve::ServeConfig {
+                follow_every: std::time::Duration::from_millis(follow_ms.max(1)),
+                server: downpour_cluster::nodes::server_config(&s, t.clone(), None)?,
+                ..downpour_cluster::serve::ServeConfig::new(model, listen)
+            };
+            downpour_cluster::serve::serve(t.as_ref(), cfg)
+        })
+        .map_err(anyhow_err)?;
+    let addr = node.addr().to_string();
+    Ok(ServingNode { inner: Mutex::new(Some(node)), addr })
+}
+
+#[pymethods]
+impl ServingNode {
+    /// The export the node serves: `(base file, cut in ms)`; the cut moves on as deltas load.
+    fn served(&self) -> PyResult<(String, u64)> {
+        let g = self.inner.lock();
+        let node = g.as_ref().ok_or_else(|| err("the serving node was closed"))?;
+        let s = node.served();
+        Ok((s.base.clone(), s.cut_ms()))
+    }
+
+    /// Stops serving (connected clients get errors from then on).
+    fn close(&self, py: Python<'_>) {
+        if let Some(node) = self.inner.lock().take() {
+            py.detach(|| node.shutdown());
+        }
+    }
+}
+
+/// A client of a serving node: reads the tables it serves.
+#[pyclass(module = "downpour._downpour")]
+struct ServingClient {
+    kv: Mutex<downpour_worker::KvClient>,
+    /// `(id, name, value_len)` of each table the node serves.
+    #[pyo3(get)]
+    tables: Vec<(u32, String, usize)>,
+}
+
+/// Connects to the serving node at `addr` (`host:port`: `downpour serve`, or `serve` here).
+#[pyfunction]
+fn serving(py: Python<'_>, addr: &str) -> PyResult<ServingClient> {
+    let (kv, tables) = py
+        .detach(|| -> anyhow::Result<_> {
+            let t = network_transport(TransportKind::Tcp, Settings::default().net_config())?;
+            let mut kv = downpour_cluster::serve::connect(t.as_ref(), addr, downpour_worker::KvConfig::default())?;
+            let mut tables = Vec::new();
+            for d in kv.server_tables()? {
+                tables.push((d.id, d.name.clone(), d.value_len));
+                kv.use_table(downpour_server::serving::serving_def(d.id, &d.name, d.value_len));
+            }
+            Ok((kv, tables))
+        })
+        .map_err(anyhow_err)?;
+    Ok(ServingClient { kv: Mutex::new(kv), tables })
+}
+
+#[pymethods]
+impl ServingClient {
+    /// The rows of `keys` (uint64) in table `table`: into `out` (float32, `len(keys) *
+    /// value_len` values) or a new `(len(keys), value_len)` array. A key the model does
+    /// not hold reads as zeros.
+    #[pyo3(signature = (table, keys, out = None))]
+    fn pull<'py>(
+        &self,
+        py: Python<'py>,
+        table: u32,
+        keys: PyReadonlyArray1<'py, u64>,
+        out: Option<Bound<'py, PyArrayDyn<f32>>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let vl = self.tables.iter().find(|t| t.0 == table).map(|t| t.2).ok_or_else(|| err(format!("table {table} is not served here")))?;
+        let k = keys_slice(&keys)?;
+        let out = match out {
+            Some(o) => o,
+            None => PyArrayDyn::zeros(py, vec![k.len(), vl], false),
+        };
+        {
+            let mut w: PyReadwriteArrayDyn<'_, f32> = out.try_readwrite().map_err(|e| err(format!("out: {e}")))?;
+            let o = w.as_slice_mut().map_err(|_| err("out must be a contiguous numpy.float32 array"))?;
+            if o.len() != k.len() * vl {
+                return Err(err(format!("{} values for {} keys of {vl} values each", o.len(), k.len())));
+            }
+            let kv = &self.kv;
+            py.detach(|| kv.lock().pull_into(table, k, o)).map_err(err)?;
+        }
+        Ok(out.into_any())
+    }
+}
+
 /// Runs the `downpour` command-line tool in this process: `argv` (the program's name first)
 /// as the binary would take it; `program` is the command child processes run (for example
 /// `[sys.executable, "-m", "downpour"]`). Returns the exit code.
@@ -598,10 +708,14 @@ fn _downpour(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Table>()?;
     m.add_class::<Handle>()?;
     m.add_class::<PullHandle>()?;
+    m.add_class::<ServingNode>()?;
+    m.add_class::<ServingClient>()?;
     m.add_function(wrap_pyfunction!(embedded, m)?)?;
     m.add_function(wrap_pyfunction!(connect, m)?)?;
     m.add_function(wrap_pyfunction!(scramble, m)?)?;
     m.add_function(wrap_pyfunction!(initial_rows, m)?)?;
     m.add_function(wrap_pyfunction!(cli, m)?)?;
+    m.add_function(wrap_pyfunction!(serve, m)?)?;
+    m.add_function(wrap_pyfunction!(serving, m)?)?;
     Ok(())
 }
