@@ -119,7 +119,7 @@ class ServingNode:
 class ServingClient:
     tables: List[Tuple[int, str, int]]
     def pull(self, table: int, keys: npt.NDArray[np.uint64], out: Optional[npt.NDArray[np.float32]] = None) -> npt.NDArray[np.float32]:
-        """The rows of keys in table: into out or a new (len(keys), value_len) array; missing keys read as zeros."""
+        """The rows of keys in table: into out or a new (len(keys), value_len) array; a key the model lacks reads as the table's initial row."""
 
 def serve(model: str, listen: str = "127.0.0.1:0", follow_ms: int = 1000) -> ServingNode:
     """Serves export directory model read-only on listen, following new exports (downpour serve)."""

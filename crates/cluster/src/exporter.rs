@@ -52,7 +52,7 @@ pub fn connect_to_job(transport: &dyn Transport, s: &Settings, coordinator: &str
 }
 
 fn metas(defs: &[TableDef]) -> Vec<TableMeta> {
-    defs.iter().map(|d| TableMeta { id: d.id, name: d.name.clone(), value_len: d.value_len }).collect()
+    defs.iter().map(TableMeta::of).collect()
 }
 
 /// Writes one export of `defs` to `out`: every row (`since_ms == 0`) or the rows written and

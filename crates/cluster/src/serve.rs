@@ -183,7 +183,11 @@ fn refresh(state: &ServerState, model: &Path, served: &Mutex<Served>) -> Result<
         let started = Instant::now();
         let f = dir::read_entry(model, e)?;
         for t in &f.tables {
-            let def = serving_def(t.meta.id, &t.meta.name, t.meta.value_len);
+            let mut def = serving_def(t.meta.id, &t.meta.name, t.meta.value_len);
+            // a key the model lacks reads as the table's initial value, as in training
+            if let Some(init) = &t.meta.init {
+                def.init = init.parse().with_context(|| format!("table {} of {}: its initializer", t.meta.id, e.file))?;
+            }
             match f.kind {
                 Kind::Full => install_table(state, def, &t.rows.keys, &t.rows.values)?,
                 Kind::Delta => apply_delta(state, t.meta.id, &t.evicted, &t.rows.keys, &t.rows.values)?,

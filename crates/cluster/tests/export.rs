@@ -100,6 +100,39 @@ fn a_full_export_and_its_deltas_fold_into_the_tables_as_they_stand() {
 }
 
 #[test]
+fn a_served_model_reads_a_key_it_lacks_as_the_tables_initial_value() {
+    use downpour_cluster::serve::{self, ServeConfig};
+    use downpour_core::init::Init;
+    let cluster = EmbeddedCluster::start(&Settings::default(), 1, 1).unwrap();
+    let mut s = cluster.join().unwrap();
+    let init = Init::Normal { mean: 0.0, std: 0.05, seed: 42 };
+    let def = TableDef { value_len: 3, changes: true, init, ..TableDef::new(7, "emb") };
+    s.kv.create_table(def.clone()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut ex = Exporter::open(ExportConfig::new(dir.path(), Duration::from_secs(3600)), std::slice::from_ref(&def)).unwrap();
+    push(&mut s, 7, &keys(1, 50), 3, 1.0);
+    ex.export(&mut s.kv).unwrap();
+    assert_eq!(export::load(dir.path()).unwrap().tables[0].meta.init.as_deref(), Some("normal:0:0.05:42"));
+
+    let transport = downpour_transport::tcp::TcpTransport::new(Default::default()).unwrap();
+    let node = serve::serve(&transport, ServeConfig::new(dir.path(), "127.0.0.1:0")).unwrap();
+    let mut c = serve::connect(&transport, node.addr(), Default::default()).unwrap();
+    c.use_table(downpour_server::serving::serving_def(7, "emb", 3));
+    let absent = u64::MAX - 7;
+    let (mut got, mut want) = ([0f32; 3], [0f32; 3]);
+    c.pull_into(7, &[absent], &mut got).unwrap();
+    init.fill(absent, &mut want);
+    assert_eq!(got, want, "the table's initial row, as a training server would create it");
+    assert!(want.iter().any(|&x| x != 0.0));
+    // and the training cluster agrees
+    s.kv.pull_into(7, &[absent], &mut got).unwrap();
+    assert_eq!(got, want);
+    node.shutdown();
+    s.finish(true, "").unwrap();
+    cluster.wait().unwrap();
+}
+
+#[test]
 fn exporting_a_table_that_does_not_track_changes_says_how_to_fix_it() {
     let dir = tempfile::tempdir().unwrap();
     let err = Exporter::open(ExportConfig::new(dir.path(), Duration::from_secs(1)), &[TableDef::new(1, "w")]).err().unwrap().to_string();

@@ -136,6 +136,34 @@ impl Init {
     }
 }
 
+/// `zeros`, `uniform:LO:HI:SEED` or `normal:MEAN:STD:SEED` (floats as Rust writes them, so
+/// the text reads back to the same bits): how an export records a table's initial values.
+impl std::fmt::Display for Init {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            Init::Zeros => f.write_str("zeros"),
+            Init::Uniform { lo, hi, seed } => write!(f, "uniform:{lo}:{hi}:{seed}"),
+            Init::Normal { mean, std, seed } => write!(f, "normal:{mean}:{std}:{seed}"),
+        }
+    }
+}
+
+impl std::str::FromStr for Init {
+    type Err = CoreError;
+    /// The form [`Init`]'s `Display` writes.
+    fn from_str(s: &str) -> Result<Init> {
+        let bad = || CoreError::InvalidTable(format!("initializer {s:?}: expected zeros, uniform:LO:HI:SEED or normal:MEAN:STD:SEED"));
+        let parts: Vec<&str> = s.trim().split(':').collect();
+        let f = |i: usize| parts[i].parse::<f32>().ok().filter(|x| x.is_finite()).ok_or_else(bad);
+        match parts.as_slice() {
+            ["zeros"] => Ok(Init::Zeros),
+            ["uniform", _, _, seed] => Ok(Init::Uniform { lo: f(1)?, hi: f(2)?, seed: seed.parse().map_err(|_| bad())? }),
+            ["normal", _, _, seed] => Ok(Init::Normal { mean: f(1)?, std: f(2)?, seed: seed.parse().map_err(|_| bad())? }),
+            _ => Err(bad()),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -167,5 +195,15 @@ mod tests {
         let var = s2 / n as f64 - mean * mean;
         assert!((mean - 1.0).abs() < 0.05, "mean {mean}");
         assert!((var.sqrt() - 2.0).abs() < 0.05, "std {}", var.sqrt());
+    }
+
+    #[test]
+    fn an_initializer_reads_back_from_its_text_to_the_same_bits() {
+        for init in [Init::Zeros, Init::Uniform { lo: -0.1, hi: 0.1, seed: 7 }, Init::Normal { mean: 0.0, std: 0.013_7, seed: u64::MAX }] {
+            assert_eq!(init.to_string().parse::<Init>().unwrap(), init);
+        }
+        for bad in ["", "ones", "normal:0:1", "uniform:a:1:2", "normal:0:inf:1", "normal:0:1:-1"] {
+            assert!(bad.parse::<Init>().is_err(), "{bad}");
+        }
     }
 }

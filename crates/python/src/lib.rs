@@ -627,7 +627,7 @@ fn serving(py: Python<'_>, addr: &str) -> PyResult<ServingClient> {
 impl ServingClient {
     /// The rows of `keys` (uint64) in table `table`: into `out` (float32, `len(keys) *
     /// value_len` values) or a new `(len(keys), value_len)` array. A key the model does
-    /// not hold reads as zeros.
+    /// not hold reads as the table's initial row (as a training server would create it).
     #[pyo3(signature = (table, keys, out = None))]
     fn pull<'py>(
         &self,

@@ -34,8 +34,9 @@ pub(crate) fn check_table(st: &ServerState, h: &FrameHeader) -> ReqResult {
 }
 
 /// The definition a serving node gives a table of an export: sparse, `value_len` values a
-/// key, rule `add` (no state), keys absent from the model read as 0. A client declares the
-/// same to read it ([`TableDef::new`] with `value_len`).
+/// key, rule `add` (no state); the node sets its initializer from the export (keys absent
+/// from the model read as the table's initial row). A client declares the same to read it
+/// ([`TableDef::new`] with `value_len`).
 pub fn serving_def(id: u32, name: &str, value_len: usize) -> TableDef {
     TableDef { value_len, ..TableDef::new(id, name) }
 }

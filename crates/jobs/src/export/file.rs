@@ -2,7 +2,8 @@
 //! `table<ID>.values` (F32 [n, value_len]) and, in a delta, `table<ID>.evicted` (U64 \[m\],
 //! sorted: the keys evicted since the delta's `since`). The metadata says what the file is
 //! (`kind`: `full` or `delta`; `since_ms`, `cut_ms`) and names each table
-//! (`table<ID>.name`, `table<ID>.value_len`), so `safetensors.numpy.load_file` gives a
+//! (`table<ID>.name`, `table<ID>.value_len`, `table<ID>.init`: its initializer, which a
+//! serving node answers for a key the model lacks), so `safetensors.numpy.load_file` gives a
 //! Python user every array. Files are written beside their final name and renamed into it
 //! once synced: a reader never sees half a file.
 
@@ -41,6 +42,24 @@ pub struct TableMeta {
     pub name: String,
     /// Values per key.
     pub value_len: usize,
+    /// How the table's rows start (`Init`'s text: `zeros`, `uniform:LO:HI:SEED`,
+    /// `normal:MEAN:STD:SEED`): a serving node reads a key the model lacks as this. `None`
+    /// in exports written before it was recorded (they read as zeros).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init: Option<String>,
+}
+
+impl TableMeta {
+    /// The export's record of table `def`.
+    pub fn of(def: &downpour_core::table::TableDef) -> TableMeta {
+        TableMeta { id: def.id, name: def.name.clone(), value_len: def.value_len, init: Some(def.init.to_string()) }
+    }
+
+    /// Whether `other` records the same table (its initial values aside: exports written
+    /// before they were recorded do not have them).
+    pub fn same_table(&self, other: &TableMeta) -> bool {
+        (self.id, &self.name, self.value_len) == (other.id, &other.name, other.value_len)
+    }
 }
 
 /// One table's part of an export.
@@ -96,6 +115,9 @@ pub fn write(path: &Path, f: &ExportFile) -> Result<u64> {
         }
         meta.insert(format!("table{id}.name"), t.meta.name.clone());
         meta.insert(format!("table{id}.value_len"), vl.to_string());
+        if let Some(init) = &t.meta.init {
+            meta.insert(format!("table{id}.init"), init.clone());
+        }
         views.push((format!("table{id}.keys"), TensorView::new(Dtype::U64, vec![n], bytemuck::cast_slice(&t.rows.keys))?));
         views.push((format!("table{id}.values"), TensorView::new(Dtype::F32, vec![n, vl], bytemuck::cast_slice(&t.rows.values))?));
         if f.kind == Kind::Delta {
@@ -185,7 +207,11 @@ pub fn read(path: &Path) -> Result<ExportFile> {
         let evicted = if kind == Kind::Delta { u64s(&st, &format!("table{id}.evicted"), path)? } else { Vec::new() };
         sorted_unique(&evicted, &format!("table {id}'s evicted keys"), path)?;
         let name = meta.get(&format!("table{id}.name")).cloned().unwrap_or_default();
-        tables.push(TableExport { meta: TableMeta { id, name, value_len }, rows: Rows { keys, values }, evicted });
+        let init = meta.get(&format!("table{id}.init")).cloned();
+        if let Some(i) = &init {
+            i.parse::<downpour_core::init::Init>().with_context(|| format!("{}: `table{id}.init`", path.display()))?;
+        }
+        tables.push(TableExport { meta: TableMeta { id, name, value_len, init }, rows: Rows { keys, values }, evicted });
     }
     Ok(ExportFile { kind, since_ms: num("since_ms")?, cut_ms: num("cut_ms")?, tables })
 }

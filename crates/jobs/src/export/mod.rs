@@ -88,10 +88,10 @@ impl Exporter {
         if let Some(t) = tables.iter().find(|t| !t.changes) {
             bail!("table {} ({}) does not track changes: define it with `changes` to export it incrementally", t.id, t.name);
         }
-        let metas: Vec<TableMeta> = tables.iter().map(|t| TableMeta { id: t.id, name: t.name.clone(), value_len: t.value_len }).collect();
+        let metas: Vec<TableMeta> = tables.iter().map(TableMeta::of).collect();
         std::fs::create_dir_all(&cfg.dir).with_context(|| format!("cannot create {}", cfg.dir.display()))?;
         let manifest = match dir::read_manifest(&cfg.dir)? {
-            Some(m) if m.tables != metas => {
+            Some(m) if m.tables.len() != metas.len() || m.tables.iter().zip(&metas).any(|(a, b)| !a.same_table(b)) => {
                 bail!("{} holds exports of other tables ({:?}); export into another directory", cfg.dir.display(), m.tables)
             }
             Some(m) => m,
