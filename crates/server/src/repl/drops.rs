@@ -29,11 +29,13 @@ pub(crate) const DROP_WAIT: Duration = Duration::from_secs(5);
 /// here whose drop is not acknowledged down the chain yet
 /// ([`chain_evict::PendingDrops::push_waits`]). Call under the table's lock.
 pub(crate) fn blocked(r: &TableRepl, meta: &PushMeta, keys: PushKeys<'_>, segments: &[(usize, Range<usize>)]) -> Result<bool, ServerError> {
-    let marks = r.marks.lock();
-    let d = r.drops.lock();
-    if d.is_empty() {
+    // the push path of a table without eviction, or with no drop held, takes no more locks
+    // (drops are recorded only under the table's lock, which the caller holds)
+    if r.drop_slot.is_none() || r.drops.lock().is_empty() {
         return Ok(false);
     }
+    let marks = r.marks.lock();
+    let d = r.drops.lock();
     d.push_waits(&marks, meta, keys, segments).map_err(ServerError::Core)
 }
 
