@@ -23,6 +23,41 @@ impl Sim {
                         })
                     })
                     .collect();
+                // eviction runs: the drops held and the frames waiting, with the marks they wait on
+                let mut waits = waits;
+                if self.cfg.evict {
+                    let slots = self.cfg.workers + 1;
+                    for (id, s) in self.servers.iter().filter(|(_, s)| s.alive) {
+                        let held: Vec<String> = (0..s.map.len())
+                            .flat_map(|sh| (1..64).filter(move |&q| s.drops.holds(sh, q)).map(move |q| format!("{sh}#{q}")))
+                            .collect();
+                        if !held.is_empty() {
+                            waits.push(format!("server {id} holds drops {held:?}"));
+                        }
+                        for (key, c) in s.incoming.iter().filter(|(_, c)| c.waiting.is_some()) {
+                            let Some(f) = c.inbox.front() else { continue };
+                            let what = match &f.op {
+                                FrameOp::Drop(d) => {
+                                    let marks: Vec<u64> = (0..slots).map(|w| s.marks.get(d.shard, w).map_or(u64::MAX, |m| m.0)).collect();
+                                    let mut snap = Watermarks::new(1, slots);
+                                    let want: Vec<u64> = if snap.decode_into(0, 1, &d.marks).is_ok() {
+                                        (0..slots).map(|w| snap.get(0, w).map_or(u64::MAX, |m| m.0)).collect()
+                                    } else {
+                                        Vec::new()
+                                    };
+                                    format!(
+                                        "drop {}#{} (chain {:?}) has marks {marks:?}, wants {want:?}",
+                                        d.shard,
+                                        d.seq,
+                                        s.map.chain(d.shard)
+                                    )
+                                }
+                                _ => format!("worker {} request {} (a push held for a drop)", f.meta.worker, f.meta.request_id),
+                            };
+                            waits.push(format!("server {id}: from {:?} waits: {what}", key.0));
+                        }
+                    }
+                }
                 return Err(Violation(format!(
                     "worker {w} hung at push {}/{} (epoch {} served {}, time {}); {}",
                     wk.next + 1,
@@ -62,6 +97,9 @@ impl Sim {
         let map = self.map_of(self.coord.engine.epochs().served());
         for &key in &self.universe {
             let Some(shard) = map.shard_of(key) else { continue };
+            // a member of the chain dead or cut off when the job ended (not declared lost yet:
+            // the monitor stops with the job) holds up the drops behind it
+            let stuck = map.chain(shard).iter().any(|n| self.servers.get(n).is_none_or(|s| !s.alive) || self.cut.contains(n));
             let want = reference.get(&key).copied().unwrap_or(0.0);
             if map.chain(shard).iter().all(|n| self.servers.get(n).is_none_or(|s| !s.alive)) {
                 return Err(Violation(format!("every copy of shard {shard} died (chain {:?})", map.chain(shard))));
@@ -77,9 +115,10 @@ impl Sim {
                 if self.dropped_keys.contains(&key) {
                     // a dropped key: every copy the same, none past the sequential run (a
                     // job that ended in an epoch never served, blocked by a member it waits
-                    // for, may leave a drop on its way down a chain of that epoch)
+                    // for, or with a member of this chain dead or cut off, may leave a drop
+                    // on its way down the chain)
                     let first = *dropped_value.get_or_insert(got[0]);
-                    let lags = !self.coord.engine.epochs().active();
+                    let lags = !self.coord.engine.epochs().active() || stuck;
                     if (got[0] != first && !lags) || got[0] > want {
                         return Err(Violation(format!(
                             "key {key} (shard {shard}, chain {:?}), dropped by its head: server {node} holds {} where the chain's first live copy holds {first} (the sequential run gives {want}, drops aside)",

@@ -13,8 +13,13 @@ use downpour_core::chain_evict::{self, DropNext, DropState};
 pub(crate) const EVICT_EVERY: u64 = 40;
 /// Rounds an evictor makes after every worker finished, to send the drops it still holds.
 const ROUNDS_AFTER_DONE: u64 = 200;
-/// How long a frame waits (the runtime's `COVER_WAIT` and `DROP_WAIT`).
-const WAIT: u64 = FWD_TIMEOUT / 2;
+/// How long a worker's push waits for the drop of a row it touches (the runtime's `DROP_WAIT`).
+pub(crate) const PUSH_WAIT: u64 = FWD_TIMEOUT / 2;
+/// How long a drop waits for the updates before it (the runtime's `COVER_WAIT`): briefly,
+/// for an update still on its way on another connection. A drop holds its connection while
+/// it waits, and the drops of other shards behind it wait too; a drop refused comes again
+/// with the evictor's next round.
+const COVER_WAIT: u64 = FWD_TIMEOUT / 10;
 /// Drops travel as requests `DROP_REQUEST | shard << 32 | seq`.
 const DROP_REQUEST: u64 = 1 << 62;
 
@@ -120,6 +125,8 @@ impl Sim {
         let s = self.servers.get_mut(&id).expect("present");
         let (shard, seq) = (((meta.request_id & !DROP_REQUEST) >> 32) as usize, meta.request_id & 0xFFFF_FFFF);
         s.evictor.waiting.retain(|&w| w != (shard, seq));
+        // the runtime's read timeout counts from the last answer, not from the sending
+        s.evictor.deadline = self.now + FWD_TIMEOUT;
         // (an acknowledgement from an older epoch's chain, or one the data's placement does
         // not have, counts no more: `repl::drops::acked_in`)
         let settled = chain_evict::settled(&s.data_map, &s.map, shard);
@@ -143,7 +150,7 @@ impl Sim {
         };
         let pass_on = match chain_evict::drop_state(&s.marks, &d, slot).map_err(|e| Violation(format!("server {id}: {e}")))? {
             DropState::Wait => {
-                self.hold(id, key, Frame { sender, op: FrameOp::Drop(d), meta, last, keys: Vec::new(), vals: Vec::new() });
+                self.hold(id, key, Frame { sender, op: FrameOp::Drop(d), meta, last, keys: Vec::new(), vals: Vec::new() }, COVER_WAIT);
                 return Ok(());
             }
             DropState::Apply => {
@@ -186,7 +193,7 @@ impl Sim {
 
     /// Frame `f` of incoming connection `key` waits, back at the front of its inbox, until
     /// [`Sim::wake`] or its timeout.
-    pub(crate) fn hold(&mut self, id: u32, key: ConnKey, f: Frame) {
+    pub(crate) fn hold(&mut self, id: u32, key: ConnKey, f: Frame, wait: u64) {
         self.waits += 1;
         let token = self.waits;
         let s = self.servers.get_mut(&id).expect("present");
@@ -194,7 +201,7 @@ impl Sim {
         let c = s.incoming.entry(key).or_default();
         c.inbox.push_front(f);
         c.waiting = Some(token);
-        self.schedule(self.now + WAIT, Node::Server(id), Node::Server(id), Msg::WaitTimeout { up: key.0, conn: key.1, token });
+        self.schedule(self.now + wait, Node::Server(id), Node::Server(id), Msg::WaitTimeout { up: key.0, conn: key.1, token });
     }
 
     /// Server `id` looks at its waiting frames soon (not from inside a handler).

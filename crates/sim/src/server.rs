@@ -215,7 +215,7 @@ impl Sim {
         let waits =
             !meta.forwarded && s.drops.push_waits(&s.marks, &meta, PushKeys::Keys(&keys), &segs).map_err(|e| Violation(e.to_string()))?;
         if waits {
-            self.hold(id, key, Frame { sender, op: FrameOp::Push, meta, last, keys, vals });
+            self.hold(id, key, Frame { sender, op: FrameOp::Push, meta, last, keys, vals }, evict::PUSH_WAIT);
             return Ok(());
         }
         if let Err(e) = chain_push::admit_and_apply(&mut s.table, &mut s.marks, &meta, PushKeys::Keys(&keys), &vals, &segs) {
