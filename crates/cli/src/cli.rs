@@ -318,6 +318,11 @@ pub fn main_from(args: Vec<std::ffi::OsString>, program: Option<Program>) -> i32
         }
     };
     init_logging(&settings.log);
+    // (the binary only: run inside another program, as Python's `downpour.cli`, the process
+    // and its signal dispositions are that program's)
+    if program.is_none() && prints_only(&cli.cmd) {
+        quiet_on_closed_stdout();
+    }
     let program = match program.map(Ok).unwrap_or_else(Program::current) {
         Ok(p) => p,
         Err(e) => {
@@ -331,6 +336,26 @@ pub fn main_from(args: Vec<std::ffi::OsString>, program: Option<Program>) -> i32
             eprintln!("error: {e:#}");
             1
         }
+    }
+}
+
+/// Commands that only read files and print, like any Unix filter: nothing of a cluster runs
+/// in them and none writes to a socket.
+fn prints_only(cmd: &Cmd) -> bool {
+    matches!(cmd, Cmd::Plan { .. } | Cmd::Data(_) | Cmd::Certs(_) | Cmd::Predict(_) | Cmd::Checkpoint(_))
+}
+
+/// A reader that closes this process's standard output (`downpour plan … | head -1`) ends it
+/// quietly, as it ends any filter, instead of a panic in `println!` (Rust ignores SIGPIPE, so
+/// a write to a closed pipe is an error). Only for [`prints_only`] commands: the nodes keep
+/// SIGPIPE ignored, so a write to a peer that died is an error they report and recover from,
+/// not the end of the process.
+fn quiet_on_closed_stdout() {
+    #[cfg(unix)]
+    // SAFETY: called once at start, before this process starts any thread of its own;
+    // SIG_DFL is a valid disposition for SIGPIPE.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
 

@@ -691,3 +691,28 @@ fn plan_predicts_from_a_calibration_names_the_bound_and_recommends_servers() {
     let o = run(downpour().args(["plan", "--workers", "2", "--link", "fast", "--calibration", &c]));
     assert!(!o.status.success());
 }
+
+/// `downpour plan … | head -0`: a reader that closed the pipe ends a printing command as it
+/// ends any filter (SIGPIPE), not with a panic in `println!`.
+#[cfg(unix)]
+#[test]
+fn a_printing_command_whose_reader_closed_the_pipe_ends_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::Stdio;
+    let dir = tempfile::tempdir().unwrap();
+    let cal = dir.path().join("calibration.json");
+    std::fs::write(&cal, r#"{"worker_cpu_s": 1e-5, "server_cpu_s": 4e-6, "wire_bytes": 800}"#).unwrap();
+    let mut child = downpour()
+        .args(["plan", "--workers", "16", "--cpu", "0.1", "--calibration", &cal.display().to_string()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // the read end closed before the command writes its first line
+    drop(child.stdout.take());
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    // (13: SIGPIPE on Linux and macOS)
+    assert_eq!(o.status.signal(), Some(13), "{:?} {err}", o.status);
+}
