@@ -220,6 +220,33 @@ fn a_killed_server_fails_the_job_on_every_node_with_a_clear_message() {
     assert!(cerr.contains("server 0"), "coordinator said: {cerr}");
 }
 
+/// A node runs without transparent huge pages (`main.rs`: mimalloc's arenas on them cost a
+/// training node up to two fifths of its CPU in page zeroing), as the kernel reports it.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_node_runs_without_transparent_huge_pages() {
+    use std::process::Stdio;
+    let thp = |pid: u32| {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        status.lines().find_map(|l| l.strip_prefix("THP_enabled:").map(|v| v.trim().to_string()))
+    };
+    // (a kernel that does not report it: nothing to check)
+    let Some(ours) = thp(std::process::id()) else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let af = dir.path().join("addr");
+    let mut coord = downpour()
+        .args(["coordinator", "--listen", "127.0.0.1:0", "--servers", "1", "--workers", "1", "--addr-file", &af.display().to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    common::wait_for_addr(&af);
+    let node = thp(coord.id());
+    coord.kill().unwrap();
+    let _ = coord.wait();
+    assert_eq!(node.as_deref(), Some("0"), "the test process itself has THP_enabled {ours}");
+}
+
 #[test]
 fn launch_kills_every_child_on_ctrl_c() {
     use std::process::Stdio;
