@@ -28,7 +28,8 @@ where
                         tracing::debug!("metrics endpoint: {e}");
                     }
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(20)),
+                // (a tenth of a second at most between looks at `stopped`)
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => crate::wait::until_acceptable(&l, Duration::from_millis(100)),
                 Err(e) => {
                     tracing::warn!("metrics endpoint: {e}");
                     std::thread::sleep(Duration::from_millis(100));

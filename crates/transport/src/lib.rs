@@ -27,6 +27,7 @@ pub mod inproc;
 pub mod security;
 pub mod tcp;
 mod tls;
+mod wait;
 
 pub use security::{AuthToken, TlsConfig};
 

@@ -134,10 +134,11 @@ impl Listener for TcpListenerBox {
                     return Ok(Some(Box::new(c)));
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    if Instant::now() >= deadline {
+                    let now = Instant::now();
+                    if now >= deadline {
                         return Ok(None);
                     }
-                    std::thread::sleep(Duration::from_millis(2));
+                    crate::wait::until_acceptable(&self.l, deadline - now);
                 }
                 // A connection reset before we accepted it is the peer's problem, not ours.
                 Err(e)

@@ -171,6 +171,8 @@ pub(crate) fn create_table(st: &ServerState, h: &FrameHeader) -> ReqResult {
         FilterStats::new(&request, &reply)
     };
     account(st, 0, table.bytes());
+    // the evictor looks at tables with eviction every check, and at none while there are none
+    let evicting = !canonical.evict.is_empty();
     tables.insert(
         canonical.id,
         Arc::new(TableSlot {
@@ -183,5 +185,9 @@ pub(crate) fn create_table(st: &ServerState, h: &FrameHeader) -> ReqResult {
             traffic: Default::default(),
         }),
     );
+    drop(tables);
+    if evicting {
+        st.evict_wake.notify_one();
+    }
     Ok(())
 }

@@ -1,0 +1,52 @@
+//! Waiting for a listener without spinning: [`until_acceptable`] blocks in poll(2) until a
+//! connection is there to accept or the time is up, so an idle node's accept threads do not
+//! wake every few milliseconds to ask (on a node with a small CPU quota that asking was a
+//! tenth of its CPU, docs/benchmarks.md "An idle node").
+
+use std::net::TcpListener;
+use std::time::Duration;
+
+/// Blocks until `l` (non-blocking) has a connection to accept, or `timeout` passes, or a
+/// signal interrupts the wait; the caller then tries `accept` again and checks its own
+/// deadline and stop flag. Waits at least a millisecond.
+pub(crate) fn until_acceptable(l: &TcpListener, timeout: Duration) {
+    #[cfg(unix)]
+    {
+        use std::os::fd::AsRawFd;
+        let mut p = libc::pollfd { fd: l.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
+        // SAFETY: one valid pollfd, owned by this frame, for the length of the call; the
+        // listener's descriptor stays open while `l` is borrowed.
+        unsafe { libc::poll(&mut p, 1, ms) };
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = l;
+        std::thread::sleep(timeout.min(Duration::from_millis(2)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    #[test]
+    fn a_wait_ends_when_a_connection_arrives_not_at_its_timeout() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.set_nonblocking(true).unwrap();
+        let addr = l.local_addr().unwrap();
+        let t = Instant::now();
+        until_acceptable(&l, Duration::from_millis(50));
+        assert!(t.elapsed() >= Duration::from_millis(40), "nothing to accept: the wait lasts its timeout");
+        let client = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            std::net::TcpStream::connect(addr).unwrap()
+        });
+        let t = Instant::now();
+        until_acceptable(&l, Duration::from_secs(20));
+        assert!(t.elapsed() < Duration::from_secs(10), "the connection ends the wait");
+        assert!(l.accept().is_ok());
+        drop(client.join().unwrap());
+    }
+}
