@@ -9,9 +9,10 @@
 #   weak:   PER_WORKER examples per worker (a file of W × PER_WORKER examples).
 # One epoch of async SGD (`--algorithm sgd`), S servers. Prints one line per run: examples/s,
 # speed-up and efficiency against W = 1, worker 0's idle fraction, bytes on the wire per
-# example, test AUC; and writes them as JSON lines to DIR/scaling.jsonl, the W = 1 run's
-# per-example costs to DIR/calibration-S<SERVERS>.json, and the planner's prediction of
-# every run (from every calibration in DIR) to DIR/validation.jsonl.
+# example, test AUC; and writes them as JSON lines to DIR/scaling.jsonl, the per-example
+# costs (workers' from the first run, servers' from the run with W = S) to
+# DIR/calibration-S<SERVERS>.json, and the planner's prediction of every run (from every
+# calibration in DIR) to DIR/validation.jsonl.
 #
 # Usage (root; a release build first): scripts/scaling.sh [DIR]
 # Environment: RATE (10gbit), CPU (0.1), WS ("1 2 4 8 16"), SERVERS (2), EXAMPLES (400000),
@@ -137,13 +138,6 @@ PY
 )
         echo "$line" >> "$DIR/scaling.jsonl"
         [ -n "$base" ] || base=$(python3 -c "import json,sys; print(json.loads(sys.argv[1])['examples_per_s'])" "$line")
-        # the planner's costs at these servers, measured on the first run of the first mode
-        if [ "$mode" = "${MODES%% *}" ] && [ "$w" = "${WS%% *}" ]; then
-            python3 -c "
-import json, sys
-r = json.loads(sys.argv[1])
-json.dump({'worker_cpu_s': r['worker_cpu_s_per_example'], 'server_cpu_s': r['server_cpu_s_per_example'], 'wire_bytes': r['wire_bytes_per_example'], 'servers': r['servers']}, open(sys.argv[2], 'w'))" "$line" "$DIR/calibration-S$S.json"
-        fi
         python3 -c "
 import json, sys
 r = json.loads(sys.argv[1])
@@ -152,8 +146,22 @@ print(f\"{r['mode']:6} W={r['workers']:2} S={r['servers']}: {r['examples_per_s']
 done
 cleanup
 
-# the planner against every run (`downpour plan`, from the costs of the W = 1 runs: at two
-# server counts when DIR holds calibrations from runs with other SERVERS)
+# the planner's costs at these servers, from the first mode's runs: the workers' CPU and the
+# wire bytes per example of its first run (W = 1, the workers the bound), the servers' CPU
+# per example of its run with as many workers as servers (the servers loaded: a lightly
+# loaded server pays more per request, for its wake-ups), or of the first run without one
+python3 - "$DIR/scaling.jsonl" "$DIR/calibration-S$S.json" "${MODES%% *}" "$S" <<'PY'
+import json, sys
+runs = [r for r in map(json.loads, open(sys.argv[1])) if r["mode"] == sys.argv[3]]
+first = runs[0]
+loaded = next((r for r in runs if r["workers"] == int(sys.argv[4])), first)
+json.dump({"worker_cpu_s": first["worker_cpu_s_per_example"], "server_cpu_s": loaded["server_cpu_s_per_example"],
+           "wire_bytes": first["wire_bytes_per_example"], "servers": first["servers"],
+           "from": {"workers_and_wire": f"W={first['workers']}", "servers": f"W={loaded['workers']}"}}, open(sys.argv[2], "w"))
+PY
+
+# the planner against every run (`downpour plan`, from those costs: at two server counts when
+# DIR holds calibrations from runs with other SERVERS)
 cals=()
 for f in "$DIR"/calibration-S*.json; do cals+=(--calibration "$f"); done
 echo "planner (calibrations: ${cals[*]})"

@@ -19,7 +19,10 @@
 
 use anyhow::{bail, Context, Result};
 
-/// What one real run measured, per training example.
+/// What real runs measured, per training example: the workers' costs from a run the
+/// workers bound (one worker), the servers' from a run that loads them (a lightly loaded
+/// server pays a wake-up per request, so its cost per example at low load overstates what it
+/// can do; `scripts/scaling.sh` takes the run with as many workers as servers).
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Calibration {
     /// Worker CPU seconds per example.
