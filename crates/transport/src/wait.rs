@@ -1,7 +1,7 @@
 //! Waiting for a listener without spinning: [`until_acceptable`] blocks in poll(2) until a
 //! connection is there to accept or the time is up, so an idle node's accept threads do not
-//! wake every few milliseconds to ask (on a node with a small CPU quota that asking was a
-//! tenth of its CPU, docs/benchmarks.md "An idle node").
+//! wake every few milliseconds to ask (on a server of 0.1 core, with its evictor's wake-ups,
+//! that asking was 8 % of its CPU: docs/benchmarks.md, "An idle node").
 
 use std::net::TcpListener;
 use std::time::Duration;
