@@ -17,8 +17,9 @@
 #
 # Usage (root; a release build first): scripts/dynamic_assignment.sh [DIR]
 # Environment: WS ("2 4"), ROUNDS (3), EXAMPLES (200000), WORKER_CPU (0.4), SERVER_CPU
-# (0.6), FACTOR (4), PERIOD_US (the quotas' period, 10000), TRAIN_ARGS (more `train linear` flags), DOWNPOUR_BIN. Everything it creates is named dpa-* and removed on exit;
-# the data stays in DIR.
+# (0.6), FACTOR (4), PERIOD_US (the quotas' period, 10000), TRAIN_ARGS (more `train linear`
+# flags), DOWNPOUR_BIN. Everything it creates is named dpa-* and removed on exit; the data
+# stays in DIR.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR=$(realpath -m "${1:-/tmp/downpour-dynamic}")
