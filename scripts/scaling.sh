@@ -16,8 +16,10 @@
 #
 # Usage (root; a release build first): scripts/scaling.sh [DIR]
 # Environment: RATE (10gbit), CPU (0.1), WS ("1 2 4 8 16"), SERVERS (2), EXAMPLES (400000),
-# PER_WORKER (100000), MODES ("strong weak"), DOWNPOUR_BIN. Everything it creates is named
-# dps* (namespaces, links, cgroups) and removed on exit; the data stays in DIR.
+# PER_WORKER (100000), MODES ("strong weak"), PERIOD_US (the quotas' period, 10000: the
+# kernel's smallest quota is 1 ms a period, so CPU below 0.1 needs a longer one),
+# DOWNPOUR_BIN. Everything it creates is named dps* (namespaces, links, cgroups) and removed
+# on exit; the data stays in DIR.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR=$(realpath -m "${1:-/tmp/downpour-scaling}")
@@ -35,8 +37,11 @@ ACCT=/sys/fs/cgroup/cpuacct
 [ -x "$BIN" ] || { echo "scaling.sh: no $BIN (cargo build --release first)" >&2; exit 2; }
 [ -d "$CG" ] || { echo "scaling.sh: no cgroup-v1 cpu controller at $CG" >&2; exit 2; }
 mkdir -p "$DIR"
-# (a 10 ms period: a throttled node waits at most that long, not the default 100 ms)
-QUOTA=$(python3 -c "print(max(1000, int($CPU * 10000)))")
+# (a 10 ms period by default: a throttled node waits at most that long, not the kernel's
+# default 100 ms)
+PERIOD_US=${PERIOD_US:-10000}
+QUOTA=$(python3 -c "print(int($CPU * $PERIOD_US))")
+[ "$QUOTA" -ge 1000 ] || { echo "scaling.sh: CPU $CPU is below the smallest quota, 1 ms a period of $PERIOD_US µs" >&2; exit 2; }
 
 NODES=()
 cleanup() {
@@ -73,7 +78,7 @@ machines() { # coordinator, S servers, W workers: namespaces on the bridge, shap
         tc qdisc add dev "v-$ns" root tbf rate "$RATE" burst 4mb latency 50ms
         ip netns exec "$ns" tc qdisc add dev eth0 root tbf rate "$RATE" burst 4mb latency 50ms
         mkdir -p "$CG/$ns" "$ACCT/$ns"
-        echo 10000 > "$CG/$ns/cpu.cfs_period_us"
+        echo "$PERIOD_US" > "$CG/$ns/cpu.cfs_period_us"
         echo "$QUOTA" > "$CG/$ns/cpu.cfs_quota_us"
         i=$((i + 1))
     done
