@@ -251,6 +251,11 @@ impl PendingDrops {
         }
     }
 
+    /// The drops held, as `(shard, seq)`, in the order they were recorded.
+    pub fn held(&self) -> impl Iterator<Item = (usize, u64)> + '_ {
+        self.drops.iter().map(|d| (d.shard, d.seq))
+    }
+
     /// Whether the drop numbered `seq` of `shard` is held here.
     pub fn holds(&self, shard: usize, seq: u64) -> bool {
         self.drops.iter().any(|d| d.shard == shard && d.seq == seq)
@@ -441,6 +446,7 @@ mod tests {
         p.record(d.clone());
         p.record(d.clone());
         assert_eq!(p.len(), 1, "a drop received twice is held once");
+        assert_eq!(p.held().collect::<Vec<_>>(), vec![(0, 1)]);
         assert!(p.blocks(PushKeys::Keys(&[1, 20, 50])));
         assert!(!p.blocks(PushKeys::Keys(&[1, 21, 50])));
         assert!(p.blocks(PushKeys::Range(KeyRange::new(25, 31))));

@@ -28,9 +28,7 @@ impl Sim {
                 if self.cfg.evict {
                     let slots = self.cfg.workers + 1;
                     for (id, s) in self.servers.iter().filter(|(_, s)| s.alive) {
-                        let held: Vec<String> = (0..s.map.len())
-                            .flat_map(|sh| (1..64).filter(move |&q| s.drops.holds(sh, q)).map(move |q| format!("{sh}#{q}")))
-                            .collect();
+                        let held: Vec<String> = s.drops.held().map(|(sh, q)| format!("{sh}#{q}")).collect();
                         if !held.is_empty() {
                             waits.push(format!("server {id} holds drops {held:?}"));
                         }
