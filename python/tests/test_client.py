@@ -92,16 +92,23 @@ def test_an_lru_table_keeps_its_newest_rows_and_a_dropped_key_reads_as_new():
     cluster.wait()
 
 
+def _a_change_tracking_table(values):
+    """An embedded cluster of 2 servers, a session, and table 7 ("emb", rows of 4, changes
+    tracked) holding `values` (one row each) under as many scrambled keys, sorted."""
+    cluster = downpour.embedded(servers=2)
+    s = cluster.join()
+    t = s.table(7, "emb", value_len=4, changes=True)
+    keys = downpour.scramble(np.arange(len(values), dtype=np.uint64))
+    keys.sort()
+    t.push(keys, values)
+    return cluster, s, t, keys
+
+
 def test_a_session_exports_a_full_model_then_deltas_of_what_changed(tmp_path):
     import json
     import struct
 
-    cluster = downpour.embedded(servers=2)
-    s = cluster.join()
-    t = s.table(7, "emb", value_len=4, changes=True)
-    keys = downpour.scramble(np.arange(1000, dtype=np.uint64))
-    keys.sort()
-    t.push(keys, np.ones((1000, 4), dtype=np.float32))
+    cluster, s, t, keys = _a_change_tracking_table(np.ones((1000, 4), dtype=np.float32))
     out = str(tmp_path / "exp")
     # (rows written in the 10 ms tick of an export's cut are in the next delta too)
     time.sleep(0.05)
@@ -127,13 +134,7 @@ def test_a_session_exports_a_full_model_then_deltas_of_what_changed(tmp_path):
 
 
 def test_an_exported_model_is_served_and_read_back_from_python(tmp_path):
-    cluster = downpour.embedded(servers=2)
-    s = cluster.join()
-    t = s.table(7, "emb", value_len=4, changes=True)
-    keys = downpour.scramble(np.arange(500, dtype=np.uint64))
-    keys.sort()
-    values = np.arange(2000, dtype=np.float32).reshape(500, 4)
-    t.push(keys, values)
+    cluster, s, t, keys = _a_change_tracking_table(np.arange(2000, dtype=np.float32).reshape(500, 4))
     out = str(tmp_path / "exp")
     time.sleep(0.05)
     s.export(out, [7], skew_ms=0)
