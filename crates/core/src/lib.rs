@@ -27,6 +27,7 @@ pub mod consistency;
 pub mod epochs;
 pub mod error;
 pub mod eviction;
+pub mod feed;
 pub mod fence;
 pub mod filter;
 pub mod gradcode;

@@ -18,6 +18,7 @@ use crate::hashstore::{HashStore, ShardsMut};
 
 mod changes;
 mod evict;
+mod feed;
 use crate::init::Init;
 use crate::keys::{check_lengths, check_sorted_unique};
 use crate::proto;
@@ -318,6 +319,8 @@ pub struct Table {
     evicting: Option<Evicting>,
     /// Change tracking for incremental export (`None`: not tracked).
     changes: Option<crate::changes::Changes>,
+    /// The update feed read caches ask (`None` until the first asks: [`Table::feed_since`]).
+    feed: Option<crate::feed::UpdateFeed>,
 }
 
 /// Reused per-request buffers (the table is used under a lock, one request at a time).
@@ -388,7 +391,7 @@ impl Table {
             _ => None,
         };
         let changes = def.changes.then(|| crate::changes::Changes::new(crate::changes::ChangeClock::default()));
-        Ok(Table { def, rule, owned, vl, sl, store, scratch: Scratch::default(), parallel, admitter, evicting, changes })
+        Ok(Table { def, rule, owned, vl, sl, store, scratch: Scratch::default(), parallel, admitter, evicting, changes, feed: None })
     }
 
     /// The table definition.
@@ -555,6 +558,9 @@ impl Table {
         // a push or pull marks the rows it reaches for eviction; a peek (no `create`) does not
         self.touch(create);
         self.note_write(values.is_some());
+        if let (Some(f), true) = (self.feed.as_mut(), values.is_some()) {
+            f.wrote(keys);
+        }
         let (Some(g), true, true) = (values, create, self.admitter.is_some()) else {
             let create = create && self.admitter.is_none();
             self.batch_plain(keys, values, out, create, None);
@@ -699,6 +705,7 @@ impl Table {
         let (vl, sl) = (self.vl, self.sl);
         if self.def.is_dense() {
             self.note_write(true);
+            self.feed_lost();
         }
         match &mut self.store {
             Store::Dense(d) => {
@@ -745,6 +752,7 @@ impl Table {
     /// Fails for sparse tables.
     pub fn dense_values_mut(&mut self) -> Result<&mut [f32]> {
         self.note_write(true);
+        self.feed_lost();
         match &mut self.store {
             Store::Dense(d) => Ok(&mut d.w),
             Store::Sparse(_) => {
@@ -785,6 +793,7 @@ impl Table {
     /// `range` is installed, so no row the sender does not have survives.
     pub fn remove_range(&mut self, range: KeyRange) {
         let range = range.intersect(&self.owned);
+        self.feed_lost();
         if let (Store::Sparse(h), false) = (&mut self.store, range.is_empty()) {
             h.remove_range(range.begin, range.end);
         }
@@ -804,6 +813,7 @@ impl Table {
         }
         self.touch(true);
         self.note_write(true);
+        self.feed_lost();
         match &mut self.store {
             Store::Dense(d) => {
                 for (k, r) in keys.iter().zip(rows.chunks_exact(vl + sl)) {

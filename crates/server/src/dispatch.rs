@@ -6,6 +6,7 @@ use crate::conn::{lookup, ConnCtx, ReqResult};
 use crate::error::ServerError;
 use crate::gate::{buffer_push, wait_for_clocks};
 use crate::ops::changes::changes;
+use crate::ops::feed::feed;
 use crate::ops::filtered::decode_filtered;
 use crate::ops::pull::pull_range;
 use crate::ops::table::{account_table, check_quota, create_table};
@@ -382,6 +383,13 @@ pub(crate) fn handle_frame(
                 Err(e) => return Ok(Err(e)),
             };
             changes(st, h, ctx, &slot, conn, me)
+        }
+        Op::Feed => {
+            let slot = match lookup(st, ctx, h.table) {
+                Ok(s) => s,
+                Err(e) => return Ok(Err(e)),
+            };
+            feed(st, h, ctx, &slot, conn, me)
         }
         Op::Summarize => {
             let slot = match lookup(st, ctx, h.table) {

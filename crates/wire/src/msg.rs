@@ -119,6 +119,11 @@ pub enum Op {
     /// watermarks of the shard (`RowDrop::meta`). Applied once the receiver has every
     /// update those watermarks name, forwarded, and acknowledged once the tail has it.
     RowDrop = 42,
+    /// Worker to server (a read cache, `ssp` tables): the rows of the table written since a
+    /// position in its update feed (`downpour_core::feed`). Body: `FeedRequest`. Answered
+    /// like `PullRange` (keys, then their values, in chunks), never held for clocks; the last
+    /// chunk's `meta` is a `FeedReply`. Not for replicated tables.
+    Feed = 43,
 }
 
 impl Op {
@@ -159,6 +164,7 @@ impl Op {
             40 => Changes,
             41 => Tables,
             42 => RowDrop,
+            43 => Feed,
             _ => return None,
         })
     }
@@ -295,6 +301,7 @@ mod tests {
             Op::Changes,
             Op::Tables,
             Op::RowDrop,
+            Op::Feed,
         ] {
             assert_eq!(Op::from_u32(op as u32), Some(op));
         }

@@ -80,6 +80,7 @@ impl Table {
     /// which always holds them, are skipped): a serving node applying a delta's evicted
     /// keys. Not recorded as evictions. Returns how many rows went.
     pub fn remove_keys(&mut self, keys: &[u64]) -> usize {
+        self.feed_lost();
         match &mut self.store {
             Store::Sparse(h) => h.remove_keys(keys),
             Store::Dense(_) => 0,

@@ -150,6 +150,9 @@ impl Table {
             gone(k)
         });
         e.stats.evicted += n as u64;
+        if n > 0 {
+            self.feed_lost();
+        }
         n
     }
 
@@ -170,6 +173,9 @@ impl Table {
         }
         if let Some(e) = self.evicting.as_mut() {
             e.stats.evicted += n as u64;
+        }
+        if n > 0 {
+            self.feed_lost();
         }
         n
     }

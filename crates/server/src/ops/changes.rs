@@ -41,6 +41,6 @@ pub(crate) fn changes(
         }
         slot.table.read().def().value_len
     };
-    super::pull::send_rows(st, h, conn, me, range, &ctx.out_keys, &ctx.out, vl)?;
+    super::pull::send_rows(st, h, conn, me, range, &ctx.out_keys, &ctx.out, vl, None)?;
     Ok(Ok(()))
 }

@@ -1,8 +1,10 @@
 //! Table operations handled outside the dispatch itself: table creation and the memory
-//! quota (`table`), range pulls (`pull`), incremental export (`changes`), decoding filtered frames (`filtered`) and vector
-//! programs (`vecprog`).
+//! quota (`table`), range pulls (`pull`), incremental export (`changes`), a read cache's
+//! update feed (`feed`), decoding filtered frames (`filtered`) and vector programs
+//! (`vecprog`).
 
 pub(crate) mod changes;
+pub(crate) mod feed;
 pub(crate) mod filtered;
 pub(crate) mod pull;
 pub(crate) mod table;

@@ -69,12 +69,13 @@ pub(crate) fn pull_range(
     if let Err(e) = slot.table.write().pull_range(range, &mut ctx.out_keys, &mut ctx.out) {
         return Ok(Err(ServerError::Core(e)));
     }
-    send_rows(st, h, conn, me, range, &ctx.out_keys, &ctx.out, vl)?;
+    send_rows(st, h, conn, me, range, &ctx.out_keys, &ctx.out, vl, None)?;
     Ok(Ok(()))
 }
 
 /// Sends `keys` and their `values` (`vl` each; none when `vl` is 0) as the chunked reply to
-/// `h`, each chunk naming `range`, the last flagged: a sparse range pull's reply.
+/// `h`, each chunk naming `range`, the last flagged (and carrying `last_meta` when given): a
+/// sparse range pull's reply.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn send_rows(
     st: &ServerState,
@@ -85,6 +86,7 @@ pub(crate) fn send_rows(
     keys: &[u64],
     values: &[f32],
     vl: usize,
+    last_meta: Option<prost::bytes::Bytes>,
 ) -> Result<(), TransportError> {
     let n = keys.len();
     let per = (st.cfg.chunk_bytes / (8 + 4 * vl)).max(1);
@@ -95,6 +97,9 @@ pub(crate) fn send_rows(
         r.last = j >= n;
         r.range_begin = range.begin;
         r.range_end = range.end;
+        if let (true, Some(m)) = (r.last, last_meta.as_ref()) {
+            r.meta = m.clone();
+        }
         conn.send(&mut r, key_bytes(&keys[i..j]), value_bytes(&values[i * vl..j * vl]))?;
         if j >= n {
             return Ok(());

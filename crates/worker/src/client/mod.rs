@@ -23,6 +23,7 @@ mod changes;
 mod clock;
 mod deps;
 mod error;
+mod feed;
 mod filters;
 mod recv;
 mod send;
@@ -32,6 +33,7 @@ mod tracker;
 pub use changes::TableChanges;
 pub use deps::After;
 pub use error::ClientError;
+pub use feed::FeedAnswer;
 pub use tracker::Timestamp;
 
 pub(crate) use tables::TableInfo;

@@ -215,6 +215,9 @@ impl KvClient {
             if let Some(o) = self.ops.get_mut(&ts) {
                 o.parts_left = o.parts_left.saturating_sub(1);
                 if matches!(done.reply, Reply::SparseRange) {
+                    if let Some(m) = o.part_meta.get_mut(done.part) {
+                        *m = h.meta.clone();
+                    }
                     if let Some(p) = o.range_parts.get_mut(done.part) {
                         *p = (done.keys, done.vals);
                     }

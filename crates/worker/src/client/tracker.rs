@@ -18,6 +18,9 @@ pub(crate) struct OpState {
     pub(crate) values: Vec<f32>,
     pub(crate) vl: usize,
     pub(crate) range_parts: Vec<(Vec<u64>, Vec<f32>)>,
+    /// Per part, the `meta` of its last reply chunk (kept only when this holds a slot per
+    /// part: feed questions).
+    pub(crate) part_meta: Vec<prost::bytes::Bytes>,
     /// The op has a result to hand back (values, or a lent buffer's completion).
     pub(crate) keep: bool,
     /// The longest time a server held a part of it for a consistency bound.
