@@ -1,6 +1,7 @@
 //! The worker-side read cache of `ssp` tables on a live embedded cluster: a read answered
 //! from memory is never staler than the bound allows (checked against the values, not
-//! against the cache's own bookkeeping), and the worker's own pushes show in its reads.
+//! against the cache's own bookkeeping), and the worker's own pushes show in its reads; with
+//! the servers' update feeds keeping rows fresh (dense and sparse tables) and without.
 
 use downpour_cluster::{EmbeddedCluster, Settings};
 use downpour_core::consistency::Consistency;
@@ -15,9 +16,23 @@ const CLOCKS: u64 = 60;
 
 #[test]
 fn cached_reads_hold_every_update_older_than_the_bound_and_the_readers_own_pushes() {
+    cached_reads(Storage::Dense(KeyRange::new(0, 8)), false);
+}
+
+#[test]
+fn reads_kept_fresh_by_the_update_feed_hold_every_update_older_than_the_bound_dense() {
+    cached_reads(Storage::Dense(KeyRange::new(0, 8)), true);
+}
+
+#[test]
+fn reads_kept_fresh_by_the_update_feed_hold_every_update_older_than_the_bound_sparse() {
+    cached_reads(Storage::Sparse, true);
+}
+
+fn cached_reads(storage: Storage, feed: bool) {
     let cluster = EmbeddedCluster::start(&Settings::default(), 2, 2).unwrap();
     let def = TableDef {
-        storage: Storage::Dense(KeyRange::new(0, 8)),
+        storage,
         rule: proto::Rule { name: "add".into(), ..Default::default() },
         consistency: Consistency::Ssp(TAU),
         ..TableDef::new(1, "t")
@@ -41,7 +56,8 @@ fn cached_reads_hold_every_update_older_than_the_bound_and_the_readers_own_pushe
                     // the reader: reads keys 0 and 1 through the cache every clock and adds 1 to
                     // key 1; like train linear, the read for clock c + 1 is sent before the push of
                     // clock c, so the rows it brings back must get that push replayed
-                    let mut cache = ReadCache::new(&s.kv, 1, 100).unwrap();
+                    let cache = ReadCache::new(&s.kv, 1, 100).unwrap();
+                    let mut cache = if feed { cache } else { cache.without_feed() };
                     let mut next = Some((0, cache.pull(&mut s.kv, &[0, 1]).unwrap()));
                     for c in 0..CLOCKS {
                         assert_eq!(s.kv.current_clock(), c);
@@ -68,6 +84,13 @@ fn cached_reads_hold_every_update_older_than_the_bound_and_the_readers_own_pushe
                     cache.settle(&mut s.kv).unwrap();
                     let st = cache.stats();
                     assert!(st.reads_local > 0 && st.reads_local < st.reads, "{st:?}");
+                    // the feed answers carry the writer's rows (never the reader's own: it
+                    // applies those itself)
+                    if feed {
+                        assert!(st.feed_answers > 0 && st.feed_rows > 0 && st.feed_rows <= st.feed_answers, "{st:?}");
+                    } else {
+                        assert_eq!(st.feed_answers, 0, "{st:?}");
+                    }
                     assert!(s.kv.staleness_max().unwrap() <= TAU, "{:?}", s.kv.staleness_max());
                 }
                 s.kv.pause_clock().unwrap();

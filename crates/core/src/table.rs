@@ -321,6 +321,8 @@ pub struct Table {
     changes: Option<crate::changes::Changes>,
     /// The update feed read caches ask (`None` until the first asks: [`Table::feed_since`]).
     feed: Option<crate::feed::UpdateFeed>,
+    /// The node whose keyed write comes next ([`Table::set_feed_writer`]).
+    feed_writer: Option<u32>,
 }
 
 /// Reused per-request buffers (the table is used under a lock, one request at a time).
@@ -391,7 +393,21 @@ impl Table {
             _ => None,
         };
         let changes = def.changes.then(|| crate::changes::Changes::new(crate::changes::ChangeClock::default()));
-        Ok(Table { def, rule, owned, vl, sl, store, scratch: Scratch::default(), parallel, admitter, evicting, changes, feed: None })
+        Ok(Table {
+            def,
+            rule,
+            owned,
+            vl,
+            sl,
+            store,
+            scratch: Scratch::default(),
+            parallel,
+            admitter,
+            evicting,
+            changes,
+            feed: None,
+            feed_writer: None,
+        })
     }
 
     /// The table definition.
@@ -558,8 +574,9 @@ impl Table {
         // a push or pull marks the rows it reaches for eviction; a peek (no `create`) does not
         self.touch(create);
         self.note_write(values.is_some());
+        let writer = self.feed_writer.take();
         if let (Some(f), true) = (self.feed.as_mut(), values.is_some()) {
-            f.wrote(keys);
+            f.wrote(keys, writer);
         }
         let (Some(g), true, true) = (values, create, self.admitter.is_some()) else {
             let create = create && self.admitter.is_none();
@@ -705,7 +722,10 @@ impl Table {
         let (vl, sl) = (self.vl, self.sl);
         if self.def.is_dense() {
             self.note_write(true);
-            self.feed_lost();
+            let writer = self.feed_writer.take();
+            if let Some(f) = self.feed.as_mut() {
+                f.wrote_range(r.begin, r.end, writer);
+            }
         }
         match &mut self.store {
             Store::Dense(d) => {

@@ -124,6 +124,7 @@ pub(crate) fn handle_frame(
                         match check_quota(st, &t, &ctx.keys) {
                             Ok(()) => {
                                 let before = t.bytes();
+                                t.set_feed_writer(h.sender);
                                 let r = t.push(&ctx.keys, &ctx.vals).map(|_| ()).map_err(ServerError::Core);
                                 account_table(st, &t, before);
                                 r
@@ -131,6 +132,7 @@ pub(crate) fn handle_frame(
                             Err(e) => Err(e),
                         }
                     } else {
+                        t.set_feed_writer(h.sender);
                         t.push_range(h.range_begin, &ctx.vals).map(|_| ()).map_err(ServerError::Core)
                     }
                 }
@@ -457,10 +459,12 @@ fn complete_range(st: &ServerState, slot: &TableSlot, h: &FrameHeader, op: Op, c
         if op == Op::Push {
             check_quota(st, &t, &ctx.keys)?;
             let before = t.bytes();
+            t.set_feed_writer(h.sender);
             let r = t.push(&ctx.keys, &ctx.vals).map(|_| ()).map_err(ServerError::Core);
             account_table(st, &t, before);
             r?;
         } else {
+            t.set_feed_writer(h.sender);
             t.push_range(h.range_begin, &ctx.vals).map_err(ServerError::Core)?;
         }
     }

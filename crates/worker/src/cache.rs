@@ -26,6 +26,8 @@
 
 use crate::{ClientError, KvClient, Timestamp};
 use downpour_core::consistency::Consistency;
+use downpour_core::feed::FeedPosition;
+use downpour_core::partition::Partition;
 use downpour_core::CoreError;
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
@@ -64,6 +66,10 @@ pub struct CacheStats {
     pub reads: u64,
     /// Background refresh pulls issued.
     pub refreshes: u64,
+    /// Update-feed answers applied (one question per clock to every server).
+    pub feed_answers: u64,
+    /// Rows those answers carried (written since the question before).
+    pub feed_rows: u64,
 }
 
 impl CacheStats {
@@ -95,6 +101,24 @@ pub struct PendingRead {
     pushes: u64,
     /// Largest staleness among the rows answered from memory.
     hit_staleness: Option<u64>,
+    /// Per server, the feed answers applied when the pull was sent (its rows' stamp).
+    stamps: Vec<u64>,
+}
+
+/// The cache's place in one server's update feed (see [`ReadCache`]'s doc): rows stamped
+/// `chain_start..=count` are kept up to date by the answers, so they are at least as fresh
+/// as the last one.
+#[derive(Debug, Default, Clone)]
+struct FeedState {
+    /// Where to ask from next (`None`: never asked).
+    since: Option<FeedPosition>,
+    /// Answers applied.
+    count: u64,
+    /// Rows stamped below this missed changes (an answer that did not know them, or rows
+    /// dropped for room): not kept up to date.
+    chain_start: u64,
+    /// The last answer's freshness (every update of clocks below it is in those rows).
+    fresh: Option<u64>,
 }
 
 /// The read cache of one `ssp` table (see the module doc).
@@ -111,9 +135,9 @@ pub struct ReadCache {
     /// How the table's rule folds a push into a row when that is exact: `Some(c)` adds
     /// `c × value` (`add`: 1, `sgd`: −lr); `None` for the other rules.
     own: Option<f32>,
-    /// Background refreshes in flight: the pull, its keys, the clock it was issued at, and
-    /// how many own pushes came before it.
-    refreshing: VecDeque<(Timestamp, Vec<u64>, u64, u64)>,
+    /// Background refreshes in flight: the pull, its keys, the clock it was issued at, how
+    /// many own pushes came before it, and the feed answers applied then.
+    refreshing: VecDeque<Refresh>,
     /// Own pushes folded in so far, and those a pull still in flight did not see (it was
     /// sent before them): `(sequence number, keys, row changes)`, replayed onto that pull's
     /// rows when they land, so a row never loses a push the servers have not shown it yet.
@@ -132,6 +156,26 @@ pub struct ReadCache {
     last: Option<(u64, Vec<u64>)>,
     reads_sent: u64,
     stats: CacheStats,
+    /// The servers' update feeds, when used: which server holds a key, the place in each
+    /// feed, the question in flight (its id, clock and own pushes before it), the clock
+    /// of the last question, and per row its server and stamp.
+    feed: Option<Partition>,
+    feeds: Vec<FeedState>,
+    asking: Option<(Timestamp, u64, u64)>,
+    asked_clock: Option<u64>,
+    server: Vec<u32>,
+    stamp: Vec<u64>,
+}
+
+/// A background refresh in flight: the pull, its keys, the clock it was issued at, how many
+/// own pushes came before it, and the feed answers applied then.
+type Refresh = (Timestamp, Vec<u64>, u64, u64, Vec<u64>);
+
+/// The feed stamps of rows being kept: per server (a pull's, from the feed answers applied
+/// when it was sent), or one server's answer.
+enum Stamps<'a> {
+    PerServer(&'a [u64]),
+    Server(u32, u64),
 }
 
 /// Background refreshes in flight at most.
@@ -159,6 +203,10 @@ impl ReadCache {
             "sgd" => Some(-def.rule.lr),
             _ => None,
         };
+        // the servers' update feeds keep rows fresh; a replicated table has none (each copy
+        // would answer its own)
+        let feed = if kv.replication() > 1 { None } else { Some(kv.info(table)?.1) };
+        let servers = feed.as_ref().map_or(0, |_| kv.num_servers());
         Ok(ReadCache {
             table,
             own,
@@ -179,7 +227,72 @@ impl ReadCache {
             last: None,
             reads_sent: 0,
             stats: CacheStats::default(),
+            feed,
+            feeds: vec![FeedState::default(); servers],
+            asking: None,
+            asked_clock: None,
+            server: Vec::new(),
+            stamp: Vec::new(),
         })
+    }
+
+    /// Keeps rows fresh only by fetching them (rows read at their last valid clock), without
+    /// the servers' update feeds. Call it before the first read.
+    pub fn without_feed(mut self) -> ReadCache {
+        self.feed = None;
+        self.feeds.clear();
+        self
+    }
+
+    /// Whether the servers' update feeds keep the rows fresh.
+    pub fn uses_feed(&self) -> bool {
+        self.feed.is_some()
+    }
+
+    /// The freshness of the row in `slot`: its own, or the last feed answer's when the
+    /// answers since its fetch kept it up to date.
+    fn fresh_of(&self, slot: usize) -> u64 {
+        let own = self.fresh[slot];
+        let Some(f) = self.feed.as_ref().and_then(|_| self.feeds.get(self.server[slot] as usize)) else { return own };
+        match f.fresh {
+            Some(ff) if (f.chain_start..=f.count).contains(&self.stamp[slot]) => own.max(ff),
+            _ => own,
+        }
+    }
+
+    /// Asks every server's feed what changed, once per clock, one question at a time.
+    fn ask_feed(&mut self, kv: &mut KvClient, clock: u64) -> Result<(), ClientError> {
+        if self.feed.is_none() || self.asking.is_some() || self.asked_clock.is_some_and(|c| c >= clock) {
+            return Ok(());
+        }
+        let since: Vec<Option<FeedPosition>> = self.feeds.iter().map(|f| f.since).collect();
+        let ts = kv.feed(self.table, &since, self.own.is_some())?;
+        *self.in_flight.entry(self.pushes).or_default() += 1;
+        self.asking = Some((ts, clock, self.pushes));
+        self.asked_clock = Some(clock);
+        Ok(())
+    }
+
+    /// Applies the feed answers to a question sent at `clock` after `pushes` own pushes.
+    fn apply_feed(&mut self, answers: Vec<crate::FeedAnswer>, clock: u64, pushes: u64) {
+        for (s, a) in answers.into_iter().enumerate() {
+            let Some(f) = self.feeds.get_mut(s) else { break };
+            f.count += 1;
+            f.since = Some(a.position);
+            f.fresh = a.staleness.map(|st| clock.saturating_sub(st));
+            let k = f.count;
+            if !a.known {
+                // rows fetched before this answer may have missed changes: only rows
+                // fetched after it are kept up to date from now on
+                f.chain_start = k;
+                continue;
+            }
+            self.stats.feed_answers += 1;
+            self.stats.feed_rows += a.keys.len() as u64;
+            if let Some(fresh) = f.fresh {
+                self.insert(&a.keys, &a.values, fresh, pushes, Stamps::Server(s as u32, k));
+            }
+        }
     }
 
     /// The counts so far.
@@ -205,6 +318,7 @@ impl ReadCache {
     pub fn pull(&mut self, kv: &mut KvClient, keys: &[u64]) -> Result<PendingRead, ClientError> {
         self.harvest(kv, false)?;
         let clock = kv.current_clock();
+        self.ask_feed(kv, clock)?;
         let vl = self.vl;
         let mut values = vec![0f32; keys.len() * vl];
         let (mut missing, mut missing_keys, mut expiring, mut pulled) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
@@ -214,13 +328,13 @@ impl ReadCache {
         let in_flight: &[u64] = self.last.as_ref().map_or(&[], |(_, k)| k);
         let mut at = 0;
         for (i, &k) in keys.iter().enumerate() {
-            match self.index.get(&k) {
-                Some(&slot) if self.fresh[slot as usize] + self.tau >= clock => {
-                    let s = slot as usize;
+            let found = self.index.get(&k).map(|&slot| (slot as usize, self.fresh_of(slot as usize)));
+            match found {
+                Some((s, fresh)) if fresh + self.tau >= clock => {
                     values[i * vl..(i + 1) * vl].copy_from_slice(&self.values[s * vl..(s + 1) * vl]);
-                    let st = clock.saturating_sub(self.fresh[s]);
+                    let st = clock.saturating_sub(fresh);
                     hit_staleness = Some(hit_staleness.map_or(st, |m| m.max(st)));
-                    if self.fresh[s] + self.tau == clock {
+                    if fresh + self.tau == clock {
                         expiring.push(k);
                     }
                 }
@@ -249,7 +363,7 @@ impl ReadCache {
             if !expiring.is_empty() && self.refreshing.len() < MAX_REFRESHING {
                 let ts = kv.pull(self.table, &expiring)?;
                 *self.in_flight.entry(self.pushes).or_default() += 1;
-                self.refreshing.push_back((ts, expiring, clock, self.pushes));
+                self.refreshing.push_back((ts, expiring, clock, self.pushes, self.counts()));
                 self.stats.refreshes += 1;
             }
             None
@@ -283,14 +397,32 @@ impl ReadCache {
             clock,
             pushes: self.pushes,
             hit_staleness,
+            stamps: self.counts(),
         })
+    }
+
+    /// Per server, the feed answers applied so far (the stamp of rows pulled now).
+    fn counts(&self) -> Vec<u64> {
+        self.feeds.iter().map(|f| f.count).collect()
     }
 
     /// Finishes a read: waits for the rows pulled (if any), keeps them, and returns every
     /// row in the order of the keys given to [`ReadCache::pull`].
     pub fn wait(&mut self, kv: &mut KvClient, read: PendingRead) -> Result<Vec<f32>, ClientError> {
-        let PendingRead { mut values, missing, missing_keys, pulled, pull, deferred, deferred_keys, seq, clock, pushes, mut hit_staleness } =
-            read;
+        let PendingRead {
+            mut values,
+            missing,
+            missing_keys,
+            pulled,
+            pull,
+            deferred,
+            deferred_keys,
+            seq,
+            clock,
+            pushes,
+            mut hit_staleness,
+            stamps,
+        } = read;
         let vl = self.vl;
         let local = pull.is_none();
         if self.last.as_ref().is_some_and(|(s, _)| *s == seq) {
@@ -314,18 +446,19 @@ impl ReadCache {
                 j += 1;
             }
             if let Some(st) = st {
-                self.insert(got, &rows, clock.saturating_sub(st), pushes);
+                self.insert(got, &rows, clock.saturating_sub(st), pushes, Stamps::PerServer(&stamps));
             }
             self.landed(pushes);
         }
         // rows an earlier read was pulling: its answer is in memory if it was waited for
         let mut late: Vec<(u32, u64)> = Vec::new();
         for (&i, &k) in deferred.iter().zip(&deferred_keys) {
-            match self.index.get(&k) {
-                Some(&slot) if self.fresh[slot as usize] + self.tau >= clock => {
-                    let (s, i) = (slot as usize, i as usize);
+            let found = self.index.get(&k).map(|&slot| (slot as usize, self.fresh_of(slot as usize)));
+            match found {
+                Some((s, fresh)) if fresh + self.tau >= clock => {
+                    let i = i as usize;
                     values[i * vl..(i + 1) * vl].copy_from_slice(&self.values[s * vl..(s + 1) * vl]);
-                    let st = clock.saturating_sub(self.fresh[s]);
+                    let st = clock.saturating_sub(fresh);
                     hit_staleness = Some(hit_staleness.map_or(st, |m| m.max(st)));
                 }
                 _ => late.push((i, k)),
@@ -340,6 +473,7 @@ impl ReadCache {
             // least the read's, so within the bound for it too
             let keys: Vec<u64> = late.iter().map(|&(_, k)| k).collect();
             let now = kv.current_clock();
+            let stamps = self.counts();
             let ts = kv.pull(self.table, &keys)?;
             let (rows, st) = kv.wait_values_staleness(ts)?;
             for (j, &(i, _)) in late.iter().enumerate() {
@@ -350,7 +484,7 @@ impl ReadCache {
             }
             if let Some(st) = st {
                 // no own push came between this pull and its answer: nothing to replay
-                self.insert(&keys, &rows, now.saturating_sub(st), self.pushes);
+                self.insert(&keys, &rows, now.saturating_sub(st), self.pushes, Stamps::PerServer(&stamps));
             }
         }
         if let Some(st) = hit_staleness {
@@ -362,14 +496,22 @@ impl ReadCache {
 
     /// Folds finished background refreshes in (all of them, waiting, when `all`).
     fn harvest(&mut self, kv: &mut KvClient, all: bool) -> Result<(), ClientError> {
+        if let Some((ts, clock, pushes)) = self.asking {
+            if all || kv.finished(ts.0) {
+                self.asking = None;
+                let answers = kv.wait_feed(ts)?;
+                self.apply_feed(answers, clock, pushes);
+                self.landed(pushes);
+            }
+        }
         while let Some((ts, ..)) = self.refreshing.front() {
             if !all && !kv.finished(ts.0) {
                 break;
             }
-            let Some((ts, keys, clock, pushes)) = self.refreshing.pop_front() else { break };
+            let Some((ts, keys, clock, pushes, stamps)) = self.refreshing.pop_front() else { break };
             let (rows, st) = kv.wait_values_staleness(ts)?;
             if let Some(st) = st {
-                self.insert(&keys, &rows, clock.saturating_sub(st), pushes);
+                self.insert(&keys, &rows, clock.saturating_sub(st), pushes, Stamps::PerServer(&stamps));
             }
             self.landed(pushes);
         }
@@ -432,42 +574,64 @@ impl ReadCache {
         self.harvest(kv, true)
     }
 
-    /// Keeps `rows` of `keys` from a pull sent after `pushes` own pushes, with freshness
-    /// `fresh`, and replays onto them the own pushes made after it was sent.
-    fn insert(&mut self, keys: &[u64], rows: &[f32], fresh: u64, pushes: u64) {
+    /// Keeps `rows` of `keys` from a pull (or feed answer) sent after `pushes` own pushes,
+    /// with freshness `fresh` and feed stamps `stamps`, and replays onto them the own
+    /// pushes made after it was sent. A row is replaced only by one of a later stamp, or of
+    /// the same stamp and at least its freshness: a fetch sent earlier than the row's must
+    /// not take it back in time past what the feed answers since have shown.
+    fn insert(&mut self, keys: &[u64], rows: &[f32], fresh: u64, pushes: u64, stamps: Stamps<'_>) {
         let vl = self.vl;
         self.inserts += 1;
         let stamp = self.inserts;
+        let feed = self.feed.take();
         for (j, &k) in keys.iter().enumerate() {
             let row = &rows[j * vl..(j + 1) * vl];
+            let (server, fstamp) = match (&stamps, &feed) {
+                (Stamps::Server(s, c), _) => (*s, *c),
+                (Stamps::PerServer(c), Some(p)) => {
+                    let s = p.owner(k).unwrap_or(0);
+                    (s as u32, c.get(s).copied().unwrap_or(0))
+                }
+                (Stamps::PerServer(_), None) => (0, 0),
+            };
             match self.index.get(&k) {
                 Some(&slot) => {
                     let s = slot as usize;
-                    // a refresh issued earlier than the row's last fetch must not age it
-                    if fresh >= self.fresh[s] {
+                    if (fstamp, fresh) >= (self.stamp[s], self.fresh[s]) {
                         self.values[s * vl..(s + 1) * vl].copy_from_slice(row);
                         self.fresh[s] = fresh;
                         self.written[s] = stamp;
+                        self.server[s] = server;
+                        self.stamp[s] = fstamp;
                     }
                 }
                 None => {
                     if self.keys.len() >= self.capacity {
                         // full: start over (the rows a worker reads next are mostly those it
-                        // just pulled, which come back in the following reads)
+                        // just pulled, which come back in the following reads); fetches in
+                        // flight may have missed changes the answers so far carried
                         self.index.clear();
                         self.keys.clear();
                         self.values.clear();
                         self.fresh.clear();
                         self.written.clear();
+                        self.server.clear();
+                        self.stamp.clear();
+                        for f in &mut self.feeds {
+                            f.chain_start = f.count + 1;
+                        }
                     }
                     self.index.insert(k, self.keys.len() as u32);
                     self.keys.push(k);
                     self.values.extend_from_slice(row);
                     self.fresh.push(fresh);
                     self.written.push(stamp);
+                    self.server.push(server);
+                    self.stamp.push(fstamp);
                 }
             }
         }
+        self.feed = feed;
         for (seq, pk, deltas) in &self.push_log {
             if *seq <= pushes {
                 continue;

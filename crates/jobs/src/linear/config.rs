@@ -303,11 +303,16 @@ pub struct LinearConfig {
     pub coded: Option<crate::coded::Coding>,
     /// Keep up to ROWS model rows on each worker and answer reads from them while they are
     /// fresh enough for the staleness bound (`--consistency ssp:TAU`, TAU ≥ 1: a row fetched
-    /// with every update below clock F answers reads until clock F + TAU); rows read at
-    /// their last valid clock are refreshed in the background. 0: every read goes to the
-    /// servers. Not with checkpoints or replication.
+    /// with every update below clock F answers reads until clock F + TAU). Once a clock the
+    /// worker asks the servers which rows changed (their update feeds) and takes those; every
+    /// other row it holds is then as fresh as the answer. 0: every read goes to the servers.
+    /// Not with checkpoints or replication.
     #[cfg_attr(feature = "cli", arg(long, default_value_t = 0, value_name = "ROWS"))]
     pub ssp_cache: usize,
+    /// With `--ssp-cache`: keep the rows fresh from the servers' update feeds (true), or only
+    /// by fetching rows again when they are read at their last valid clock (false).
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL"))]
+    pub ssp_cache_feed: bool,
 }
 
 impl Default for LinearConfig {
@@ -351,6 +356,7 @@ impl Default for LinearConfig {
             eval_every: 0,
             coded: None,
             ssp_cache: 0,
+            ssp_cache_feed: true,
         }
     }
 }
@@ -522,6 +528,7 @@ impl LinearConfig {
         check(self.straggler_tail.is_some(), "--straggler-tail");
         check(self.eval_every != d.eval_every, "--eval-every");
         check(self.ssp_cache != d.ssp_cache, "--ssp-cache");
+        check(self.ssp_cache_feed != d.ssp_cache_feed, "--ssp-cache-feed");
         check(self.export_dir.is_some(), "--export-dir");
         check(self.track_changes, "--track-changes");
         check(self.export_every != d.export_every, "--export-every");

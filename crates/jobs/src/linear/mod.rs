@@ -60,13 +60,13 @@ impl Slowdown {
 /// A minibatch's rows on their way: a pull, or a read through the `--ssp-cache`.
 enum Rows {
     Pulled(Timestamp),
-    Cached(PendingRead),
+    Cached(Box<PendingRead>),
 }
 
 /// Starts reading the rows of `keys` (through the cache when there is one).
 fn pull_rows(s: &mut WorkerSession, cache: &mut Option<ReadCache>, keys: &[u64]) -> Result<Rows> {
     Ok(match cache {
-        Some(c) => Rows::Cached(c.pull(&mut s.kv, keys)?),
+        Some(c) => Rows::Cached(Box::new(c.pull(&mut s.kv, keys)?)),
         None => Rows::Pulled(s.kv.pull(TABLE, keys)?),
     })
 }
@@ -75,7 +75,7 @@ fn pull_rows(s: &mut WorkerSession, cache: &mut Option<ReadCache>, keys: &[u64])
 fn wait_rows(s: &mut WorkerSession, cache: &mut Option<ReadCache>, rows: Rows) -> Result<Vec<f32>> {
     Ok(match (rows, cache) {
         (Rows::Pulled(ts), _) => s.kv.wait_values(ts)?,
-        (Rows::Cached(r), Some(c)) => c.wait(&mut s.kv, r)?,
+        (Rows::Cached(r), Some(c)) => c.wait(&mut s.kv, *r)?,
         (Rows::Cached(_), None) => anyhow::bail!("a cached read without the cache"),
     })
 }
@@ -516,7 +516,8 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
                 a.filters == downpour_core::filter::FilterSpec::default(),
                 "--ssp-cache folds the worker's own pushes into its rows as sent, which --filters would change on the way: use one or the other"
             );
-            Some(ReadCache::new(&s.kv, TABLE, rows).map_err(|e| anyhow::anyhow!("--ssp-cache: {e}"))?)
+            let c = ReadCache::new(&s.kv, TABLE, rows).map_err(|e| anyhow::anyhow!("--ssp-cache: {e}"))?;
+            Some(if a.ssp_cache_feed { c } else { c.without_feed() })
         }
     };
     // Worker 0's incremental export (--export-dir): between minibatches when due, and once
@@ -869,6 +870,7 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
                 serde_json::json!({
                     "rows_read": st.rows_read, "rows_hit": st.rows_hit, "hit_rate": st.hit_rate(),
                     "reads": st.reads, "reads_local": st.reads_local, "refreshes": st.refreshes,
+                    "feed": c.uses_feed(), "feed_answers": st.feed_answers, "feed_rows": st.feed_rows,
                 })
             }),
             "evals": evals.iter().map(|(w, l, auc)| serde_json::json!({"wall_s": w, "test_logloss": l, "test_auc": auc})).collect::<Vec<_>>(),

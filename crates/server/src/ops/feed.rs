@@ -38,7 +38,7 @@ pub(crate) fn feed(
     let since = req.since.map(|p| FeedPosition { generation: p.generation, offset: p.offset });
     let (position, read, vl) = {
         let mut t = slot.table.write();
-        let (position, read) = t.feed_since(since, &mut ctx.out_keys);
+        let (position, read) = t.feed_since(since, req.skip_own.then_some(h.sender), &mut ctx.out_keys);
         let vl = t.def().value_len;
         if read == FeedRead::Changed {
             ctx.out.resize(ctx.out_keys.len() * vl, 0.0);

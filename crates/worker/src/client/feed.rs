@@ -30,10 +30,12 @@ pub struct FeedAnswer {
 impl KvClient {
     /// Asks every server which rows of `table` changed since `since[s]` (its position in
     /// server `s`'s feed; `None` the first time, which turns the feed on and is answered
-    /// "not known"). Not held for clocks. Take the answers with [`KvClient::wait_feed`].
+    /// "not known"); with `skip_own`, not rows only this client wrote (for a caller that
+    /// applies its own pushes itself). Not held for clocks. Take the answers with
+    /// [`KvClient::wait_feed`].
     /// Preconditions: `since` has one entry per server; the table is neither replicated
     /// nor `bsp` (the servers refuse).
-    pub fn feed(&mut self, table: u32, since: &[Option<FeedPosition>]) -> Result<Timestamp, ClientError> {
+    pub fn feed(&mut self, table: u32, since: &[Option<FeedPosition>], skip_own: bool) -> Result<Timestamp, ClientError> {
         let (vl, _, domain) = self.info(table)?;
         let n = self.servers.len();
         if since.len() != n {
@@ -48,7 +50,7 @@ impl KvClient {
         for (s, p) in since.iter().enumerate() {
             self.before_send(s, None)?;
             let body: bytes_like::Bytes =
-                proto::FeedRequest { since: p.map(|p| proto::FeedPosition { generation: p.generation, offset: p.offset }) }
+                proto::FeedRequest { since: p.map(|p| proto::FeedPosition { generation: p.generation, offset: p.offset }), skip_own }
                     .encode_to_vec()
                     .into();
             let mut h = self.header(Op::Feed, ts, table);
