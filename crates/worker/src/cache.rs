@@ -131,7 +131,6 @@ pub struct ReadCache {
     index: KeyMap,
     keys: Vec<u64>,
     values: Vec<f32>,
-    fresh: Vec<u64>,
     /// How the table's rule folds a push into a row when that is exact: `Some(c)` adds
     /// `c × value` (`add`: 1, `sgd`: −lr); `None` for the other rules.
     own: Option<f32>,
@@ -147,9 +146,10 @@ pub struct ReadCache {
     spare: Vec<(Vec<u64>, Vec<f32>)>,
     /// Pulls in flight by the number of own pushes before them.
     in_flight: std::collections::BTreeMap<u64, usize>,
-    /// Per slot, the insert that last wrote it (to replay pushes onto exactly those rows).
-    written: Vec<u64>,
-    inserts: u64,
+    /// Per slot: freshness, feed stamp and server (one record, one cache line touched).
+    meta: Vec<Meta>,
+    /// The rows an insert wrote, by key (reused).
+    wrote: Vec<(u64, u32)>,
     /// The keys the last read that pulled is pulling, and its number, until it is waited
     /// for: a read sent meanwhile (a pipelined job sends the next read before waiting for
     /// this one) takes those rows from its answer instead of pulling them again.
@@ -157,14 +157,21 @@ pub struct ReadCache {
     reads_sent: u64,
     stats: CacheStats,
     /// The servers' update feeds, when used: which server holds a key, the place in each
-    /// feed, the question in flight (its id, clock and own pushes before it), the clock
-    /// of the last question, and per row its server and stamp.
+    /// feed, the question in flight (its id, clock and own pushes before it) and the clock
+    /// of the last question.
     feed: Option<Partition>,
     feeds: Vec<FeedState>,
     asking: Option<(Timestamp, u64, u64)>,
     asked_clock: Option<u64>,
-    server: Vec<u32>,
-    stamp: Vec<u64>,
+}
+
+/// What the cache knows of a row besides its values: its own freshness (every update below
+/// it is in), the feed stamp of its fetch and its server (see [`ReadCache`]).
+#[derive(Clone, Copy, Debug)]
+struct Meta {
+    fresh: u64,
+    stamp: u64,
+    server: u32,
 }
 
 /// A background refresh in flight: the pull, its keys, the clock it was issued at, how many
@@ -216,14 +223,13 @@ impl ReadCache {
             index: KeyMap::default(),
             keys: Vec::new(),
             values: Vec::new(),
-            fresh: Vec::new(),
             refreshing: VecDeque::new(),
             pushes: 0,
             push_log: VecDeque::new(),
             spare: Vec::new(),
             in_flight: std::collections::BTreeMap::new(),
-            written: Vec::new(),
-            inserts: 0,
+            meta: Vec::new(),
+            wrote: Vec::new(),
             last: None,
             reads_sent: 0,
             stats: CacheStats::default(),
@@ -231,8 +237,6 @@ impl ReadCache {
             feeds: vec![FeedState::default(); servers],
             asking: None,
             asked_clock: None,
-            server: Vec::new(),
-            stamp: Vec::new(),
         })
     }
 
@@ -252,11 +256,11 @@ impl ReadCache {
     /// The freshness of the row in `slot`: its own, or the last feed answer's when the
     /// answers since its fetch kept it up to date.
     fn fresh_of(&self, slot: usize) -> u64 {
-        let own = self.fresh[slot];
-        let Some(f) = self.feed.as_ref().and_then(|_| self.feeds.get(self.server[slot] as usize)) else { return own };
+        let m = self.meta[slot];
+        let Some(f) = self.feed.as_ref().and_then(|_| self.feeds.get(m.server as usize)) else { return m.fresh };
         match f.fresh {
-            Some(ff) if (f.chain_start..=f.count).contains(&self.stamp[slot]) => own.max(ff),
-            _ => own,
+            Some(ff) if (f.chain_start..=f.count).contains(&m.stamp) => m.fresh.max(ff),
+            _ => m.fresh,
         }
     }
 
@@ -581,12 +585,12 @@ impl ReadCache {
     /// not take it back in time past what the feed answers since have shown.
     fn insert(&mut self, keys: &[u64], rows: &[f32], fresh: u64, pushes: u64, stamps: Stamps<'_>) {
         let vl = self.vl;
-        self.inserts += 1;
-        let stamp = self.inserts;
         let feed = self.feed.take();
+        let mut wrote = std::mem::take(&mut self.wrote);
+        wrote.clear();
         for (j, &k) in keys.iter().enumerate() {
             let row = &rows[j * vl..(j + 1) * vl];
-            let (server, fstamp) = match (&stamps, &feed) {
+            let (server, stamp) = match (&stamps, &feed) {
                 (Stamps::Server(s, c), _) => (*s, *c),
                 (Stamps::PerServer(c), Some(p)) => {
                     let s = p.owner(k).unwrap_or(0);
@@ -594,15 +598,15 @@ impl ReadCache {
                 }
                 (Stamps::PerServer(_), None) => (0, 0),
             };
+            let m = Meta { fresh, stamp, server };
             match self.index.get(&k) {
                 Some(&slot) => {
                     let s = slot as usize;
-                    if (fstamp, fresh) >= (self.stamp[s], self.fresh[s]) {
+                    let old = self.meta[s];
+                    if (stamp, fresh) >= (old.stamp, old.fresh) {
                         self.values[s * vl..(s + 1) * vl].copy_from_slice(row);
-                        self.fresh[s] = fresh;
-                        self.written[s] = stamp;
-                        self.server[s] = server;
-                        self.stamp[s] = fstamp;
+                        self.meta[s] = m;
+                        wrote.push((k, slot));
                     }
                 }
                 None => {
@@ -613,39 +617,51 @@ impl ReadCache {
                         self.index.clear();
                         self.keys.clear();
                         self.values.clear();
-                        self.fresh.clear();
-                        self.written.clear();
-                        self.server.clear();
-                        self.stamp.clear();
+                        self.meta.clear();
+                        wrote.clear();
                         for f in &mut self.feeds {
                             f.chain_start = f.count + 1;
                         }
                     }
-                    self.index.insert(k, self.keys.len() as u32);
+                    let slot = self.keys.len() as u32;
+                    self.index.insert(k, slot);
                     self.keys.push(k);
                     self.values.extend_from_slice(row);
-                    self.fresh.push(fresh);
-                    self.written.push(stamp);
-                    self.server.push(server);
-                    self.stamp.push(fstamp);
+                    self.meta.push(m);
+                    wrote.push((k, slot));
                 }
             }
         }
         self.feed = feed;
+        // the own pushes made after the fetch was sent, onto the rows it wrote: both key
+        // lists are sorted (pushes and fetches take sorted keys), so a merge, no lookups
+        let sorted = wrote.windows(2).all(|w| w[0].0 < w[1].0);
         for (seq, pk, deltas) in &self.push_log {
             if *seq <= pushes {
                 continue;
             }
+            let mut at = 0;
             for (j, k) in pk.iter().enumerate() {
-                if let Some(&slot) = self.index.get(k) {
-                    let s = slot as usize;
-                    if self.written[s] == stamp {
-                        for (w, d) in self.values[s * vl..(s + 1) * vl].iter_mut().zip(&deltas[j * vl..(j + 1) * vl]) {
-                            *w += d;
-                        }
+                let slot = if sorted {
+                    while wrote.get(at).is_some_and(|w| w.0 < *k) {
+                        at += 1;
                     }
+                    match wrote.get(at) {
+                        Some(&(wk, slot)) if wk == *k => slot,
+                        _ => continue,
+                    }
+                } else {
+                    match wrote.iter().find(|w| w.0 == *k) {
+                        Some(&(_, slot)) => slot,
+                        None => continue,
+                    }
+                };
+                let s = slot as usize;
+                for (w, d) in self.values[s * vl..(s + 1) * vl].iter_mut().zip(&deltas[j * vl..(j + 1) * vl]) {
+                    *w += d;
                 }
             }
         }
+        self.wrote = wrote;
     }
 }
