@@ -1,6 +1,8 @@
 #!/bin/bash
-# The ssp read cache, same run: train linear --consistency ssp:4 with and without
-# --ssp-cache, on a text job and a tabular job, ROUNDS interleaved rounds (docs/experiments.md).
+# The ssp read cache, same run: train linear --consistency ssp:4 without --ssp-cache, with it
+# kept fresh by refetching only (the default) and with the servers' update feeds too
+# (--ssp-cache-feed true), on a text job and a tabular job, ROUNDS interleaved rounds
+# (docs/experiments.md).
 #
 #   bash scripts/ssp_cache_compare.sh [DIR] [ROUNDS]
 #
@@ -40,23 +42,29 @@ PY
 fi
 for r in $(seq 1 "$rounds"); do
   for job in spam tab; do
-    for c in 0 1000000; do
+    for c in 0 1000000 feed; do
       if [ $job = spam ]; then d="--train sp_train.svm --test sp_test.svm --epochs 5 --batch 20 --optimizer sgd --normalize false"
       else d="--train tab_train.svm --test tab_test.svm --epochs 3 --batch 20 --optimizer sgd --normalize false --lr 0.05"; fi
-      "$dp" --log warn train linear $d --workers 2 --consistency ssp:4 --ssp-cache $c --out cache-$job-$c-$r.json --quiet > /dev/null
+      if [ $c = feed ]; then cache="--ssp-cache 1000000 --ssp-cache-feed true"; else cache="--ssp-cache $c"; fi
+      # the CPU of the whole run (workers, server, coordinator: one process), user + system
+      TIMEFORMAT='%U %S'
+      { time "$dp" --log warn train linear $d --workers 2 --consistency ssp:4 $cache --out cache-$job-$c-$r.json --quiet > /dev/null 2>&1; } 2> cache-$job-$c-$r.cpu
     done
   done
 done
 python3 - <<'PY'
 import json, glob, statistics
 for job in ['spam', 'tab']:
-    for c in ['0', '1000000']:
+    for c in ['0', '1000000', 'feed']:
         ms = [json.load(open(f)) for f in sorted(glob.glob(f'cache-{job}-{c}-*.json'))]
+        for m, f in zip(ms, sorted(glob.glob(f'cache-{job}-{c}-*.cpu'))):
+            m['cpu_s'] = sum(map(float, open(f).read().split()))
         med = lambda f: statistics.median(f(m) for m in ms)
         on = ms[0]['ssp_cache'] is not None
-        print(job, 'cache' if on else 'no cache', f"wall {med(lambda m: m['wall_s']):.3f}s", f"logloss {med(lambda m: m['test_logloss']):.4f}",
+        print(job, ('cache, feed' if ms[0]['ssp_cache']['feed'] else 'cache, refetch only') if on else 'no cache', f"wall {med(lambda m: m['wall_s']):.3f}s", f"logloss {med(lambda m: m['test_logloss']):.4f}",
               f"auc {med(lambda m: m['test_auc']):.4f}", f"rows hit {med(lambda m: m['ssp_cache']['hit_rate']):.3f}" if on else '',
               f"reads local {med(lambda m: m['ssp_cache']['reads_local'] / m['ssp_cache']['reads']):.3f}" if on else '',
               f"staleness max {max(m['staleness_max'] for m in ms)} mean {med(lambda m: m['staleness_mean']):.2f}",
+              f"CPU {med(lambda m: m['cpu_s']):.2f}s",
               f"bytes {med(lambda m: m['bytes_sent'] + m['bytes_received']):.0f}")
 PY

@@ -477,7 +477,9 @@ fn the_ssp_read_cache_answers_rows_locally_and_never_exceeds_the_bound() {
     write_data(&tr, 10_000, 23);
     write_data(&te, 2_000, 24);
     // (sgd with a step small enough for reads 3 clocks stale: the cache makes them that stale)
-    for rule in [&["--optimizer", "sgd", "--normalize", "false", "--lr", "0.02"][..], &[][..]] {
+    // (and with the servers' update feeds keeping the rows fresh)
+    let feed = ["--optimizer", "sgd", "--normalize", "false", "--lr", "0.02", "--ssp-cache-feed", "true"];
+    for rule in [&["--optimizer", "sgd", "--normalize", "false", "--lr", "0.02"][..], &[][..], &feed[..]] {
         let o = downpour()
             .args(["launch", "--servers", "2", "--workers", "2", "--", "train", "linear", "--train", tr.to_str().unwrap()])
             .args(["--test", te.to_str().unwrap(), "--epochs", "2", "--consistency", "ssp:3", "--ssp-cache", "100000"])
@@ -490,6 +492,9 @@ fn the_ssp_read_cache_answers_rows_locally_and_never_exceeds_the_bound() {
         let c = &m["ssp_cache"];
         let (read, hit) = (c["rows_read"].as_u64().unwrap(), c["rows_hit"].as_u64().unwrap());
         assert!(hit > 0 && hit < read, "{rule:?}: {m}");
+        let fed = rule.contains(&"--ssp-cache-feed");
+        assert_eq!(c["feed"].as_bool(), Some(fed), "{rule:?}: {m}");
+        assert_eq!(c["feed_answers"].as_u64().unwrap() > 0, fed, "{rule:?}: {m}");
         // every read, local or not, is in the histogram, and none saw more than the bound
         let hist: Vec<u64> = m["staleness_histogram"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
         assert!(hist.iter().sum::<u64>() >= c["reads"].as_u64().unwrap(), "{rule:?}: {m}");

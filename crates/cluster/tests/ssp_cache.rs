@@ -57,7 +57,7 @@ fn cached_reads(storage: Storage, feed: bool) {
                     // key 1; like train linear, the read for clock c + 1 is sent before the push of
                     // clock c, so the rows it brings back must get that push replayed
                     let cache = ReadCache::new(&s.kv, 1, 100).unwrap();
-                    let mut cache = if feed { cache } else { cache.without_feed() };
+                    let mut cache = if feed { cache.with_feed(&s.kv).unwrap() } else { cache };
                     let mut next = Some((0, cache.pull(&mut s.kv, &[0, 1]).unwrap()));
                     for c in 0..CLOCKS {
                         assert_eq!(s.kv.current_clock(), c);

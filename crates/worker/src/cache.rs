@@ -210,10 +210,6 @@ impl ReadCache {
             "sgd" => Some(-def.rule.lr),
             _ => None,
         };
-        // the servers' update feeds keep rows fresh; a replicated table has none (each copy
-        // would answer its own)
-        let feed = if kv.replication() > 1 { None } else { Some(kv.info(table)?.1) };
-        let servers = feed.as_ref().map_or(0, |_| kv.num_servers());
         Ok(ReadCache {
             table,
             own,
@@ -233,19 +229,28 @@ impl ReadCache {
             last: None,
             reads_sent: 0,
             stats: CacheStats::default(),
-            feed,
-            feeds: vec![FeedState::default(); servers],
+            feed: None,
+            feeds: Vec::new(),
             asking: None,
             asked_clock: None,
         })
     }
 
-    /// Keeps rows fresh only by fetching them (rows read at their last valid clock), without
-    /// the servers' update feeds. Call it before the first read.
-    pub fn without_feed(mut self) -> ReadCache {
-        self.feed = None;
-        self.feeds.clear();
-        self
+    /// Keeps the rows fresh from the servers' update feeds too: once a clock the cache asks
+    /// every server which rows changed since its last question, takes those, and counts
+    /// every other row it holds as fresh as the answer (see the module doc). More rows are
+    /// answered locally; each question costs a request per server and the changed rows'
+    /// transfer. Call it before the first read, on the client the cache reads with. Errors:
+    /// a replicated cluster (each copy would answer its own feed).
+    pub fn with_feed(mut self, kv: &KvClient) -> Result<ReadCache, ClientError> {
+        if kv.replication() > 1 {
+            return Err(ClientError::Invalid(CoreError::Consistency(
+                "the servers' update feeds are not kept on a replicated cluster: use the cache without them".into(),
+            )));
+        }
+        self.feed = Some(kv.info(self.table)?.1);
+        self.feeds = vec![FeedState::default(); kv.num_servers()];
+        Ok(self)
     }
 
     /// Whether the servers' update feeds keep the rows fresh.

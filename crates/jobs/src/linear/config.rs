@@ -303,15 +303,17 @@ pub struct LinearConfig {
     pub coded: Option<crate::coded::Coding>,
     /// Keep up to ROWS model rows on each worker and answer reads from them while they are
     /// fresh enough for the staleness bound (`--consistency ssp:TAU`, TAU ≥ 1: a row fetched
-    /// with every update below clock F answers reads until clock F + TAU). Once a clock the
-    /// worker asks the servers which rows changed (their update feeds) and takes those; every
-    /// other row it holds is then as fresh as the answer. 0: every read goes to the servers.
+    /// with every update below clock F answers reads until clock F + TAU); rows read at their
+    /// last valid clock are refreshed in the background. 0: every read goes to the servers.
     /// Not with checkpoints or replication.
     #[cfg_attr(feature = "cli", arg(long, default_value_t = 0, value_name = "ROWS"))]
     pub ssp_cache: usize,
-    /// With `--ssp-cache`: keep the rows fresh from the servers' update feeds (true), or only
-    /// by fetching rows again when they are read at their last valid clock (false).
-    #[cfg_attr(feature = "cli", arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL"))]
+    /// With `--ssp-cache`: also keep the rows fresh from the servers' update feeds (Petuum's
+    /// SSPPush, asked once a clock): rows written since the last question come back, every
+    /// other row held counts as fresh as the answer. Many more reads are answered locally;
+    /// each clock costs a request per server and the changed rows (on this machine's
+    /// loopback, more CPU than the pulls it saves: docs/experiments.md).
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = false, action = clap::ArgAction::Set, value_name = "BOOL"))]
     pub ssp_cache_feed: bool,
 }
 
@@ -356,7 +358,7 @@ impl Default for LinearConfig {
             eval_every: 0,
             coded: None,
             ssp_cache: 0,
-            ssp_cache_feed: true,
+            ssp_cache_feed: false,
         }
     }
 }

@@ -517,7 +517,7 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
                 "--ssp-cache folds the worker's own pushes into its rows as sent, which --filters would change on the way: use one or the other"
             );
             let c = ReadCache::new(&s.kv, TABLE, rows).map_err(|e| anyhow::anyhow!("--ssp-cache: {e}"))?;
-            Some(if a.ssp_cache_feed { c } else { c.without_feed() })
+            Some(if a.ssp_cache_feed { c.with_feed(&s.kv).map_err(|e| anyhow::anyhow!("--ssp-cache-feed: {e}"))? } else { c })
         }
     };
     // Worker 0's incremental export (--export-dir): between minibatches when due, and once
