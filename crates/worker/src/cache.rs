@@ -12,6 +12,18 @@
 //! read). Every read still counts in the client's staleness histogram with its true
 //! staleness, so the bound is checked the same way with and without the cache.
 //!
+//! With [`ReadCache::with_feed`] the servers' update feeds (`downpour_core::feed`; Petuum's
+//! SSPPush, asked once a clock instead of pushed) keep the rows fresh too. Each server's
+//! answers are numbered; a row carries a *stamp*, the number of that server's answers applied
+//! when its fetch was sent (or the answer that brought it). Answer `k + 1` names every row
+//! written between the server's positions `P_k` and `P_{k+1}` (less those only this worker
+//! wrote, which it folds in itself), so a row stamped `j` with `chain_start ≤ j ≤ k` (its
+//! value is the server's at some moment after `P_j`, and every later change came in an
+//! answer) is as fresh as answer `k`. An answer that cannot name the changes (another
+//! generation of the feed) restarts the chain, and so does dropping rows for room. A row is
+//! replaced only by one of a later stamp (or the same stamp and a freshness at least its
+//! own), so a fetch answered before an answer that was applied first cannot take it back.
+//!
 //! The worker's own pushes since a row was fetched are folded in where the table's rule
 //! makes that exact (`add`, `sgd`; [`ReadCache::pushed`]); under other rules (FTRL,
 //! AdaGrad, …), which cannot be replayed on the worker, a row shows them at its next fetch,
