@@ -39,31 +39,10 @@
 use crate::{ClientError, KvClient, Timestamp};
 use downpour_core::consistency::Consistency;
 use downpour_core::feed::FeedPosition;
+use downpour_core::hashstore::HashStore;
 use downpour_core::partition::Partition;
 use downpour_core::CoreError;
-use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasherDefault, Hasher};
-
-/// One multiply per key (keys are spread already: jobs scramble them), not SipHash: the
-/// cache looks up every key of every read.
-#[derive(Default)]
-struct KeyHasher(u64);
-
-impl Hasher for KeyHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0 ^ *b as u64).wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    fn write_u64(&mut self, k: u64) {
-        self.0 = (k ^ (k >> 29)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-    fn finish(&self) -> u64 {
-        self.0 ^ (self.0 >> 32)
-    }
-}
-
-type KeyMap = HashMap<u64, u32, BuildHasherDefault<KeyHasher>>;
+use std::collections::VecDeque;
 
 /// Counts of a [`ReadCache`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -134,15 +113,14 @@ struct FeedState {
 }
 
 /// The read cache of one `ssp` table (see the module doc).
-#[derive(Debug)]
 pub struct ReadCache {
     table: u32,
     vl: usize,
     tau: u64,
     capacity: usize,
-    index: KeyMap,
-    keys: Vec<u64>,
-    values: Vec<f32>,
+    /// The rows: per key its values, then its [`Meta`] in [`META`] state words (the
+    /// servers' sparse store: rows inline, lookups prefetched a few keys ahead).
+    store: HashStore,
     /// How the table's rule folds a push into a row when that is exact: `Some(c)` adds
     /// `c × value` (`add`: 1, `sgd`: −lr); `None` for the other rules.
     own: Option<f32>,
@@ -158,10 +136,8 @@ pub struct ReadCache {
     spare: Vec<(Vec<u64>, Vec<f32>)>,
     /// Pulls in flight by the number of own pushes before them.
     in_flight: std::collections::BTreeMap<u64, usize>,
-    /// Per slot: freshness, feed stamp and server (one record, one cache line touched).
-    meta: Vec<Meta>,
-    /// The rows an insert wrote, by key (reused).
-    wrote: Vec<(u64, u32)>,
+    /// Own pushes to add to the rows an insert writes (reused).
+    add: Vec<f32>,
     /// The keys the last read that pulled is pulling, and its number, until it is waited
     /// for: a read sent meanwhile (a pipelined job sends the next read before waiting for
     /// this one) takes those rows from its answer instead of pulling them again.
@@ -179,11 +155,50 @@ pub struct ReadCache {
 
 /// What the cache knows of a row besides its values: its own freshness (every update below
 /// it is in), the feed stamp of its fetch and its server (see [`ReadCache`]).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 struct Meta {
     fresh: u64,
     stamp: u64,
     server: u32,
+}
+
+/// State words a row's [`Meta`] takes in the store (its bits, in f32 slots).
+const META: usize = 5;
+
+impl Meta {
+    fn read(st: &[f32]) -> Meta {
+        let w = |i: usize| st.get(i).map_or(0, |x| x.to_bits());
+        Meta { fresh: w(0) as u64 | (w(1) as u64) << 32, stamp: w(2) as u64 | (w(3) as u64) << 32, server: w(4) }
+    }
+    fn write(self, st: &mut [f32]) {
+        let words = [self.fresh as u32, (self.fresh >> 32) as u32, self.stamp as u32, (self.stamp >> 32) as u32, self.server];
+        for (x, w) in st.iter_mut().zip(words) {
+            *x = f32::from_bits(w);
+        }
+    }
+}
+
+/// The freshness of a row with `m`: its own, or the last feed answer's when the answers
+/// since its fetch kept it up to date (`feeds` empty: no feed).
+fn fresh_of(feeds: &[FeedState], m: Meta) -> u64 {
+    let Some(f) = feeds.get(m.server as usize) else { return m.fresh };
+    match f.fresh {
+        Some(ff) if (f.chain_start..=f.count).contains(&m.stamp) => m.fresh.max(ff),
+        _ => m.fresh,
+    }
+}
+
+impl std::fmt::Debug for ReadCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReadCache")
+            .field("table", &self.table)
+            .field("tau", &self.tau)
+            .field("rows", &self.store.len())
+            .field("capacity", &self.capacity)
+            .field("feed", &self.feed.is_some())
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
 }
 
 /// A background refresh in flight: the pull, its keys, the clock it was issued at, how many
@@ -228,16 +243,13 @@ impl ReadCache {
             vl: def.value_len,
             tau,
             capacity: capacity_rows,
-            index: KeyMap::default(),
-            keys: Vec::new(),
-            values: Vec::new(),
+            store: HashStore::new(def.value_len, META),
             refreshing: VecDeque::new(),
             pushes: 0,
             push_log: VecDeque::new(),
             spare: Vec::new(),
             in_flight: std::collections::BTreeMap::new(),
-            meta: Vec::new(),
-            wrote: Vec::new(),
+            add: Vec::new(),
             last: None,
             reads_sent: 0,
             stats: CacheStats::default(),
@@ -268,17 +280,6 @@ impl ReadCache {
     /// Whether the servers' update feeds keep the rows fresh.
     pub fn uses_feed(&self) -> bool {
         self.feed.is_some()
-    }
-
-    /// The freshness of the row in `slot`: its own, or the last feed answer's when the
-    /// answers since its fetch kept it up to date.
-    fn fresh_of(&self, slot: usize) -> u64 {
-        let m = self.meta[slot];
-        let Some(f) = self.feed.as_ref().and_then(|_| self.feeds.get(m.server as usize)) else { return m.fresh };
-        match f.fresh {
-            Some(ff) if (f.chain_start..=f.count).contains(&m.stamp) => m.fresh.max(ff),
-            _ => m.fresh,
-        }
     }
 
     /// Asks every server's feed what changed, once per clock, one question at a time.
@@ -323,12 +324,12 @@ impl ReadCache {
 
     /// Rows held.
     pub fn len(&self) -> usize {
-        self.keys.len()
+        self.store.len()
     }
 
     /// Whether no row is held.
     pub fn is_empty(&self) -> bool {
-        self.keys.is_empty()
+        self.store.is_empty()
     }
 
     /// Starts reading `keys` (sorted, unique, as for [`KvClient::pull`]) at the client's
@@ -348,31 +349,38 @@ impl ReadCache {
         // the keys of the read in flight, sorted like `keys`: walked alongside
         let in_flight: &[u64] = self.last.as_ref().map_or(&[], |(_, k)| k);
         let mut at = 0;
-        for (i, &k) in keys.iter().enumerate() {
-            let found = self.index.get(&k).map(|&slot| (slot as usize, self.fresh_of(slot as usize)));
-            match found {
-                Some((s, fresh)) if fresh + self.tau >= clock => {
-                    values[i * vl..(i + 1) * vl].copy_from_slice(&self.values[s * vl..(s + 1) * vl]);
-                    let st = clock.saturating_sub(fresh);
-                    hit_staleness = Some(hit_staleness.map_or(st, |m| m.max(st)));
-                    if fresh + self.tau == clock {
-                        expiring.push(k);
+        let (tau, feeds) = (self.tau, &self.feeds);
+        self.store.walk(
+            keys,
+            false,
+            |_, _| {},
+            |i, row| {
+                let k = keys[i];
+                let found = row.map(|(w, st)| (w, fresh_of(feeds, Meta::read(st))));
+                match found {
+                    Some((w, fresh)) if fresh + tau >= clock => {
+                        values[i * vl..(i + 1) * vl].copy_from_slice(w);
+                        let st = clock.saturating_sub(fresh);
+                        hit_staleness = Some(hit_staleness.map_or(st, |m| m.max(st)));
+                        if fresh + tau == clock {
+                            expiring.push(k);
+                        }
+                    }
+                    _ => {
+                        while in_flight.get(at).is_some_and(|&f| f < k) {
+                            at += 1;
+                        }
+                        if in_flight.get(at) == Some(&k) {
+                            deferred.push(i as u32);
+                            deferred_keys.push(k);
+                        } else {
+                            missing.push(i as u32);
+                            missing_keys.push(k);
+                        }
                     }
                 }
-                _ => {
-                    while in_flight.get(at).is_some_and(|&f| f < k) {
-                        at += 1;
-                    }
-                    if in_flight.get(at) == Some(&k) {
-                        deferred.push(i as u32);
-                        deferred_keys.push(k);
-                    } else {
-                        missing.push(i as u32);
-                        missing_keys.push(k);
-                    }
-                }
-            }
-        }
+            },
+        );
         self.reads_sent += 1;
         let seq = self.reads_sent;
         self.stats.reads += 1;
@@ -473,18 +481,24 @@ impl ReadCache {
         }
         // rows an earlier read was pulling: its answer is in memory if it was waited for
         let mut late: Vec<(u32, u64)> = Vec::new();
-        for (&i, &k) in deferred.iter().zip(&deferred_keys) {
-            let found = self.index.get(&k).map(|&slot| (slot as usize, self.fresh_of(slot as usize)));
-            match found {
-                Some((s, fresh)) if fresh + self.tau >= clock => {
-                    let i = i as usize;
-                    values[i * vl..(i + 1) * vl].copy_from_slice(&self.values[s * vl..(s + 1) * vl]);
-                    let st = clock.saturating_sub(fresh);
-                    hit_staleness = Some(hit_staleness.map_or(st, |m| m.max(st)));
+        let (tau, feeds) = (self.tau, &self.feeds);
+        self.store.walk(
+            &deferred_keys,
+            false,
+            |_, _| {},
+            |j, row| {
+                let (i, k) = (deferred[j], deferred_keys[j]);
+                match row.map(|(w, st)| (w, fresh_of(feeds, Meta::read(st)))) {
+                    Some((w, fresh)) if fresh + tau >= clock => {
+                        let i = i as usize;
+                        values[i * vl..(i + 1) * vl].copy_from_slice(w);
+                        let st = clock.saturating_sub(fresh);
+                        hit_staleness = Some(hit_staleness.map_or(st, |m| m.max(st)));
+                    }
+                    _ => late.push((i, k)),
                 }
-                _ => late.push((i, k)),
-            }
-        }
+            },
+        );
         self.stats.rows_hit += (deferred.len() - late.len()) as u64;
         if local && late.is_empty() {
             self.stats.reads_local += 1;
@@ -550,14 +564,18 @@ impl ReadCache {
         let (mut logged_keys, mut deltas) = self.spare.pop().unwrap_or_default();
         deltas.clear();
         deltas.extend(values.iter().map(|v| c * v));
-        for (j, k) in keys.iter().enumerate() {
-            if let Some(&slot) = self.index.get(k) {
-                let s = slot as usize;
-                for (w, d) in self.values[s * vl..(s + 1) * vl].iter_mut().zip(&deltas[j * vl..(j + 1) * vl]) {
-                    *w += d;
+        self.store.walk(
+            keys,
+            false,
+            |_, _| {},
+            |j, row| {
+                if let Some((w, _)) = row {
+                    for (w, d) in w.iter_mut().zip(&deltas[j * vl..(j + 1) * vl]) {
+                        *w += d;
+                    }
                 }
-            }
-        }
+            },
+        );
         self.pushes += 1;
         // a pull in flight was sent before this push: its rows will not show it
         if !self.in_flight.is_empty() {
@@ -602,83 +620,71 @@ impl ReadCache {
     /// not take it back in time past what the feed answers since have shown.
     fn insert(&mut self, keys: &[u64], rows: &[f32], fresh: u64, pushes: u64, stamps: Stamps<'_>) {
         let vl = self.vl;
-        let feed = self.feed.take();
-        let mut wrote = std::mem::take(&mut self.wrote);
-        wrote.clear();
-        for (j, &k) in keys.iter().enumerate() {
-            let row = &rows[j * vl..(j + 1) * vl];
-            let (server, stamp) = match (&stamps, &feed) {
-                (Stamps::Server(s, c), _) => (*s, *c),
-                (Stamps::PerServer(c), Some(p)) => {
-                    let s = p.owner(k).unwrap_or(0);
-                    (s as u32, c.get(s).copied().unwrap_or(0))
-                }
-                (Stamps::PerServer(_), None) => (0, 0),
-            };
-            let m = Meta { fresh, stamp, server };
-            match self.index.get(&k) {
-                Some(&slot) => {
-                    let s = slot as usize;
-                    let old = self.meta[s];
-                    if (stamp, fresh) >= (old.stamp, old.fresh) {
-                        self.values[s * vl..(s + 1) * vl].copy_from_slice(row);
-                        self.meta[s] = m;
-                        wrote.push((k, slot));
-                    }
-                }
-                None => {
-                    if self.keys.len() >= self.capacity {
-                        // full: start over (the rows a worker reads next are mostly those it
-                        // just pulled, which come back in the following reads); fetches in
-                        // flight may have missed changes the answers so far carried
-                        self.index.clear();
-                        self.keys.clear();
-                        self.values.clear();
-                        self.meta.clear();
-                        wrote.clear();
-                        for f in &mut self.feeds {
-                            f.chain_start = f.count + 1;
+        if self.store.len() + keys.len() > self.capacity {
+            // full: start over (the rows a worker reads next are mostly those it just pulled,
+            // which come back in the following reads); fetches in flight may have missed
+            // changes the answers so far carried
+            self.store = HashStore::new(vl, META);
+            for f in &mut self.feeds {
+                f.chain_start = f.count + 1;
+            }
+        }
+        // the own pushes made after the fetch was sent, to add to the rows it writes: both
+        // key lists are sorted (pushes and fetches take sorted keys), so a merge
+        let mut add = std::mem::take(&mut self.add);
+        add.clear();
+        let later = self.push_log.iter().filter(|(seq, ..)| *seq > pushes);
+        if later.clone().next().is_some() {
+            add.resize(keys.len() * vl, 0.0);
+            let sorted = keys.windows(2).all(|w| w[0] < w[1]);
+            for (_, pk, deltas) in later {
+                let mut at = 0;
+                for (j, k) in pk.iter().enumerate() {
+                    let i = if sorted {
+                        while keys.get(at).is_some_and(|x| x < k) {
+                            at += 1;
+                        }
+                        at
+                    } else {
+                        keys.iter().position(|x| x == k).unwrap_or(keys.len())
+                    };
+                    if keys.get(i) == Some(k) {
+                        for (a, d) in add[i * vl..(i + 1) * vl].iter_mut().zip(&deltas[j * vl..(j + 1) * vl]) {
+                            *a += d;
                         }
                     }
-                    let slot = self.keys.len() as u32;
-                    self.index.insert(k, slot);
-                    self.keys.push(k);
-                    self.values.extend_from_slice(row);
-                    self.meta.push(m);
-                    wrote.push((k, slot));
                 }
             }
         }
-        self.feed = feed;
-        // the own pushes made after the fetch was sent, onto the rows it wrote: both key
-        // lists are sorted (pushes and fetches take sorted keys), so a merge, no lookups
-        let sorted = wrote.windows(2).all(|w| w[0].0 < w[1].0);
-        for (seq, pk, deltas) in &self.push_log {
-            if *seq <= pushes {
-                continue;
-            }
-            let mut at = 0;
-            for (j, k) in pk.iter().enumerate() {
-                let slot = if sorted {
-                    while wrote.get(at).is_some_and(|w| w.0 < *k) {
-                        at += 1;
+        let part = self.feed.as_ref();
+        self.store.walk(
+            keys,
+            true,
+            |_, _| {},
+            |j, row| {
+                let Some((w, st)) = row else { return };
+                let k = keys[j];
+                let (server, stamp) = match (&stamps, part) {
+                    (Stamps::Server(s, c), _) => (*s, *c),
+                    (Stamps::PerServer(c), Some(p)) => {
+                        let s = p.owner(k).unwrap_or(0);
+                        (s as u32, c.get(s).copied().unwrap_or(0))
                     }
-                    match wrote.get(at) {
-                        Some(&(wk, slot)) if wk == *k => slot,
-                        _ => continue,
-                    }
-                } else {
-                    match wrote.iter().find(|w| w.0 == *k) {
-                        Some(&(_, slot)) => slot,
-                        None => continue,
-                    }
+                    (Stamps::PerServer(_), None) => (0, 0),
                 };
-                let s = slot as usize;
-                for (w, d) in self.values[s * vl..(s + 1) * vl].iter_mut().zip(&deltas[j * vl..(j + 1) * vl]) {
-                    *w += d;
+                // (a row just created reads as stamp 0, freshness 0: always replaced)
+                let old = Meta::read(st);
+                if (stamp, fresh) >= (old.stamp, old.fresh) {
+                    w.copy_from_slice(&rows[j * vl..(j + 1) * vl]);
+                    if let Some(a) = add.get(j * vl..(j + 1) * vl) {
+                        for (x, d) in w.iter_mut().zip(a) {
+                            *x += d;
+                        }
+                    }
+                    Meta { fresh, stamp, server }.write(st);
                 }
-            }
-        }
-        self.wrote = wrote;
+            },
+        );
+        self.add = add;
     }
 }
