@@ -65,12 +65,17 @@ enum Cmd {
     /// Score examples with a model exported by `train linear --model-out` (one probability a line).
     Predict(PredictConfig),
     /// Predict a `train linear` job's examples/s on W workers and S servers of a given CPU
-    /// and link from costs measured once (`scripts/scaling.sh` writes them): the bound that
-    /// sets it, each resource's use, and the servers worth having.
+    /// and link from costs measured once (`downpour plan calibrate` or `scripts/scaling.sh`
+    /// writes them): the bound that sets it, each resource's use, and the servers worth
+    /// having.
+    #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
     Plan {
+        /// `calibrate`: measure the costs on this machine.
+        #[command(subcommand)]
+        sub: Option<PlanCmd>,
         /// Workers.
-        #[arg(long)]
-        workers: usize,
+        #[arg(long, required = true)]
+        workers: Option<usize>,
         /// Servers (by default the fewest within 5 % of the best for these workers).
         #[arg(long)]
         servers: Option<usize>,
@@ -231,6 +236,32 @@ enum Cmd {
         metrics_listen: Option<String>,
         #[command(subcommand)]
         job: Job,
+    },
+}
+
+/// `downpour plan` subcommands.
+#[derive(Subcommand, Debug)]
+pub enum PlanCmd {
+    /// Measure the planner's costs on this machine: for each server count S, one epoch of
+    /// `train linear` (async SGD) as processes on 127.0.0.1 with one worker (the workers' CPU
+    /// and the bytes per example) and with S workers (the servers' CPU per example, loaded);
+    /// each process's CPU read as it ends. Writes DIR/calibration-S<N>.json for
+    /// `plan --calibration`.
+    Calibrate {
+        /// Where the data, the runs' metrics and the calibrations go.
+        #[arg(long, default_value = "downpour-calibration")]
+        dir: std::path::PathBuf,
+        /// Server counts to measure at, comma-separated (two or more: the planner draws each
+        /// cost as a line in the servers).
+        #[arg(long, value_delimiter = ',', default_value = "1,2")]
+        servers: Vec<usize>,
+        /// Training examples per worker (synth-ctr data as `scripts/scaling.sh` makes it; CPU
+        /// is read in 10 ms ticks, so a run should last a second or more).
+        #[arg(long, default_value_t = 500_000)]
+        examples_per_worker: usize,
+        /// A LIBSVM training file to use instead of generated data.
+        #[arg(long)]
+        train: Option<std::path::PathBuf>,
     },
 }
 
@@ -436,8 +467,27 @@ fn run(cli: Cli, s: Settings, exe: &Program) -> Result<()> {
             Ok(())
         }
         Cmd::Predict(a) => downpour_jobs::model::predict(&a),
-        Cmd::Plan { workers, servers, cpu, link, calibration, json } => {
+        Cmd::Plan { sub: Some(PlanCmd::Calibrate { dir, servers, examples_per_worker, train }), .. } => {
+            use downpour_cluster::calibrate::{calibrate, CalibrateConfig};
+            let exe = Program::current()?;
+            let cfg = CalibrateConfig { servers, examples_per_worker, train, dir };
+            let done = calibrate(&exe, &s, &cfg, interrupt_flag(), |line| eprintln!("plan calibrate: {line}"))?;
+            for (c, _, path) in &done {
+                println!(
+                    "{}: per example, workers {:.2} µs and servers {:.2} µs of CPU, {:.0} bytes on the wire",
+                    path.display(),
+                    c.worker_cpu_s * 1e6,
+                    c.server_cpu_s * 1e6,
+                    c.wire_bytes
+                );
+            }
+            let flags: Vec<String> = done.iter().map(|(_, _, p)| format!("--calibration {}", p.display())).collect();
+            println!("next: downpour plan --workers 16 --cpu 1 --link 10gbit {}", flags.join(" "));
+            Ok(())
+        }
+        Cmd::Plan { workers, servers, cpu, link, calibration, json, .. } => {
             use downpour_cluster::plan;
+            let workers = workers.context("--workers is required")?;
             let mut cals = Vec::new();
             for f in &calibration {
                 let text = std::fs::read_to_string(f).with_context(|| format!("cannot read {}", f.display()))?;
@@ -500,6 +550,7 @@ fn run(cli: Cli, s: Settings, exe: &Program) -> Result<()> {
                 interrupted: interrupt_flag(),
                 faults: &faults,
                 metrics_port,
+                cpu: None,
             })
         }
         Cmd::Top(a) => crate::top::run(a, &s),

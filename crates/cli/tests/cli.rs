@@ -719,6 +719,39 @@ fn plan_predicts_from_a_calibration_names_the_bound_and_recommends_servers() {
     assert!(!o.status.success());
 }
 
+#[test]
+fn plan_calibrate_measures_each_roles_costs_and_plan_takes_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().join("cal");
+    let o = run(downpour()
+        .args(["--log", "warn", "plan", "calibrate", "--dir", d.to_str().unwrap(), "--servers", "1,2"])
+        .args(["--examples-per-worker", "60000"]));
+    assert!(o.status.success(), "{}", text(&o).1);
+    let mut flags = Vec::new();
+    for s in [1u64, 2] {
+        let f = d.join(format!("calibration-S{s}.json"));
+        let c: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap();
+        assert_eq!(c["servers"].as_u64(), Some(s), "{c}");
+        // CPU seconds per example in the range this job costs (µs), ~300 bytes each
+        for k in ["worker_cpu_s", "server_cpu_s"] {
+            let x = c[k].as_f64().unwrap();
+            assert!(x > 1e-8 && x < 1e-4, "{k}: {c}");
+        }
+        let b = c["wire_bytes"].as_f64().unwrap();
+        assert!(b > 100.0 && b < 2000.0, "{c}");
+        // the runs behind it: W = 1, and W = S to load the servers
+        let ws: Vec<u64> = c["runs"].as_array().unwrap().iter().map(|r| r["workers"].as_u64().unwrap()).collect();
+        assert_eq!(ws, if s == 1 { vec![1] } else { vec![1, 2] }, "{c}");
+        flags.extend(["--calibration".to_string(), f.display().to_string()]);
+    }
+    let o = run(downpour().args(["plan", "--workers", "4", "--servers", "2", "--json"]).args(&flags));
+    assert!(o.status.success(), "{}", text(&o).1);
+    let p: serde_json::Value = serde_json::from_str(text(&o).0.trim()).unwrap();
+    assert!(p["examples_per_s"].as_f64().unwrap() > 0.0, "{p}");
+    let o = run(downpour().args(["plan", "calibrate", "--dir", d.to_str().unwrap(), "--servers", "0"]));
+    assert!(!o.status.success() && text(&o).1.contains("--servers"), "{}", text(&o).1);
+}
+
 /// `downpour plan … | head -0`: a reader that closed the pipe ends a printing command as it
 /// ends any filter (SIGPIPE), not with a panic in `println!`.
 #[cfg(unix)]

@@ -172,6 +172,7 @@ pub fn run(cfg: &BenchConfig, s: &Settings, exe: &crate::Program, report: Report
             tls_dir: a.tls_dir.as_deref(),
             faults: &[],
             metrics_port: a.metrics_port,
+            cpu: None,
         })?;
     }
     if let Some(b) = bad.lock().first() {

@@ -120,6 +120,25 @@ pub struct LocalRun<'a> {
     pub faults: &'a [Fault],
     /// Server N serves its metrics on `127.0.0.1:(PORT + N)` (`--metrics-port`).
     pub metrics_port: Option<u16>,
+    /// If set, each child's CPU seconds (user + system, from `/proc/PID/stat` as it exits)
+    /// are appended here with its label (`coordinator`, `server N`, `worker N`) when it
+    /// ends (Linux; elsewhere nothing is recorded).
+    pub cpu: Option<Arc<std::sync::Mutex<Vec<(String, f64)>>>>,
+}
+
+/// A process's state letter and CPU seconds (user + system) from `/proc/PID/stat`; `None`
+/// where there is no such file (another OS, or the process reaped).
+pub fn proc_cpu(pid: u32) -> Option<(char, f64)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // after the command name (in parentheses, which may hold spaces): state, then fields
+    // 4.. of proc(5); utime and stime are fields 14 and 15
+    let rest = text.get(text.rfind(')')? + 1..)?;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let state = f.first()?.chars().next()?;
+    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    // SAFETY: sysconf only reads a configuration value
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    Some((state, ticks / if hz > 0 { hz as f64 } else { 100.0 }))
 }
 
 /// Starts a coordinator, the servers and the workers as child processes on 127.0.0.1,
@@ -277,6 +296,8 @@ pub fn launch_local(r: LocalRun<'_>) -> Result<()> {
         let mut pending: Vec<&Fault> = r.faults.iter().collect();
         pending.sort_by_key(|f| f.at);
         let mut killed: Vec<bool> = vec![false; procs.len()];
+        // each child's CPU as last read (final once it reads as a zombie, before it is reaped)
+        let mut cpu_seen: Vec<f64> = Vec::new();
         let injected = || r.faults.iter().map(|f| format!("{} at {:?}", f.action, f.at)).collect::<Vec<_>>().join(", ");
         loop {
             if r.interrupted.load(Ordering::Relaxed) {
@@ -380,12 +401,23 @@ pub fn launch_local(r: LocalRun<'_>) -> Result<()> {
                     }
                 }
             }
+            cpu_seen.resize(procs.len(), 0.0);
             for (i, p) in procs.iter_mut().enumerate() {
                 if !running[i] {
                     continue;
                 }
+                if r.cpu.is_some() {
+                    if let Some((_, c)) = proc_cpu(p.child.id()) {
+                        cpu_seen[i] = c;
+                    }
+                }
                 if let Some(st) = p.child.try_wait()? {
                     running[i] = false;
+                    if let Some(cpu) = &r.cpu {
+                        if let Ok(mut v) = cpu.lock() {
+                            v.push((p.label.clone(), cpu_seen[i]));
+                        }
+                    }
                     if !st.success() && !killed[i] {
                         if r.faults.is_empty() {
                             bail!("{} failed ({st})", p.label);

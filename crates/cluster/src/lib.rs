@@ -30,6 +30,7 @@
 //! ```
 
 pub mod bench;
+pub mod calibrate;
 pub mod certs;
 /// The README's and docs' Rust code blocks, compiled (and, unless marked `no_run`, run) by
 /// `cargo test` as doctests of this crate, so the docs cannot drift from the API.
@@ -55,5 +56,5 @@ pub mod settings;
 
 pub use embedded::{run_embedded, run_worker, run_worker_serving_metrics, EmbeddedCluster};
 pub use fault::{Fault, FaultAction, FaultTarget};
-pub use launch::{launch_local, LocalRun, Program};
+pub use launch::{launch_local, proc_cpu, LocalRun, Program};
 pub use settings::Settings;
