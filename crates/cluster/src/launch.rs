@@ -123,8 +123,11 @@ pub struct LocalRun<'a> {
     /// If set, each child's CPU seconds (user + system, from `/proc/PID/stat` as it exits)
     /// are appended here with its label (`coordinator`, `server N`, `worker N`) when it
     /// ends (Linux; elsewhere nothing is recorded).
-    pub cpu: Option<Arc<std::sync::Mutex<Vec<(String, f64)>>>>,
+    pub cpu: Option<CpuRecord>,
 }
+
+/// Where [`LocalRun::cpu`] records each child's label and CPU seconds.
+pub type CpuRecord = Arc<std::sync::Mutex<Vec<(String, f64)>>>;
 
 /// A process's state letter and CPU seconds (user + system) from `/proc/PID/stat`; `None`
 /// where there is no such file (another OS, or the process reaped).

@@ -56,5 +56,5 @@ pub mod settings;
 
 pub use embedded::{run_embedded, run_worker, run_worker_serving_metrics, EmbeddedCluster};
 pub use fault::{Fault, FaultAction, FaultTarget};
-pub use launch::{launch_local, proc_cpu, LocalRun, Program};
+pub use launch::{launch_local, proc_cpu, CpuRecord, LocalRun, Program};
 pub use settings::Settings;
