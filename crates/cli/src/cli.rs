@@ -94,6 +94,10 @@ enum Cmd {
         /// Print the prediction as JSON.
         #[arg(long)]
         json: bool,
+        /// The job predicted: `linear` (train linear, async SGD) or `dnn` (train dnn, Downpour
+        /// SGD); its calibrations must be of that job.
+        #[arg(long, default_value = "linear", value_parser = ["linear", "dnn"])]
+        job: String,
     },
     /// Data tools (`data synth-ctr`).
     #[command(subcommand)]
@@ -248,6 +252,16 @@ pub enum PlanCmd {
     /// each process's CPU read as it ends. Writes DIR/calibration-S<N>.json for
     /// `plan --calibration`.
     Calibrate {
+        /// The job to measure: `linear` (train linear, async SGD on synth-ctr data) or `dnn`
+        /// (train dnn, Downpour SGD on the MNIST files of `--data`).
+        #[arg(long, default_value = "linear", value_parser = ["linear", "dnn"])]
+        job: String,
+        /// `--job dnn`: the directory of the four MNIST-format IDX files.
+        #[arg(long)]
+        data: Option<std::path::PathBuf>,
+        /// `--job dnn`: passes over the data in each run (a run should last a second or more).
+        #[arg(long, default_value_t = 1)]
+        epochs: usize,
         /// Where the data, the runs' metrics and the calibrations go.
         #[arg(long, default_value = "downpour-calibration")]
         dir: std::path::PathBuf,
@@ -255,11 +269,11 @@ pub enum PlanCmd {
         /// cost as a line in the servers).
         #[arg(long, value_delimiter = ',', default_value = "1,2")]
         servers: Vec<usize>,
-        /// Training examples per worker (synth-ctr data as `scripts/scaling.sh` makes it; CPU
+        /// `--job linear`: training examples per worker (synth-ctr data as `scripts/scaling.sh` makes it; CPU
         /// is read in 10 ms ticks, so a run should last a second or more).
         #[arg(long, default_value_t = 500_000)]
         examples_per_worker: usize,
-        /// A LIBSVM training file to use instead of generated data.
+        /// `--job linear`: a LIBSVM training file to use instead of generated data.
         #[arg(long)]
         train: Option<std::path::PathBuf>,
     },
@@ -467,11 +481,20 @@ fn run(cli: Cli, s: Settings, exe: &Program) -> Result<()> {
             Ok(())
         }
         Cmd::Predict(a) => downpour_jobs::model::predict(&a),
-        Cmd::Plan { sub: Some(PlanCmd::Calibrate { dir, servers, examples_per_worker, train }), .. } => {
-            use downpour_cluster::calibrate::{calibrate, CalibrateConfig};
+        Cmd::Plan { sub: Some(PlanCmd::Calibrate { job, data, epochs, dir, servers, examples_per_worker, train }), .. } => {
+            use downpour_cluster::calibrate::{calibrate, CalibrateConfig, CalibrationJob};
             let exe = Program::current()?;
-            let cfg = CalibrateConfig { servers, examples_per_worker, train, dir };
+            let job = match (job.as_str(), data) {
+                ("dnn", Some(data)) => CalibrationJob::Dnn { data, epochs },
+                ("dnn", None) => {
+                    anyhow::bail!("plan calibrate --job dnn needs --data DIR (the MNIST-format IDX files, e.g. data/mnist-sample)")
+                }
+                (_, Some(_)) => anyhow::bail!("--data is for --job dnn (--job linear takes --train or makes its data)"),
+                _ => CalibrationJob::Linear,
+            };
+            let cfg = CalibrateConfig { job, servers, examples_per_worker, train, dir };
             let done = calibrate(&exe, &s, &cfg, interrupt_flag(), |line| eprintln!("plan calibrate: {line}"))?;
+            let job = &cfg.job;
             for (c, _, path) in &done {
                 println!(
                     "{}: per example, workers {:.2} µs and servers {:.2} µs of CPU, {:.0} bytes on the wire",
@@ -482,16 +505,27 @@ fn run(cli: Cli, s: Settings, exe: &Program) -> Result<()> {
                 );
             }
             let flags: Vec<String> = done.iter().map(|(_, _, p)| format!("--calibration {}", p.display())).collect();
-            println!("next: downpour plan --workers 16 --cpu 1 --link 10gbit {}", flags.join(" "));
+            let job = match job {
+                CalibrationJob::Linear => "",
+                CalibrationJob::Dnn { .. } => " --job dnn",
+            };
+            println!("next: downpour plan{job} --workers 16 --cpu 1 --link 10gbit {}", flags.join(" "));
             Ok(())
         }
-        Cmd::Plan { workers, servers, cpu, link, calibration, json, .. } => {
+        Cmd::Plan { workers, servers, cpu, link, calibration, json, job, .. } => {
             use downpour_cluster::plan;
             let workers = workers.context("--workers is required")?;
             let mut cals = Vec::new();
             for f in &calibration {
                 let text = std::fs::read_to_string(f).with_context(|| format!("cannot read {}", f.display()))?;
-                cals.push(serde_json::from_str::<plan::Calibration>(&text).with_context(|| format!("{}: not a calibration", f.display()))?);
+                let c = serde_json::from_str::<plan::Calibration>(&text).with_context(|| format!("{}: not a calibration", f.display()))?;
+                anyhow::ensure!(
+                    c.job_name() == job,
+                    "{} measures `train {}`, not the --job {job} asked for (`plan calibrate --job {job}` measures that one)",
+                    f.display(),
+                    c.job_name()
+                );
+                cals.push(c);
             }
             let m = plan::Machines { workers, servers: servers.unwrap_or(1), cpu, link_bytes_per_s: plan::parse_link(&link)? };
             let servers = match servers {
@@ -503,7 +537,7 @@ fn run(cli: Cli, s: Settings, exe: &Program) -> Result<()> {
                 println!("{}", serde_json::to_string(&p)?);
             } else {
                 println!(
-                    "{workers} workers, {servers} servers ({cpu} cores, {link} each): {:.0} examples/s, bound by the {}",
+                    "train {job}: {workers} workers, {servers} servers ({cpu} cores, {link} each): {:.0} examples/s, bound by the {}",
                     p.examples_per_s, p.bottleneck
                 );
                 for (name, x) in &p.bounds {

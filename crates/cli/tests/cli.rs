@@ -750,6 +750,26 @@ fn plan_calibrate_measures_each_roles_costs_and_plan_takes_them() {
     assert!(p["examples_per_s"].as_f64().unwrap() > 0.0, "{p}");
     let o = run(downpour().args(["plan", "calibrate", "--dir", d.to_str().unwrap(), "--servers", "0"]));
     assert!(!o.status.success() && text(&o).1.contains("--servers"), "{}", text(&o).1);
+    // train dnn, on the MNIST sample: its calibration is refused for --job linear
+    let mnist = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/mnist-sample");
+    let dd = dir.path().join("dnn");
+    let o = run(downpour().args(["--log", "warn", "plan", "calibrate", "--job", "dnn", "--epochs", "2", "--servers", "1"]).args([
+        "--data",
+        mnist.to_str().unwrap(),
+        "--dir",
+        dd.to_str().unwrap(),
+    ]));
+    assert!(o.status.success(), "{}", text(&o).1);
+    let f = dd.join("calibration-S1.json");
+    let c: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap();
+    assert_eq!(c["job"], "dnn", "{c}");
+    // a dense model's pull and push per step: far more bytes per example than the linear job
+    assert!(c["wire_bytes"].as_f64().unwrap() > 2000.0, "{c}");
+    let cal = ["--calibration".to_string(), f.display().to_string()];
+    let o = run(downpour().args(["plan", "--workers", "2", "--job", "dnn"]).args(&cal));
+    assert!(o.status.success() && text(&o).0.contains("train dnn"), "{}", text(&o).1);
+    let o = run(downpour().args(["plan", "--workers", "2"]).args(&cal));
+    assert!(!o.status.success() && text(&o).1.contains("measures `train dnn`"), "{}", text(&o).1);
 }
 
 /// `downpour plan … | head -0`: a reader that closed the pipe ends a printing command as it

@@ -1,6 +1,7 @@
 //! `downpour plan calibrate`: measures the planner's costs ([`crate::plan::Calibration`]) on
 //! this machine, with the nodes as processes on 127.0.0.1 (no namespaces or quotas, no root):
-//! for each server count S, one epoch of `train linear` (async SGD) with one worker (the
+//! for each server count S, `train linear` (one epoch of async SGD) or `train dnn` (Downpour
+//! SGD) with one worker (the
 //! workers' CPU and the bytes on the wire per example: one worker is the bound) and with S
 //! workers (the servers' CPU per example, loaded: a lightly loaded server pays a wake-up per
 //! request, so its cost per example at low load overstates what it can do). Each process's
@@ -16,13 +17,41 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
+/// The job a calibration measures.
+#[derive(Clone, Debug, PartialEq)]
+pub enum CalibrationJob {
+    /// `train linear --algorithm sgd`, one epoch.
+    Linear,
+    /// `train dnn --algorithm downpour` (asynchronous) on the MNIST-format files in `data`,
+    /// `epochs` passes (each run's workers share the data).
+    Dnn {
+        /// Directory of the four IDX files.
+        data: PathBuf,
+        /// Passes over the data.
+        epochs: usize,
+    },
+}
+
+impl CalibrationJob {
+    /// `linear` or `dnn`, as calibrations and `plan --job` name it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            CalibrationJob::Linear => "linear",
+            CalibrationJob::Dnn { .. } => "dnn",
+        }
+    }
+}
+
 /// What to calibrate.
 #[derive(Clone, Debug)]
 pub struct CalibrateConfig {
+    /// The job measured.
+    pub job: CalibrationJob,
     /// Server counts to measure at (each gives a `calibration-S<N>.json`; two or more let
     /// the planner draw each cost as a line in the servers).
     pub servers: Vec<usize>,
-    /// Training examples per worker (generated synth-ctr data, like `scripts/scaling.sh`'s).
+    /// Training examples per worker (`linear`: generated synth-ctr data, like
+    /// `scripts/scaling.sh`'s).
     pub examples_per_worker: usize,
     /// A LIBSVM training file to use instead (each run's workers share it).
     pub train: Option<PathBuf>,
@@ -60,16 +89,36 @@ pub fn calibrate(
 ) -> Result<Vec<(Calibration, Vec<CalibrationRun>, PathBuf)>> {
     ensure!(!cfg.servers.is_empty() && cfg.servers.iter().all(|&s| s >= 1), "--servers: one or more counts, each at least 1");
     ensure!(cfg.examples_per_worker >= 1000, "--examples-per-worker: at least 1,000 (a run of a few ms measures start-up, not training)");
+    if let CalibrationJob::Dnn { data, epochs } = &cfg.job {
+        ensure!(*epochs >= 1, "--epochs: at least 1");
+        ensure!(data.is_dir(), "--data {}: not a directory (the four MNIST-format IDX files)", data.display());
+    }
     std::fs::create_dir_all(&cfg.dir).with_context(|| format!("cannot create {}", cfg.dir.display()))?;
     let mut out = Vec::new();
     for &s in &cfg.servers {
         let mut runs = Vec::new();
         for w in if s == 1 { vec![1] } else { vec![1, s] } {
-            let train = match &cfg.train {
-                Some(f) => f.clone(),
-                None => synth_data(exe, &cfg.dir, w * cfg.examples_per_worker)?,
+            let job = match &cfg.job {
+                CalibrationJob::Linear => {
+                    let train = match &cfg.train {
+                        Some(f) => f.clone(),
+                        None => synth_data(exe, &cfg.dir, w * cfg.examples_per_worker)?,
+                    };
+                    ["train", "linear", "--train"]
+                        .into_iter()
+                        .map(String::from)
+                        .chain([train.display().to_string()])
+                        .chain(["--epochs", "1", "--algorithm", "sgd"].map(String::from))
+                        .collect::<Vec<_>>()
+                }
+                CalibrationJob::Dnn { data, epochs } => ["train", "dnn", "--data"]
+                    .into_iter()
+                    .map(String::from)
+                    .chain([data.display().to_string()])
+                    .chain(["--algorithm".into(), "downpour".into(), "--epochs".into(), epochs.to_string()])
+                    .collect(),
             };
-            let r = run(exe, settings, &cfg.dir, &train, s, w, interrupted.clone())?;
+            let r = run(exe, settings, &cfg.dir, &job, &cfg.job, s, w, interrupted.clone())?;
             progress(&format!(
                 "S={s} W={w}: {:.0} examples/s; per example: workers {:.2} µs, servers {:.2} µs CPU, {:.0} bytes on the wire",
                 r.examples_per_s,
@@ -85,10 +134,15 @@ pub fn calibrate(
             server_cpu_s: loaded.server_cpu_s,
             wire_bytes: first.wire_bytes,
             servers: Some(s),
+            job: Some(match cfg.job {
+                CalibrationJob::Linear => crate::plan::PlannedJob::Linear,
+                CalibrationJob::Dnn { .. } => crate::plan::PlannedJob::Dnn,
+            }),
         };
         let path = cfg.dir.join(format!("calibration-S{s}.json"));
         let json = serde_json::json!({
             "worker_cpu_s": c.worker_cpu_s, "server_cpu_s": c.server_cpu_s, "wire_bytes": c.wire_bytes, "servers": s,
+            "job": cfg.job.name(),
             "from": {"command": "plan calibrate", "workers_and_wire": format!("W={}", first.workers), "servers": format!("W={}", loaded.workers)},
             "runs": runs,
         });
@@ -118,25 +172,22 @@ fn synth_data(exe: &Program, dir: &Path, n: usize) -> Result<PathBuf> {
     Ok(f)
 }
 
-/// One epoch of async SGD on `s` servers and `w` workers, every process's CPU read as it ends.
+/// The job `job` (its command line, to which the metrics file is added) on `s` servers and
+/// `w` workers, every process's CPU read as it ends.
+#[allow(clippy::too_many_arguments)]
 fn run(
     exe: &Program,
     settings: &Settings,
     dir: &Path,
-    train: &Path,
+    job: &[String],
+    kind: &CalibrationJob,
     s: usize,
     w: usize,
     interrupted: Arc<AtomicBool>,
 ) -> Result<CalibrationRun> {
-    let metrics = dir.join(format!("metrics-S{s}-W{w}.json"));
+    let metrics = dir.join(format!("metrics-{}-S{s}-W{w}.json", kind.name()));
     let _ = std::fs::remove_file(&metrics);
-    let job: Vec<String> = ["train", "linear", "--train"]
-        .into_iter()
-        .map(String::from)
-        .chain([train.display().to_string()])
-        .chain(["--epochs", "1", "--algorithm", "sgd", "--quiet", "--out"].map(String::from))
-        .chain([metrics.display().to_string()])
-        .collect();
+    let job: Vec<String> = job.iter().cloned().chain(["--quiet".into(), "--out".into(), metrics.display().to_string()]).collect();
     let cpu = Arc::new(Mutex::new(Vec::new()));
     launch_local(LocalRun {
         exe,
@@ -171,6 +222,8 @@ fn run(
         examples_per_s: num("examples_per_s")?,
         worker_cpu_s: wcpu / examples,
         server_cpu_s: scpu / examples,
-        wire_bytes: (num("bytes_sent")? + num("bytes_received")?) * w as f64 / examples,
+        // (train linear's metrics give worker 0's bytes, taken as every worker's; train dnn's
+        // are all workers')
+        wire_bytes: (num("bytes_sent")? + num("bytes_received")?) * if *kind == CalibrationJob::Linear { w as f64 } else { 1.0 } / examples,
     })
 }

@@ -34,15 +34,47 @@ pub struct Calibration {
     /// The servers of the run (its requests split over them: each adds per-request costs).
     #[serde(default)]
     pub servers: Option<usize>,
+    /// The job measured (`linear` when absent).
+    #[serde(default)]
+    pub job: Option<PlannedJob>,
+}
+
+/// The jobs the planner covers: their costs come from calibrations of that job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PlannedJob {
+    /// `train linear`, async SGD.
+    #[default]
+    Linear,
+    /// `train dnn`, Downpour SGD (asynchronous).
+    Dnn,
+}
+
+impl PlannedJob {
+    /// `linear` or `dnn`.
+    pub fn name(self) -> &'static str {
+        match self {
+            PlannedJob::Linear => "linear",
+            PlannedJob::Dnn => "dnn",
+        }
+    }
 }
 
 impl Calibration {
+    /// The job measured (`linear` when the calibration does not say).
+    pub fn job_name(&self) -> &'static str {
+        self.job.unwrap_or_default().name()
+    }
+
     /// The costs at `servers` servers from calibrations taken at different server counts:
     /// each cost a line in S through the two runs furthest apart in S (a request per server
     /// per minibatch: more servers, more per-request work per example), kept positive; one
     /// calibration (or all at one S) is taken as it is.
     pub fn at(cals: &[Calibration], servers: usize) -> Result<Calibration> {
         let Some(first) = cals.first() else { bail!("no calibration") };
+        if cals.iter().any(|c| c.job_name() != first.job_name()) {
+            bail!("the calibrations measure different jobs ({} and others): give those of one job", first.job_name());
+        }
         let with_s: Vec<(f64, &Calibration)> = cals.iter().filter_map(|c| c.servers.map(|s| (s as f64, c))).collect();
         let lo = with_s.iter().min_by(|a, b| a.0.total_cmp(&b.0));
         let hi = with_s.iter().max_by(|a, b| a.0.total_cmp(&b.0));
@@ -61,6 +93,7 @@ impl Calibration {
             server_cpu_s: line(a.server_cpu_s, b.server_cpu_s),
             wire_bytes: line(a.wire_bytes, b.wire_bytes),
             servers: Some(servers),
+            job: a.job,
         })
     }
 }

@@ -526,6 +526,8 @@ fn finish(a: &DnnConfig, s: &mut WorkerSession, ctx: &Ctx, params: &mut [f32], e
         "test_loss": loss,
         "wall_s": wall,
         "examples_per_s": examples / wall.max(1e-9),
+        // all workers' examples and bytes (train linear's metrics give worker 0's bytes)
+        "train_examples": examples.round() as u64,
         "bytes_sent": sent.round() as u64,
         "bytes_received": received.round() as u64,
         "gradient_computations": grads as u64,
