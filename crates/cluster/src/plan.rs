@@ -201,7 +201,7 @@ mod tests {
     use super::*;
 
     fn cal() -> Calibration {
-        Calibration { worker_cpu_s: 1e-5, server_cpu_s: 4e-6, wire_bytes: 800.0, servers: None }
+        Calibration { worker_cpu_s: 1e-5, server_cpu_s: 4e-6, wire_bytes: 800.0, servers: None, job: None }
     }
 
     #[test]
