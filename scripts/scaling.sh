@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Strong and weak scaling of `train linear` on an emulated cluster (issue 29, item 2): every
+# Strong and weak scaling of `train linear` (or `train dnn`, JOB=dnn) on an emulated cluster
+# (issue 29, item 2): every
 # node (coordinator, S servers, W workers) runs in its own network namespace, a "machine"
 # with one full-duplex link of RATE to a shared bridge (tbf both ways; this kernel has no
 # netem, so no added delay) and a CPU quota of CPU cores (a cgroup-v1 cpu controller group
@@ -7,7 +8,9 @@
 #
 #   strong: EXAMPLES examples in all, W = each of WS workers;
 #   weak:   PER_WORKER examples per worker (a file of W × PER_WORKER examples).
-# One epoch of async SGD (`--algorithm sgd`), S servers. Prints one line per run: examples/s,
+# One epoch of async SGD (`--algorithm sgd`), S servers; with JOB=dnn, DNN_EPOCHS of Downpour
+# SGD (`train dnn --algorithm downpour`, the MLP) on the MNIST files of DNN_DATA, strong: all of
+# its training examples, weak: DNN_PER_WORKER per worker. Prints one line per run: examples/s,
 # speed-up and efficiency against W = 1, worker 0's idle fraction, bytes on the wire per
 # example, test AUC; and writes them as JSON lines to DIR/scaling.jsonl, the per-example
 # costs (workers' from the first run, servers' from the run with W = S) to
@@ -18,7 +21,8 @@
 # Environment: RATE (10gbit), CPU (0.1), WS ("1 2 4 8 16"), SERVERS (2), EXAMPLES (400000),
 # PER_WORKER (100000), MODES ("strong weak"), PERIOD_US (the quotas' period, 10000: the
 # kernel's smallest quota is 1 ms a period, so CPU below 0.1 needs a longer one),
-# DOWNPOUR_BIN. Everything it creates is named dps* (namespaces, links, cgroups) and removed
+# DOWNPOUR_BIN, JOB (linear), DNN_DATA (../shared/data/mnist, else data/mnist-sample),
+# DNN_EPOCHS (1), DNN_PER_WORKER (3750). Everything it creates is named dps* (namespaces, links, cgroups) and removed
 # on exit; the data stays in DIR.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,6 +34,12 @@ S=${SERVERS:-2}
 EXAMPLES=${EXAMPLES:-400000}
 PER_WORKER=${PER_WORKER:-100000}
 MODES=${MODES:-"strong weak"}
+JOB=${JOB:-linear}
+DNN_DATA=${DNN_DATA:-$( [ -d ../shared/data/mnist ] && echo ../shared/data/mnist || echo data/mnist-sample )}
+DNN_DATA=$(realpath "$DNN_DATA")
+DNN_EPOCHS=${DNN_EPOCHS:-1}
+DNN_PER_WORKER=${DNN_PER_WORKER:-3750}
+case "$JOB" in linear|dnn) ;; *) echo "scaling.sh: JOB is linear or dnn, not $JOB" >&2; exit 2 ;; esac
 BIN=$(realpath "${DOWNPOUR_BIN:-target/release/downpour}")
 CG=/sys/fs/cgroup/cpu
 ACCT=/sys/fs/cgroup/cpuacct
@@ -99,9 +109,16 @@ cpu_s() { # the CPU seconds the machines matching GLOB used
 for mode in $MODES; do
     base=""
     for w in $WS; do
-        if [ "$mode" = strong ]; then n=$EXAMPLES; else n=$((w * PER_WORKER)); fi
-        train="$DIR/train-$n.svm"
-        data "$train" "$n"
+        if [ "$JOB" = linear ]; then
+            if [ "$mode" = strong ]; then n=$EXAMPLES; else n=$((w * PER_WORKER)); fi
+            train="$DIR/train-$n.svm"
+            data "$train" "$n"
+            job=(train linear --train "$train" --test "$DIR/test-heldout.svm" --epochs 1 --algorithm sgd)
+        else
+            limit=0
+            [ "$mode" = strong ] || limit=$((w * DNN_PER_WORKER))
+            job=(train dnn --data "$DNN_DATA" --algorithm downpour --epochs "$DNN_EPOCHS" --train-limit "$limit" --test-limit 2000)
+        fi
         cleanup
         machines "$w"
         run="$DIR/run-$mode-$w"
@@ -111,8 +128,7 @@ for mode in $MODES; do
         for ((i = 0; i < S; i++)); do on "dps-s$i" "$run/server-$i.log" "$BIN" --log warn server --coordinator 10.79.0.2:7070 --listen "10.79.0.$((3 + i)):0"; done
         pids=()
         for ((i = 0; i < w; i++)); do
-            on "dps-w$i" "$run/worker-$i.log" "$BIN" --log warn worker --coordinator 10.79.0.2:7070 train linear --train "$train" \
-                --test "$DIR/test-heldout.svm" --epochs 1 --algorithm sgd --quiet --out "$run/metrics-$i.json"
+            on "dps-w$i" "$run/worker-$i.log" "$BIN" --log warn worker --coordinator 10.79.0.2:7070 "${job[@]}" --quiet --out "$run/metrics-$i.json"
             pids+=($!)
         done
         ok=1
@@ -123,17 +139,19 @@ for mode in $MODES; do
             for _ in $(seq 50); do [ -z "$(ip netns pids "$ns")" ] && break; sleep 0.1; done
         done
         wcpu=$(cpu_s 'dps-w*'); scpu=$(cpu_s 'dps-s*')
-        line=$(python3 - "$mode" "$w" "$S" "$RATE" "$CPU" "$base" "$wcpu" "$scpu" "$run"/metrics-*.json <<'PY'
+        line=$(python3 - "$mode" "$w" "$S" "$RATE" "$CPU" "$base" "$wcpu" "$scpu" "$JOB" "$run"/metrics-*.json <<'PY'
 import json, sys
-mode, w, s, rate, cpu, base, wcpu, scpu = sys.argv[1:9]
-m = [json.load(open(f)) for f in sys.argv[9:]]
+mode, w, s, rate, cpu, base, wcpu, scpu, job = sys.argv[1:10]
+m = [json.load(open(f)) for f in sys.argv[10:]]
 first = m[0]
 eps = first["examples_per_s"]
-# (worker 0 writes the metrics: its bytes, taken as every worker's)
-per_ex = (first["bytes_sent"] + first["bytes_received"]) * int(w) / max(first["train_examples"], 1)
-out = {"mode": mode, "workers": int(w), "servers": int(s), "rate": rate, "cpu_per_node": float(cpu),
+# (train linear: worker 0 writes the metrics, its bytes taken as every worker's; train dnn's
+# bytes and examples are all workers')
+per_ex = (first["bytes_sent"] + first["bytes_received"]) * (int(w) if job == "linear" else 1) / max(first["train_examples"], 1)
+out = {"job": job, "mode": mode, "workers": int(w), "servers": int(s), "rate": rate, "cpu_per_node": float(cpu),
        "examples": first["train_examples"], "examples_per_s": eps, "wall_s": first["wall_s"],
-       "idle_fraction_worker0": first["idle_fraction"], "wire_bytes_per_example": per_ex, "test_auc": first["test_auc"],
+       "idle_fraction_worker0": first.get("idle_fraction", 0.0), "wire_bytes_per_example": per_ex,
+       "test_auc": first.get("test_auc"), "test_accuracy": first.get("test_accuracy"),
        "worker_cpu_s_per_example": float(wcpu) / max(first["train_examples"], 1),
        "server_cpu_s_per_example": float(scpu) / max(first["train_examples"], 1)}
 if base:
@@ -148,7 +166,8 @@ PY
         python3 -c "
 import json, sys
 r = json.loads(sys.argv[1])
-print(f\"{r['mode']:6} W={r['workers']:2} S={r['servers']}: {r['examples_per_s']:10.0f} ex/s  speed-up {r.get('speedup', 1.0):5.2f}  efficiency {r.get('efficiency', 1.0):4.2f}  idle {r['idle_fraction_worker0']:.2f}  {r['wire_bytes_per_example']:6.0f} B/ex  AUC {r['test_auc']:.4f}\")" "$line"
+q = f\"AUC {r['test_auc']:.4f}\" if r['test_auc'] is not None else f\"accuracy {r['test_accuracy']:.4f}\"
+print(f\"{r['mode']:6} W={r['workers']:2} S={r['servers']}: {r['examples_per_s']:10.0f} ex/s  speed-up {r.get('speedup', 1.0):5.2f}  efficiency {r.get('efficiency', 1.0):4.2f}  idle {r['idle_fraction_worker0']:.2f}  {r['wire_bytes_per_example']:6.0f} B/ex  {q}\")" "$line"
     done
 done
 cleanup
@@ -157,13 +176,13 @@ cleanup
 # wire bytes per example of its first run (W = 1, the workers the bound), the servers' CPU
 # per example of its run with as many workers as servers (the servers loaded: a lightly
 # loaded server pays more per request, for its wake-ups), or of the first run without one
-python3 - "$DIR/scaling.jsonl" "$DIR/calibration-S$S.json" "${MODES%% *}" "$S" <<'PY'
+python3 - "$DIR/scaling.jsonl" "$DIR/calibration-S$S.json" "${MODES%% *}" "$S" "$JOB" <<'PY'
 import json, sys
 runs = [r for r in map(json.loads, open(sys.argv[1])) if r["mode"] == sys.argv[3]]
 first = runs[0]
 loaded = next((r for r in runs if r["workers"] == int(sys.argv[4])), first)
 json.dump({"worker_cpu_s": first["worker_cpu_s_per_example"], "server_cpu_s": loaded["server_cpu_s_per_example"],
-           "wire_bytes": first["wire_bytes_per_example"], "servers": first["servers"],
+           "wire_bytes": first["wire_bytes_per_example"], "servers": first["servers"], "job": sys.argv[5],
            "from": {"workers_and_wire": f"W={first['workers']}", "servers": f"W={loaded['workers']}"}}, open(sys.argv[2], "w"))
 PY
 
@@ -175,7 +194,7 @@ echo "planner (calibrations: ${cals[*]})"
 : > "$DIR/validation.jsonl"
 while read -r line; do
     w=$(python3 -c "import json,sys; print(json.loads(sys.argv[1])['workers'])" "$line")
-    p=$("$BIN" --log warn plan --workers "$w" --servers "$S" --cpu "$CPU" --link "$RATE" "${cals[@]}" --json)
+    p=$("$BIN" --log warn plan --job "$JOB" --workers "$w" --servers "$S" --cpu "$CPU" --link "$RATE" "${cals[@]}" --json)
     python3 -c "
 import json, sys
 r, p = json.loads(sys.argv[1]), json.loads(sys.argv[2])
@@ -187,6 +206,6 @@ print(f\"{r['mode']:6} W={r['workers']:2}: measured {r['examples_per_s']:9.0f}  
 " "$line" "$p" "$DIR/validation.jsonl"
 done < "$DIR/scaling.jsonl"
 for w in 100 1000; do
-    "$BIN" --log warn plan --workers "$w" --cpu "$CPU" --link "$RATE" "${cals[@]}" > "$DIR/plan-$w.txt"
+    "$BIN" --log warn plan --job "$JOB" --workers "$w" --cpu "$CPU" --link "$RATE" "${cals[@]}" > "$DIR/plan-$w.txt"
     head -n 1 "$DIR/plan-$w.txt"
 done
