@@ -70,7 +70,8 @@ def main(argv):
         if val:
             thr.append((name + " (planner)", p, True))
         eff.append((name, [(r["workers"], r.get("efficiency", 1.0)) for r in rs], False))
-    plot(thr, os.path.join(outdir, "throughput.svg"), "train linear (async SGD) on emulated machines", "examples/s",
+    job = "train dnn (Downpour SGD)" if runs and runs[0].get("job") == "dnn" else "train linear (async SGD)"
+    plot(thr, os.path.join(outdir, "throughput.svg"), f"{job} on emulated machines", "examples/s",
          lambda y: f"{y / 1000:.0f}k")
     plot(eff, os.path.join(outdir, "efficiency.svg"), "scaling efficiency (speed-up / workers; weak: rate / (W x rate at W=1))",
          "efficiency", lambda y: f"{y:.2f}")
