@@ -13,7 +13,7 @@
 # its training examples, weak: DNN_PER_WORKER per worker. Prints one line per run: examples/s,
 # speed-up and efficiency against W = 1, worker 0's idle fraction, bytes on the wire per
 # example, test AUC; and writes them as JSON lines to DIR/scaling.jsonl, the per-example
-# costs (workers' from the first run, servers' from the run with W = S) to
+# costs (workers' from the first run, servers' from the run that loaded them most) to
 # DIR/calibration-S<SERVERS>.json, and the planner's prediction of every run (from every
 # calibration in DIR) to DIR/validation.jsonl.
 #
@@ -172,39 +172,15 @@ print(f\"{r['mode']:6} W={r['workers']:2} S={r['servers']}: {r['examples_per_s']
 done
 cleanup
 
-# the planner's costs at these servers, from the first mode's runs: the workers' CPU and the
-# wire bytes per example of its first run (W = 1, the workers the bound), the servers' CPU
-# per example of its run with as many workers as servers (the servers loaded: a lightly
-# loaded server pays more per request, for its wake-ups), or of the first run without one
-python3 - "$DIR/scaling.jsonl" "$DIR/calibration-S$S.json" "${MODES%% *}" "$S" "$JOB" <<'PY'
-import json, sys
-runs = [r for r in map(json.loads, open(sys.argv[1])) if r["mode"] == sys.argv[3]]
-first = runs[0]
-loaded = next((r for r in runs if r["workers"] == int(sys.argv[4])), first)
-json.dump({"worker_cpu_s": first["worker_cpu_s_per_example"], "server_cpu_s": loaded["server_cpu_s_per_example"],
-           "wire_bytes": first["wire_bytes_per_example"], "servers": first["servers"], "job": sys.argv[5],
-           "from": {"workers_and_wire": f"W={first['workers']}", "servers": f"W={loaded['workers']}"}}, open(sys.argv[2], "w"))
-PY
-
-# the planner against every run (`downpour plan`, from those costs: at two server counts when
-# DIR holds calibrations from runs with other SERVERS)
+# the planner's costs at these servers, from the first mode's runs (the workers' from W = 1,
+# the servers' from the run that loaded them most: scripts/plan_validate.py says why), then
+# the planner against every run (from every calibration in DIR: at two server counts each cost
+# is a line in the servers)
+DOWNPOUR_BIN="$BIN" python3 scripts/plan_validate.py calibrate "$DIR/scaling.jsonl" "$DIR/calibration-S$S.json"
 cals=()
 for f in "$DIR"/calibration-S*.json; do cals+=(--calibration "$f"); done
 echo "planner (calibrations: ${cals[*]})"
-: > "$DIR/validation.jsonl"
-while read -r line; do
-    w=$(python3 -c "import json,sys; print(json.loads(sys.argv[1])['workers'])" "$line")
-    p=$("$BIN" --log warn plan --job "$JOB" --workers "$w" --servers "$S" --cpu "$CPU" --link "$RATE" "${cals[@]}" --json)
-    python3 -c "
-import json, sys
-r, p = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-err = p['examples_per_s'] / r['examples_per_s'] - 1
-v = {'mode': r['mode'], 'workers': r['workers'], 'servers': r['servers'], 'measured': r['examples_per_s'], 'predicted': p['examples_per_s'],
-     'error': err, 'bottleneck': p['bottleneck'], 'server_cpu_util': p['server_cpu_util'], 'worker_cpu_util': p['worker_cpu_util']}
-print(json.dumps(v), file=open(sys.argv[3], 'a'))
-print(f\"{r['mode']:6} W={r['workers']:2}: measured {r['examples_per_s']:9.0f}  predicted {p['examples_per_s']:9.0f}  error {err * 100:+6.1f} %  bound by the {p['bottleneck']}\")
-" "$line" "$p" "$DIR/validation.jsonl"
-done < "$DIR/scaling.jsonl"
+DOWNPOUR_BIN="$BIN" python3 scripts/plan_validate.py validate "$DIR/validation.jsonl" "$DIR/scaling.jsonl" "${cals[@]}"
 for w in 100 1000; do
     "$BIN" --log warn plan --job "$JOB" --workers "$w" --cpu "$CPU" --link "$RATE" "${cals[@]}" > "$DIR/plan-$w.txt"
     head -n 1 "$DIR/plan-$w.txt"
