@@ -3,8 +3,8 @@
 //! for each server count S, `train linear` (one epoch of async SGD) or `train dnn` (Downpour
 //! SGD) with one worker (the
 //! workers' CPU and the bytes on the wire per example: one worker is the bound) and with S
-//! workers (the servers' CPU per example, loaded: a lightly loaded server pays a wake-up per
-//! request, so its cost per example at low load overstates what it can do). Each process's
+//! workers (the servers' CPU per example is taken from whichever run loaded them more: a
+//! server's capacity is what it does saturated). Each process's
 //! CPU seconds are read from `/proc` as it exits. The costs are CPU seconds, so they carry to
 //! machines of another size (`plan --cpu`) as long as a core is a core; `scripts/scaling.sh`
 //! takes the same costs on emulated machines instead.
@@ -128,7 +128,11 @@ pub fn calibrate(
             ));
             runs.push(r);
         }
-        let (first, loaded) = (&runs[0], &runs[runs.len() - 1]);
+        // the servers' cost from the run that loaded them most (their share of CPU ∝ rate ×
+        // cost at one S): a server's capacity is what it does saturated
+        let first = &runs[0];
+        let loaded =
+            runs.iter().max_by(|a, b| (a.examples_per_s * a.server_cpu_s).total_cmp(&(b.examples_per_s * b.server_cpu_s))).unwrap_or(first);
         let c = Calibration {
             worker_cpu_s: first.worker_cpu_s,
             server_cpu_s: loaded.server_cpu_s,
