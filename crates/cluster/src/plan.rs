@@ -1,8 +1,10 @@
-//! `downpour plan`: predicts the examples/s of a `train linear` job (async SGD) on W workers
-//! and S servers of a given CPU and link speed, names the bottleneck, and recommends S for
-//! a W: a bound-and-bottleneck model (the slowest of the workers' compute, the servers'
-//! compute, and the links) whose costs are measured once on a real run (a [`Calibration`],
-//! e.g. from `scripts/scaling.sh`, which takes the per-node CPU seconds from cgroups).
+//! `downpour plan`: predicts the examples/s of a `train linear` job (async SGD) or a `train
+//! dnn` job (Downpour SGD) on W workers and S servers of a given CPU and link speed, names the
+//! bottleneck, and recommends S for a W: a bound-and-bottleneck model (the slowest of the
+//! workers' compute, the servers' compute, and the links) whose costs are measured once on
+//! real runs of that job (a [`Calibration`]: from `plan calibrate`, [`crate::calibrate`], on
+//! local processes, or from `scripts/scaling.sh` on emulated machines, which takes the
+//! per-node CPU seconds from cgroups).
 //!
 //! With q cores per machine, R bytes/s per link (each way), and per example c_w worker CPU
 //! seconds, c_s server CPU seconds (all servers together) and B bytes on the wire (both
