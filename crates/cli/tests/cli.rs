@@ -782,14 +782,17 @@ fn a_printing_command_whose_reader_closed_the_pipe_ends_quietly() {
     let dir = tempfile::tempdir().unwrap();
     let cal = dir.path().join("calibration.json");
     std::fs::write(&cal, r#"{"worker_cpu_s": 1e-5, "server_cpu_s": 4e-6, "wire_bytes": 800}"#).unwrap();
-    let mut child = downpour()
+    // the read end closed before the command starts, so its first line meets a closed pipe
+    // whatever the timing (closing it after the spawn raced a fast command that had already
+    // written everything into the pipe's buffer)
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let child = downpour()
         .args(["plan", "--workers", "16", "--cpu", "0.1", "--calibration", &cal.display().to_string()])
-        .stdout(Stdio::piped())
+        .stdout(Stdio::from(writer))
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // the read end closed before the command writes its first line
-    drop(child.stdout.take());
     let o = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!err.contains("panicked"), "{err}");
