@@ -98,6 +98,11 @@ enum Cmd {
         /// SGD); its calibrations must be of that job.
         #[arg(long, default_value = "linear", value_parser = ["linear", "dnn"])]
         job: String,
+        /// Training examples (all workers) the job needs to reach its target quality: the
+        /// prediction then gives the time to target (default: the calibration's
+        /// `examples_to_target`, if it has one; `scripts/time_to_target.py` measures them).
+        #[arg(long)]
+        examples_to_target: Option<f64>,
     },
     /// Data tools (`data synth-ctr`).
     #[command(subcommand)]
@@ -512,7 +517,7 @@ fn run(cli: Cli, s: Settings, exe: &Program) -> Result<()> {
             println!("next: downpour plan{job} --workers 16 --cpu 1 --link 10gbit {}", flags.join(" "));
             Ok(())
         }
-        Cmd::Plan { workers, servers, cpu, link, calibration, json, job, .. } => {
+        Cmd::Plan { workers, servers, cpu, link, calibration, json, job, examples_to_target, .. } => {
             use downpour_cluster::plan;
             let workers = workers.context("--workers is required")?;
             let mut cals = Vec::new();
@@ -526,6 +531,10 @@ fn run(cli: Cli, s: Settings, exe: &Program) -> Result<()> {
                     c.job_name()
                 );
                 cals.push(c);
+            }
+            if let Some(n) = examples_to_target {
+                anyhow::ensure!(n.is_finite() && n > 0.0, "--examples-to-target must be positive, not {n}");
+                cals.iter_mut().for_each(|c| c.examples_to_target = Some(n));
             }
             let m = plan::Machines { workers, servers: servers.unwrap_or(1), cpu, link_bytes_per_s: plan::parse_link(&link)? };
             let servers = match servers {
@@ -549,6 +558,9 @@ fn run(cli: Cli, s: Settings, exe: &Program) -> Result<()> {
                     p.server_cpu_util * 100.0,
                     p.link_util * 100.0
                 );
+                if let Some(t) = p.time_to_target_s {
+                    println!("  time to target: {t:.1} s (the examples to target at this rate)");
+                }
             }
             Ok(())
         }

@@ -712,6 +712,16 @@ fn plan_predicts_from_a_calibration_names_the_bound_and_recommends_servers() {
     // without --servers: the fewest within 5 % of the best
     let o = run(downpour().args(["plan", "--workers", "16", "--cpu", "0.1", "--calibration", &c]));
     assert!(text(&o).0.contains("16 workers, 7 servers"), "{}", text(&o).0);
+    // the time to a target: the examples it takes at the predicted rate (50,000 examples/s)
+    let o = run(downpour().args(["plan", "--workers", "16", "--servers", "2", "--cpu", "0.1", "--calibration", &c]).args([
+        "--examples-to-target",
+        "200000",
+        "--json",
+    ]));
+    let p: serde_json::Value = serde_json::from_str(text(&o).0.trim()).unwrap();
+    assert!((p["time_to_target_s"].as_f64().unwrap() - 4.0).abs() < 1e-9, "{p}");
+    let o = run(downpour().args(["plan", "--workers", "16", "--calibration", &c, "--examples-to-target", "0"]));
+    assert!(!o.status.success() && text(&o).1.contains("--examples-to-target"), "{}", text(&o).1);
     std::fs::write(&cal, "{}").unwrap();
     let o = run(downpour().args(["plan", "--workers", "2", "--calibration", &c]));
     assert!(!o.status.success() && text(&o).1.contains("not a calibration"), "{}", text(&o).1);

@@ -142,6 +142,7 @@ pub fn calibrate(
                 CalibrationJob::Linear => crate::plan::PlannedJob::Linear,
                 CalibrationJob::Dnn { .. } => crate::plan::PlannedJob::Dnn,
             }),
+            examples_to_target: None,
         };
         let path = cfg.dir.join(format!("calibration-S{s}.json"));
         let json = serde_json::json!({

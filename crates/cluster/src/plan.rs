@@ -39,6 +39,12 @@ pub struct Calibration {
     /// The job measured (`linear` when absent).
     #[serde(default)]
     pub job: Option<PlannedJob>,
+    /// Training examples (all workers together) the job needed to reach its target quality
+    /// (e.g. a test log loss), when measured: the prediction then gives the time to target
+    /// as these examples at the predicted rate. Async SGD's examples to a target grow with
+    /// the workers' staleness; this is the measurement's, at its workers.
+    #[serde(default)]
+    pub examples_to_target: Option<f64>,
 }
 
 /// The jobs the planner covers: their costs come from calibrations of that job.
@@ -96,6 +102,7 @@ impl Calibration {
             wire_bytes: line(a.wire_bytes, b.wire_bytes),
             servers: Some(servers),
             job: a.job,
+            examples_to_target: a.examples_to_target.or(b.examples_to_target),
         })
     }
 }
@@ -132,6 +139,9 @@ pub struct Prediction {
     pub server_cpu_util: f64,
     /// Utilisation of the busiest link.
     pub link_util: f64,
+    /// Seconds to the target quality: the calibration's examples to target at the
+    /// predicted rate (when it has them).
+    pub time_to_target_s: Option<f64>,
 }
 
 /// Predicts `m` from calibrations `cals` (their costs at `m.servers`, [`Calibration::at`]).
@@ -166,6 +176,7 @@ pub fn predict(c: &Calibration, m: &Machines) -> Result<Prediction> {
         worker_cpu_util: x * c.worker_cpu_s / (w * m.cpu),
         server_cpu_util: x * c.server_cpu_s / (s * m.cpu),
         link_util: link,
+        time_to_target_s: c.examples_to_target.filter(|&n| n.is_finite() && n > 0.0).map(|n| n / x),
         bounds,
     })
 }
@@ -203,7 +214,7 @@ mod tests {
     use super::*;
 
     fn cal() -> Calibration {
-        Calibration { worker_cpu_s: 1e-5, server_cpu_s: 4e-6, wire_bytes: 800.0, servers: None, job: None }
+        Calibration { worker_cpu_s: 1e-5, server_cpu_s: 4e-6, wire_bytes: 800.0, servers: None, job: None, examples_to_target: None }
     }
 
     #[test]
