@@ -471,6 +471,31 @@ fn straggler_flags_are_checked_and_a_straggling_run_still_learns() {
 }
 
 #[test]
+fn epochs_after_the_first_read_the_share_from_memory_and_train_the_same_model() {
+    let d = tempfile::tempdir().unwrap();
+    let (tr, te, out) = (d.path().join("tr.svm"), d.path().join("te.svm"), d.path().join("m.json"));
+    write_data(&tr, 20_000, 31);
+    write_data(&te, 500, 32);
+    // one worker and one server: the run is deterministic, so the two must agree exactly
+    let run = |cache: &str| {
+        let o = downpour()
+            .args(["train", "linear", "--workers", "1", "--servers", "1", "--train", tr.to_str().unwrap(), "--test", te.to_str().unwrap()])
+            .args(["--epochs", "3", "--data-cache-mib", cache, "--out", out.to_str().unwrap(), "--quiet"])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        metrics(&out)
+    };
+    let (files, memory, tiny) = (run("0"), run("512"), run("1"));
+    assert_eq!(files["epochs_from_memory"], 0, "{files}");
+    assert_eq!(memory["epochs_from_memory"], 2, "{memory}");
+    // a share over the limit (20,000 examples take about 3 MiB) is read from its files every epoch
+    assert_eq!(tiny["epochs_from_memory"], 0, "{tiny}");
+    assert_eq!(files["test_logloss"], memory["test_logloss"], "{files} {memory}");
+    assert_eq!(files["test_logloss"], tiny["test_logloss"], "{files} {tiny}");
+}
+
+#[test]
 fn the_ssp_read_cache_answers_rows_locally_and_never_exceeds_the_bound() {
     let d = tempfile::tempdir().unwrap();
     let (tr, te, out) = (d.path().join("tr.svm"), d.path().join("te.svm"), d.path().join("m.json"));

@@ -1,4 +1,7 @@
-//! One worker's share of the training input, as minibatches, with a seeded shuffle buffer.
+//! One worker's share of the training input, as minibatches, with a seeded shuffle buffer;
+//! read from its files, or from a copy of their parsed examples kept in memory by an earlier
+//! pass ([`ShareReader::with_recording`], [`ShareReader::from_memory`]): a job that goes over
+//! a share that fits in memory several times parses it once.
 
 use crate::batch::Batch;
 use crate::libsvm::DataError;
@@ -6,6 +9,15 @@ use crate::lines::{plan_share, Piece};
 use crate::scaling::Scaling;
 use crate::{Example, ExampleReader, Format};
 use std::path::PathBuf;
+use std::sync::Arc;
+
+/// A share's examples as parsed (before the bias, scaling and key map a reader applies).
+pub type ParsedShare = Arc<Vec<Example>>;
+
+/// Bytes an example takes in a [`ParsedShare`] (its vectors and their contents).
+fn example_bytes(ex: &Example) -> usize {
+    std::mem::size_of::<Example>() + ex.keys.len() * 8 + ex.values.len() * 4
+}
 
 /// Reads the examples of a list of [`Piece`]s in order, through a shuffle window.
 pub struct ShareReader {
@@ -29,6 +41,18 @@ pub struct ShareReader {
     seen: Vec<bool>,
     /// Append the constant feature [`crate::BIAS_ID`] = 1 to every example.
     bias: bool,
+    /// Read from these parsed examples instead of the pieces (and the next one's index).
+    memory: Option<(ParsedShare, usize)>,
+    /// Keeping a copy of every example parsed, while it stays within `limit` bytes.
+    recording: Option<Recording>,
+}
+
+struct Recording {
+    examples: Vec<Example>,
+    bytes: usize,
+    limit: usize,
+    /// Went over the limit: nothing is kept.
+    over: bool,
 }
 
 impl ShareReader {
@@ -54,6 +78,40 @@ impl ShareReader {
             scaling: None,
             seen: Vec::new(),
             bias: false,
+            memory: None,
+            recording: None,
+        }
+    }
+
+    /// Reads `examples` (a [`ParsedShare`] an earlier reader kept, see
+    /// [`ShareReader::with_recording`]) instead of files: the same examples, through the same
+    /// shuffle, bias, scaling and key map as the files would go.
+    pub fn from_memory(examples: ParsedShare) -> Self {
+        let mut r = ShareReader::new(Vec::new(), &Format::Libsvm(Default::default()));
+        r.memory = Some((examples, 0));
+        r
+    }
+
+    /// Keeps a copy of every example parsed (as parsed), up to `limit_bytes` in all; once
+    /// the share is read to its end, [`ShareReader::take_recording`] hands it over.
+    pub fn with_recording(mut self, limit_bytes: usize) -> Self {
+        self.recording = Some(Recording { examples: Vec::new(), bytes: 0, limit: limit_bytes, over: false });
+        self
+    }
+
+    /// The examples recorded ([`ShareReader::with_recording`]), when the share was read to its
+    /// end within the limit; `None` otherwise (or when called again).
+    pub fn take_recording(&mut self) -> Option<Vec<Example>> {
+        let done = self.exhausted_input();
+        let r = self.recording.take()?;
+        (done && !r.over).then_some(r.examples)
+    }
+
+    /// Whether every example of the input has been parsed.
+    fn exhausted_input(&self) -> bool {
+        match &self.memory {
+            Some((m, next)) => *next >= m.len(),
+            None => self.reader.is_none() && self.next_piece >= self.pieces.len(),
         }
     }
 
@@ -91,31 +149,60 @@ impl ShareReader {
         &self.pieces
     }
 
+    /// Applies the bias, the scaling and the key map to a parsed example; `error` makes the
+    /// error of an id that maps to the reserved key (naming its line when read from a file).
+    fn transform(&mut self, ex: &mut Example, mut error: impl FnMut(String) -> DataError) -> Result<(), DataError> {
+        if self.bias {
+            ex.keys.push(crate::BIAS_ID);
+            ex.values.push(1.0);
+        }
+        if let Some(sc) = &self.scaling {
+            sc.apply(&mut ex.keys, &mut ex.values, &mut self.seen);
+        }
+        if let Some(map) = self.key_map {
+            for k in ex.keys.iter_mut() {
+                let id = *k;
+                *k = map(id);
+                if *k == u64::MAX {
+                    return Err(error(format!("feature id {id} is reserved: it maps to key u64::MAX")));
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn next_in_order(&mut self, ex: &mut Example) -> Result<bool, DataError> {
+        if let Some((m, next)) = self.memory.as_mut() {
+            let Some(src) = m.get(*next) else { return Ok(false) };
+            *next += 1;
+            ex.label = src.label;
+            ex.keys.clear();
+            ex.keys.extend_from_slice(&src.keys);
+            ex.values.clear();
+            ex.values.extend_from_slice(&src.values);
+            self.transform(ex, |what| DataError::Unsuitable { path: PathBuf::from("(examples kept in memory)"), msg: what })?;
+            return Ok(true);
+        }
         loop {
             if self.reader.is_none() {
                 let Some(p) = self.pieces.get(self.next_piece) else { return Ok(false) };
                 self.reader = Some(ExampleReader::open_piece(p, &self.format)?);
                 self.next_piece += 1;
             }
-            if let Some(r) = self.reader.as_mut() {
+            if let Some(mut r) = self.reader.take() {
                 if r.next_into(ex)? {
-                    if self.bias {
-                        ex.keys.push(crate::BIAS_ID);
-                        ex.values.push(1.0);
-                    }
-                    if let Some(sc) = &self.scaling {
-                        sc.apply(&mut ex.keys, &mut ex.values, &mut self.seen);
-                    }
-                    if let Some(map) = self.key_map {
-                        for k in ex.keys.iter_mut() {
-                            let id = *k;
-                            *k = map(id);
-                            if *k == u64::MAX {
-                                return Err(r.error(format!("feature id {id} is reserved: it maps to key u64::MAX")));
-                            }
+                    if let Some(rec) = self.recording.as_mut().filter(|rec| !rec.over) {
+                        rec.bytes += example_bytes(ex);
+                        if rec.bytes > rec.limit {
+                            rec.over = true;
+                            rec.examples = Vec::new();
+                        } else {
+                            rec.examples.push(ex.clone());
                         }
                     }
+                    let res = self.transform(ex, |what| r.error(what));
+                    self.reader = Some(r);
+                    res?;
                     return Ok(true);
                 }
             }
@@ -135,6 +222,9 @@ impl ShareReader {
         }
         if total == 0 {
             return Some(1.0);
+        }
+        if let Some((m, next)) = &self.memory {
+            return Some(if m.is_empty() { 1.0 } else { *next as f64 / m.len() as f64 });
         }
         let cur = self.reader.as_ref().map_or(0, |r| r.consumed());
         Some(((self.done_bytes + cur) as f64 / total as f64).min(1.0))
@@ -239,5 +329,37 @@ mod tests {
         assert_eq!(order(1), order(1));
         assert_ne!(order(1), order(2));
         assert_ne!(order(1), (1..=100).collect::<Vec<u64>>());
+    }
+
+    /// Every batch of a share read from memory equals the batch read from its file, through
+    /// the same shuffle, bias and key map; a recording over its limit keeps nothing.
+    #[test]
+    fn a_share_kept_in_memory_reads_as_its_files_do() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("a.svm");
+        let text: String = (0..300).map(|i| format!("{} {}:{} {}:0.5\n", i % 2, i % 17 + 1, i % 5 + 1, i + 100)).collect();
+        std::fs::write(&p, text).unwrap();
+        let fmt = Format::Libsvm(Default::default());
+        let batches = |mut r: ShareReader| {
+            let mut v = Vec::new();
+            while let Some(b) = r.next_batch(16).unwrap() {
+                v.push((b.keys.clone(), b.labels.clone(), b.values.clone(), b.offsets.clone()));
+            }
+            (v, r)
+        };
+        let prep = |r: ShareReader| r.with_shuffle(50, 9).with_bias(true).with_key_map(downpour_core::keys::scramble);
+        let file = || ShareReader::for_worker(std::slice::from_ref(&p), &fmt, 1, 2).unwrap();
+        let (from_file, mut recorded) = batches(prep(file()).with_recording(1 << 20));
+        let kept = recorded.take_recording().expect("the share fits the limit");
+        assert_eq!(kept.len(), 150);
+        assert!(recorded.take_recording().is_none());
+        let (from_memory, _) = batches(prep(ShareReader::from_memory(Arc::new(kept))));
+        assert_eq!(from_file, from_memory);
+        // over the limit, or not read to the end: nothing
+        let (_, mut r) = batches(file().with_recording(1000));
+        assert!(r.take_recording().is_none());
+        let mut r = file().with_recording(1 << 20);
+        r.next_batch(16).unwrap();
+        assert!(r.take_recording().is_none());
     }
 }

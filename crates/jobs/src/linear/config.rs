@@ -301,6 +301,12 @@ pub struct LinearConfig {
     /// memory as a dense matrix.
     #[cfg_attr(feature = "cli", arg(long, value_parser = crate::coded::parse_coding))]
     pub coded: Option<crate::coded::Coding>,
+    /// Keep each worker's share of the training files in memory as parsed, up to this many
+    /// MiB, so that epochs after the first read it from there instead of parsing the files
+    /// again (static data assignment; a share over the limit is read from its files every
+    /// epoch). 0: always read the files.
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 512, value_name = "MIB"))]
+    pub data_cache_mib: usize,
     /// Keep up to ROWS model rows on each worker and answer reads from them while they are
     /// fresh enough for the staleness bound (`--consistency ssp:TAU`, TAU ≥ 1: a row fetched
     /// with every update below clock F answers reads until clock F + TAU); rows read at their
@@ -357,6 +363,7 @@ impl Default for LinearConfig {
             quiet: false,
             eval_every: 0,
             coded: None,
+            data_cache_mib: 512,
             ssp_cache: 0,
             ssp_cache_feed: false,
         }
@@ -529,6 +536,7 @@ impl LinearConfig {
         check(self.straggler.is_some(), "--straggler");
         check(self.straggler_tail.is_some(), "--straggler-tail");
         check(self.eval_every != d.eval_every, "--eval-every");
+        check(self.data_cache_mib != d.data_cache_mib, "--data-cache-mib");
         check(self.ssp_cache != d.ssp_cache, "--ssp-cache");
         check(self.ssp_cache_feed != d.ssp_cache_feed, "--ssp-cache-feed");
         check(self.export_dir.is_some(), "--export-dir");

@@ -32,7 +32,7 @@ use downpour_core::table::{Storage, TableDef};
 use downpour_data::batch::Batch;
 use downpour_data::lines::{plan_chunks, Piece};
 use downpour_data::scaling::{dense_fraction, feature_maxima, feature_moments, Scaling};
-use downpour_data::share::ShareReader;
+use downpour_data::share::{ParsedShare, ShareReader};
 use downpour_data::Format;
 use downpour_worker::{PendingRead, ReadCache, Timestamp, WorkerSession};
 use std::path::{Path, PathBuf};
@@ -206,18 +206,28 @@ enum Read {
 
 type BatchMsg = Result<Read>;
 
+/// Where a reader that recorded its share ([`ShareReader::with_recording`]) leaves the
+/// examples when it reaches the end.
+type KeptSlot = Arc<parking_lot::Mutex<Option<Vec<downpour_data::Example>>>>;
+
 /// Reads and prepares this worker's minibatches on a thread of its own (parsing, shuffling,
 /// building the sorted key union), a few batches ahead of training, so the training thread
 /// only computes and communicates. The thread stops after sending the end of the share or
-/// a read error, or when the receiver is dropped.
-fn spawn_reader(mut reader: ShareReader, batch: usize) -> Result<Receiver<BatchMsg>> {
+/// a read error, or when the receiver is dropped; at the end it leaves what the reader
+/// recorded in `keep`.
+fn spawn_reader(mut reader: ShareReader, batch: usize, keep: Option<KeptSlot>) -> Result<Receiver<BatchMsg>> {
     let (tx, rx) = sync_channel::<BatchMsg>(8);
     std::thread::Builder::new()
         .name("reader".into())
         .spawn(move || loop {
             let msg = match reader.next_batch(batch) {
                 Ok(Some(b)) => Ok(Read::Batch(b, reader.progress())),
-                Ok(None) => Ok(Read::End),
+                Ok(None) => {
+                    if let (Some(k), Some(v)) = (&keep, reader.take_recording()) {
+                        *k.lock() = Some(v);
+                    }
+                    Ok(Read::End)
+                }
                 Err(e) => Err(e.into()),
             };
             let last = !matches!(msg, Ok(Read::Batch(..)));
@@ -573,14 +583,26 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
         skip = 0;
     }
     let mut warned_divergence = false;
+    // this worker's share as parsed, once an epoch has read it whole within --data-cache-mib
+    let (mut kept, keep_slot): (Option<ParsedShare>, KeptSlot) = (None, Arc::default());
+    let mut epochs_from_memory = 0u64;
     for epoch in first_epoch..=passes {
         let te = Instant::now();
         let shuffle_seed = a.seed ^ (epoch as u64).wrapping_mul(0x9E37_79B9) ^ (s.rank as u64).wrapping_mul(0x85EB_CA6B);
         let batches = match &feed {
             Some(feed) => spawn_chunk_reader(feed, epoch as u64, epoch == passes, a.batch)?,
             None => {
-                let reader = ShareReader::for_worker(&a.train, &format, s.rank, s.num_workers)?;
-                spawn_reader(prepared(reader, a.shuffle_buffer, shuffle_seed, a.bias, &scale), a.batch)?
+                // a share that fits --data-cache-mib is parsed once: later epochs read it from memory
+                let reader = match &kept {
+                    Some(m) => {
+                        epochs_from_memory += 1;
+                        ShareReader::from_memory(m.clone())
+                    }
+                    None if epoch < passes && a.data_cache_mib > 0 => ShareReader::for_worker(&a.train, &format, s.rank, s.num_workers)?
+                        .with_recording(a.data_cache_mib.saturating_mul(1 << 20)),
+                    None => ShareReader::for_worker(&a.train, &format, s.rank, s.num_workers)?,
+                };
+                spawn_reader(prepared(reader, a.shuffle_buffer, shuffle_seed, a.bias, &scale), a.batch, Some(keep_slot.clone()))?
             }
         };
         // chunks whose minibatches were all read: reported done once those are trained
@@ -704,6 +726,9 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
         report_chunks(s, &mut feed, &mut chunk_ends)?;
         progress.finish();
         total_examples += seen;
+        if kept.is_none() {
+            kept = keep_slot.lock().take().map(Arc::new);
+        }
         // A running loss worse than predicting the base rate means the steps are too large
         // for the data (a learning rate too high, or columns of very different scales).
         let running = loss_sum / loss_n.max(1) as f64;
@@ -853,6 +878,8 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
             "backup_workers": a.backup_workers,
             "dropped_pushes": dropped,
             "data_assignment": if dynamic { "dynamic" } else { "static" },
+            // worker 0's epochs read from its share kept in memory (--data-cache-mib)
+            "epochs_from_memory": epochs_from_memory,
             "chunks": feed.as_ref().map(|f| f.chunks.len()),
             "chunks_trained_by_worker0": feed.as_ref().map(|f| f.trained),
             "filters": a.filters.to_string(),
