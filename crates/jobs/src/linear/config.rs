@@ -304,7 +304,8 @@ pub struct LinearConfig {
     /// Keep each worker's share of the training files in memory as parsed, up to this many
     /// MiB, so that epochs after the first read it from there instead of parsing the files
     /// again (static data assignment; a share over the limit is read from its files every
-    /// epoch). 0: always read the files.
+    /// epoch); worker 0 keeps the test set's minibatches after its first evaluation the same
+    /// way. 0: always read the files.
     #[cfg_attr(feature = "cli", arg(long, default_value_t = 512, value_name = "MIB"))]
     pub data_cache_mib: usize,
     /// Keep up to ROWS model rows on each worker and answer reads from them while they are

@@ -5,6 +5,7 @@ use super::TABLE;
 use anyhow::{Context, Result};
 use downpour_apps::{linear, metrics};
 use downpour_core::keys::scramble;
+use downpour_data::batch::Batch;
 use downpour_data::scaling::Scaling;
 use downpour_data::share::ShareReader;
 use downpour_data::Format;
@@ -80,25 +81,54 @@ pub(super) struct TestSet {
     /// Values per row of the model table.
     pub(super) row: usize,
     pub(super) bias: bool,
+    /// Its minibatches, kept after the first evaluation when they take at most `keep_bytes`
+    /// (shared by the clones: the epoch ends' evaluations and the evaluator thread's).
+    pub(super) kept: Arc<parking_lot::Mutex<Option<Arc<Vec<Batch>>>>>,
+    pub(super) keep_bytes: usize,
+}
+
+/// Bytes a minibatch takes in memory (its vectors' contents).
+fn batch_bytes(b: &Batch) -> usize {
+    b.keys.len() * 8 + b.labels.len() * 4 + b.offsets.len() * 8 + b.index.len() * 4 + b.values.len() * 4
 }
 
 /// Scores the test set with the servers' current weights, read with `kv` (peeks: no key is
 /// created, nothing waits for clocks).
 pub(super) fn evaluate(kv: &mut KvClient, t: &TestSet) -> Result<EpochMetrics> {
-    let mut r = ShareReader::for_worker(std::slice::from_ref(&t.path), &t.format, 0, 1)?
-        .with_bias(t.bias)
-        .with_key_map(scramble)
-        .with_scaling(t.scale.clone());
     let (mut p, mut y) = (Vec::new(), Vec::new());
     let (mut rows, mut w) = (Vec::new(), Vec::new());
-    while let Some(b) = r.next_batch(t.batch.max(1000))? {
+    let mut score = |b: &Batch| -> Result<()> {
         rows.resize(b.keys.len() * t.row, 0.0);
         // A read-only pull: test-only keys are not created on the servers.
         kv.peek_into(TABLE, &b.keys, &mut rows)?;
         weights_of(&rows, t.row, &mut w);
         for i in 0..b.len() {
-            p.push(linear::sigmoid(linear::margin(&b, &w, i)));
+            p.push(linear::sigmoid(linear::margin(b, &w, i)));
             y.push(b.labels[i]);
+        }
+        Ok(())
+    };
+    // (the lock is not held while scoring: the other evaluations read the kept batches too)
+    let kept = t.kept.lock().clone();
+    match kept {
+        Some(batches) => batches.iter().try_for_each(&mut score)?,
+        None => {
+            let mut r = ShareReader::for_worker(std::slice::from_ref(&t.path), &t.format, 0, 1)?
+                .with_bias(t.bias)
+                .with_key_map(scramble)
+                .with_scaling(t.scale.clone());
+            let (mut keep, mut bytes) = (Some(Vec::new()), 0usize);
+            while let Some(b) = r.next_batch(t.batch.max(1000))? {
+                score(&b)?;
+                bytes += batch_bytes(&b);
+                match keep.as_mut() {
+                    Some(k) if bytes <= t.keep_bytes => k.push(b),
+                    _ => keep = None,
+                }
+            }
+            if let Some(k) = keep {
+                *t.kept.lock() = Some(Arc::new(k));
+            }
         }
     }
     Ok(EpochMetrics {

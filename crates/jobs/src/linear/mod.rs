@@ -552,8 +552,18 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
     let mut progress_started = false;
     // Worker 0's evaluations every --eval-every minibatches run on their own thread and
     // connections, so they neither slow worker 0's training nor (under bsp) everyone's.
-    let test_set =
-        |path: &PathBuf| TestSet { path: path.clone(), format: format.clone(), batch: a.batch, scale: scale.clone(), row, bias: a.bias };
+    // one copy of the test set's minibatches, kept after the first evaluation (--data-cache-mib)
+    let kept_test: Arc<parking_lot::Mutex<Option<Arc<Vec<Batch>>>>> = Arc::default();
+    let test_set = |path: &PathBuf| TestSet {
+        path: path.clone(),
+        format: format.clone(),
+        batch: a.batch,
+        scale: scale.clone(),
+        row,
+        bias: a.bias,
+        kept: kept_test.clone(),
+        keep_bytes: a.data_cache_mib.saturating_mul(1 << 20),
+    };
     let mut evaluator = match (s.reader.take(), &a.test) {
         (Some(mut kv), Some(test)) if a.eval_every > 0 => {
             kv.use_table(table_def(a, normalized));
