@@ -108,10 +108,11 @@ fn eviction_on_two_copies_through_a_server_killed_mid_run_learns_as_well_as_an_u
         if let Some(f) = fault {
             c.args(["--fault", f]);
         }
-        // rows unused for 150 ms go (an epoch takes about 200 ms here): hundreds of
-        // thousands of drops down the chains while the workers push
+        // rows unused for 150 ms go (an epoch takes about 200 ms here, the text parsed again
+        // every epoch: --data-cache-mib 0 keeps the run as long as this timing was set for):
+        // hundreds of thousands of drops down the chains while the workers push
         let o = c
-            .args(["--", "train", "linear", "--format", "text-jsonl", "--evict", "ttl:150ms"])
+            .args(["--", "train", "linear", "--format", "text-jsonl", "--evict", "ttl:150ms", "--data-cache-mib", "0"])
             .args(["--train", root.join("train.jsonl.gz").to_str().unwrap(), "--test", root.join("test.jsonl.gz").to_str().unwrap()])
             .args(["--epochs", "20", "--lr", "1", "--quiet", "--out", out.to_str().unwrap()])
             .output()
