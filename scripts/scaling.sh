@@ -36,7 +36,7 @@ PER_WORKER=${PER_WORKER:-100000}
 MODES=${MODES:-"strong weak"}
 JOB=${JOB:-linear}
 DNN_DATA=${DNN_DATA:-$( [ -d ../shared/data/mnist ] && echo ../shared/data/mnist || echo data/mnist-sample )}
-DNN_DATA=$(realpath "$DNN_DATA")
+DNN_DATA=$(realpath -m "$DNN_DATA")
 DNN_EPOCHS=${DNN_EPOCHS:-1}
 DNN_PER_WORKER=${DNN_PER_WORKER:-3750}
 case "$JOB" in linear|dnn) ;; *) echo "scaling.sh: JOB is linear or dnn, not $JOB" >&2; exit 2 ;; esac

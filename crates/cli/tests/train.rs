@@ -534,6 +534,12 @@ fn the_ssp_read_cache_answers_rows_locally_and_never_exceeds_the_bound() {
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(!o.status.success() && err.contains("--ssp-cache") && err.contains(said), "{model}: {err}");
     }
+    let o = downpour()
+        .args(["train", "linear", "--train", tr.to_str().unwrap(), "--consistency", "ssp:3", "--ssp-cache-feed", "true", "--quiet"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("give --ssp-cache ROWS"), "{err}");
 }
 
 #[test]

@@ -136,15 +136,15 @@ impl UpdateFeed {
         self.writers.clear();
     }
 
-    /// Appends to `out` the keys written since `since`, sorted and unique, when they are
-    /// known; with `skip`, not those only node `skip` wrote (a reader that applies its own
-    /// writes itself). `out` is sorted in place from the length it had (pass it empty).
+    /// Sets `out` to the keys written since `since`, sorted and unique, when they are known
+    /// (empty otherwise); with `skip`, not those only node `skip` wrote (a reader that applies
+    /// its own writes itself).
     pub fn since(&self, since: FeedPosition, skip: Option<u32>, out: &mut Vec<u64>) -> FeedRead {
+        out.clear();
         let end = self.base + self.keys.len() as u64;
         if since.generation != self.generation || since.offset < self.base || since.offset > end {
             return FeedRead::Unknown;
         }
-        let from = out.len();
         // the runs from the one holding `since.offset` on
         let first = self.writers.partition_point(|&(at, _)| at <= since.offset).saturating_sub(1);
         for (i, &(at, w)) in self.writers.iter().enumerate().skip(first) {
@@ -155,15 +155,8 @@ impl UpdateFeed {
             }
             out.extend_from_slice(&self.keys[(start - self.base) as usize..(stop - self.base) as usize]);
         }
-        out[from..].sort_unstable();
-        let mut w = from;
-        for r in from..out.len() {
-            if w == from || out[r] != out[w - 1] {
-                out[w] = out[r];
-                w += 1;
-            }
-        }
-        out.truncate(w);
+        out.sort_unstable();
+        out.dedup();
         FeedRead::Changed
     }
 }

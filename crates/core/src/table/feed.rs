@@ -5,7 +5,7 @@ use super::Table;
 use crate::feed::{FeedPosition, FeedRead, UpdateFeed};
 
 impl Table {
-    /// The keys written since `since`, appended to `keys` (sorted, unique) when known, and
+    /// The keys written since `since`, in `keys` (sorted, unique; empty when not known), and
     /// the position now, to ask from next time. The first call (or `since` of `None`)
     /// turns the feed on and answers [`FeedRead::Unknown`]. Read the rows of the keys
     /// ([`Table::peek`]) under the same hold of the table: every write after the position
@@ -16,7 +16,10 @@ impl Table {
         let f = self.feed.get_or_insert_with(UpdateFeed::new);
         let read = match since {
             Some(p) => f.since(p, skip, keys),
-            None => FeedRead::Unknown,
+            None => {
+                keys.clear();
+                FeedRead::Unknown
+            }
         };
         (f.position(), read)
     }

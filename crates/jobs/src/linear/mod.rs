@@ -506,6 +506,7 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
         a.admit
     );
     s.kv.create_table(table_def(a, normalized))?;
+    ensure!(!a.ssp_cache_feed || a.ssp_cache > 0, "--ssp-cache-feed keeps the rows of the --ssp-cache fresh: give --ssp-cache ROWS too");
     let mut cache = match a.ssp_cache {
         0 => None,
         rows => {

@@ -39,7 +39,10 @@ impl KvClient {
         let (vl, _, domain) = self.info(table)?;
         let n = self.servers.len();
         if since.len() != n {
-            return Err(ClientError::BadReply { server: 0, message: format!("feed positions for {} servers, not {n}", since.len()) });
+            return Err(ClientError::Invalid(downpour_core::CoreError::Limit(format!(
+                "feed positions for {} servers, but the client has {n}",
+                since.len()
+            ))));
         }
         let _ = self.before_issue()?;
         let ts = self.new_op(n, vl, true);
