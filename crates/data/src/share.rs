@@ -93,9 +93,14 @@ impl ShareReader {
     }
 
     /// Keeps a copy of every example parsed (as parsed), up to `limit_bytes` in all; once
-    /// the share is read to its end, [`ShareReader::take_recording`] hands it over.
+    /// the share is read to its end, [`ShareReader::take_recording`] hands it over. A share
+    /// whose uncompressed pieces alone take more than twice the limit on disk is not
+    /// recorded at all (parsed, an example takes about what its text does: copying it only
+    /// to drop the copy at the limit would cost the first pass for nothing).
     pub fn with_recording(mut self, limit_bytes: usize) -> Self {
-        self.recording = Some(Recording { examples: Vec::new(), bytes: 0, limit: limit_bytes, over: false });
+        let on_disk: u64 = self.pieces.iter().filter_map(Piece::byte_len).sum();
+        let over = on_disk > (limit_bytes as u64).saturating_mul(2);
+        self.recording = Some(Recording { examples: Vec::new(), bytes: 0, limit: limit_bytes, over });
         self
     }
 
