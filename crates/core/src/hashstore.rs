@@ -9,7 +9,9 @@
 //!
 //! * **Linear probing** over a capacity that need not be a power of two (the home slot is
 //!   `hash × cap >> 32`), grown by 1.5× when the load reaches 80 %, so a shard's load stays
-//!   within 53–80 % and a stored FTRL key costs 25–38 bytes.
+//!   within 53–80 % and a stored FTRL key costs 25–38 bytes. A probe compares [`GROUP`]
+//!   slots' keys at once and branches once on the result: probe lengths vary from key to key,
+//!   and a branch per slot mispredicted about once per key.
 //! * **Shards** bound the transient memory of growth: rehashing one shard holds its old and
 //!   new arrays at once, 1/64 of the table, instead of twice the whole table.
 //! * **One walk per request** ([`ShardsMut::walk`]): each key is found (or inserted) and its
@@ -46,6 +48,8 @@ const SHARD_SHIFT: u32 = 64 - SHARDS.trailing_zeros();
 const MAX_LOAD_NUM: usize = 4;
 const MAX_LOAD_DEN: usize = 5;
 const MIN_CAP: usize = 8;
+/// Slots a probe compares at once ([`Shard::find`]).
+const GROUP: usize = 4;
 /// How many keys ahead of the current one a batch lookup prefetches.
 const PREFETCH_AHEAD: usize = 8;
 /// A probe this far from its home slot means the keys are not uniform: the store moves from
@@ -149,7 +153,29 @@ impl Shard {
 
     #[inline]
     fn find(&self, k: u64, home: usize, stride: usize) -> Result<usize, usize> {
+        let cap = self.cap;
+        assert!(stride >= 2 && self.data.len() >= cap * stride);
         let mut i = home;
+        // whole groups of slots before the end of the array: GROUP keys compared, then one
+        // branch (a probe's length varies from key to key, so a branch per slot mispredicts)
+        let p = self.data.as_ptr();
+        while i + GROUP <= cap {
+            let mut m = 0u32;
+            for g in 0..GROUP {
+                // SAFETY: i + g < cap, and `data` holds cap rows of `stride` ≥ 2 words (asserted above)
+                let x = unsafe { *p.add((i + g) * stride) as u64 | (*p.add((i + g) * stride + 1) as u64) << 32 };
+                m |= (((x == k) | (x == EMPTY)) as u32) << g;
+            }
+            if m != 0 {
+                let j = i + m.trailing_zeros() as usize;
+                return if self.key_at(j, stride) == k { Ok(j) } else { Err(j) };
+            }
+            i += GROUP;
+        }
+        // the last slots, then on from the first (the probe wraps)
+        if i == cap {
+            i = 0;
+        }
         loop {
             let x = self.key_at(i, stride);
             if x == k {

@@ -145,3 +145,33 @@ fn memory_per_key_stays_within_the_load_bounds() {
     // 20 bytes a slot at 53–80 % load: 25–38 bytes a key.
     assert!((24.0..=40.0).contains(&per_key), "{per_key} bytes per key");
 }
+
+#[test]
+fn probes_that_run_past_the_end_of_a_shard_wrap_to_its_start_and_find_every_key() {
+    // Keys of shard 0 whose homes are spread over the last 40 % of its slots (ordered
+    // placement: homes follow the bits after the shard's): more keys than those slots, so
+    // the cluster runs past the array's end to its front, and probes start at every offset
+    // from the end (through whole compared groups, the slots after the last one, the wrap).
+    for n in [2u64, 3, 5, 8, 13, 21, 40, 100, 333] {
+        let mut h = HashStore::new(1, 0);
+        let top = (1u64 << SHARD_SHIFT) - 1;
+        let step = (top / 5 * 2) / n;
+        let mut keys: Vec<u64> = (0..n).map(|i| top - i * step).collect();
+        keys.reverse();
+        let mut slots = Vec::new();
+        h.resolve(&keys, true, &mut slots, |k, w| w[0] = ((top - k) / step) as f32);
+        assert!(h.is_ordered(), "n = {n}: not a cluster");
+        assert_eq!(h.len(), n as usize);
+        // absent keys between them: not found, nothing created
+        let absent: Vec<u64> = keys.iter().map(|k| k - 1).collect();
+        h.resolve(&absent, false, &mut slots, |_, _| {});
+        assert!(slots.iter().all(|&t| t == MISSING), "n = {n}");
+        assert_eq!(h.len(), n as usize);
+        // one key at a time, in reverse, so each probe starts from its own home
+        for &k in keys.iter().rev() {
+            h.resolve(&[k], false, &mut slots, |_, _| {});
+            assert_ne!(slots[0], MISSING, "n = {n}, key {k}");
+            assert_eq!(h.w(slots[0])[0], ((top - k) / step) as f32, "n = {n}, key {k}");
+        }
+    }
+}
