@@ -9,7 +9,7 @@
 //!
 //! * **Linear probing** over a capacity that need not be a power of two (the home slot is
 //!   `hash × cap >> 32`), grown by 1.5× when the load reaches 80 %, so a shard's load stays
-//!   within 53–80 % and a stored FTRL key costs 25–38 bytes. A probe compares [`GROUP`]
+//!   within 53–80 % and a stored FTRL key costs 25–38 bytes. A probe compares `GROUP` (4)
 //!   slots' keys at once and branches once on the result: probe lengths vary from key to key,
 //!   and a branch per slot mispredicted about once per key.
 //! * **Shards** bound the transient memory of growth: rehashing one shard holds its old and
