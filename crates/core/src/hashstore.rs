@@ -151,7 +151,7 @@ impl Shard {
         self.data[b] as u64 | (self.data[b + 1] as u64) << 32
     }
 
-    #[inline]
+    #[inline(always)]
     fn find(&self, k: u64, home: usize, stride: usize) -> Result<usize, usize> {
         let cap = self.cap;
         assert!(stride >= 2 && self.data.len() >= cap * stride);
@@ -160,15 +160,18 @@ impl Shard {
         // branch (a probe's length varies from key to key, so a branch per slot mispredicts)
         let p = self.data.as_ptr();
         while i + GROUP <= cap {
-            let mut m = 0u32;
+            let (mut hit, mut end) = (0u32, 0u32);
             for g in 0..GROUP {
                 // SAFETY: i + g < cap, and `data` holds cap rows of `stride` ≥ 2 words (asserted above)
                 let x = unsafe { *p.add((i + g) * stride) as u64 | (*p.add((i + g) * stride + 1) as u64) << 32 };
-                m |= (((x == k) | (x == EMPTY)) as u32) << g;
+                hit |= ((x == k) as u32) << g;
+                end |= ((x == EMPTY) as u32) << g;
             }
+            let m = hit | end;
             if m != 0 {
-                let j = i + m.trailing_zeros() as usize;
-                return if self.key_at(j, stride) == k { Ok(j) } else { Err(j) };
+                let g = m.trailing_zeros();
+                let j = i + g as usize;
+                return if hit >> g & 1 == 1 { Ok(j) } else { Err(j) };
             }
             i += GROUP;
         }
