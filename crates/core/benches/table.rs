@@ -19,6 +19,15 @@ fn bench(c: &mut Criterion) {
     g.throughput(Throughput::Elements(k.len() as u64));
     g.bench_function("push", |b| b.iter(|| t.push(&k, &v).unwrap()));
     g.bench_function("pull", |b| b.iter(|| t.pull(&k, &mut out).unwrap()));
+    // as a server applies a 1M-key push: in chunks of the client's 2 MiB frames
+    let per = (2 << 20) / 12;
+    g.bench_function("push_in_2mib_chunks", |b| {
+        b.iter(|| {
+            for (kc, vc) in k.chunks(per).zip(v.chunks(per)) {
+                t.push(kc, vc).unwrap();
+            }
+        })
+    });
     g.finish();
     let n = 4 << 20;
     let mut d = Table::new(def(Storage::Dense(KeyRange::new(0, n))), KeyRange::FULL, &RuleRegistry::new()).unwrap();

@@ -546,18 +546,29 @@ impl HashStore {
         ShardsMut { shards: &mut self.shards, base: 0, vl, stride, end, touch, change, ordered, added: 0, clustered: false }
     }
 
-    /// Under ordered placement, two views: the shards before `at` and those from it, whose
-    /// keys are the keys below and from `at << 58` (so a sorted request splits at one index,
-    /// and the two parts can be resolved on two threads). None under mixed placement, where
-    /// a shard holds keys from the whole range.
-    pub fn split_views(&mut self, at: usize) -> Option<(ShardsMut<'_>, ShardsMut<'_>)> {
-        if !self.ordered || at == 0 || at >= SHARDS {
+    /// Under ordered placement, views of disjoint runs of shards, cut before each shard of
+    /// `cuts` (increasing, each in `1..SHARDS`): the first view holds the shards before
+    /// `cuts[0]`, the last those from the last cut on. A shard's keys are those from
+    /// `shard << 58` to the next shard's first, so a sorted request splits at one index per
+    /// cut, and the parts can be resolved on several threads. None under mixed placement,
+    /// where a shard holds keys from the whole range, or when the cuts are not increasing
+    /// within `1..SHARDS`.
+    pub fn split_views(&mut self, cuts: &[usize]) -> Option<Vec<ShardsMut<'_>>> {
+        let increasing = cuts.windows(2).all(|w| w[0] < w[1]);
+        if !self.ordered || !increasing || cuts.first().is_some_and(|&c| c == 0) || cuts.last().is_some_and(|&c| c >= SHARDS) {
             return None;
         }
         let (vl, stride, end, touch, change) = (self.vl, self.stride, self.end(), self.touch, self.change);
-        let (a, b) = self.shards.split_at_mut(at);
         let view = |shards, base| ShardsMut { shards, base, vl, stride, end, touch, change, ordered: true, added: 0, clustered: false };
-        Some((view(a, 0), view(b, at)))
+        let mut views = Vec::with_capacity(cuts.len() + 1);
+        let (mut rest, mut base) = (&mut self.shards[..], 0);
+        for &c in cuts {
+            let (a, b) = rest.split_at_mut(c - base);
+            views.push(view(a, base));
+            (rest, base) = (b, c);
+        }
+        views.push(view(rest, base));
+        Some(views)
     }
 
     /// The first key of shard `at` under ordered placement.

@@ -32,9 +32,44 @@ use evict::Evicting;
 pub const MAX_VALUE_LEN: usize = 1 << 24;
 
 /// Requests of at least this many keys to a sparse table are resolved and applied on two
-/// threads, each the shards on one side of the request's middle (when the machine has two
-/// cores or more).
+/// threads, which take the request's pieces (runs of whole shards) in turn (when the
+/// machine has two cores or more).
 const PARALLEL_MIN: usize = 32 << 10;
+
+/// Pieces a large request is cut into, to share between two threads (a thread that starts
+/// late, as a woken helper on a VM does, takes fewer).
+const PIECES: usize = 16;
+
+/// Where to cut a large sorted request into about [`PIECES`] pieces at shard boundaries
+/// under ordered placement: `(index of the first key of a piece, its first shard)` for each
+/// piece after the first; empty when its keys lie in one shard.
+fn piece_cuts(keys: &[u64]) -> Vec<(usize, usize)> {
+    let n = keys.len();
+    let step = n.div_ceil(PIECES).max(1);
+    let mut cuts = Vec::with_capacity(PIECES);
+    let mut from = 0;
+    while let Some(&k) = keys.get(from + step) {
+        let first = HashStore::ordered_shard(keys[from]);
+        let s = HashStore::ordered_shard(k).max(first + 1);
+        let at = from + keys[from..].partition_point(|&x| HashStore::ordered_shard(x) < s);
+        if at >= n {
+            break;
+        }
+        cuts.push((at, s));
+        from = at;
+    }
+    cuts
+}
+
+/// A piece of a large request: its keys, values and output, and the view of their shards.
+struct Piece<'v, 'k, 'o> {
+    view: ShardsMut<'v>,
+    /// Its first key's index in the request.
+    from: usize,
+    keys: &'k [u64],
+    g: Option<&'k [f32]>,
+    out: Option<&'o mut [f32]>,
+}
 
 /// The sparse part of [`Table::batch`] over one view of the store's shards: one walk over
 /// `keys` ([`ShardsMut::walk`]), each row updated by the rule (compiled in: no branch on the
@@ -645,52 +680,62 @@ impl Table {
                 let mut missing = missing;
                 let rule = &self.rule;
                 let mut out = out;
-                // a large request on a machine with cores to spare: its keys split at the
-                // shard boundary nearest their middle (ordered placement puts a shard's keys
-                // together in a sorted request), the shards on either side on two threads
-                let (at, split) = match keys.get(n / 2) {
-                    Some(&mid) if self.parallel && n >= PARALLEL_MIN => {
-                        let s = HashStore::ordered_shard(mid);
-                        let s = if HashStore::ordered_shard(keys[0]) == s { s + 1 } else { s };
-                        (keys.partition_point(|&k| HashStore::ordered_shard(k) < s), s)
-                    }
-                    _ => (0, 0),
-                };
-                let halves = if at > 0 && at < n { h.split_views(split) } else { None };
+                // a large request on a machine with cores to spare: its keys cut into pieces
+                // at shard boundaries (ordered placement puts a shard's keys together in a
+                // sorted request), the pieces taken in turn by this thread and a helper
+                let cuts = if self.parallel && n >= PARALLEL_MIN { piece_cuts(keys) } else { Vec::new() };
+                let views = if cuts.is_empty() { None } else { h.split_views(&cuts.iter().map(|c| c.1).collect::<Vec<_>>()) };
                 // (where a part stopped, relative to `keys`, to finish under the mixed hash)
                 let mut rest: Vec<(usize, usize)> = Vec::new();
-                match halves {
-                    Some((mut va, mut vb)) => {
-                        let (ka, kb) = keys.split_at(at);
-                        let (ga, gb) = match values {
-                            Some(g) => {
-                                let (x, y) = g.split_at(at * vl);
-                                (Some(x), Some(y))
-                            }
-                            None => (None, None),
-                        };
-                        let (oa, ob) = match out.as_deref_mut() {
-                            Some(o) => {
-                                let (x, y) = o.split_at_mut(at * vl);
-                                (Some(x), Some(y))
-                            }
-                            None => (None, None),
-                        };
-                        let mut mb = Vec::new();
+                match views {
+                    Some(views) => {
+                        let mut pieces = Vec::with_capacity(views.len());
+                        let (mut kr, mut gr, mut or) = (keys, values, out.as_deref_mut());
+                        let mut from = 0;
                         let want = missing.is_some();
-                        let (sa, sb) = std::thread::scope(|scope| {
-                            let b = scope.spawn(|| sparse_walk(&mut vb, rule, init, vl, kb, gb, ob, create, want.then_some(&mut mb)));
-                            let a = sparse_walk(&mut va, rule, init, vl, ka, ga, oa, create, missing.as_deref_mut());
+                        for (j, view) in views.into_iter().enumerate() {
+                            let to = cuts.get(j).map_or(n, |c| c.0);
+                            let (k, kt) = kr.split_at(to - from);
+                            let g = gr.map(|g| g.split_at((to - from) * vl));
+                            let (o, ot) = match or.map(|o| o.split_at_mut((to - from) * vl)) {
+                                Some((x, y)) => (Some(x), Some(y)),
+                                None => (None, None),
+                            };
+                            pieces.push(Piece { view, from, keys: k, g: g.map(|x| x.0), out: o });
+                            (kr, gr, or, from) = (kt, g.map(|x| x.1), ot, to);
+                        }
+                        pieces.reverse();
+                        let queue = std::sync::Mutex::new(pieces);
+                        let work = || {
+                            let mut done = Vec::new();
+                            loop {
+                                // (a poisoned queue: the other thread panicked, and so will the join)
+                                let Some(mut p) = queue.lock().ok().and_then(|mut q| q.pop()) else {
+                                    return done;
+                                };
+                                let mut m = Vec::new();
+                                let stopped = sparse_walk(&mut p.view, rule, init, vl, p.keys, p.g, p.out, create, want.then_some(&mut m));
+                                done.push((p.from, p.keys.len(), stopped, p.view.into_parts(), m));
+                            }
+                        };
+                        let (mut done, other) = std::thread::scope(|scope| {
+                            let b = scope.spawn(work);
+                            let a = work();
                             // a panic of the other thread is this thread's
                             (a, b.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
                         });
-                        if let Some(m) = missing.as_deref_mut() {
-                            m.extend(mb.iter().map(|&i| i + at as u32));
+                        done.extend(other);
+                        done.sort_unstable_by_key(|d| d.0);
+                        let (mut added, mut clustered) = (0, false);
+                        for (from, len, stopped, parts, m) in done {
+                            if let Some(ms) = missing.as_deref_mut() {
+                                ms.extend(m.iter().map(|&i| i + from as u32));
+                            }
+                            rest.extend(stopped.map(|i| (from + i, from + len)));
+                            added += parts.0;
+                            clustered |= parts.1;
                         }
-                        rest.extend(sa.map(|i| (i, at)));
-                        rest.extend(sb.map(|i| (at + i, n)));
-                        let (a, b) = (va.into_parts(), vb.into_parts());
-                        h.finish((a.0 + b.0, a.1 || b.1));
+                        h.finish((added, clustered));
                     }
                     None => {
                         let mut v = h.view();

@@ -42,9 +42,11 @@ fn admission_travels_in_the_wire_form_and_is_refused_on_dense_tables() {
     assert!(e.to_string().contains("sparse"), "{e}");
 }
 
-/// A large request (applied on two threads, half the shards each, where the machine has
-/// two cores) gives what one thread gives, key by key: on uniform keys (ordered store),
-/// on sequential ids (mixed store, one thread), each with adagrad's state.
+/// A large request (cut into pieces of whole shards that two threads take in turn, where
+/// the machine has two cores) gives what one thread gives, key by key: on uniform keys
+/// (ordered store), on sequential ids (mixed store, one thread), and on uniform keys with a
+/// cluster of sequential ids in one shard (the piece that meets it stops, the store moves
+/// to the mixed hash, the rest of that piece is done under it), each with adagrad's state.
 #[test]
 fn large_requests_split_over_two_threads_give_what_one_thread_gives() {
     let reg = RuleRegistry::new();
@@ -54,7 +56,22 @@ fn large_requests_split_over_two_threads_give_what_one_thread_gives() {
         k
     };
     let sequential: Vec<u64> = (1..80_001).collect();
-    for keys in [uniform, sequential] {
+    let clustered: Vec<u64> = {
+        let base = 40u64 << 58;
+        let mut k: Vec<u64> = uniform.iter().copied().chain(base..base + 5_000).collect();
+        k.sort_unstable();
+        k.dedup();
+        k
+    };
+    assert!(piece_cuts(&uniform).len() >= PIECES / 2, "{:?}", piece_cuts(&uniform));
+    for keys in [uniform, sequential, clustered] {
+        let cuts = piece_cuts(&keys);
+        for w in cuts.windows(2) {
+            assert!(w[0].0 < w[1].0 && w[0].1 < w[1].1, "{cuts:?}");
+        }
+        for &(at, shard) in &cuts {
+            assert!(HashStore::ordered_shard(keys[at - 1]) < shard && HashStore::ordered_shard(keys[at]) == shard, "{cuts:?}");
+        }
         let g: Vec<f32> = (0..keys.len() * 2).map(|i| ((i % 13) as f32 - 6.0) / 5.0).collect();
         let mut split = Table::new(def(None, 2, "adagrad"), KeyRange::FULL, &reg).unwrap();
         let mut one = Table::new(def(None, 2, "adagrad"), KeyRange::FULL, &reg).unwrap();
@@ -77,6 +94,9 @@ fn large_requests_split_over_two_threads_give_what_one_thread_gives() {
         split.export_rows(KeyRange::FULL, &mut ka, &mut ra);
         one.export_rows(KeyRange::FULL, &mut kb, &mut rb);
         assert!(ka == kb && ra == rb, "rule state differs");
+        let ordered = |t: &Table| matches!(&t.store, Store::Sparse(h) if h.is_ordered());
+        // (the cluster moved both stores to the mixed hash; uniform keys moved neither)
+        assert_eq!(ordered(&split), ordered(&one));
     }
 }
 
