@@ -29,6 +29,29 @@ fn bench(c: &mut Criterion) {
         })
     });
     g.finish();
+    // the linear job's request shape: minibatches of ~2,300 distinct keys scattered over a
+    // table of 4M rows (each key's row a cache miss)
+    let big = downpour_core::keys::random_sorted_keys(4_000_000, 7);
+    let mut t = Table::new(def(Storage::Sparse), KeyRange::FULL, &RuleRegistry::new()).unwrap();
+    for c in big.chunks(1 << 18) {
+        t.push(c, &vec![1f32; c.len()]).unwrap();
+    }
+    let reqs: Vec<Vec<u64>> = (0..64u64)
+        .map(|r| {
+            let mut k: Vec<u64> =
+                (0..2300u64).map(|i| big[(downpour_core::keys::scramble(r << 32 | i) % big.len() as u64) as usize]).collect();
+            k.sort_unstable();
+            k.dedup();
+            k
+        })
+        .collect();
+    let keys: usize = reqs.iter().map(|r| r.len()).sum();
+    let mut g = c.benchmark_group("sparse_minibatches_of_4m_rows");
+    g.throughput(Throughput::Elements(keys as u64));
+    let v = vec![1f32; 2300];
+    g.bench_function("push", |b| b.iter(|| reqs.iter().for_each(|k| t.push(k, &v[..k.len()]).unwrap())));
+    g.bench_function("pull", |b| b.iter(|| reqs.iter().for_each(|k| t.pull(k, &mut out[..k.len()]).unwrap())));
+    g.finish();
     let n = 4 << 20;
     let mut d = Table::new(def(Storage::Dense(KeyRange::new(0, n))), KeyRange::FULL, &RuleRegistry::new()).unwrap();
     let dv = vec![0.5f32; n as usize];

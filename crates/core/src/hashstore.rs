@@ -9,9 +9,11 @@
 //!
 //! * **Linear probing** over a capacity that need not be a power of two (the home slot is
 //!   `hash × cap >> 32`), grown by 1.5× when the load reaches 80 %, so a shard's load stays
-//!   within 53–80 % and a stored FTRL key costs 25–38 bytes. A probe compares `GROUP` (4)
-//!   slots' keys at once and branches once on the result: probe lengths vary from key to key,
-//!   and a branch per slot mispredicted about once per key.
+//!   within 53–80 % and a stored FTRL key costs 25–38 bytes. In a scan (a sorted request
+//!   over a good part of the rows) a probe compares `GROUP` (4) slots' keys at once and
+//!   branches once on the result: probe lengths vary from key to key, and a branch per slot
+//!   mispredicted about once per key. A scattered key's probe goes slot by slot (its first
+//!   slot is a cache miss and usually its last).
 //! * **Shards** bound the transient memory of growth: rehashing one shard holds its old and
 //!   new arrays at once, 1/64 of the table, instead of twice the whole table.
 //! * **One walk per request** ([`ShardsMut::walk`]): each key is found (or inserted) and its
@@ -151,13 +153,37 @@ impl Shard {
         self.data[b] as u64 | (self.data[b + 1] as u64) << 32
     }
 
-    #[inline(always)]
+    /// Finds key `k` from its home slot: its slot, or the empty slot where it would go.
+    /// Slot by slot: the probe of a scattered key, whose first slot is a cache miss and
+    /// usually its last (comparing more slots at once would fetch the next line too).
+    #[inline]
     fn find(&self, k: u64, home: usize, stride: usize) -> Result<usize, usize> {
+        let mut i = home;
+        loop {
+            let x = self.key_at(i, stride);
+            if x == k {
+                return Ok(i);
+            }
+            if x == EMPTY {
+                return Err(i);
+            }
+            i += 1;
+            if i == self.cap {
+                i = 0;
+            }
+        }
+    }
+
+    /// [`Shard::find`] comparing `GROUP` slots' keys at once, then branching once on the
+    /// result: the probe of a key in a scan (a sorted request over a good part of the
+    /// rows, its slots in cache), where probe lengths vary from key to key and a branch per
+    /// slot mispredicted about once per key.
+    #[inline(always)]
+    fn find_grouped(&self, k: u64, home: usize, stride: usize) -> Result<usize, usize> {
         let cap = self.cap;
         assert!(stride >= 2 && self.data.len() >= cap * stride);
         let mut i = home;
-        // whole groups of slots before the end of the array: GROUP keys compared, then one
-        // branch (a probe's length varies from key to key, so a branch per slot mispredicts)
+        // whole groups of slots before the end of the array
         let p = self.data.as_ptr();
         while i + GROUP <= cap {
             let (mut hit, mut end) = (0u32, 0u32);
@@ -176,22 +202,7 @@ impl Shard {
             i += GROUP;
         }
         // the last slots, then on from the first (the probe wraps)
-        if i == cap {
-            i = 0;
-        }
-        loop {
-            let x = self.key_at(i, stride);
-            if x == k {
-                return Ok(i);
-            }
-            if x == EMPTY {
-                return Err(i);
-            }
-            i += 1;
-            if i == self.cap {
-                i = 0;
-            }
-        }
+        self.find(k, if i == cap { 0 } else { i }, stride)
     }
 
     #[inline]
@@ -735,7 +746,11 @@ impl ShardsMut<'_> {
             let h = hash(k);
             let shard = &mut self.shards[(h >> SHARD_SHIFT) as usize - base];
             let home = place(h, shard.cap).1;
-            let found = if shard.cap == 0 { Err(0) } else { shard.find(k, home, stride) };
+            let found = match (shard.cap, scattered) {
+                (0, _) => Err(0),
+                (_, true) => shard.find(k, home, stride),
+                (_, false) => shard.find_grouped(k, home, stride),
+            };
             let j = match found {
                 Ok(j) => j,
                 Err(_) if !create => {

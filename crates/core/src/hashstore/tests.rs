@@ -162,12 +162,27 @@ fn probes_that_run_past_the_end_of_a_shard_wrap_to_its_start_and_find_every_key(
         h.resolve(&keys, true, &mut slots, |k, w| w[0] = ((top - k) / step) as f32);
         assert!(h.is_ordered(), "n = {n}: not a cluster");
         assert_eq!(h.len(), n as usize);
-        // absent keys between them: not found, nothing created
+        // absent keys between them: not found, nothing created (slot by slot, and in a
+        // scan of them all, which compares groups of slots)
         let absent: Vec<u64> = keys.iter().map(|k| k - 1).collect();
         h.resolve(&absent, false, &mut slots, |_, _| {});
         assert!(slots.iter().all(|&t| t == MISSING), "n = {n}");
+        h.walk(&absent, false, |_, _| {}, |i, row| assert!(row.is_none(), "n = {n}, absent key {}", absent[i]));
         assert_eq!(h.len(), n as usize);
-        // one key at a time, in reverse, so each probe starts from its own home
+        // every key in a scan (grouped compares), each probe from its own home
+        let mut seen = 0;
+        h.walk(
+            &keys,
+            false,
+            |_, _| {},
+            |i, row| {
+                let (w, _) = row.unwrap_or_else(|| panic!("n = {n}: key {} not found", keys[i]));
+                assert_eq!(w[0], ((top - keys[i]) / step) as f32, "n = {n}, key {}", keys[i]);
+                seen += 1;
+            },
+        );
+        assert_eq!(seen, n);
+        // one key at a time (slot by slot), in reverse
         for &k in keys.iter().rev() {
             h.resolve(&[k], false, &mut slots, |_, _| {});
             assert_ne!(slots[0], MISSING, "n = {n}, key {k}");
