@@ -19,7 +19,7 @@ pub struct CommonArgs {
     #[arg(long, global = true, env = "DOWNPOUR_CONFIG")]
     pub config: Option<PathBuf>,
     /// Network transport between nodes: tcp (framed TCP: the default, fastest, TLS with
-    /// --tls-*) or grpc (HTTP/2, for networks that pass nothing else; about a quarter of
+    /// --tls-*) or grpc (HTTP/2, for networks that pass nothing else; about a third of
     /// framed TCP's bulk throughput).
     #[arg(long, global = true, env = "DOWNPOUR_TRANSPORT")]
     pub transport: Option<TransportKind>,
@@ -71,6 +71,10 @@ pub struct CommonArgs {
     /// Accepted connections open at once per node, at most.
     #[arg(long, global = true, env = "DOWNPOUR_MAX_CONNECTIONS")]
     pub max_connections: Option<usize>,
+    /// gRPC transport: HTTP/2 window in MiB, what a sender may have in flight unread (and a
+    /// receiver that falls behind may buffer per connection); 1..=2047, default 128.
+    #[arg(long, global = true, env = "DOWNPOUR_GRPC_WINDOW_MIB")]
+    pub grpc_window_mib: Option<u32>,
     /// Keys in one request frame, at most (servers).
     #[arg(long, global = true, env = "DOWNPOUR_MAX_KEYS_PER_REQUEST")]
     pub max_keys_per_request: Option<usize>,
@@ -142,6 +146,7 @@ struct FileConfig {
     tls_server_name: Option<String>,
     max_message_mib: Option<u64>,
     max_connections: Option<usize>,
+    grpc_window_mib: Option<u32>,
     max_keys_per_request: Option<usize>,
     max_value_len: Option<usize>,
     max_tables: Option<usize>,
@@ -246,6 +251,11 @@ impl CommonArgs {
         );
         let max_connections = self.max_connections.or(file.max_connections).unwrap_or(d.max_connections);
         anyhow::ensure!(max_connections >= 1, "--max-connections must be at least 1");
+        let grpc_window_mib = self.grpc_window_mib.or(file.grpc_window_mib).unwrap_or(d.grpc_window >> 20);
+        anyhow::ensure!(
+            (1..=2047).contains(&grpc_window_mib),
+            "--grpc-window-mib must be 1..=2047 (HTTP/2 windows stop below 2 GiB), got {grpc_window_mib}"
+        );
         let limits = Limits {
             max_keys_per_request: self.max_keys_per_request.or(file.max_keys_per_request).unwrap_or(d.limits.max_keys_per_request),
             max_value_len: self.max_value_len.or(file.max_value_len).unwrap_or(d.limits.max_value_len),
@@ -304,6 +314,7 @@ impl CommonArgs {
             tls,
             max_message_bytes: max_message_mib << 20,
             max_connections,
+            grpc_window: grpc_window_mib << 20,
             limits,
             transport,
             chunk_bytes,
@@ -337,6 +348,23 @@ mod tests {
         assert_eq!(s.chunk_bytes, 8192);
         assert_eq!(s.heartbeat, Duration::from_millis(100));
         assert_eq!(s.request_timeout, Duration::from_secs(60));
+        assert_eq!(s.grpc_window, 128 << 20);
+        assert_eq!(s.net_config().grpc_window, 128 << 20);
+    }
+
+    #[test]
+    fn the_grpc_window_comes_from_its_flag_or_file_and_stays_below_two_gib() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.toml");
+        std::fs::write(&p, "grpc_window_mib = 64\n").unwrap();
+        let s = CommonArgs { config: Some(p.clone()), ..Default::default() }.resolve().unwrap();
+        assert_eq!(s.net_config().grpc_window, 64 << 20);
+        let s = CommonArgs { config: Some(p), grpc_window_mib: Some(512), ..Default::default() }.resolve().unwrap();
+        assert_eq!(s.net_config().grpc_window, 512 << 20);
+        for bad in [0, 2048] {
+            let e = CommonArgs { grpc_window_mib: Some(bad), ..Default::default() }.resolve().unwrap_err().to_string();
+            assert!(e.contains("--grpc-window-mib") && e.contains(&bad.to_string()), "{e}");
+        }
     }
 
     #[test]
@@ -345,6 +373,7 @@ mod tests {
         let s = Settings {
             transport: TransportKind::Grpc,
             chunk_bytes: 1 << 16,
+            grpc_window: 32 << 20,
             request_timeout: Duration::from_millis(2500),
             replication: 2,
             vnodes: 4,

@@ -37,6 +37,8 @@ pub struct Settings {
     /// Transport limits.
     pub max_message_bytes: u64,
     pub max_connections: usize,
+    /// HTTP/2 window of the gRPC transport, bytes ([`NetConfig::grpc_window`]).
+    pub grpc_window: u32,
     /// Server limits.
     pub limits: Limits,
     /// Chain replication: copies of every key, ring points per server, shards per table.
@@ -56,7 +58,7 @@ pub struct Settings {
 impl Default for Settings {
     /// The defaults of the command-line flags: framed TCP, 2 MiB chunks, 60 s request and
     /// 10 s connect timeouts, 500 ms heartbeats, nodes declared dead after 10 s, no
-    /// security, 256 MiB frames, 1,024 connections, the server limits' defaults with 80 % of
+    /// security, 256 MiB frames, 1,024 connections, 128 MiB gRPC windows, the server limits' defaults with 80 % of
     /// the machine's memory as quota, no replication (16 ring points, 64 shards if it is
     /// turned on), no checkpoints, lost workers' ranks kept 60 s and reassigned after 5 s.
     fn default() -> Self {
@@ -73,6 +75,7 @@ impl Default for Settings {
             tls: None,
             max_message_bytes: 256 << 20,
             max_connections: 1024,
+            grpc_window: downpour_transport::DEFAULT_GRPC_WINDOW,
             limits: Limits { memory_quota_bytes: default_memory_quota(), ..Limits::default() },
             replication: 1,
             vnodes: DEFAULT_VNODES,
@@ -108,7 +111,7 @@ impl Settings {
             auth: self.auth.clone(),
             tls: self.tls.as_ref().map(|t| t.0.clone()),
             max_connections: self.max_connections,
-            ..Default::default()
+            grpc_window: self.grpc_window,
         }
     }
 
@@ -142,6 +145,8 @@ impl Settings {
             (s.max_message_bytes >> 20).to_string(),
             "--max-connections".into(),
             s.max_connections.to_string(),
+            "--grpc-window-mib".into(),
+            (s.grpc_window >> 20).to_string(),
             "--max-keys-per-request".into(),
             s.limits.max_keys_per_request.to_string(),
             "--replication".into(),
