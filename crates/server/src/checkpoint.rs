@@ -1,7 +1,7 @@
 //! Checkpoints: writing this server's part of one ([`write_checkpoint_part`]) and loading a
 //! new table's rows from the one being resumed ([`restore_rows`]).
 
-use crate::conn::ReqResult;
+use crate::conn::{decode_meta, ReqResult};
 use crate::error::ServerError;
 use crate::state::{ServerState, TableSlot};
 use downpour_core::checkpoint;
@@ -70,8 +70,7 @@ pub(crate) fn restore_rows(
 ///
 /// [`Op::Checkpoint`]: downpour_core::msg::Op::Checkpoint
 pub(crate) fn write_checkpoint_part(st: &ServerState, h: &FrameHeader) -> ReqResult {
-    let req = proto::CheckpointRequest::decode(h.meta.as_ref())
-        .map_err(|e| ServerError::BadMessage { what: "checkpoint request", error: e.to_string() })?;
+    let req: proto::CheckpointRequest = decode_meta(h, "checkpoint request")?;
     let Some(base) = &st.cfg.checkpoint_dir else {
         return Err(ServerError::Unsupported("this server was started without --checkpoint-dir".into()));
     };

@@ -162,6 +162,15 @@ pub fn serve_connection(st: &ServerState, mut conn: Box<dyn Connection>) {
     }
 }
 
+/// A request's protobuf body (the frame header's `meta`), decoded; a malformed one is
+/// [`ServerError::BadMessage`] naming `what` it should have been.
+pub(crate) fn decode_meta<M: prost::Message + Default>(
+    h: &downpour_core::proto::FrameHeader,
+    what: &'static str,
+) -> Result<M, ServerError> {
+    M::decode(h.meta.as_ref()).map_err(|e| ServerError::BadMessage { what, error: e.to_string() })
+}
+
 pub(crate) fn lookup(st: &ServerState, ctx: &mut ConnCtx, id: u32) -> Result<Arc<TableSlot>, ServerError> {
     if let Some(t) = ctx.cache.get(&id) {
         return Ok(t.clone());

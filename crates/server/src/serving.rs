@@ -3,7 +3,7 @@
 //! batches, each under the table's write lock for one batch only, so pulls go on being
 //! answered while a delta loads. Requests see the rows of a delta appear batch by batch.
 
-use crate::conn::ReqResult;
+use crate::conn::{decode_meta, ReqResult};
 use crate::error::ServerError;
 use crate::ops::table::account;
 use crate::state::{FilterStats, ServerState, TableSlot};
@@ -11,7 +11,6 @@ use downpour_core::proto::{self, FrameHeader};
 use downpour_core::table::{Table, TableDef};
 use downpour_core::KeyRange;
 use parking_lot::RwLock;
-use prost::Message;
 use std::sync::Arc;
 
 /// Keys a delta applies under one hold of the table's write lock.
@@ -20,8 +19,7 @@ pub const APPLY_BATCH: usize = 4096;
 /// A serving node's answer to a table creation: fine for a table it holds with the same
 /// definition (a client declaring the table it reads), refused otherwise.
 pub(crate) fn check_table(st: &ServerState, h: &FrameHeader) -> ReqResult {
-    let spec = proto::TableSpec::decode(h.meta.as_ref())
-        .map_err(|e| ServerError::BadMessage { what: "table definition", error: e.to_string() })?;
+    let spec: proto::TableSpec = decode_meta(h, "table definition")?;
     let canonical = TableDef::from_proto(&spec).map_err(ServerError::Core)?.to_proto();
     match st.tables.read().get(&spec.id) {
         Some(t) if t.spec == canonical => Ok(()),

@@ -3,14 +3,13 @@
 //! The rows are gathered one storage shard at a time under the table's read lock, so pushes
 //! wait for one shard's scan at most.
 
-use crate::conn::{ConnCtx, ReqResult};
+use crate::conn::{decode_meta, ConnCtx, ReqResult};
 use crate::error::ServerError;
 use crate::state::{ServerState, TableSlot};
 use downpour_core::hashstore::SHARDS;
 use downpour_core::proto::{ChangesRequest, FrameHeader};
 use downpour_core::KeyRange;
 use downpour_transport::{Connection, TransportError};
-use prost::Message;
 
 pub(crate) fn changes(
     st: &ServerState,
@@ -20,9 +19,9 @@ pub(crate) fn changes(
     conn: &mut dyn Connection,
     me: u32,
 ) -> Result<ReqResult, TransportError> {
-    let req = match ChangesRequest::decode(h.meta.as_ref()) {
+    let req: ChangesRequest = match decode_meta(h, "changes request") {
         Ok(r) => r,
-        Err(e) => return Ok(Err(ServerError::BadMessage { what: "changes request", error: e.to_string() })),
+        Err(e) => return Ok(Err(e)),
     };
     let range = KeyRange::new(h.range_begin, h.range_end);
     ctx.out_keys.clear();

@@ -3,7 +3,7 @@
 //! staleness. Never held for clocks: a cache asks in the background, and rows it may take
 //! as unchanged are as fresh as the answer says.
 
-use crate::conn::{ConnCtx, ReqResult};
+use crate::conn::{decode_meta, ConnCtx, ReqResult};
 use crate::error::ServerError;
 use crate::state::{ServerState, TableSlot};
 use downpour_core::feed::{FeedPosition, FeedRead};
@@ -19,9 +19,9 @@ pub(crate) fn feed(
     conn: &mut dyn Connection,
     me: u32,
 ) -> Result<ReqResult, TransportError> {
-    let req = match FeedRequest::decode(h.meta.as_ref()) {
+    let req: FeedRequest = match decode_meta(h, "feed request") {
         Ok(r) => r,
-        Err(e) => return Ok(Err(ServerError::BadMessage { what: "feed request", error: e.to_string() })),
+        Err(e) => return Ok(Err(e)),
     };
     if slot.repl.is_some() {
         return Ok(Err(ServerError::Unsupported("the update feed of a replicated table: each copy would answer its own".into())));

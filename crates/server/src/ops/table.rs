@@ -3,7 +3,7 @@
 //! [`account`]).
 
 use crate::checkpoint::restore_rows;
-use crate::conn::ReqResult;
+use crate::conn::{decode_meta, ReqResult};
 use crate::error::ServerError;
 use crate::gate::GateSlot;
 use crate::repl::{ChainSlot, TableRepl};
@@ -15,7 +15,6 @@ use downpour_core::proto::{self, FrameHeader};
 use downpour_core::shards::Watermarks;
 use downpour_core::table::{Table, TableDef};
 use parking_lot::{Condvar, Mutex, RwLock};
-use prost::Message;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -62,8 +61,7 @@ pub(crate) fn account_table(st: &ServerState, t: &Table, before: usize) {
 }
 
 pub(crate) fn create_table(st: &ServerState, h: &FrameHeader) -> ReqResult {
-    let spec = proto::TableSpec::decode(h.meta.as_ref())
-        .map_err(|e| ServerError::BadMessage { what: "table definition", error: e.to_string() })?;
+    let spec: proto::TableSpec = decode_meta(h, "table definition")?;
     let def = TableDef::from_proto(&spec).map_err(ServerError::Core)?;
     let canonical = def.to_proto();
     let limits = st.cfg.limits;

@@ -1,20 +1,18 @@
 //! Vector programs (`Op::VecOps`, [`run_vec_program`]) on this server's part of its dense
 //! tables.
 
-use crate::conn::{lookup, ConnCtx};
+use crate::conn::{decode_meta, lookup, ConnCtx};
 use crate::error::ServerError;
 use crate::state::ServerState;
 use downpour_core::proto::{self, FrameHeader};
 use downpour_core::vecops;
-use prost::Message;
 
 /// Runs a vector program (`Op::VecOps`) on this server's part of its dense tables: the
 /// tables are write-locked in id order (so two programs cannot deadlock), checked to be
 /// co-partitioned, then changed in place (a bsp table's buffered rounds apply on top later).
 /// Nothing is changed when the program is refused.
 pub(crate) fn run_vec_program(st: &ServerState, ctx: &mut ConnCtx, h: &FrameHeader) -> Result<Vec<f64>, ServerError> {
-    let prog =
-        proto::VecProgram::decode(&h.meta[..]).map_err(|e| ServerError::BadMessage { what: "vector program", error: e.to_string() })?;
+    let prog: proto::VecProgram = decode_meta(h, "vector program")?;
     let instrs = vecops::program_from_proto(&prog).map_err(ServerError::Core)?;
     let ids = vecops::program_tables(&instrs);
     let mut slots = Vec::with_capacity(ids.len());
