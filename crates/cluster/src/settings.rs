@@ -37,7 +37,8 @@ pub struct Settings {
     /// Transport limits.
     pub max_message_bytes: u64,
     pub max_connections: usize,
-    /// HTTP/2 window of the gRPC transport, bytes ([`NetConfig::grpc_window`]).
+    /// HTTP/2 window of the gRPC transport, bytes ([`NetConfig::grpc_window`]): a whole
+    /// number of MiB from 1 to 2047 (children are handed it in MiB).
     pub grpc_window: u32,
     /// Server limits.
     pub limits: Limits,

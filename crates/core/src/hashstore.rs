@@ -677,7 +677,7 @@ impl HashStore {
     }
 }
 
-/// Some of a store's shards (all of them, or those on one side of a split), borrowed
+/// Some of a store's shards (all of them, or one run of them from [`HashStore::split_views`]), borrowed
 /// mutably: keys are resolved and rows reached through it. Slots are the store's.
 pub struct ShardsMut<'a> {
     shards: &'a mut [Shard],

@@ -709,7 +709,9 @@ impl Table {
                         let work = || {
                             let mut done = Vec::new();
                             loop {
-                                // (a poisoned queue: the other thread panicked, and so will the join)
+                                // (the lock is held only to pop, never across a walk, so a panicking walk
+                                // leaves it clean; a poisoned one ends this thread's share, and the panic
+                                // comes back at the join)
                                 let Some(mut p) = queue.lock().ok().and_then(|mut q| q.pop()) else {
                                     return done;
                                 };

@@ -15,7 +15,7 @@ pub(crate) fn def(dense: Option<KeyRange>, vl: usize, rule: &str) -> TableDef {
 }
 
 /// A request large enough for two threads: the keys without a row are collected from
-/// both halves, in key order, and admitted at their second push.
+/// every piece, in key order, and admitted at their second push.
 #[test]
 fn large_admitting_pushes_admit_every_key_at_its_second_push() {
     let d = TableDef { admit: Admission::Count { n: 2, sketch_mib: 16.0 }, ..def(None, 1, "add") };
@@ -70,7 +70,8 @@ fn large_requests_split_over_two_threads_give_what_one_thread_gives() {
             assert!(w[0].0 < w[1].0 && w[0].1 < w[1].1, "{cuts:?}");
         }
         for &(at, shard) in &cuts {
-            assert!(HashStore::ordered_shard(keys[at - 1]) < shard && HashStore::ordered_shard(keys[at]) == shard, "{cuts:?}");
+            // (a cut's first key is in its first shard, or a later one when that shard has none)
+            assert!(HashStore::ordered_shard(keys[at - 1]) < shard && HashStore::ordered_shard(keys[at]) >= shard, "{cuts:?}");
         }
         let g: Vec<f32> = (0..keys.len() * 2).map(|i| ((i % 13) as f32 - 6.0) / 5.0).collect();
         let mut split = Table::new(def(None, 2, "adagrad"), KeyRange::FULL, &reg).unwrap();
