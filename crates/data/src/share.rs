@@ -221,15 +221,16 @@ impl ShareReader {
     /// The fraction of the share read so far, in `[0, 1]`; `None` when it cannot be known
     /// in advance (a gzip piece).
     pub fn progress(&self) -> Option<f64> {
+        // (read from memory: no pieces, the examples counted instead)
+        if let Some((m, next)) = &self.memory {
+            return Some(if m.is_empty() { 1.0 } else { *next as f64 / m.len() as f64 });
+        }
         let mut total = 0u64;
         for p in &self.pieces {
             total += p.byte_len()?;
         }
         if total == 0 {
             return Some(1.0);
-        }
-        if let Some((m, next)) = &self.memory {
-            return Some(if m.is_empty() { 1.0 } else { *next as f64 / m.len() as f64 });
         }
         let cur = self.reader.as_ref().map_or(0, |r| r.consumed());
         Some(((self.done_bytes + cur) as f64 / total as f64).min(1.0))
@@ -358,8 +359,13 @@ mod tests {
         let kept = recorded.take_recording().expect("the share fits the limit");
         assert_eq!(kept.len(), 150);
         assert!(recorded.take_recording().is_none());
-        let (from_memory, _) = batches(prep(ShareReader::from_memory(Arc::new(kept))));
+        let (from_memory, _) = batches(prep(ShareReader::from_memory(Arc::new(kept.clone()))));
         assert_eq!(from_file, from_memory);
+        // progress counts the examples kept (without the shuffle window's read-ahead)
+        let mut m = ShareReader::from_memory(Arc::new(kept));
+        assert_eq!(m.progress(), Some(0.0));
+        m.next_batch(75).unwrap();
+        assert_eq!(m.progress(), Some(0.5));
         // over the limit, or not read to the end: nothing
         let (_, mut r) = batches(file().with_recording(1000));
         assert!(r.take_recording().is_none());
