@@ -253,8 +253,8 @@ enum Cmd {
 pub enum PlanCmd {
     /// Measure the planner's costs on this machine: for each server count S, one epoch of
     /// `train linear` (async SGD) as processes on 127.0.0.1 with one worker (the workers' CPU
-    /// and the bytes per example) and with S workers (the servers' CPU per example, from whichever run loaded them more);
-    /// each process's CPU read as it ends. Writes DIR/calibration-S<N>.json for
+    /// and the bytes per example) and with S workers (the servers' CPU per example, from
+    /// whichever run loaded them more); each process's CPU read as it ends. Writes DIR/calibration-S<N>.json for
     /// `plan --calibration`.
     Calibrate {
         /// The job to measure: `linear` (train linear, async SGD on synth-ctr data) or `dnn`

@@ -59,9 +59,10 @@ pub struct Settings {
 impl Default for Settings {
     /// The defaults of the command-line flags: framed TCP, 2 MiB chunks, 60 s request and
     /// 10 s connect timeouts, 500 ms heartbeats, nodes declared dead after 10 s, no
-    /// security, 256 MiB frames, 1,024 connections, 128 MiB gRPC windows, the server limits' defaults with 80 % of
-    /// the machine's memory as quota, no replication (16 ring points, 64 shards if it is
-    /// turned on), no checkpoints, lost workers' ranks kept 60 s and reassigned after 5 s.
+    /// security, 256 MiB frames, 1,024 connections, 128 MiB gRPC windows, the server
+    /// limits' defaults with 80 % of the machine's memory as quota, no replication (16 ring
+    /// points, 64 shards if it is turned on), no checkpoints, lost workers' ranks kept 60 s
+    /// and reassigned after 5 s.
     fn default() -> Self {
         Settings {
             transport: TransportKind::Tcp,

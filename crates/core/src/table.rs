@@ -683,7 +683,8 @@ impl Table {
                 // a large request on a machine with cores to spare: its keys cut into pieces
                 // at shard boundaries (ordered placement puts a shard's keys together in a
                 // sorted request), the pieces taken in turn by this thread and a helper
-                let cuts = if self.parallel && n >= PARALLEL_MIN { piece_cuts(keys) } else { Vec::new() };
+                // (under the mixed hash every shard spans the whole key range: one thread)
+                let cuts = if self.parallel && n >= PARALLEL_MIN && h.is_ordered() { piece_cuts(keys) } else { Vec::new() };
                 let views = if cuts.is_empty() { None } else { h.split_views(&cuts.iter().map(|c| c.1).collect::<Vec<_>>()) };
                 // (where a part stopped, relative to `keys`, to finish under the mixed hash)
                 let mut rest: Vec<(usize, usize)> = Vec::new();
