@@ -44,7 +44,8 @@ for rate in $rates; do
         feed) cache="--ssp-cache 1000000 --ssp-cache-feed true" ;;
       esac
       ip netns exec $ns "$dp" --log warn launch --servers 1 --workers 2 -- train linear $d $cache \
-        --out "link-$rate-$c-$r.json" --quiet > /dev/null 2>&1
+        --out "link-$rate-$c-$r.json" --quiet > "link-$rate-$c-$r.log" 2>&1 ||
+        { echo "error: the run $rate $c round $r failed; its output: $dir/link-$rate-$c-$r.log" >&2; exit 1; }
     done
   done
 done
