@@ -5,7 +5,8 @@
 # refetching only, and with the servers' update feeds; ROUNDS interleaved rounds per rate.
 # Prints per configuration the medians of the wall time, the time to a target test log loss
 # (the first epoch whose test log loss is at most TARGET), the cache's row hit rate, the
-# reads answered wholly locally, and the largest staleness seen (docs/experiments.md).
+# reads answered wholly locally, the largest staleness seen and worker 0's bytes
+# (docs/experiments.md). The runs' metrics stay in DIR as link-RATE-CACHE-ROUND.json.
 #
 #   sudo bash scripts/ssp_cache_link.sh [DIR] [ROUNDS] [RATES]
 #
@@ -52,8 +53,8 @@ done
 python3 - "$target" $rates <<'PY'
 import json, glob, statistics, sys
 target = float(sys.argv[1])
-print(f"target: test log loss <= {target}")
-print(f"{'link':>9} {'cache':>8} {'wall s':>7} {'to target s':>11} {'rows hit':>8} {'reads local':>11} {'staleness max':>13} {'final loss':>10}")
+print(f"target: test log loss <= {target}; bytes: worker 0's, sent and received")
+print(f"{'link':>9} {'cache':>8} {'wall s':>7} {'to target s':>11} {'rows hit':>8} {'reads local':>11} {'staleness max':>13} {'bytes MB':>8} {'final loss':>10}")
 for rate in sys.argv[2:]:
     for c in ['off', 'refetch', 'feed']:
         ms = [json.load(open(f)) for f in sorted(glob.glob(f'link-{rate}-{c}-*.json'))]
@@ -64,5 +65,6 @@ for rate in sys.argv[2:]:
         loc = [m['ssp_cache']['reads_local'] / max(m['ssp_cache']['reads'], 1) if m.get('ssp_cache') else 0.0 for m in ms]
         med = statistics.median
         print(f"{rate:>9} {c:>8} {med(m['wall_s'] for m in ms):7.2f} {med(tt):11.2f} {med(hit):8.2f} {med(loc):11.2f} "
-              f"{max(m['staleness_max'] for m in ms):13d} {med(m['test_logloss'] for m in ms):10.4f}")
+              f"{max(m['staleness_max'] for m in ms):13d} {med(m['bytes_sent'] + m['bytes_received'] for m in ms) / 1e6:8.1f} "
+              f"{med(m['test_logloss'] for m in ms):10.4f}")
 PY

@@ -6,9 +6,10 @@
 use downpour_cluster::{EmbeddedCluster, Settings};
 use downpour_core::consistency::Consistency;
 use downpour_core::proto;
+use downpour_core::subscription::Subscription;
 use downpour_core::table::{Storage, TableDef};
 use downpour_core::KeyRange;
-use downpour_worker::ReadCache;
+use downpour_worker::{FeedQuestion, ReadCache};
 use std::time::Duration;
 
 const TAU: u64 = 3;
@@ -29,12 +30,21 @@ fn reads_kept_fresh_by_the_update_feed_hold_every_update_older_than_the_bound_sp
     cached_reads(Storage::Sparse, true);
 }
 
+#[test]
+fn reads_kept_fresh_by_the_update_feed_hold_every_update_older_than_a_bound_of_one() {
+    cached_reads_with(Storage::Sparse, true, 1);
+}
+
 fn cached_reads(storage: Storage, feed: bool) {
+    cached_reads_with(storage, feed, TAU)
+}
+
+fn cached_reads_with(storage: Storage, feed: bool, tau: u64) {
     let cluster = EmbeddedCluster::start(&Settings::default(), 2, 2).unwrap();
     let def = TableDef {
         storage,
         rule: proto::Rule { name: "add".into(), ..Default::default() },
-        consistency: Consistency::Ssp(TAU),
+        consistency: Consistency::Ssp(tau),
         ..TableDef::new(1, "t")
     };
     std::thread::scope(|scope| {
@@ -68,7 +78,7 @@ fn cached_reads(storage: Storage, feed: bool) {
                         let v = cache.wait(&mut s.kv, r).unwrap();
                         // ssp: every update of clocks below (issue clock) − τ is in; the writer
                         // made one per clock
-                        assert!(v[0] >= issued.saturating_sub(TAU) as f32, "clock {c}: read {} of the writer's updates", v[0]);
+                        assert!(v[0] >= issued.saturating_sub(tau) as f32, "clock {c}: read {} of the writer's updates", v[0]);
                         // the reader's own pushes: every one made before the read was sent
                         // (one per clock before its issue clock), whatever the cache held, and
                         // none made after it was waited for; a row taken from the answer of
@@ -88,16 +98,125 @@ fn cached_reads(storage: Storage, feed: bool) {
                     // applies those itself)
                     if feed {
                         assert!(st.feed_answers > 0 && st.feed_rows > 0 && st.feed_rows <= st.feed_answers, "{st:?}");
+                        // both rows read are subscribed (the answers name them by rank)
+                        assert_eq!(st.subscribed, 2, "{st:?}");
                     } else {
                         assert_eq!(st.feed_answers, 0, "{st:?}");
                     }
-                    assert!(s.kv.staleness_max().unwrap() <= TAU, "{:?}", s.kv.staleness_max());
+                    assert!(s.kv.staleness_max().unwrap() <= tau, "{:?}", s.kv.staleness_max());
                 }
                 s.kv.pause_clock().unwrap();
                 s.kv.wait_all().unwrap();
                 s.barrier("done").unwrap();
                 s.finish(true, "").unwrap();
             });
+        }
+    });
+    cluster.wait().unwrap();
+}
+
+/// The feed protocol by subscription, at the client: the answer names only the changed rows
+/// the asker subscribed to, by rank, and a question whose count of subscribed keys differs
+/// from the server's copy gets the copy reset (and no rows).
+#[test]
+fn a_feed_question_by_subscription_answers_the_subscribed_rows_by_rank() {
+    let cluster = EmbeddedCluster::start(&Settings::default(), 1, 1).unwrap();
+    let mut s = cluster.join().unwrap();
+    let def = TableDef { rule: proto::Rule { name: "add".into(), ..Default::default() }, ..TableDef::new(1, "t") };
+    s.kv.create_table(def).unwrap();
+    let mut mine = Subscription::new();
+    let ask = |kv: &mut downpour_worker::KvClient, since, new: &[u64], held: u64| {
+        let ts = kv.feed(1, &[FeedQuestion { since, subscribe: Some((new, held)) }], false).unwrap();
+        kv.wait_feed(ts).unwrap().remove(0)
+    };
+    // the first question turns the feed on and subscribes 10, 20 and 30
+    let a = ask(&mut s.kv, None, &[10, 20, 30], 0);
+    assert!(!a.known && !a.subscription_reset && a.keys.is_empty(), "{a:?}");
+    mine.add(&[10, 20, 30]).unwrap();
+    let t = s.kv.push(1, &[5, 10, 30, 40], &[1.0, 2.0, 3.0, 4.0]).unwrap();
+    s.kv.wait(t).unwrap();
+    // 5 and 40 changed too, but only 10 and 30 are subscribed: ranks 0 and 2
+    let mut a = ask(&mut s.kv, Some(a.position), &[], mine.len());
+    assert!(a.known && a.ranked && !a.subscription_reset, "{a:?}");
+    assert_eq!(a.keys, vec![0, 2]);
+    mine.keys_of(&mut a.keys).unwrap();
+    assert_eq!((a.keys, a.values), (vec![10, 30], vec![2.0, 3.0]));
+    // a count the server's copy does not have: reset to this question's keys, nothing known
+    let a = ask(&mut s.kv, Some(a.position), &[50], 7);
+    assert!(!a.known && a.subscription_reset && a.keys.is_empty(), "{a:?}");
+    mine.clear();
+    mine.add(&[50]).unwrap();
+    let t = s.kv.push(1, &[10, 50], &[1.0, 1.0]).unwrap();
+    s.kv.wait(t).unwrap();
+    let mut a = ask(&mut s.kv, Some(a.position), &[], mine.len());
+    assert!(a.known && !a.subscription_reset, "{a:?}");
+    mine.keys_of(&mut a.keys).unwrap();
+    assert_eq!((a.keys, a.values), (vec![50], vec![1.0]));
+    // keys to subscribe out of order are refused with a clear error
+    let ts = s.kv.feed(1, &[FeedQuestion { since: Some(a.position), subscribe: Some((&[9, 3], 1)) }], false).unwrap();
+    let e = s.kv.wait_feed(ts).unwrap_err();
+    assert!(e.to_string().contains("not sorted"), "{e}");
+    s.kv.wait_all().unwrap();
+    s.finish(true, "").unwrap();
+    cluster.wait().unwrap();
+}
+
+/// A row fetched while a feed question is in flight is subscribed only by the question
+/// after it, so the answer between misses the changes made to it after its fetch: it must
+/// not count as kept up to date by that answer. Driven step by step from one thread (a
+/// reader and a writer session), so the order on the server is fixed: the writer's update
+/// lands after the reader's fetch and before its next question; the read two clocks later
+/// (bound 1) must show it.
+#[test]
+fn a_row_subscribed_late_is_not_taken_as_kept_up_to_date_before_it_was() {
+    let cluster = EmbeddedCluster::start(&Settings::default(), 1, 2).unwrap();
+    let (mut r, mut w) = std::thread::scope(|scope| {
+        let other = scope.spawn(|| cluster.join().unwrap());
+        let one = cluster.join().unwrap();
+        (one, other.join().unwrap())
+    });
+    let def = TableDef {
+        storage: Storage::Sparse,
+        rule: proto::Rule { name: "add".into(), ..Default::default() },
+        consistency: Consistency::Ssp(1),
+        ..TableDef::new(1, "t")
+    };
+    r.kv.create_table(def.clone()).unwrap();
+    w.kv.create_table(def).unwrap();
+    let mut cache = ReadCache::new(&r.kv, 1, 100).unwrap().with_feed(&r.kv).unwrap();
+    // clock 0: question 1 (turns the feed on) and the fetch of row 0 go out
+    let r1 = cache.pull(&mut r.kv, &[0]).unwrap();
+    // a request after them on the same connection: once answered, both were served
+    let t = r.kv.pull(1, &[99]).unwrap();
+    r.kv.wait_values(t).unwrap();
+    // the writer's update of clock 0, after the fetch
+    let t = w.kv.push(1, &[0], &[1.0]).unwrap();
+    w.kv.wait(t).unwrap();
+    w.kv.clock().unwrap();
+    r.kv.clock().unwrap();
+    // clock 1: answer 1 is taken, question 2 goes out before the fetched row lands (it is
+    // not subscribed by question 2, which therefore misses the update)
+    let r2 = cache.pull(&mut r.kv, &[0]).unwrap();
+    assert_eq!(cache.wait(&mut r.kv, r1).unwrap(), vec![0.0]);
+    assert_eq!(cache.wait(&mut r.kv, r2).unwrap(), vec![0.0]);
+    w.kv.clock().unwrap();
+    r.kv.clock().unwrap();
+    // clock 2 under ssp:1: every update of clock 0 must show, the writer's included
+    let r3 = cache.pull(&mut r.kv, &[0]).unwrap();
+    assert_eq!(cache.wait(&mut r.kv, r3).unwrap(), vec![1.0]);
+    cache.settle(&mut r.kv).unwrap();
+    assert!(r.kv.staleness_max().unwrap() <= 1);
+    std::thread::scope(|scope| {
+        for s in [&mut r, &mut w] {
+            scope.spawn(move || {
+                s.kv.pause_clock().unwrap();
+                s.kv.wait_all().unwrap();
+            });
+        }
+    });
+    std::thread::scope(|scope| {
+        for mut s in [r, w] {
+            scope.spawn(move || s.finish(true, "").unwrap());
         }
     });
     cluster.wait().unwrap();

@@ -44,6 +44,7 @@ pub mod rule;
 pub mod schedule;
 pub mod shards;
 pub mod shuffle;
+pub mod subscription;
 pub mod table;
 pub mod tensor;
 pub mod vecops;

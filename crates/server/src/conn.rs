@@ -10,6 +10,7 @@ use crate::state::{ServerState, TableSlot};
 use downpour_core::chain_push::{after_failure, AfterFailure, Skip};
 use downpour_core::filter::{FilterTraffic, Pipeline};
 use downpour_core::msg::{self, Op, Status};
+use downpour_core::subscription::Subscription;
 use downpour_transport::{key_bytes_mut, value_bytes_mut, Connection};
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -27,6 +28,10 @@ pub(crate) struct ConnCtx {
     /// Raw payload of a filtered frame, decoded once its table is known.
     pub(crate) kbytes: Vec<u8>,
     pub(crate) vbytes: Vec<u8>,
+    /// Per table whose update feed this connection asks by subscription: the rows it
+    /// subscribed to (`downpour_core::subscription`), and the ranks of an answer (reused).
+    pub(crate) subs: HashMap<u32, Subscription>,
+    pub(crate) ranks: Vec<u64>,
     /// Per table with filters: this connection's decoding state (key cache) and reply encoder.
     pub(crate) pipes: HashMap<u32, TablePipes>,
     /// The worker node this connection identified as (clusters with a secret).
@@ -64,6 +69,8 @@ pub fn serve_connection(st: &ServerState, mut conn: Box<dyn Connection>) {
         kbytes: Vec::new(),
         vbytes: Vec::new(),
         pipes: HashMap::new(),
+        subs: HashMap::new(),
+        ranks: Vec::new(),
         identified: None,
         fwd: Forwarding::default(),
         forward_failed: false,

@@ -14,15 +14,25 @@
 //!
 //! With [`ReadCache::with_feed`] the servers' update feeds (`downpour_core::feed`; Petuum's
 //! SSPPush, asked once a clock instead of pushed) keep the rows fresh too. Each server's
-//! answers are numbered; a row carries a *stamp*, the number of that server's answers applied
-//! when its fetch was sent (or the answer that brought it). Answer `k + 1` names every row
-//! written between the server's positions `P_k` and `P_{k+1}` (less those only this worker
-//! wrote, which it folds in itself), so a row stamped `j` with `chain_start ≤ j ≤ k` (its
-//! value is the server's at some moment after `P_j`, and every later change came in an
-//! answer) is as fresh as answer `k`. An answer that cannot name the changes (another
-//! generation of the feed) restarts the chain, and so does dropping rows for room. A row is
-//! replaced only by one of a later stamp (or the same stamp and a freshness at least its
-//! own), so a fetch answered before an answer that was applied first cannot take it back.
+//! questions are numbered; a row carries a *stamp*, the number of questions sent to its
+//! server before its fetch was (a server answers one connection's requests in order, so the
+//! fetch saw the server after it read position `P_j` for question `j`), or the number of the
+//! answer that brought it. Answer `k + 1` names every row written between the server's
+//! positions `P_k` and `P_{k+1}` (less those only this worker wrote, which it folds in
+//! itself), so a row stamped `j` with `chain_start ≤ j ≤ k` (its value is the server's at
+//! some moment after `P_j`, and every later change came in an answer) is as fresh as answer
+//! `k`. An answer that cannot name the changes (another generation of the feed) restarts
+//! the chain, and so does dropping rows for room. A row is replaced only by one of a later
+//! stamp (or the same stamp and a freshness at least its own), so a fetch answered before
+//! an answer that was applied first cannot take it back.
+//!
+//! The answers name only rows the worker holds: each question subscribes the rows fetched
+//! since the one before (`downpour_core::subscription`, Petuum's row registration), and the
+//! server answers with the subscribed rows that changed, by their rank in the subscription
+//! (a byte or two) instead of their key (eight). A row counts as kept up to date only once
+//! subscribed, by question `j + 1` at the latest for stamp `j`, and since the server's
+//! copy of the subscription was last reset (a new connection, rows dropped for room: the
+//! question's count of subscribed keys tells the server its copy differs).
 //!
 //! The worker's own pushes since a row was fetched are folded in where the table's rule
 //! makes that exact (`add`, `sgd`; [`ReadCache::pushed`]); under other rules (FTRL,
@@ -36,11 +46,12 @@
 //! whose requests must replay with the same ids (checkpoints, replacement of a worker of a
 //! replicated job) must not use it.
 
-use crate::{ClientError, KvClient, Timestamp};
+use crate::{ClientError, FeedQuestion, KvClient, Timestamp};
 use downpour_core::consistency::Consistency;
 use downpour_core::feed::FeedPosition;
 use downpour_core::hashstore::HashStore;
 use downpour_core::partition::Partition;
+use downpour_core::subscription::Subscription;
 use downpour_core::CoreError;
 use std::collections::VecDeque;
 
@@ -61,6 +72,8 @@ pub struct CacheStats {
     pub feed_answers: u64,
     /// Rows those answers carried (written since the question before).
     pub feed_rows: u64,
+    /// Rows subscribed to at the servers (their changes come in the answers), now.
+    pub subscribed: u64,
 }
 
 impl CacheStats {
@@ -110,6 +123,15 @@ struct FeedState {
     chain_start: u64,
     /// The last answer's freshness (every update of clocks below it is in those rows).
     fresh: Option<u64>,
+    /// This end's copy of the subscription at the server (the rows the answers cover).
+    sub: Subscription,
+    /// Rows subscribed by a question numbered below this do not count: the server's copy
+    /// was reset since.
+    floor: u64,
+    /// Keys of rows fetched from this server and not subscribed yet (go with the next
+    /// question), and those the question in flight added.
+    pending: Vec<u64>,
+    sent: Vec<u64>,
 }
 
 /// The read cache of one `ssp` table (see the module doc).
@@ -154,24 +176,26 @@ pub struct ReadCache {
 }
 
 /// What the cache knows of a row besides its values: its own freshness (every update below
-/// it is in), the feed stamp of its fetch and its server (see [`ReadCache`]).
+/// it is in), the feed stamp of its fetch, its server, and the number of the feed question
+/// that subscribed it there (0: none; see [`ReadCache`]).
 #[derive(Clone, Copy, Debug, Default)]
 struct Meta {
     fresh: u64,
     stamp: u64,
     server: u32,
+    sub: u32,
 }
 
 /// State words a row's [`Meta`] takes in the store (its bits, in f32 slots).
-const META: usize = 5;
+const META: usize = 6;
 
 impl Meta {
     fn read(st: &[f32]) -> Meta {
         let w = |i: usize| st.get(i).map_or(0, |x| x.to_bits());
-        Meta { fresh: w(0) as u64 | (w(1) as u64) << 32, stamp: w(2) as u64 | (w(3) as u64) << 32, server: w(4) }
+        Meta { fresh: w(0) as u64 | (w(1) as u64) << 32, stamp: w(2) as u64 | (w(3) as u64) << 32, server: w(4), sub: w(5) }
     }
     fn write(self, st: &mut [f32]) {
-        let words = [self.fresh as u32, (self.fresh >> 32) as u32, self.stamp as u32, (self.stamp >> 32) as u32, self.server];
+        let words = [self.fresh as u32, (self.fresh >> 32) as u32, self.stamp as u32, (self.stamp >> 32) as u32, self.server, self.sub];
         for (x, w) in st.iter_mut().zip(words) {
             *x = f32::from_bits(w);
         }
@@ -179,11 +203,13 @@ impl Meta {
 }
 
 /// The freshness of a row with `m`: its own, or the last feed answer's when the answers
-/// since its fetch kept it up to date (`feeds` empty: no feed).
+/// since its fetch kept it up to date (`feeds` empty: no feed): fetched within the chain,
+/// and subscribed (since the last reset) by the question after its fetch at the latest.
 fn fresh_of(feeds: &[FeedState], m: Meta) -> u64 {
     let Some(f) = feeds.get(m.server as usize) else { return m.fresh };
+    let sub = m.sub as u64;
     match f.fresh {
-        Some(ff) if (f.chain_start..=f.count).contains(&m.stamp) => m.fresh.max(ff),
+        Some(ff) if (f.chain_start..=f.count).contains(&m.stamp) && sub >= f.floor.max(1) && sub <= m.stamp + 1 => m.fresh.max(ff),
         _ => m.fresh,
     }
 }
@@ -287,8 +313,40 @@ impl ReadCache {
         if self.feed.is_none() || self.asking.is_some() || self.asked_clock.is_some_and(|c| c >= clock) {
             return Ok(());
         }
-        let since: Vec<Option<FeedPosition>> = self.feeds.iter().map(|f| f.since).collect();
-        let ts = kv.feed(self.table, &since, self.own.is_some())?;
+        // the rows fetched since the last question are subscribed with this one: numbered
+        // count + 1 at each server, which their rows record
+        for (s, f) in self.feeds.iter_mut().enumerate() {
+            let q = (f.count + 1) as u32;
+            f.pending.sort_unstable();
+            f.pending.dedup();
+            self.store.walk(
+                &f.pending,
+                false,
+                |_, _| {},
+                |_, row| {
+                    if let Some((_, st)) = row {
+                        let mut m = Meta::read(st);
+                        if m.server as usize == s {
+                            m.sub = q;
+                            m.write(st);
+                        }
+                    }
+                },
+            );
+            let sub = &f.sub;
+            f.pending.retain(|&k| !sub.contains(k));
+            std::mem::swap(&mut f.pending, &mut f.sent);
+            f.pending.clear();
+        }
+        let questions: Vec<FeedQuestion<'_>> =
+            self.feeds.iter().map(|f| FeedQuestion { since: f.since, subscribe: Some((&f.sent, f.sub.len())) }).collect();
+        let ts = kv.feed(self.table, &questions, self.own.is_some())?;
+        for f in &mut self.feeds {
+            // (sorted: the server's copy takes the same keys, so both stay alike)
+            if f.sub.add(&f.sent).is_err() {
+                f.sub.clear();
+            }
+        }
         *self.in_flight.entry(self.pushes).or_default() += 1;
         self.asking = Some((ts, clock, self.pushes));
         self.asked_clock = Some(clock);
@@ -303,6 +361,24 @@ impl ReadCache {
             f.since = Some(a.position);
             f.fresh = a.staleness.map(|st| clock.saturating_sub(st));
             let k = f.count;
+            let mut a = a;
+            if a.subscription_reset {
+                // the server's copy holds only this question's keys now; rows subscribed
+                // before count only once subscribed again (their next fetch)
+                f.sub.clear();
+                let _ = f.sub.add(&f.sent);
+                f.floor = k + 1;
+            } else if a.ranked {
+                if let Err(e) = f.sub.keys_of(&mut a.keys) {
+                    // the copies differ: the next question, with a count the server's copy
+                    // does not have, starts both over; this answer is not taken
+                    tracing::warn!("server {s}: feed answer by subscription: {e}; subscribing again");
+                    f.sub.clear();
+                    f.floor = k + 1;
+                    a.known = false;
+                }
+            }
+            f.sent.clear();
             if !a.known {
                 // rows fetched before this answer may have missed changes: only rows
                 // fetched after it are kept up to date from now on
@@ -319,7 +395,7 @@ impl ReadCache {
 
     /// The counts so far.
     pub fn stats(&self) -> CacheStats {
-        self.stats
+        CacheStats { subscribed: self.feeds.iter().map(|f| f.sub.len()).sum(), ..self.stats }
     }
 
     /// Rows held.
@@ -430,9 +506,11 @@ impl ReadCache {
         })
     }
 
-    /// Per server, the feed answers applied so far (the stamp of rows pulled now).
+    /// Per server, the feed questions sent so far (the stamp of rows pulled now: answered
+    /// after them).
     fn counts(&self) -> Vec<u64> {
-        self.feeds.iter().map(|f| f.count).collect()
+        let asking = self.asking.is_some() as u64;
+        self.feeds.iter().map(|f| f.count + asking).collect()
     }
 
     /// Finishes a read: waits for the rows pulled (if any), keeps them, and returns every
@@ -627,6 +705,11 @@ impl ReadCache {
             self.store = HashStore::new(vl, META);
             for f in &mut self.feeds {
                 f.chain_start = f.count + 1;
+                // and the servers stop sending the rows dropped: the next question's
+                // count differs from their copies', so both start over
+                f.sub.clear();
+                f.pending.clear();
+                f.floor = f.count + 2;
             }
         }
         // the own pushes made after the fetch was sent, to add to the rows it writes: both
@@ -657,6 +740,7 @@ impl ReadCache {
             }
         }
         let part = self.feed.as_ref();
+        let feeds = &mut self.feeds;
         self.store.walk(
             keys,
             true,
@@ -681,7 +765,21 @@ impl ReadCache {
                             *x += d;
                         }
                     }
-                    Meta { fresh, stamp, server }.write(st);
+                    // subscribed still (since the last reset), or: an answer's row is (the
+                    // answers hold only such rows), a fetched one goes with the next question
+                    let mut sub = 0;
+                    if let Some(f) = feeds.get_mut(server as usize) {
+                        let floor = f.floor.max(1) as u32;
+                        sub = if old.server == server && old.sub >= floor {
+                            old.sub
+                        } else if matches!(stamps, Stamps::Server(..)) {
+                            floor
+                        } else {
+                            f.pending.push(k);
+                            0
+                        };
+                    }
+                    Meta { fresh, stamp, server, sub }.write(st);
                 }
             },
         );

@@ -24,5 +24,5 @@ pub mod metrics;
 mod session;
 
 pub use cache::{CacheStats, PendingRead, ReadCache};
-pub use client::{After, ClientError, FeedAnswer, KvClient, KvConfig, TableChanges, Timestamp};
+pub use client::{After, ClientError, FeedAnswer, FeedQuestion, KvClient, KvConfig, TableChanges, Timestamp};
 pub use session::{join_job, AdoptHook, CheckpointConfig, CheckpointEvery, SessionConfig, WorkerSession};

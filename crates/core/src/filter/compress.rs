@@ -49,25 +49,52 @@ pub fn delta_encode(key_bytes: &[u8]) -> Vec<u8> {
     let mut prev = 0u64;
     for c in key_bytes.chunks_exact(8) {
         let k = u64::from_le_bytes(c.try_into().unwrap_or([0; 8]));
-        let mut d = k.wrapping_sub(prev);
+        push_varint(&mut out, k.wrapping_sub(prev));
         prev = k;
-        loop {
-            let b = (d & 0x7f) as u8;
-            d >>= 7;
-            if d == 0 {
-                out.push(b);
-                break;
-            }
-            out.push(b | 0x80);
-        }
     }
     out
+}
+
+/// [`delta_encode`] of typed keys, appended to `out` (the first key is coded against 0).
+/// Keys out of order still round-trip (their deltas wrap), they only code long.
+pub fn delta_encode_keys(keys: &[u64], out: &mut Vec<u8>) {
+    out.reserve(keys.len() * 2);
+    let mut prev = 0u64;
+    for &k in keys {
+        push_varint(out, k.wrapping_sub(prev));
+        prev = k;
+    }
+}
+
+fn push_varint(out: &mut Vec<u8>, mut d: u64) {
+    loop {
+        let b = (d & 0x7f) as u8;
+        d >>= 7;
+        if d == 0 {
+            out.push(b);
+            return;
+        }
+        out.push(b | 0x80);
+    }
 }
 
 /// Inverse of [`delta_encode`]; `n` keys expected.
 pub fn delta_decode(bytes: &[u8], n: usize) -> Result<Vec<u8>> {
     let mut out = Vec::with_capacity(n.min(MAX_RAW as usize / 8) * 8);
-    let (mut prev, mut d, mut shift) = (0u64, 0u64, 0u32);
+    decode_varints(bytes, n, |k| out.extend_from_slice(&k.to_le_bytes()))?;
+    Ok(out)
+}
+
+/// Inverse of [`delta_encode_keys`]: appends the `n` keys `bytes` codes to `out`.
+/// Errors (and leaves `out` with what was decoded so far) when `bytes` is cut short, holds
+/// a delta longer than 64 bits, or codes another number of keys than `n`.
+pub fn delta_decode_keys(bytes: &[u8], n: usize, out: &mut Vec<u64>) -> Result<()> {
+    out.reserve(n.min(bytes.len()));
+    decode_varints(bytes, n, |k| out.push(k))
+}
+
+fn decode_varints(bytes: &[u8], n: usize, mut emit: impl FnMut(u64)) -> Result<()> {
+    let (mut prev, mut d, mut shift, mut got) = (0u64, 0u64, 0u32, 0usize);
     for &b in bytes {
         if shift >= 64 {
             return Err(CoreError::Codec("a key delta is longer than 64 bits".into()));
@@ -75,15 +102,19 @@ pub fn delta_decode(bytes: &[u8], n: usize) -> Result<Vec<u8>> {
         d |= ((b & 0x7f) as u64) << shift;
         shift += 7;
         if b & 0x80 == 0 {
+            if got == n {
+                return Err(CoreError::Codec(format!("more than the {n} delta-coded keys expected")));
+            }
             prev = prev.wrapping_add(d);
-            out.extend_from_slice(&prev.to_le_bytes());
+            emit(prev);
+            got += 1;
             (d, shift) = (0, 0);
         }
     }
-    if shift != 0 || out.len() != n * 8 {
-        return Err(CoreError::Codec(format!("{} delta-coded keys decoded, {n} expected", out.len() / 8)));
+    if shift != 0 || got != n {
+        return Err(CoreError::Codec(format!("{got} delta-coded keys decoded, {n} expected")));
     }
-    Ok(out)
+    Ok(())
 }
 
 fn squeeze(codec: Codec, raw: &[u8]) -> Option<Vec<u8>> {

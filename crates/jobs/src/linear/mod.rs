@@ -908,7 +908,7 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
                 serde_json::json!({
                     "rows_read": st.rows_read, "rows_hit": st.rows_hit, "hit_rate": st.hit_rate(),
                     "reads": st.reads, "reads_local": st.reads_local, "refreshes": st.refreshes,
-                    "feed": c.uses_feed(), "feed_answers": st.feed_answers, "feed_rows": st.feed_rows,
+                    "feed": c.uses_feed(), "feed_answers": st.feed_answers, "feed_rows": st.feed_rows, "subscribed": st.subscribed,
                 })
             }),
             "evals": evals.iter().map(|(w, l, auc)| serde_json::json!({"wall_s": w, "test_logloss": l, "test_auc": auc})).collect::<Vec<_>>(),

@@ -33,7 +33,7 @@ mod tracker;
 pub use changes::TableChanges;
 pub use deps::After;
 pub use error::ClientError;
-pub use feed::FeedAnswer;
+pub use feed::{FeedAnswer, FeedQuestion};
 pub use tracker::Timestamp;
 
 pub(crate) use tables::TableInfo;

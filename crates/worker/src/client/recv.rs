@@ -4,6 +4,7 @@
 
 use super::filters::Resend;
 use super::{ClientError, KvClient, Lent, MAX_STALENESS};
+use downpour_core::filter::compress::delta_decode_keys;
 use downpour_core::filter::Message as FilterMessage;
 use downpour_core::msg::Status;
 use downpour_transport::{key_bytes_mut, value_bytes_mut, TransportError};
@@ -19,6 +20,12 @@ pub(crate) enum Reply {
     },
     /// Sparse range: keys and values appended.
     SparseRange,
+    /// Sparse range whose rows are named by their ranks in a subscription, delta-varint
+    /// coded (a feed answer asked by subscription): each chunk's encoding gives its number
+    /// of rows, `vl` values each; the ranks are appended as they are.
+    Ranked {
+        vl: usize,
+    },
     /// Values encoded by `table`'s reply filters (one frame per request part).
     Filtered {
         table: u32,
@@ -208,13 +215,28 @@ impl KvClient {
                     front.vals.resize(v0 + nv, 0.0);
                     conn.recv_payload(key_bytes_mut(&mut front.keys[k0..]), value_bytes_mut(&mut front.vals[v0..])).map_err(terr)?;
                 }
+                Reply::Ranked { vl } => {
+                    let n = match &h.encoding {
+                        Some(e)
+                            if e.keys_delta && h.values_len.is_multiple_of(4) && e.num_keys.checked_mul(vl as u64) == Some(nv as u64) =>
+                        {
+                            e.num_keys as usize
+                        }
+                        _ => return Err(bad(format!("a feed answer chunk that is not {nv} / {vl} rows by rank"))),
+                    };
+                    let v0 = front.vals.len();
+                    front.vals.resize(v0 + nv, 0.0);
+                    let mut coded = vec![0u8; h.keys_len as usize];
+                    conn.recv_payload(&mut coded, value_bytes_mut(&mut front.vals[v0..])).map_err(terr)?;
+                    delta_decode_keys(&coded, n, &mut front.keys).map_err(|e| bad(format!("ranks of a feed answer: {e}")))?;
+                }
             }
         }
         if h.last || failure.is_some() {
             let done = self.servers[s].inflight.pop_front().ok_or_else(|| bad("no request in line".into()))?;
             if let Some(o) = self.ops.get_mut(&ts) {
                 o.parts_left = o.parts_left.saturating_sub(1);
-                if matches!(done.reply, Reply::SparseRange) {
+                if matches!(done.reply, Reply::SparseRange | Reply::Ranked { .. }) {
                     if let Some(m) = o.part_meta.get_mut(done.part) {
                         *m = h.meta.clone();
                     }

@@ -21,6 +21,8 @@ pub(crate) struct OpState {
     /// Per part, the `meta` of its last reply chunk (kept only when this holds a slot per
     /// part: feed questions).
     pub(crate) part_meta: Vec<prost::bytes::Bytes>,
+    /// A feed question asked by subscription: the parts' keys are ranks.
+    pub(crate) ranked: bool,
     /// The op has a result to hand back (values, or a lent buffer's completion).
     pub(crate) keep: bool,
     /// The longest time a server held a part of it for a consistency bound.
