@@ -11,7 +11,10 @@
 #   sudo bash scripts/ssp_cache_link.sh [DIR] [ROUNDS] [RATES]
 #
 # DIR (default out/ssp-cache) holds the SpamAssassin split of scripts/ssp_cache_compare.sh
-# (made by it when missing); RATES (default "200mbit unshaped"); TARGET (env, default 0.06).
+# (made by it when missing); RATES (default "200mbit unshaped"); TARGET (env, default 0.06);
+# EVAL_EVERY (env, default 0): worker 0 also scores the test set every N minibatches
+# (train linear --eval-every), and the time to target is read from those scores instead of
+# the epoch ends (an epoch's loss straddling the target moves it by a whole epoch).
 # Needs root (ip netns, tc); the namespace is removed at the end.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -20,6 +23,7 @@ dir=${1:-out/ssp-cache}
 rounds=${2:-5}
 rates=${3:-"200mbit unshaped"}
 target=${TARGET:-0.06}
+eval_every=${EVAL_EVERY:-0}
 if [ ! -f "$dir/sp_train.svm" ]; then
   # (makes the data, then runs its own comparison once; only the data is needed here)
   bash "$repo/scripts/ssp_cache_compare.sh" "$dir" 1 > /dev/null
@@ -30,7 +34,7 @@ ip netns del $ns 2>/dev/null || true
 ip netns add $ns
 trap 'ip netns del $ns 2>/dev/null || true' EXIT
 ip netns exec $ns ip link set lo up
-d="--train sp_train.svm --test sp_test.svm --epochs 5 --batch 20 --optimizer sgd --normalize false --consistency ssp:4"
+d="--train sp_train.svm --test sp_test.svm --epochs 5 --batch 20 --optimizer sgd --normalize false --consistency ssp:4 --eval-every $eval_every"
 for rate in $rates; do
   if [ "$rate" = unshaped ]; then
     ip netns exec $ns tc qdisc del dev lo root 2>/dev/null || true
@@ -60,7 +64,8 @@ for rate in sys.argv[2:]:
         ms = [json.load(open(f)) for f in sorted(glob.glob(f'link-{rate}-{c}-*.json'))]
         if not ms:
             continue
-        tt = [next((e['wall_s'] for e in m['epochs'] if e['test_logloss'] <= target), float('inf')) for m in ms]
+        # the test loss along the run: every --eval-every minibatches when asked, else at epoch ends
+        tt = [next((e['wall_s'] for e in (m.get('evals') or m['epochs']) if e['test_logloss'] <= target), float('inf')) for m in ms]
         hit = [m['ssp_cache']['hit_rate'] if m.get('ssp_cache') else 0.0 for m in ms]
         loc = [m['ssp_cache']['reads_local'] / max(m['ssp_cache']['reads'], 1) if m.get('ssp_cache') else 0.0 for m in ms]
         med = statistics.median
