@@ -32,14 +32,21 @@ fn reads_kept_fresh_by_the_update_feed_hold_every_update_older_than_the_bound_sp
 
 #[test]
 fn reads_kept_fresh_by_the_update_feed_hold_every_update_older_than_a_bound_of_one() {
-    cached_reads_with(Storage::Sparse, true, 1);
+    cached_reads_with(Storage::Sparse, true, 1, 100);
+}
+
+/// A cache of 3 rows, reading 2: it is dropped for room at almost every insert, pulled
+/// rows and answered rows alike, and every row dropped must be subscribed again.
+#[test]
+fn reads_kept_fresh_by_the_update_feed_hold_the_bound_when_the_cache_is_dropped_for_room() {
+    cached_reads_with(Storage::Sparse, true, 1, 3);
 }
 
 fn cached_reads(storage: Storage, feed: bool) {
-    cached_reads_with(storage, feed, TAU)
+    cached_reads_with(storage, feed, TAU, 100)
 }
 
-fn cached_reads_with(storage: Storage, feed: bool, tau: u64) {
+fn cached_reads_with(storage: Storage, feed: bool, tau: u64, capacity: usize) {
     let cluster = EmbeddedCluster::start(&Settings::default(), 2, 2).unwrap();
     let def = TableDef {
         storage,
@@ -66,7 +73,7 @@ fn cached_reads_with(storage: Storage, feed: bool, tau: u64) {
                     // the reader: reads keys 0 and 1 through the cache every clock and adds 1 to
                     // key 1; like train linear, the read for clock c + 1 is sent before the push of
                     // clock c, so the rows it brings back must get that push replayed
-                    let cache = ReadCache::new(&s.kv, 1, 100).unwrap();
+                    let cache = ReadCache::new(&s.kv, 1, capacity).unwrap();
                     let mut cache = if feed { cache.with_feed(&s.kv).unwrap() } else { cache };
                     let mut next = Some((0, cache.pull(&mut s.kv, &[0, 1]).unwrap()));
                     for c in 0..CLOCKS {
@@ -99,7 +106,7 @@ fn cached_reads_with(storage: Storage, feed: bool, tau: u64) {
                     if feed {
                         assert!(st.feed_answers > 0 && st.feed_rows > 0 && st.feed_rows <= st.feed_answers, "{st:?}");
                         // both rows read are subscribed (the answers name them by rank)
-                        assert_eq!(st.subscribed, 2, "{st:?}");
+                        assert!(st.subscribed <= 2 && (capacity < 4 || st.subscribed == 2), "{st:?}");
                     } else {
                         assert_eq!(st.feed_answers, 0, "{st:?}");
                     }
@@ -125,37 +132,42 @@ fn a_feed_question_by_subscription_answers_the_subscribed_rows_by_rank() {
     let def = TableDef { rule: proto::Rule { name: "add".into(), ..Default::default() }, ..TableDef::new(1, "t") };
     s.kv.create_table(def).unwrap();
     let mut mine = Subscription::new();
-    let ask = |kv: &mut downpour_worker::KvClient, since, new: &[u64], held: u64| {
-        let ts = kv.feed(1, &[FeedQuestion { since, subscribe: Some((new, held)) }], false).unwrap();
+    let ask = |kv: &mut downpour_worker::KvClient, since, new: &[u64], copy: &Subscription| {
+        let ts = kv.feed(1, &[FeedQuestion { since, subscribe: Some((new, copy)) }], false).unwrap();
         kv.wait_feed(ts).unwrap().remove(0)
     };
     // the first question turns the feed on and subscribes 10, 20 and 30
-    let a = ask(&mut s.kv, None, &[10, 20, 30], 0);
+    let a = ask(&mut s.kv, None, &[10, 20, 30], &mine);
     assert!(!a.known && !a.subscription_reset && a.keys.is_empty(), "{a:?}");
     mine.add(&[10, 20, 30]).unwrap();
     let t = s.kv.push(1, &[5, 10, 30, 40], &[1.0, 2.0, 3.0, 4.0]).unwrap();
     s.kv.wait(t).unwrap();
     // 5 and 40 changed too, but only 10 and 30 are subscribed: ranks 0 and 2
-    let mut a = ask(&mut s.kv, Some(a.position), &[], mine.len());
+    let mut a = ask(&mut s.kv, Some(a.position), &[], &mine);
     assert!(a.known && a.ranked && !a.subscription_reset, "{a:?}");
     assert_eq!(a.keys, vec![0, 2]);
     mine.keys_of(&mut a.keys).unwrap();
     assert_eq!((a.keys, a.values), (vec![10, 30], vec![2.0, 3.0]));
-    // a count the server's copy does not have: reset to this question's keys, nothing known
-    let a = ask(&mut s.kv, Some(a.position), &[50], 7);
+    // a copy of the same count but other keys: reset to this question's keys, nothing known
+    let mut other = Subscription::new();
+    other.add(&[10, 20, 31]).unwrap();
+    let a = ask(&mut s.kv, Some(a.position), &[50], &other);
     assert!(!a.known && a.subscription_reset && a.keys.is_empty(), "{a:?}");
     mine.clear();
     mine.add(&[50]).unwrap();
     let t = s.kv.push(1, &[10, 50], &[1.0, 1.0]).unwrap();
     s.kv.wait(t).unwrap();
-    let mut a = ask(&mut s.kv, Some(a.position), &[], mine.len());
+    let mut a = ask(&mut s.kv, Some(a.position), &[], &mine);
     assert!(a.known && !a.subscription_reset, "{a:?}");
     mine.keys_of(&mut a.keys).unwrap();
     assert_eq!((a.keys, a.values), (vec![50], vec![1.0]));
     // keys to subscribe out of order are refused with a clear error
-    let ts = s.kv.feed(1, &[FeedQuestion { since: Some(a.position), subscribe: Some((&[9, 3], 1)) }], false).unwrap();
+    let ts = s.kv.feed(1, &[FeedQuestion { since: Some(a.position), subscribe: Some((&[9, 3], &mine)) }], false).unwrap();
     let e = s.kv.wait_feed(ts).unwrap_err();
     assert!(e.to_string().contains("not sorted"), "{e}");
+    // and the server kept its copy: the same question, sorted, is answered
+    let a = ask(&mut s.kv, Some(a.position), &[3, 9], &mine);
+    assert!(a.known && !a.subscription_reset, "{a:?}");
     s.kv.wait_all().unwrap();
     s.finish(true, "").unwrap();
     cluster.wait().unwrap();

@@ -13,16 +13,20 @@
 //! delta takes 7–8 bytes, while ranks of a few thousand changed rows among some tens of
 //! thousands subscribed take one or two. Both copies change only by [`Subscription::add`]
 //! of the same keys in the same order (questions go one at a time on one ordered
-//! connection), and each question carries the reader's count, so a server that lost its
-//! copy (a new connection, a reset for room) notices and both start over.
+//! connection), and each question carries the reader's count and [`Subscription::digest`],
+//! so a server whose copy differs (a new connection, a reset for room, another subscriber
+//! on the connection) notices, and both start over.
 
 use crate::filter::compress::delta_encode_keys;
+use crate::init::splitmix64;
 use crate::{CoreError, Result};
 
 /// A sorted set of subscribed keys (see the module doc).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Subscription {
     keys: Vec<u64>,
+    /// Wrapping sum of `splitmix64(key)` over the keys: equal sets, equal digests.
+    digest: u64,
 }
 
 impl Subscription {
@@ -44,6 +48,14 @@ impl Subscription {
     /// Forgets every key.
     pub fn clear(&mut self) {
         self.keys.clear();
+        self.digest = 0;
+    }
+
+    /// An order-free digest of the keys (the wrapping sum of their `splitmix64`), which a
+    /// question carries with the count so that copies of the same length but other keys
+    /// are told apart.
+    pub fn digest(&self) -> u64 {
+        self.digest
     }
 
     /// Whether `key` is subscribed.
@@ -52,48 +64,37 @@ impl Subscription {
     }
 
     /// Adds `new` (sorted ascending; keys already subscribed, or repeated, count once).
-    /// Costs a pass over the subscription when a new key falls before its last one.
+    /// Costs a search per new key and a pass moving the keys after the first one added.
     /// Errors, leaving the subscription as it was, when `new` is not sorted.
     pub fn add(&mut self, new: &[u64]) -> Result<()> {
         if new.windows(2).any(|w| w[0] > w[1]) {
             return Err(CoreError::Codec("keys to subscribe are not sorted".into()));
         }
-        let Some(&first) = new.first() else { return Ok(()) };
-        if self.keys.last().is_none_or(|&l| l < first) {
-            // all after the last: append (the common case when rows come in key order)
-            let mut prev = None;
-            for &k in new {
-                if prev != Some(k) {
-                    self.keys.push(k);
-                }
-                prev = Some(k);
+        let old = self.keys.len();
+        // the new keys not held yet, appended, then merged in from the back (in place)
+        let mut prev = None;
+        for &k in new {
+            if prev != Some(k) && self.keys[..old].binary_search(&k).is_err() {
+                self.keys.push(k);
+                self.digest = self.digest.wrapping_add(splitmix64(k));
             }
+            prev = Some(k);
+        }
+        let (mut i, mut j, mut at) = (old, self.keys.len() - old, self.keys.len());
+        if j == 0 || i == 0 || self.keys[i - 1] < self.keys[old] {
             return Ok(());
         }
-        let old = std::mem::take(&mut self.keys);
-        let mut out = Vec::with_capacity(old.len() + new.len());
-        let (mut i, mut j) = (0, 0);
-        while i < old.len() || j < new.len() {
-            let k = match (old.get(i), new.get(j)) {
-                (Some(&a), Some(&b)) if a <= b => {
-                    i += 1;
-                    a
-                }
-                (_, Some(&b)) => {
-                    j += 1;
-                    b
-                }
-                (Some(&a), None) => {
-                    i += 1;
-                    a
-                }
-                (None, None) => break,
-            };
-            if out.last() != Some(&k) {
-                out.push(k);
+        let added: Vec<u64> = self.keys[old..].to_vec();
+        while j > 0 {
+            at -= 1;
+            if i > 0 && self.keys[i - 1] > added[j - 1] {
+                self.keys[at] = self.keys[i - 1];
+                i -= 1;
+            } else {
+                self.keys[at] = added[j - 1];
+                j -= 1;
             }
         }
-        self.keys = out;
         Ok(())
     }
 
@@ -158,6 +159,15 @@ mod tests {
         assert_eq!(s.keys, vec![5, 10, 20, 25, 30, 40, 50, 60]);
         assert!(s.add(&[3, 1]).is_err());
         assert_eq!(s.len(), 8);
+        // the digest is of the set, whatever the order keys came in
+        let mut t = Subscription::new();
+        t.add(&[5, 10, 20, 25, 30, 40, 50, 60]).unwrap();
+        assert_eq!((s.digest(), &s.keys), (t.digest(), &t.keys));
+        let mut u = Subscription::new();
+        u.add(&[5, 10, 20, 25, 30, 40, 50, 61]).unwrap();
+        assert_ne!(s.digest(), u.digest());
+        s.clear();
+        assert_eq!(s.digest(), 0);
     }
 
     #[test]
@@ -189,6 +199,9 @@ mod tests {
                 reader.add(part).unwrap();
             }
             prop_assert_eq!(&server, &reader);
+            let mut whole = Subscription::new();
+            whole.add(&held).unwrap();
+            prop_assert_eq!(&whole, &reader);
             // changed: some held rows and some never held
             let mut changed: Vec<u64> = held.iter().step_by(stride).copied().chain(other.iter().copied()).collect();
             changed.sort_unstable();

@@ -31,8 +31,9 @@
 //! server answers with the subscribed rows that changed, by their rank in the subscription
 //! (a byte or two) instead of their key (eight). A row counts as kept up to date only once
 //! subscribed, by question `j + 1` at the latest for stamp `j`, and since the server's
-//! copy of the subscription was last reset (a new connection, rows dropped for room: the
-//! question's count of subscribed keys tells the server its copy differs).
+//! copy of the subscription was last reset (a new connection, rows dropped for room, a
+//! failed question: the question's count and digest of the subscribed keys tell the server
+//! its copy differs); a row subscribed before a reset is subscribed again at its next fetch.
 //!
 //! The worker's own pushes since a row was fetched are folded in where the table's rule
 //! makes that exact (`add`, `sgd`; [`ReadCache::pushed`]); under other rules (FTRL,
@@ -70,7 +71,7 @@ pub struct CacheStats {
     pub refreshes: u64,
     /// Update-feed answers applied (one question per clock to every server).
     pub feed_answers: u64,
-    /// Rows those answers carried (written since the question before).
+    /// Rows those answers carried (subscribed rows written since the question before).
     pub feed_rows: u64,
     /// Rows subscribed to at the servers (their changes come in the answers), now.
     pub subscribed: u64,
@@ -105,7 +106,7 @@ pub struct PendingRead {
     pushes: u64,
     /// Largest staleness among the rows answered from memory.
     hit_staleness: Option<u64>,
-    /// Per server, the feed answers applied when the pull was sent (its rows' stamp).
+    /// Per server, the feed questions sent before the pull was (its rows' stamp).
     stamps: Vec<u64>,
 }
 
@@ -147,7 +148,7 @@ pub struct ReadCache {
     /// `c × value` (`add`: 1, `sgd`: −lr); `None` for the other rules.
     own: Option<f32>,
     /// Background refreshes in flight: the pull, its keys, the clock it was issued at, how
-    /// many own pushes came before it, and the feed answers applied then.
+    /// many own pushes came before it, and the feed questions sent before it.
     refreshing: VecDeque<Refresh>,
     /// Own pushes folded in so far, and those a pull still in flight did not see (it was
     /// sent before them): `(sequence number, keys, row changes)`, replayed onto that pull's
@@ -228,11 +229,11 @@ impl std::fmt::Debug for ReadCache {
 }
 
 /// A background refresh in flight: the pull, its keys, the clock it was issued at, how many
-/// own pushes came before it, and the feed answers applied then.
+/// own pushes came before it, and the feed questions sent before it.
 type Refresh = (Timestamp, Vec<u64>, u64, u64, Vec<u64>);
 
-/// The feed stamps of rows being kept: per server (a pull's, from the feed answers applied
-/// when it was sent), or one server's answer.
+/// The feed stamps of rows being kept: per server (a pull's, the feed questions sent before
+/// it), or one server's answer.
 enum Stamps<'a> {
     PerServer(&'a [u64]),
     Server(u32, u64),
@@ -313,12 +314,34 @@ impl ReadCache {
         if self.feed.is_none() || self.asking.is_some() || self.asked_clock.is_some_and(|c| c >= clock) {
             return Ok(());
         }
-        // the rows fetched since the last question are subscribed with this one: numbered
-        // count + 1 at each server, which their rows record
-        for (s, f) in self.feeds.iter_mut().enumerate() {
-            let q = (f.count + 1) as u32;
+        // the rows fetched since the last question are subscribed with this one (those the
+        // copy does not hold yet are sent)
+        for f in &mut self.feeds {
             f.pending.sort_unstable();
             f.pending.dedup();
+            let sub = &f.sub;
+            f.sent.clear();
+            f.sent.extend(f.pending.iter().copied().filter(|&k| !sub.contains(k)));
+        }
+        let questions: Vec<FeedQuestion<'_>> =
+            self.feeds.iter().map(|f| FeedQuestion { since: f.since, subscribe: Some((&f.sent, &f.sub)) }).collect();
+        let ts = match kv.feed(self.table, &questions, self.own.is_some()) {
+            Ok(ts) => ts,
+            Err(e) => {
+                // some server may have taken its part: no copy can be trusted, and no row
+                // counts as subscribed until subscribed again
+                for f in &mut self.feeds {
+                    f.sub.clear();
+                    f.floor = f.count + 2;
+                    f.sent.clear();
+                }
+                return Err(e);
+            }
+        };
+        // sent: the rows record the question's number at their server (count + 1), and the
+        // copies take the keys the servers' copies take
+        for (s, f) in self.feeds.iter_mut().enumerate() {
+            let q = (f.count + 1) as u32;
             self.store.walk(
                 &f.pending,
                 false,
@@ -333,18 +356,12 @@ impl ReadCache {
                     }
                 },
             );
-            let sub = &f.sub;
-            f.pending.retain(|&k| !sub.contains(k));
-            std::mem::swap(&mut f.pending, &mut f.sent);
             f.pending.clear();
-        }
-        let questions: Vec<FeedQuestion<'_>> =
-            self.feeds.iter().map(|f| FeedQuestion { since: f.since, subscribe: Some((&f.sent, f.sub.len())) }).collect();
-        let ts = kv.feed(self.table, &questions, self.own.is_some())?;
-        for f in &mut self.feeds {
-            // (sorted: the server's copy takes the same keys, so both stay alike)
             if f.sub.add(&f.sent).is_err() {
+                // (sorted above, so not expected) the server refuses the question and keeps
+                // its copy; this one starts over, and the next question resets both
                 f.sub.clear();
+                f.floor = f.count + 2;
             }
         }
         *self.in_flight.entry(self.pushes).or_default() += 1;
@@ -612,9 +629,16 @@ impl ReadCache {
         if let Some((ts, clock, pushes)) = self.asking {
             if all || kv.finished(ts.0) {
                 self.asking = None;
-                let answers = kv.wait_feed(ts)?;
-                self.apply_feed(answers, clock, pushes);
-                self.landed(pushes);
+                match kv.wait_feed(ts) {
+                    Ok(answers) => {
+                        self.apply_feed(answers, clock, pushes);
+                        self.landed(pushes);
+                    }
+                    Err(e) => {
+                        self.landed(pushes);
+                        return Err(e);
+                    }
+                }
             }
         }
         while let Some((ts, ..)) = self.refreshing.front() {
@@ -772,9 +796,11 @@ impl ReadCache {
                         let floor = f.floor.max(1) as u32;
                         sub = if old.server == server && old.sub >= floor {
                             old.sub
-                        } else if matches!(stamps, Stamps::Server(..)) {
+                        } else if matches!(stamps, Stamps::Server(..)) && f.sub.contains(k) {
                             floor
                         } else {
+                            // (an answer's row too, when this copy was cleared for room
+                            // while the answer was on its way)
                             f.pending.push(k);
                             0
                         };

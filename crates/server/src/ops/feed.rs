@@ -15,6 +15,10 @@ use downpour_core::KeyRange;
 use downpour_transport::{value_bytes, Connection, TransportError};
 use prost::Message;
 
+/// Rows a subscription may hold beyond twice the table's rows before it is reset (a small
+/// table's readers would otherwise reset at every question while the table fills).
+const MIN_SUBSCRIPTION: u64 = 1 << 16;
+
 pub(crate) fn feed(
     st: &ServerState,
     h: &FrameHeader,
@@ -33,36 +37,54 @@ pub(crate) fn feed(
     if slot.gate.as_ref().is_some_and(|g| g.rounds) {
         return Ok(Err(ServerError::Unsupported("the update feed of a bsp table (its rounds apply pushes later)".into())));
     }
-    let owned = slot.table.read().owned();
+    if h.encoding.is_some() || !ctx.vals.is_empty() {
+        return Ok(Err(ServerError::Invalid("a feed question carries raw keys to subscribe and no values".into())));
+    }
+    let (owned, rows) = {
+        let t = slot.table.read();
+        (t.owned(), t.len() as u64)
+    };
+    let mut reset = false;
+    if req.subscribed_only {
+        // the asker's new rows first (outside the table's lock: the copy is this
+        // connection's), so the answer covers them from its position on
+        if let (Some(&first), Some(&last)) = (ctx.keys.first(), ctx.keys.last()) {
+            if !owned.contains(first) || !owned.contains(last) {
+                return Ok(Err(ServerError::Invalid(format!(
+                    "keys to subscribe outside this server's range [{}, {})",
+                    owned.begin, owned.end
+                ))));
+            }
+        }
+        let sub = ctx.subs.entry(h.table).or_default();
+        if sub.len() != req.subscribed || sub.digest() != req.digest || sub.len() > 2 * rows + MIN_SUBSCRIPTION {
+            // a copy that differs from the asker's (a new connection), or one grown well
+            // past the table's rows (rows evicted or never admitted): both start over
+            sub.clear();
+            reset = true;
+        }
+        // (an error leaves the copy as it was; the asker's differs then, and its next
+        // question resets both)
+        if let Err(e) = sub.add(&ctx.keys) {
+            return Ok(Err(ServerError::Core(e)));
+        }
+    }
     // The staleness first, then the rows: every update of clocks below the answer's
     // freshness was applied before the rows are read.
     let staleness = slot.gate.as_ref().and_then(|g| g.gate.lock().check(owned, None, h.clock));
     ctx.out_keys.clear();
     ctx.out.clear();
+    ctx.ranks.clear();
     let since = req.since.map(|p| FeedPosition { generation: p.generation, offset: p.offset });
-    let mut reset = false;
     let (position, read, vl) = {
         let mut t = slot.table.write();
         let (position, mut read) = t.feed_since(since, req.skip_own.then_some(h.sender), &mut ctx.out_keys);
         let vl = t.def().value_len;
-        if req.subscribed_only {
-            // the asker's new rows first, so the answer covers them from its position on
-            let sub = ctx.subs.entry(h.table).or_default();
-            if sub.len() != req.subscribed || sub.len() > t.len() as u64 {
-                // a copy that differs from the asker's (a new connection), or one grown past
-                // the table's rows (rows evicted since; so a copy holds at most the table's
-                // rows and one question's keys): both start over from these keys
-                sub.clear();
-                reset = true;
-                read = FeedRead::Unknown;
-            }
-            if let Err(e) = sub.add(&ctx.keys) {
-                sub.clear();
-                return Ok(Err(ServerError::Core(e)));
-            }
-            if read == FeedRead::Changed {
-                sub.select(&mut ctx.out_keys, &mut ctx.ranks);
-            }
+        if reset {
+            read = FeedRead::Unknown;
+        }
+        if let (true, FeedRead::Changed, Some(sub)) = (req.subscribed_only, read, ctx.subs.get(&h.table)) {
+            sub.select(&mut ctx.out_keys, &mut ctx.ranks);
         }
         if read == FeedRead::Changed {
             ctx.out.resize(ctx.out_keys.len() * vl, 0.0);

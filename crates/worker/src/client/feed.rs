@@ -6,6 +6,7 @@ use super::{bytes_like, ClientError, KvClient, Timestamp};
 use downpour_core::feed::FeedPosition;
 use downpour_core::msg::Op;
 use downpour_core::proto;
+use downpour_core::subscription::Subscription;
 use downpour_transport::key_bytes;
 use prost::Message;
 
@@ -15,12 +16,13 @@ pub struct FeedQuestion<'a> {
     /// The position in the server's feed to ask from (`None` the first time, which turns
     /// the feed on and is answered "not known").
     pub since: Option<FeedPosition>,
-    /// Ask by subscription (`downpour_core::subscription`): `Some((new, held))` first adds
-    /// `new` (sorted keys of this server) to the subscription on this connection, whose
-    /// copy at the asker held `held` keys before them; the answer then holds only
-    /// subscribed rows, named by rank ([`FeedAnswer::ranked`]). `None`: every changed row,
-    /// by key.
-    pub subscribe: Option<(&'a [u64], u64)>,
+    /// Ask by subscription (`downpour_core::subscription`): `Some((new, copy))` first adds
+    /// `new` (sorted keys of this server) to the subscription on this connection, of which
+    /// `copy` is the asker's copy before them (the server checks its count and digest, and
+    /// resets its own when they differ); the answer then holds only subscribed rows, named
+    /// by rank ([`FeedAnswer::ranked`]). `None`: every changed row, by key. One subscriber
+    /// per table and client: the server keeps one copy per connection and table.
+    pub subscribe: Option<(&'a [u64], &'a Subscription)>,
 }
 
 /// One server's answer to a feed question ([`KvClient::wait_feed`]).
@@ -43,9 +45,9 @@ pub struct FeedAnswer {
     pub staleness: Option<u64>,
     /// Asked by subscription: `keys` are ranks.
     pub ranked: bool,
-    /// Asked by subscription: the server's copy did not hold the `held` keys the question
-    /// said (a new connection) or outgrew the table; it now holds only the question's new
-    /// keys, and the answer is not known.
+    /// Asked by subscription: the server's copy was not the asker's (a new connection) or
+    /// had outgrown the table; it now holds only the question's new keys, and the answer is
+    /// not known.
     pub subscription_reset: bool,
 }
 
@@ -81,12 +83,13 @@ impl KvClient {
         }
         for (s, q) in questions.iter().enumerate() {
             self.before_send(s, None)?;
-            let (new, held) = q.subscribe.unwrap_or((&[], 0));
+            let (new, held, digest) = q.subscribe.map_or((&[][..], 0, 0), |(n, c)| (n, c.len(), c.digest()));
             let body: bytes_like::Bytes = proto::FeedRequest {
                 since: q.since.map(|p| proto::FeedPosition { generation: p.generation, offset: p.offset }),
                 skip_own,
                 subscribed_only: q.subscribe.is_some(),
                 subscribed: held,
+                digest,
             }
             .encode_to_vec()
             .into();
