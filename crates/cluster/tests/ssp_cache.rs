@@ -104,7 +104,9 @@ fn cached_reads_with(storage: Storage, feed: bool, tau: u64, capacity: usize) {
                     // the feed answers carry the writer's rows (never the reader's own: it
                     // applies those itself)
                     if feed {
-                        assert!(st.feed_answers > 0 && st.feed_rows > 0 && st.feed_rows <= st.feed_answers, "{st:?}");
+                        // (a cache dropped for room at almost every insert may hold no
+                        // subscribed row when an answer comes)
+                        assert!(st.feed_answers > 0 && (capacity < 4 || st.feed_rows > 0) && st.feed_rows <= st.feed_answers, "{st:?}");
                         // both rows read are subscribed (the answers name them by rank)
                         assert!(st.subscribed <= 2 && (capacity < 4 || st.subscribed == 2), "{st:?}");
                     } else {
