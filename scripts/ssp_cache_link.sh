@@ -14,7 +14,8 @@
 # (made by it when missing); RATES (default "200mbit unshaped"); TARGET (env, default 0.06);
 # EVAL_EVERY (env, default 0): worker 0 also scores the test set every N minibatches
 # (train linear --eval-every), and the time to target is read from those scores instead of
-# the epoch ends (an epoch's loss straddling the target moves it by a whole epoch).
+# the epoch ends (an epoch's loss straddling the target moves it by a whole epoch); EXTRA
+# (env): more train linear flags for every run (e.g. "--lr 0.2"); EPOCHS (env, default 5).
 # Needs root (ip netns, tc); the namespace is removed at the end.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -24,6 +25,8 @@ rounds=${2:-5}
 rates=${3:-"200mbit unshaped"}
 target=${TARGET:-0.06}
 eval_every=${EVAL_EVERY:-0}
+extra=${EXTRA:-}
+epochs=${EPOCHS:-5}
 if [ ! -f "$dir/sp_train.svm" ]; then
   # (makes the data, then runs its own comparison once; only the data is needed here)
   bash "$repo/scripts/ssp_cache_compare.sh" "$dir" 1 > /dev/null
@@ -34,7 +37,7 @@ ip netns del $ns 2>/dev/null || true
 ip netns add $ns
 trap 'ip netns del $ns 2>/dev/null || true' EXIT
 ip netns exec $ns ip link set lo up
-d="--train sp_train.svm --test sp_test.svm --epochs 5 --batch 20 --optimizer sgd --normalize false --consistency ssp:4 --eval-every $eval_every"
+d="--train sp_train.svm --test sp_test.svm --epochs $epochs --batch 20 --optimizer sgd --normalize false --consistency ssp:4 --eval-every $eval_every $extra"
 for rate in $rates; do
   if [ "$rate" = unshaped ]; then
     ip netns exec $ns tc qdisc del dev lo root 2>/dev/null || true
