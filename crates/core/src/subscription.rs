@@ -181,6 +181,23 @@ mod tests {
 
     proptest! {
         #[test]
+        fn keys_added_in_any_parts_make_the_union_and_its_digest(
+            parts in proptest::collection::vec(proptest::collection::vec(0u64..500, 0..60), 0..8),
+        ) {
+            let mut s = Subscription::new();
+            let mut all = std::collections::BTreeSet::new();
+            for mut p in parts {
+                p.sort_unstable();
+                s.add(&p).unwrap();
+                all.extend(p);
+            }
+            let want: Vec<u64> = all.iter().copied().collect();
+            let digest = want.iter().fold(0u64, |d, &k| d.wrapping_add(splitmix64(k)));
+            prop_assert_eq!(&s.keys, &want);
+            prop_assert_eq!(s.digest(), digest);
+        }
+
+        #[test]
         fn the_changed_rows_a_reader_holds_come_back_by_rank(
             held in proptest::collection::btree_set(any::<u64>(), 0..2000),
             other in proptest::collection::btree_set(any::<u64>(), 0..300),

@@ -133,6 +133,11 @@ struct FeedState {
     /// question), and those the question in flight added.
     pending: Vec<u64>,
     sent: Vec<u64>,
+    /// Times the copy was emptied here (rows dropped for room, a failed question), and
+    /// that count when the question in flight went out: an answer to a question sent before
+    /// the last emptying names ranks of the old copy.
+    emptied: u64,
+    asked_emptied: u64,
 }
 
 /// The read cache of one `ssp` table (see the module doc).
@@ -334,6 +339,7 @@ impl ReadCache {
                     f.sub.clear();
                     f.floor = f.count + 2;
                     f.sent.clear();
+                    f.emptied += 1;
                 }
                 return Err(e);
             }
@@ -357,11 +363,13 @@ impl ReadCache {
                 },
             );
             f.pending.clear();
+            f.asked_emptied = f.emptied;
             if f.sub.add(&f.sent).is_err() {
                 // (sorted above, so not expected) the server refuses the question and keeps
                 // its copy; this one starts over, and the next question resets both
                 f.sub.clear();
                 f.floor = f.count + 2;
+                f.emptied += 1;
             }
         }
         *self.in_flight.entry(self.pushes).or_default() += 1;
@@ -385,6 +393,10 @@ impl ReadCache {
                 f.sub.clear();
                 let _ = f.sub.add(&f.sent);
                 f.floor = k + 1;
+            } else if f.asked_emptied != f.emptied {
+                // ranks of the copy this end emptied since: not taken (the server's copy is
+                // reset by a question sent after, or found equal to this one)
+                a.known = false;
             } else if a.ranked {
                 if let Err(e) = f.sub.keys_of(&mut a.keys) {
                     // the copies differ: the next question, with a count the server's copy
@@ -554,7 +566,7 @@ impl ReadCache {
             self.last = None;
         }
         if let Some(ts) = pull {
-            let (rows, st) = kv.wait_values_staleness(ts)?;
+            let (rows, st) = kv.wait_values_staleness(ts).inspect_err(|_| self.landed(pushes))?;
             let got: &[u64] = if pulled.is_empty() { &missing_keys } else { &pulled };
             // the pulled keys are sorted and hold the missing ones (in the caller's order,
             // sorted too) among the expiring ones that rode along
@@ -646,7 +658,7 @@ impl ReadCache {
                 break;
             }
             let Some((ts, keys, clock, pushes, stamps)) = self.refreshing.pop_front() else { break };
-            let (rows, st) = kv.wait_values_staleness(ts)?;
+            let (rows, st) = kv.wait_values_staleness(ts).inspect_err(|_| self.landed(pushes))?;
             if let Some(st) = st {
                 self.insert(&keys, &rows, clock.saturating_sub(st), pushes, Stamps::PerServer(&stamps));
             }
@@ -734,6 +746,7 @@ impl ReadCache {
                 f.sub.clear();
                 f.pending.clear();
                 f.floor = f.count + 2;
+                f.emptied += 1;
             }
         }
         // the own pushes made after the fetch was sent, to add to the rows it writes: both

@@ -56,6 +56,10 @@ pub(crate) fn feed(
                 ))));
             }
         }
+        if ctx.keys.windows(2).any(|w| w[0] > w[1]) {
+            // refused before the copy is touched: it stays as it was
+            return Ok(Err(ServerError::Invalid("keys to subscribe are not sorted".into())));
+        }
         let sub = ctx.subs.entry(h.table).or_default();
         if sub.len() != req.subscribed || sub.digest() != req.digest || sub.len() > 2 * rows + MIN_SUBSCRIPTION {
             // a copy that differs from the asker's (a new connection), or one grown well
@@ -63,8 +67,6 @@ pub(crate) fn feed(
             sub.clear();
             reset = true;
         }
-        // (an error leaves the copy as it was; the asker's differs then, and its next
-        // question resets both)
         if let Err(e) = sub.add(&ctx.keys) {
             return Ok(Err(ServerError::Core(e)));
         }
