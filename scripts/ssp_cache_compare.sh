@@ -9,6 +9,7 @@
 # DIR (default out/ssp-cache) gets the data: the SpamAssassin messages featurized and split
 # 4,873 / 1,173 at random (from ../shared/data, or data/spamassassin when that is missing),
 # and 40,000 + 5,000 examples of 30 dense features. Prints the medians per configuration.
+# ROUNDS 0: only the data (as scripts/ssp_cache_link.sh uses it).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 dp="$repo/target/release/downpour"
@@ -40,6 +41,7 @@ open('tab_train.svm', 'w').write('\n'.join(ex() for _ in range(40000)) + '\n')
 open('tab_test.svm', 'w').write('\n'.join(ex() for _ in range(5000)) + '\n')
 PY
 fi
+[ "$rounds" -gt 0 ] || exit 0
 for r in $(seq 1 "$rounds"); do
   for job in spam tab; do
     for c in 0 1000000 feed; do

@@ -28,8 +28,7 @@ eval_every=${EVAL_EVERY:-0}
 extra=${EXTRA:-}
 epochs=${EPOCHS:-5}
 if [ ! -f "$dir/sp_train.svm" ]; then
-  # (makes the data, then runs its own comparison once; only the data is needed here)
-  bash "$repo/scripts/ssp_cache_compare.sh" "$dir" 1 > /dev/null
+  bash "$repo/scripts/ssp_cache_compare.sh" "$dir" 0 > /dev/null
 fi
 cd "$dir"
 ns=dp-ssp-link
