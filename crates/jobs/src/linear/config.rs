@@ -316,10 +316,12 @@ pub struct LinearConfig {
     #[cfg_attr(feature = "cli", arg(long, default_value_t = 0, value_name = "ROWS"))]
     pub ssp_cache: usize,
     /// With `--ssp-cache`: also keep the rows fresh from the servers' update feeds (Petuum's
-    /// SSPPush, asked once a clock): rows written since the last question come back, every
-    /// other row held counts as fresh as the answer. Many more reads are answered locally;
-    /// each clock costs a request per server and the changed rows (on this machine's
-    /// loopback, more CPU than the pulls it saves: docs/experiments.md).
+    /// SSPPush, asked once a clock): each question subscribes the rows fetched since the
+    /// last, the subscribed rows written since come back (named by rank, a byte or two), and
+    /// every other row held counts as fresh as the answer. Many more reads are answered
+    /// locally and fewer bytes move: over a network link it reaches a target loss sooner;
+    /// on one machine's loopback it costs more CPU than the pulls it saves
+    /// (docs/experiments.md).
     #[cfg_attr(feature = "cli", arg(long, default_value_t = false, action = clap::ArgAction::Set, value_name = "BOOL"))]
     pub ssp_cache_feed: bool,
 }
