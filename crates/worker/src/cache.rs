@@ -247,6 +247,10 @@ enum Stamps<'a> {
 /// Background refreshes in flight at most.
 const MAX_REFRESHING: usize = 4;
 
+/// Keys a feed question subscribes at most per server (servers refuse requests of more than
+/// their `max_keys_per_request`, 4M by default); the rest go with the next questions.
+const MAX_SUBSCRIBE: usize = 1 << 20;
+
 impl ReadCache {
     /// A cache of at most `capacity_rows` rows of `table`, which `kv` knows and which must be
     /// `ssp:τ` with `τ ≥ 1` (a bound of 0 leaves nothing to answer locally). Errors: an
@@ -321,12 +325,20 @@ impl ReadCache {
         }
         // the rows fetched since the last question are subscribed with this one (those the
         // copy does not hold yet are sent)
+        let mut later: Vec<Vec<u64>> = Vec::new();
         for f in &mut self.feeds {
             f.pending.sort_unstable();
             f.pending.dedup();
             let sub = &f.sub;
             f.sent.clear();
             f.sent.extend(f.pending.iter().copied().filter(|&k| !sub.contains(k)));
+            // at most MAX_SUBSCRIBE keys a question (a server refuses larger requests): the
+            // rest wait for the next one, their rows not marked
+            let rest = if f.sent.len() > MAX_SUBSCRIBE { f.sent.split_off(MAX_SUBSCRIBE) } else { Vec::new() };
+            if !rest.is_empty() {
+                f.pending.retain(|k| rest.binary_search(k).is_err());
+            }
+            later.push(rest);
         }
         let questions: Vec<FeedQuestion<'_>> =
             self.feeds.iter().map(|f| FeedQuestion { since: f.since, subscribe: Some((&f.sent, &f.sub)) }).collect();
@@ -362,7 +374,7 @@ impl ReadCache {
                     }
                 },
             );
-            f.pending.clear();
+            f.pending = later.get_mut(s).map(std::mem::take).unwrap_or_default();
             f.asked_emptied = f.emptied;
             if f.sub.add(&f.sent).is_err() {
                 // (sorted above, so not expected) the server refuses the question and keeps
