@@ -4,15 +4,13 @@
 //! as unchanged are as fresh as the answer says. Asked by subscription, the answer holds
 //! only the rows the asker subscribed to on this connection, named by rank.
 
+use super::pull::RowNames;
 use crate::conn::{decode_meta, ConnCtx, ReqResult};
 use crate::error::ServerError;
 use crate::state::{ServerState, TableSlot};
 use downpour_core::feed::{FeedPosition, FeedRead};
-use downpour_core::msg;
 use downpour_core::proto::{self, FeedReply, FeedRequest, FrameHeader};
-use downpour_core::subscription::Subscription;
-use downpour_core::KeyRange;
-use downpour_transport::{value_bytes, Connection, TransportError};
+use downpour_transport::{Connection, TransportError};
 use prost::Message;
 
 /// Rows a subscription may hold beyond twice the table's rows before it is reset (a small
@@ -106,56 +104,7 @@ pub(crate) fn feed(
         subscription_reset: reset,
     };
     let meta = prost::bytes::Bytes::from(reply.encode_to_vec());
-    if req.subscribed_only {
-        send_ranked_rows(st, h, conn, me, owned, &ctx.ranks, &ctx.out, vl, meta)?;
-    } else {
-        super::pull::send_rows(st, h, conn, me, owned, &ctx.out_keys, &ctx.out, vl, Some(meta))?;
-    }
+    let names = if req.subscribed_only { RowNames::Ranks(&ctx.ranks) } else { RowNames::Keys(&ctx.out_keys) };
+    super::pull::send_named_rows(st, h, conn, me, owned, names, &ctx.out, vl, Some(meta))?;
     Ok(Ok(()))
-}
-
-/// [`super::pull::send_rows`] for an answer by subscription: each chunk names its rows by
-/// their ranks in the subscription, delta-varint coded ([`Subscription::encode_ranks`]),
-/// and its encoding says so (`keys_delta`) and gives their number.
-#[allow(clippy::too_many_arguments)]
-fn send_ranked_rows(
-    st: &ServerState,
-    h: &FrameHeader,
-    conn: &mut dyn Connection,
-    me: u32,
-    range: KeyRange,
-    ranks: &[u64],
-    values: &[f32],
-    vl: usize,
-    last_meta: prost::bytes::Bytes,
-) -> Result<(), TransportError> {
-    let n = ranks.len();
-    let per = (st.cfg.chunk_bytes / (2 + 4 * vl.max(1))).max(1);
-    let mut coded = Vec::new();
-    let mut i = 0;
-    loop {
-        let j = (i + per).min(n);
-        let mut r = msg::reply_to(h, me);
-        r.last = j >= n;
-        r.range_begin = range.begin;
-        r.range_end = range.end;
-        if r.last {
-            r.meta = last_meta.clone();
-        }
-        coded.clear();
-        Subscription::encode_ranks(&ranks[i..j], &mut coded);
-        // the encoding marks the keys as coded (a frame's keys are otherwise whole u64s)
-        r.encoding = Some(proto::Encoding {
-            keys_delta: true,
-            keys_raw_len: ((j - i) * 8) as u64,
-            values_raw_len: ((j - i) * vl * 4) as u64,
-            num_keys: (j - i) as u64,
-            ..Default::default()
-        });
-        conn.send(&mut r, &coded, value_bytes(&values[i * vl..j * vl]))?;
-        if j >= n {
-            return Ok(());
-        }
-        i = j;
-    }
 }

@@ -7,7 +7,8 @@ use crate::gate::wait_for_clocks;
 use crate::repl::rounds::wait_for_rounds;
 use crate::state::{ServerState, TableSlot};
 use downpour_core::msg;
-use downpour_core::proto::FrameHeader;
+use downpour_core::proto::{self, FrameHeader};
+use downpour_core::subscription::Subscription;
 use downpour_core::KeyRange;
 use downpour_transport::{key_bytes, value_bytes, Connection, TransportError};
 
@@ -73,6 +74,15 @@ pub(crate) fn pull_range(
     Ok(Ok(()))
 }
 
+/// How a reply's chunks name their rows: by key (raw `u64`s), or by rank in the asker's
+/// subscription (`downpour_core::subscription`: delta-varint coded, and the chunk's encoding
+/// says so and gives their number).
+#[derive(Clone, Copy)]
+pub(crate) enum RowNames<'a> {
+    Keys(&'a [u64]),
+    Ranks(&'a [u64]),
+}
+
 /// Sends `keys` and their `values` (`vl` each; none when `vl` is 0) as the chunked reply to
 /// `h`, each chunk naming `range`, the last flagged (and carrying `last_meta` when given): a
 /// sparse range pull's reply.
@@ -88,8 +98,28 @@ pub(crate) fn send_rows(
     vl: usize,
     last_meta: Option<prost::bytes::Bytes>,
 ) -> Result<(), TransportError> {
-    let n = keys.len();
-    let per = (st.cfg.chunk_bytes / (8 + 4 * vl)).max(1);
+    send_named_rows(st, h, conn, me, range, RowNames::Keys(keys), values, vl, last_meta)
+}
+
+/// [`send_rows`] with the rows named by key or by rank.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn send_named_rows(
+    st: &ServerState,
+    h: &FrameHeader,
+    conn: &mut dyn Connection,
+    me: u32,
+    range: KeyRange,
+    names: RowNames<'_>,
+    values: &[f32],
+    vl: usize,
+    last_meta: Option<prost::bytes::Bytes>,
+) -> Result<(), TransportError> {
+    let (n, name_bytes) = match names {
+        RowNames::Keys(k) => (k.len(), 8),
+        RowNames::Ranks(r) => (r.len(), 2),
+    };
+    let per = (st.cfg.chunk_bytes / (name_bytes + 4 * vl)).max(1);
+    let mut coded = Vec::new();
     let mut i = 0;
     loop {
         let j = (i + per).min(n);
@@ -100,7 +130,23 @@ pub(crate) fn send_rows(
         if let (true, Some(m)) = (r.last, last_meta.as_ref()) {
             r.meta = m.clone();
         }
-        conn.send(&mut r, key_bytes(&keys[i..j]), value_bytes(&values[i * vl..j * vl]))?;
+        let kb: &[u8] = match names {
+            RowNames::Keys(k) => key_bytes(&k[i..j]),
+            RowNames::Ranks(ranks) => {
+                coded.clear();
+                Subscription::encode_ranks(&ranks[i..j], &mut coded);
+                // the encoding marks the keys as coded (a frame's keys are otherwise whole u64s)
+                r.encoding = Some(proto::Encoding {
+                    keys_delta: true,
+                    keys_raw_len: ((j - i) * 8) as u64,
+                    values_raw_len: ((j - i) * vl * 4) as u64,
+                    num_keys: (j - i) as u64,
+                    ..Default::default()
+                });
+                &coded
+            }
+        };
+        conn.send(&mut r, kb, value_bytes(&values[i * vl..j * vl]))?;
         if j >= n {
             return Ok(());
         }
