@@ -140,6 +140,18 @@ struct FeedState {
     asked_emptied: u64,
 }
 
+impl FeedState {
+    /// Empties this end's copy of the subscription: rows subscribed by a question numbered
+    /// below `floor` no longer count, and an answer to a question sent before now is not
+    /// read against the emptied copy. The next question's count and digest then differ
+    /// from the server's copy, which starts over too.
+    fn forget_copy(&mut self, floor: u64) {
+        self.sub.clear();
+        self.floor = floor;
+        self.emptied += 1;
+    }
+}
+
 /// The read cache of one `ssp` table (see the module doc).
 pub struct ReadCache {
     table: u32,
@@ -348,10 +360,8 @@ impl ReadCache {
                 // some server may have taken its part: no copy can be trusted, and no row
                 // counts as subscribed until subscribed again
                 for f in &mut self.feeds {
-                    f.sub.clear();
-                    f.floor = f.count + 2;
+                    f.forget_copy(f.count + 2);
                     f.sent.clear();
-                    f.emptied += 1;
                 }
                 return Err(e);
             }
@@ -379,9 +389,7 @@ impl ReadCache {
             if f.sub.add(&f.sent).is_err() {
                 // (sorted above, so not expected) the server refuses the question and keeps
                 // its copy; this one starts over, and the next question resets both
-                f.sub.clear();
-                f.floor = f.count + 2;
-                f.emptied += 1;
+                f.forget_copy(f.count + 2);
             }
         }
         *self.in_flight.entry(self.pushes).or_default() += 1;
@@ -414,8 +422,7 @@ impl ReadCache {
                     // the copies differ: the next question, with a count the server's copy
                     // does not have, starts both over; this answer is not taken
                     tracing::warn!("server {s}: feed answer by subscription: {e}; subscribing again");
-                    f.sub.clear();
-                    f.floor = k + 1;
+                    f.forget_copy(k + 1);
                     a.known = false;
                 }
             }
@@ -755,10 +762,8 @@ impl ReadCache {
                 f.chain_start = f.count + 1;
                 // and the servers stop sending the rows dropped: the next question's
                 // count differs from their copies', so both start over
-                f.sub.clear();
+                f.forget_copy(f.count + 2);
                 f.pending.clear();
-                f.floor = f.count + 2;
-                f.emptied += 1;
             }
         }
         // the own pushes made after the fetch was sent, to add to the rows it writes: both
