@@ -126,6 +126,15 @@ impl TlsSetup {
         Ok(TlsSetup { client: Arc::new(client), server: Arc::new(server), server_name: cfg.server_name.clone() })
     }
 
+    /// The accepting side's settings for HTTP/2 (the gRPC transport): the same
+    /// certificates and client verification, offering `h2` by ALPN.
+    pub(crate) fn h2_server(&self) -> Arc<ServerConfig> {
+        let mut c = (*self.server).clone();
+        c.enable_secret_extraction = false;
+        c.alpn_protocols = vec![b"h2".to_vec()];
+        Arc::new(c)
+    }
+
     /// The connecting side over `sock` to `addr` (`host:port`): the server's certificate
     /// must name `--tls-server-name`, or else the host. The handshake runs on first use (or
     /// [`TlsStream::handshake`]).

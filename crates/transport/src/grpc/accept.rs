@@ -1,0 +1,185 @@
+//! The accepting side: each accepted socket gets a runtime of its own on which its TLS
+//! handshake, its HTTP/2 connection (hyper, with tonic's generated `DataPlane` service) and
+//! its one `Exchange` stream run, all driven by the connection's own thread from its first
+//! call on (so a slow or silent peer holds only its own connection's thread, as on framed
+//! TCP).
+
+use super::connection::{GrpcConnection, Opened};
+use super::generated::data_plane_server::{DataPlane, DataPlaneServer};
+use super::tracked::{Tracked, Writes};
+use super::MAX_H2_FRAME;
+use crate::security::{check_token, RefusalLog, TOKEN_METADATA_KEY};
+use crate::{AuthToken, ConnSlot, ConnSlots, Connection, Listener, Result, TransportError};
+use downpour_core::proto::Frame;
+use parking_lot::Mutex;
+use std::io;
+use std::net::{SocketAddr, TcpListener};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status, Streaming};
+use tower_service::Service as _;
+
+/// What every connection a listener accepts is served with.
+pub(super) struct Serving {
+    pub(super) auth: Option<AuthToken>,
+    pub(super) slots: ConnSlots,
+    pub(super) refusals: RefusalLog,
+    /// Largest frame payload accepted.
+    pub(super) max_payload: u64,
+    /// Largest gRPC message either way.
+    pub(super) max_msg: usize,
+    /// HTTP/2 stream and connection windows.
+    pub(super) window: u32,
+    pub(super) tls: Option<tokio_rustls::TlsAcceptor>,
+}
+
+/// A gRPC listener: a plain (non-blocking) TCP listener whose accepted sockets are served
+/// one runtime each.
+pub(super) struct GrpcListener {
+    pub(super) l: TcpListener,
+    pub(super) local: String,
+    pub(super) serving: Arc<Serving>,
+}
+
+impl Listener for GrpcListener {
+    fn local_addr(&self) -> String {
+        self.local.clone()
+    }
+
+    fn accept(&mut self, timeout: Duration) -> Result<Option<Box<dyn Connection>>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            match self.l.accept() {
+                Ok((s, peer)) => {
+                    let Some(slot) = self.serving.slots.take() else {
+                        // Too many open connections: close this one at once.
+                        self.serving.refusals.refused(&peer.to_string(), "too many open connections");
+                        drop(s);
+                        // a never-ending flood must not keep the caller from its stop checks
+                        if Instant::now() >= deadline {
+                            return Ok(None);
+                        }
+                        continue;
+                    };
+                    match accepted(s, peer, slot, &self.serving) {
+                        Ok(c) => return Ok(Some(Box::new(c))),
+                        // The peer went away before we set the socket up: its problem.
+                        Err(_) if Instant::now() >= deadline => return Ok(None),
+                        Err(_) => continue,
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    let now = Instant::now();
+                    if now >= deadline {
+                        return Ok(None);
+                    }
+                    crate::wait::until_acceptable(&self.l, deadline - now);
+                }
+                // A connection reset before we accepted it is the peer's problem, not ours.
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::ConnectionAborted | io::ErrorKind::ConnectionReset | io::ErrorKind::Interrupted
+                    ) => {}
+                Err(e) => return Err(TransportError::Io { peer: self.local.clone(), source: e }),
+            }
+        }
+    }
+}
+
+/// Sets up an accepted socket's runtime and its serving task (which runs once the
+/// connection's thread first calls it).
+fn accepted(s: std::net::TcpStream, peer: SocketAddr, slot: ConnSlot, serving: &Arc<Serving>) -> io::Result<GrpcConnection> {
+    s.set_nonblocking(true)?;
+    s.set_nodelay(true)?;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let writes = Arc::new(Writes::default());
+    let sock = {
+        let _in = rt.enter();
+        Tracked::new(tokio::net::TcpStream::from_std(s)?, writes.clone())
+    };
+    let (opened_tx, opened_rx) = oneshot::channel();
+    let (close_tx, close_rx) = oneshot::channel();
+    let exchange = Exchange { serving: serving.clone(), peer: peer.to_string(), opened: Mutex::new(Some(opened_tx)) };
+    rt.spawn(serve(sock, serving.clone(), exchange, close_rx));
+    Ok(GrpcConnection::accepted(rt, opened_rx, close_tx, writes, peer.to_string(), serving.max_payload, slot))
+}
+
+/// The TLS handshake (when the listener has TLS), then HTTP/2 until the peer closes or
+/// `close` fires (the connection was dropped: a graceful shutdown, so what is queued is
+/// still written).
+async fn serve(sock: Tracked<tokio::net::TcpStream>, serving: Arc<Serving>, exchange: Exchange, close: oneshot::Receiver<()>) {
+    let peer = exchange.peer.clone();
+    match &serving.tls {
+        Some(acceptor) => match acceptor.accept(sock).await {
+            Ok(tls) => serve_h2(tls, &serving, exchange, close).await,
+            Err(e) => serving.refusals.refused(&peer, &format!("TLS handshake: {e}")),
+        },
+        None => serve_h2(sock, &serving, exchange, close).await,
+    }
+}
+
+async fn serve_h2<IO>(io: IO, serving: &Serving, exchange: Exchange, close: oneshot::Receiver<()>)
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let svc = DataPlaneServer::new(exchange).max_decoding_message_size(serving.max_msg).max_encoding_message_size(serving.max_msg);
+    let service = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+        let mut svc = svc.clone();
+        async move { svc.call(req.map(tonic::body::Body::new)).await }
+    });
+    let mut builder = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new());
+    builder
+        .initial_stream_window_size(serving.window)
+        .initial_connection_window_size(serving.window)
+        .adaptive_window(false)
+        .max_frame_size(MAX_H2_FRAME);
+    let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(io), service);
+    tokio::pin!(conn);
+    tokio::select! {
+        r = &mut conn => {
+            if let Err(e) = r {
+                tracing::debug!("gRPC connection ended: {e}");
+            }
+        }
+        _ = close => {
+            conn.as_mut().graceful_shutdown();
+            let _ = conn.await;
+        }
+    }
+}
+
+/// The `DataPlane` service of one accepted connection: its first `Exchange` call is the
+/// connection's stream; the token is checked there.
+struct Exchange {
+    serving: Arc<Serving>,
+    peer: String,
+    opened: Mutex<Option<oneshot::Sender<Opened>>>,
+}
+
+type ReplyStream = Pin<Box<dyn Stream<Item = std::result::Result<Frame, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl DataPlane for Exchange {
+    type ExchangeStream = ReplyStream;
+
+    async fn exchange(&self, request: Request<Streaming<Frame>>) -> std::result::Result<Response<Self::ExchangeStream>, Status> {
+        // taken whatever happens next: a refused peer's connection ends with this call
+        let Some(opened) = self.opened.lock().take() else {
+            return Err(Status::resource_exhausted("one exchange per connection"));
+        };
+        if let Some(t) = &self.serving.auth {
+            if let Err(why) = check_token(t, request.metadata().get(TOKEN_METADATA_KEY).map(|v| v.as_bytes())) {
+                self.serving.refusals.refused(&self.peer, why);
+                return Err(Status::unauthenticated(why));
+            }
+        }
+        let (tx, rx) = mpsc::channel(16);
+        opened.send((request.into_inner(), tx)).map_err(|_| Status::unavailable("node is shutting down"))?;
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}

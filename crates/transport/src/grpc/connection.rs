@@ -1,0 +1,422 @@
+//! One gRPC connection as a blocking [`Connection`]: its own current-thread tokio runtime,
+//! driven only by the thread that calls it, while that thread waits in a call. The HTTP/2
+//! connection's reads, writes and window updates run on that thread too: no hand-off to
+//! another thread per message (a wake-up across cores costs tens of µs on small VMs), which
+//! a runtime shared by all connections needed twice per message on each side.
+
+use super::tracked::Writes;
+use super::CHUNK;
+use crate::{ConnSlot, Connection, Result, TrafficStats, TransportError};
+use bytes::Bytes;
+use downpour_core::codec;
+use downpour_core::proto::{Frame, FrameHeader};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::{Duration, Instant};
+use tokio::runtime::Runtime;
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::Stream;
+use tonic::{Status, Streaming};
+
+/// How long a closed connection's runtime keeps running, on a thread of its own, to write
+/// what is still queued (a last reply, the stream's end) before it is dropped.
+const LINGER: Duration = Duration::from_secs(2);
+
+/// The accepted side's stream, once the peer has opened it: what it sends, and the sender
+/// of the replies.
+pub(super) type Opened = (Streaming<Frame>, mpsc::Sender<std::result::Result<Frame, Status>>);
+
+/// Where the connection's stream stands.
+enum Io {
+    /// Accepted; the peer's TLS handshake, HTTP/2 handshake and `Exchange` call are still to
+    /// come (they run on the connection's thread, at its first call). The sender is dropped
+    /// when the peer is refused or goes away first.
+    Pending(oneshot::Receiver<Opened>),
+    /// The exchange is open.
+    Open { tx: Outbound, inbound: Box<Streaming<Frame>> },
+    /// Ended before it opened (refused, or the peer went away), or dropped.
+    Closed,
+}
+
+enum Outbound {
+    Client(mpsc::Sender<Frame>),
+    Server(mpsc::Sender<std::result::Result<Frame, Status>>),
+}
+
+/// A gRPC connection (either side).
+pub(super) struct GrpcConnection {
+    /// The connection's runtime; `None` only while being dropped.
+    rt: Option<Runtime>,
+    io: Io,
+    /// (Accepted side) dropping it asks the HTTP/2 connection to shut down once its stream
+    /// is done.
+    close: Option<oneshot::Sender<()>>,
+    /// The socket's writes: whether one waits for room.
+    writes: Arc<Writes>,
+    peer: String,
+    /// The received frame's first message's payload, and what is still to come.
+    current: Option<Part>,
+    /// Largest payload of a frame accepted (the transport's frame limit).
+    max_payload: u64,
+    /// What [`Connection::readable`] took off the stream, returned by the next receive.
+    peeked: Option<std::result::Result<Option<Frame>, Status>>,
+    timeout: Option<Duration>,
+    stats: TrafficStats,
+    /// (Accepted connections) the slot counted against the connection limit.
+    _slot: Option<ConnSlot>,
+}
+
+/// The payload of a frame's first message, and how many bytes of keys and values follow in
+/// continuation messages.
+struct Part {
+    keys: Bytes,
+    values: Bytes,
+    rest_keys: u64,
+    rest_values: u64,
+}
+
+impl GrpcConnection {
+    /// The connecting side: the exchange is open.
+    pub(super) fn connected(
+        rt: Runtime,
+        tx: mpsc::Sender<Frame>,
+        inbound: Streaming<Frame>,
+        writes: Arc<Writes>,
+        peer: String,
+        max_payload: u64,
+    ) -> GrpcConnection {
+        GrpcConnection::new(rt, Io::Open { tx: Outbound::Client(tx), inbound: Box::new(inbound) }, None, writes, peer, max_payload, None)
+    }
+
+    /// The accepted side: `opened` brings the stream once the peer has opened it; dropping
+    /// `close` shuts the HTTP/2 connection down.
+    pub(super) fn accepted(
+        rt: Runtime,
+        opened: oneshot::Receiver<Opened>,
+        close: oneshot::Sender<()>,
+        writes: Arc<Writes>,
+        peer: String,
+        max_payload: u64,
+        slot: ConnSlot,
+    ) -> GrpcConnection {
+        GrpcConnection::new(rt, Io::Pending(opened), Some(close), writes, peer, max_payload, Some(slot))
+    }
+
+    fn new(
+        rt: Runtime,
+        io: Io,
+        close: Option<oneshot::Sender<()>>,
+        writes: Arc<Writes>,
+        peer: String,
+        max_payload: u64,
+        slot: Option<ConnSlot>,
+    ) -> Self {
+        GrpcConnection {
+            rt: Some(rt),
+            io,
+            close,
+            writes,
+            peer,
+            current: None,
+            max_payload,
+            peeked: None,
+            timeout: None,
+            stats: Default::default(),
+            _slot: slot,
+        }
+    }
+
+    fn malformed(&self, why: String) -> TransportError {
+        TransportError::Protocol { peer: self.peer.clone(), source: downpour_wire::WireError::Malformed(why) }
+    }
+
+    fn closed(&self) -> TransportError {
+        TransportError::Closed { peer: self.peer.clone() }
+    }
+
+    /// Runs `f` on the connection's runtime, within `timeout` when given.
+    fn run<F: Future>(&self, timeout: Option<Duration>, f: F) -> Result<F::Output> {
+        let Some(rt) = &self.rt else { return Err(self.closed()) };
+        match timeout {
+            None => Ok(rt.block_on(f)),
+            Some(t) => rt
+                .block_on(async { tokio::time::timeout(t, f).await })
+                .map_err(|_| TransportError::Timeout { peer: self.peer.clone(), after: t }),
+        }
+    }
+
+    /// Waits (within `timeout`) for an accepted connection's peer to open its stream.
+    fn open(&mut self, timeout: Option<Duration>) -> Result<()> {
+        let Io::Pending(rx) = &mut self.io else { return Ok(()) };
+        let Some(rt) = &self.rt else { return Err(self.closed()) };
+        let got = match timeout {
+            None => rt.block_on(rx),
+            Some(t) => match rt.block_on(async { tokio::time::timeout(t, &mut *rx).await }) {
+                Ok(r) => r,
+                Err(_) => return Err(TransportError::Timeout { peer: self.peer.clone(), after: t }),
+            },
+        };
+        self.io = match got {
+            Ok((inbound, tx)) => Io::Open { tx: Outbound::Server(tx), inbound: Box::new(inbound) },
+            Err(_) => Io::Closed,
+        };
+        Ok(())
+    }
+
+    fn push(&mut self, frame: Frame) -> Result<()> {
+        self.open(self.timeout)?;
+        let ok = match &self.io {
+            Io::Open { tx: Outbound::Client(t), .. } => self.run(None, t.send(frame))?.is_ok(),
+            Io::Open { tx: Outbound::Server(t), .. } => self.run(None, t.send(Ok(frame)))?.is_ok(),
+            _ => false,
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(self.closed())
+        }
+    }
+
+    /// Returns once every message sent is in the kernel's socket buffer (as a framed-TCP
+    /// send does): the stream's queue is empty, the HTTP/2 connection has written what it
+    /// took (a few rounds of its tasks), and no write waits for room. Nothing that was sent
+    /// then depends on this thread's next call.
+    fn flush(&mut self) -> Result<()> {
+        let Io::Open { tx, .. } = &self.io else { return Err(self.closed()) };
+        let writes = &self.writes;
+        self.run(None, async {
+            // all permits back: the stream has taken every queued message (or has ended)
+            let _ = match tx {
+                Outbound::Client(t) => t.reserve_many(t.max_capacity()).await.map(drop),
+                Outbound::Server(t) => t.reserve_many(t.max_capacity()).await.map(drop),
+            };
+            loop {
+                for _ in 0..3 {
+                    tokio::task::yield_now().await;
+                }
+                if !writes.is_blocked() {
+                    return;
+                }
+                writes.unblocked().await;
+            }
+        })
+    }
+
+    /// The next message of the stream (None at its end), within the receive timeout.
+    fn next_message(&mut self) -> Result<Option<Frame>> {
+        let next = match self.peeked.take() {
+            Some(p) => p,
+            None => {
+                let started = Instant::now();
+                self.open(self.timeout)?;
+                let left = self.timeout.map(|t| t.saturating_sub(started.elapsed()));
+                let Some(rt) = &self.rt else { return Err(self.closed()) };
+                let Io::Open { inbound, .. } = &mut self.io else { return Ok(None) };
+                match left {
+                    None => rt.block_on(inbound.message()),
+                    Some(t) => match rt.block_on(async { tokio::time::timeout(t, inbound.message()).await }) {
+                        Ok(r) => r,
+                        Err(_) => return Err(TransportError::Timeout { peer: self.peer.clone(), after: self.timeout.unwrap_or(t) }),
+                    },
+                }
+            }
+        };
+        match next {
+            Ok(f) => Ok(f),
+            Err(s) if s.code() == tonic::Code::Cancelled || s.code() == tonic::Code::Unavailable => Ok(None),
+            // The peer's process ended without closing its stream (the TCP connection went
+            // away under HTTP/2): a close, like a reset TCP connection, not a protocol error.
+            Err(s) if s.code() == tonic::Code::Unknown && s.message().contains("error reading a body from connection") => Ok(None),
+            Err(s) => Err(TransportError::Io {
+                peer: self.peer.clone(),
+                source: std::io::Error::other(format!("gRPC status {:?}: {}", s.code(), s.message())),
+            }),
+        }
+    }
+
+    /// The next continuation message of the frame being received.
+    fn continuation(&mut self) -> Result<Frame> {
+        match self.next_message()? {
+            Some(f) if f.header.is_none() => Ok(f),
+            Some(_) => Err(self.malformed("a new frame began inside a frame's payload".into())),
+            None => Err(self.closed()),
+        }
+    }
+}
+
+impl Connection for GrpcConnection {
+    fn send(&mut self, header: &mut FrameHeader, keys: &[u8], values: &[u8]) -> Result<()> {
+        header.keys_len = keys.len() as u64;
+        header.values_len = values.len() as u64;
+        let (mut k, mut v) = (keys, values);
+        let mut first = Some(header.clone());
+        loop {
+            let nk = k.len().min(CHUNK);
+            let nv = v.len().min(CHUNK - nk);
+            let frame = Frame { header: first.take(), keys: Bytes::copy_from_slice(&k[..nk]), values: Bytes::copy_from_slice(&v[..nv]) };
+            (k, v) = (&k[nk..], &v[nv..]);
+            self.push(frame)?;
+            if k.is_empty() && v.is_empty() {
+                break;
+            }
+        }
+        self.flush()?;
+        self.stats.bytes_sent += (keys.len() + values.len()) as u64;
+        self.stats.frames_sent += 1;
+        Ok(())
+    }
+
+    fn recv_header(&mut self) -> Result<Option<FrameHeader>> {
+        if let Some(p) = self.current.take() {
+            // The caller skipped a payload: drain its continuations to stay in sync.
+            let mut left = p.rest_keys + p.rest_values;
+            while left > 0 {
+                let f = self.continuation()?;
+                left = left
+                    .checked_sub((f.keys.len() + f.values.len()) as u64)
+                    .ok_or_else(|| self.malformed("a continuation longer than its frame".into()))?;
+            }
+        }
+        let Some(frame) = self.next_message()? else { return Ok(None) };
+        let h = frame.header.ok_or_else(|| self.malformed("frame without header".into()))?;
+        let (fk, fv) = (frame.keys.len() as u64, frame.values.len() as u64);
+        // the first message begins the payload: keys first, values once the keys are whole
+        if fk > h.keys_len || fv > h.values_len || (fv > 0 && fk < h.keys_len) {
+            return Err(self.malformed(format!("a frame of {}+{} bytes whose first message carries {fk}+{fv}", h.keys_len, h.values_len)));
+        }
+        codec::check_payload(&h, &downpour_core::codec::FrameLimits { max_payload_bytes: self.max_payload })
+            .map_err(|e| TransportError::Protocol { peer: self.peer.clone(), source: e })?;
+        self.stats.bytes_received += h.keys_len + h.values_len;
+        self.stats.frames_received += 1;
+        self.current = Some(Part { keys: frame.keys, values: frame.values, rest_keys: h.keys_len - fk, rest_values: h.values_len - fv });
+        Ok(Some(h))
+    }
+
+    fn recv_payload(&mut self, keys: &mut [u8], values: &mut [u8]) -> Result<()> {
+        let Some(p) = self.current.take() else { return crate::fill_payload(&self.peer, &[], &[], keys, values) };
+        let (fk, fv) = (p.keys.len(), p.values.len());
+        if keys.len() as u64 != fk as u64 + p.rest_keys || values.len() as u64 != fv as u64 + p.rest_values {
+            return Err(self.malformed(format!(
+                "payload buffers of {}+{} bytes for a frame of {}+{} bytes",
+                keys.len(),
+                values.len(),
+                fk as u64 + p.rest_keys,
+                fv as u64 + p.rest_values
+            )));
+        }
+        keys[..fk].copy_from_slice(&p.keys);
+        values[..fv].copy_from_slice(&p.values);
+        drop(p);
+        let (mut ka, mut va) = (fk, fv);
+        while ka < keys.len() || va < values.len() {
+            let f = self.continuation()?;
+            let (nk, nv) = (f.keys.len(), f.values.len());
+            if ka + nk > keys.len() || va + nv > values.len() || (nv > 0 && ka + nk < keys.len()) {
+                return Err(self.malformed("a continuation that does not fit its frame".into()));
+            }
+            keys[ka..ka + nk].copy_from_slice(&f.keys);
+            values[va..va + nv].copy_from_slice(&f.values);
+            (ka, va) = (ka + nk, va + nv);
+        }
+        Ok(())
+    }
+
+    fn set_recv_timeout(&mut self, timeout: Option<Duration>) -> Result<()> {
+        self.timeout = timeout;
+        Ok(())
+    }
+
+    fn readable(&mut self) -> Result<bool> {
+        if self.peeked.is_some() {
+            return Ok(true);
+        }
+        let Some(rt) = &self.rt else { return Ok(true) };
+        // Nothing else runs this runtime: let its tasks take what the socket holds (a few
+        // rounds: the connection's task, then the stream's), without blocking.
+        let io = &mut self.io;
+        let polled = rt.block_on(async {
+            for _ in 0..4 {
+                if let Io::Pending(rx) = io {
+                    match std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut *rx).poll(cx))).await {
+                        Poll::Ready(Ok((inbound, tx))) => *io = Io::Open { tx: Outbound::Server(tx), inbound: Box::new(inbound) },
+                        Poll::Ready(Err(_)) => *io = Io::Closed,
+                        Poll::Pending => {}
+                    }
+                }
+                match io {
+                    Io::Closed => return Poll::Ready(None),
+                    Io::Open { inbound, .. } => {
+                        let p = std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut *inbound).poll_next(cx))).await;
+                        if p.is_ready() {
+                            return p;
+                        }
+                    }
+                    Io::Pending(_) => {}
+                }
+                tokio::task::yield_now().await;
+            }
+            Poll::Pending
+        });
+        match polled {
+            Poll::Ready(next) => {
+                self.peeked = Some(next.transpose());
+                Ok(true)
+            }
+            Poll::Pending => Ok(false),
+        }
+    }
+
+    fn peer(&self) -> &str {
+        &self.peer
+    }
+
+    fn stats(&self) -> TrafficStats {
+        self.stats
+    }
+}
+
+impl Drop for GrpcConnection {
+    fn drop(&mut self) {
+        let Some(rt) = self.rt.take() else { return };
+        // End this side: the stream ends, an accepted connection's HTTP/2 connection shuts
+        // down once its stream is done, a connecting side's closes once nothing uses it.
+        self.io = Io::Closed;
+        self.close = None;
+        self.peeked = None;
+        self.current = None;
+        // Its tasks may still have to write what is queued: let them, briefly here, and if
+        // that is not enough, on a thread of their own (bounded by LINGER).
+        if settle(&rt, Duration::ZERO) {
+            return;
+        }
+        let _ = std::thread::Builder::new().name("downpour-grpc-close".into()).spawn(move || {
+            settle(&rt, LINGER);
+        });
+    }
+}
+
+/// Runs `rt`'s tasks until none is left (true) or `within` has passed (a few rounds at
+/// least, without waiting for the socket when `within` is zero).
+fn settle(rt: &Runtime, within: Duration) -> bool {
+    let metrics = rt.metrics();
+    let deadline = Instant::now() + within;
+    rt.block_on(async {
+        let mut rounds = 0;
+        loop {
+            if metrics.num_alive_tasks() == 0 {
+                return true;
+            }
+            rounds += 1;
+            if rounds > 4 && Instant::now() >= deadline {
+                return false;
+            }
+            if rounds <= 4 {
+                tokio::task::yield_now().await;
+            } else {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+    })
+}
