@@ -135,15 +135,29 @@ impl TlsSetup {
         Arc::new(c)
     }
 
-    /// The connecting side over `sock` to `addr` (`host:port`): the server's certificate
-    /// must name `--tls-server-name`, or else the host. The handshake runs on first use (or
-    /// [`TlsStream::handshake`]).
-    pub(crate) fn client(&self, sock: TcpStream, addr: &str) -> Result<TlsStream, String> {
+    /// The connecting side's settings for HTTP/2 (the gRPC transport), offering `h2` by
+    /// ALPN, and the name the server's certificate must have for `addr` (`host:port`).
+    pub(crate) fn h2_client(&self, addr: &str) -> Result<(Arc<ClientConfig>, ServerName<'static>), String> {
+        let mut c = (*self.client).clone();
+        c.enable_secret_extraction = false;
+        c.alpn_protocols = vec![b"h2".to_vec()];
+        Ok((Arc::new(c), self.server_name(addr)?))
+    }
+
+    /// `--tls-server-name`, or else the host of `addr`.
+    fn server_name(&self, addr: &str) -> Result<ServerName<'static>, String> {
         let host = match &self.server_name {
             Some(n) => n.clone(),
             None => addr.rsplit_once(':').map_or(addr, |(h, _)| h).trim_matches(['[', ']']).to_string(),
         };
-        let name = ServerName::try_from(host.clone()).map_err(|e| format!("{host:?} is not a TLS server name: {e}"))?;
+        ServerName::try_from(host.clone()).map_err(|e| format!("{host:?} is not a TLS server name: {e}"))
+    }
+
+    /// The connecting side over `sock` to `addr` (`host:port`): the server's certificate
+    /// must name `--tls-server-name`, or else the host. The handshake runs on first use (or
+    /// [`TlsStream::handshake`]).
+    pub(crate) fn client(&self, sock: TcpStream, addr: &str) -> Result<TlsStream, String> {
+        let name = self.server_name(addr)?;
         let conn = UnbufferedClientConnection::new(self.client.clone(), name).map_err(|e| format!("TLS: {e}"))?;
         Ok(TlsStream::new(sock, Phase::Client(Box::new(conn))))
     }

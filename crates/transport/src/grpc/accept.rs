@@ -6,7 +6,8 @@
 
 use super::connection::{GrpcConnection, Opened};
 use super::generated::data_plane_server::{DataPlane, DataPlaneServer};
-use super::tracked::{Tracked, Writes};
+use super::tracked::{Blocked, Counted, Writes};
+use super::Socket;
 use super::MAX_H2_FRAME;
 use crate::security::{check_token, RefusalLog, TOKEN_METADATA_KEY};
 use crate::{AuthToken, ConnSlot, ConnSlots, Connection, Listener, Result, TransportError};
@@ -100,27 +101,33 @@ fn accepted(s: std::net::TcpStream, peer: SocketAddr, slot: ConnSlot, serving: &
     let writes = Arc::new(Writes::default());
     let sock = {
         let _in = rt.enter();
-        Tracked::new(tokio::net::TcpStream::from_std(s)?, writes.clone())
+        Blocked::new(tokio::net::TcpStream::from_std(s)?, writes.clone())
     };
     let (opened_tx, opened_rx) = oneshot::channel();
     let (close_tx, close_rx) = oneshot::channel();
     let exchange = Exchange { serving: serving.clone(), peer: peer.to_string(), opened: Mutex::new(Some(opened_tx)) };
-    rt.spawn(serve(sock, serving.clone(), exchange, close_rx));
+    rt.spawn(serve(sock, writes.clone(), serving.clone(), exchange, close_rx));
     Ok(GrpcConnection::accepted(rt, opened_rx, close_tx, writes, peer.to_string(), serving.max_payload, slot))
 }
 
 /// The TLS handshake (when the listener has TLS), then HTTP/2 until the peer closes or
 /// `close` fires (the connection was dropped: a graceful shutdown, so what is queued is
 /// still written).
-async fn serve(sock: Tracked<tokio::net::TcpStream>, serving: Arc<Serving>, exchange: Exchange, close: oneshot::Receiver<()>) {
-    let peer = exchange.peer.clone();
-    match &serving.tls {
+async fn serve(
+    sock: Blocked<tokio::net::TcpStream>,
+    writes: Arc<Writes>,
+    serving: Arc<Serving>,
+    exchange: Exchange,
+    close: oneshot::Receiver<()>,
+) {
+    let io: Box<dyn Socket> = match &serving.tls {
         Some(acceptor) => match acceptor.accept(sock).await {
-            Ok(tls) => serve_h2(tls, &serving, exchange, close).await,
-            Err(e) => serving.refusals.refused(&peer, &format!("TLS handshake: {e}")),
+            Ok(tls) => Box::new(tls),
+            Err(e) => return serving.refusals.refused(&exchange.peer, &format!("TLS handshake: {e}")),
         },
-        None => serve_h2(sock, &serving, exchange, close).await,
-    }
+        None => Box::new(sock),
+    };
+    serve_h2(Counted::new(io, writes, false), &serving, exchange, close).await
 }
 
 async fn serve_h2<IO>(io: IO, serving: &Serving, exchange: Exchange, close: oneshot::Receiver<()>)

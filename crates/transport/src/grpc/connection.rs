@@ -24,6 +24,9 @@ use tonic::{Status, Streaming};
 /// what is still queued (a last reply, the stream's end) before it is dropped.
 const LINGER: Duration = Duration::from_secs(2);
 
+/// gRPC's prefix of each message in the HTTP/2 body: a compression flag and a 32-bit length.
+const GRPC_PREFIX: u64 = 5;
+
 /// The accepted side's stream, once the peer has opened it: what it sends, and the sender
 /// of the replies.
 pub(super) type Opened = (Streaming<Frame>, mpsc::Sender<std::result::Result<Frame, Status>>);
@@ -53,8 +56,11 @@ pub(super) struct GrpcConnection {
     /// (Accepted side) dropping it asks the HTTP/2 connection to shut down once its stream
     /// is done.
     close: Option<oneshot::Sender<()>>,
-    /// The socket's writes: whether one waits for room.
+    /// What the connection has written.
     writes: Arc<Writes>,
+    /// The gRPC body bytes of the messages sent so far (each message's encoding and its
+    /// 5-byte prefix): what HTTP/2 has to have written once a send returns.
+    body_sent: u64,
     peer: String,
     /// The received frame's first message's payload, and what is still to come.
     current: Option<Part>,
@@ -118,6 +124,7 @@ impl GrpcConnection {
             io,
             close,
             writes,
+            body_sent: 0,
             peer,
             current: None,
             max_payload,
@@ -167,6 +174,7 @@ impl GrpcConnection {
 
     fn push(&mut self, frame: Frame) -> Result<()> {
         self.open(self.timeout)?;
+        self.body_sent += GRPC_PREFIX + prost::Message::encoded_len(&frame) as u64;
         let ok = match &self.io {
             Io::Open { tx: Outbound::Client(t), .. } => self.run(None, t.send(frame))?.is_ok(),
             Io::Open { tx: Outbound::Server(t), .. } => self.run(None, t.send(Ok(frame)))?.is_ok(),
@@ -180,28 +188,30 @@ impl GrpcConnection {
     }
 
     /// Returns once every message sent is in the kernel's socket buffer (as a framed-TCP
-    /// send does): the stream's queue is empty, the HTTP/2 connection has written what it
-    /// took (a few rounds of its tasks), and no write waits for room. Nothing that was sent
-    /// then depends on this thread's next call.
+    /// send does): HTTP/2 has written all of their bytes in DATA frames (waiting, as long
+    /// as it takes, for the peer's flow-control window) and no write waits for room in the
+    /// socket. Nothing that was sent then depends on this thread's next call.
     fn flush(&mut self) -> Result<()> {
         let Io::Open { tx, .. } = &self.io else { return Err(self.closed()) };
-        let writes = &self.writes;
-        self.run(None, async {
-            // all permits back: the stream has taken every queued message (or has ended)
-            let _ = match tx {
-                Outbound::Client(t) => t.reserve_many(t.max_capacity()).await.map(drop),
-                Outbound::Server(t) => t.reserve_many(t.max_capacity()).await.map(drop),
-            };
-            loop {
-                for _ in 0..3 {
-                    tokio::task::yield_now().await;
-                }
-                if !writes.is_blocked() {
-                    return;
-                }
-                writes.unblocked().await;
+        let (writes, body) = (&self.writes, self.body_sent);
+        // the stream's end (its HTTP/2 connection failed or was reset) ends the wait
+        let written = self.run(None, async {
+            tokio::select! {
+                biased;
+                _ = writes.written(body) => true,
+                _ = async {
+                    match tx {
+                        Outbound::Client(t) => t.closed().await,
+                        Outbound::Server(t) => t.closed().await,
+                    }
+                } => false,
             }
-        })
+        })?;
+        if written {
+            Ok(())
+        } else {
+            Err(self.closed())
+        }
     }
 
     /// The next message of the stream (None at its end), within the receive timeout.

@@ -31,9 +31,8 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataValue;
-use tonic::transport::{Certificate, ClientTlsConfig, Identity};
 use tonic::Request;
-use tracked::{Tracked, Writes};
+use tracked::{Blocked, Counted, Writes};
 
 #[allow(missing_docs, clippy::all)]
 mod generated {
@@ -51,6 +50,8 @@ pub(crate) const CHUNK: usize = 1 << 20;
 /// gRPC transport.
 pub struct GrpcTransport {
     cfg: NetConfig,
+    /// Both sides' TLS settings, built once.
+    tls: Option<Arc<TlsSetup>>,
     /// The accepting side's TLS settings (HTTP/2 by ALPN), built once.
     tls_acceptor: Option<tokio_rustls::TlsAcceptor>,
 }
@@ -58,14 +59,12 @@ pub struct GrpcTransport {
 impl GrpcTransport {
     /// Checks the TLS material (when given); connections make their runtimes as they open.
     pub fn new(cfg: NetConfig) -> Result<Self> {
-        let tls_acceptor = match &cfg.tls {
-            Some(t) => {
-                let setup = TlsSetup::new(t).map_err(|reason| TransportError::Bind { addr: "grpc transport".into(), reason })?;
-                Some(tokio_rustls::TlsAcceptor::from(setup.h2_server()))
-            }
+        let tls = match &cfg.tls {
+            Some(t) => Some(Arc::new(TlsSetup::new(t).map_err(|reason| TransportError::Bind { addr: "grpc transport".into(), reason })?)),
             None => None,
         };
-        Ok(GrpcTransport { cfg, tls_acceptor })
+        let tls_acceptor = tls.as_ref().map(|setup| tokio_rustls::TlsAcceptor::from(setup.h2_server()));
+        Ok(GrpcTransport { cfg, tls, tls_acceptor })
     }
 
     /// The largest message either side sends or accepts: one chunk and a header. A frame's
@@ -83,19 +82,16 @@ impl Transport for GrpcTransport {
 
     fn connect(&self, addr: &str, timeout: Duration) -> Result<Box<dyn Connection>> {
         let err = |reason: String| TransportError::Connect { addr: addr.to_string(), reason };
-        let scheme = if self.cfg.tls.is_some() { "https" } else { "http" };
-        let mut endpoint = tonic::transport::Endpoint::from_shared(format!("{scheme}://{addr}")).map_err(|e| err(e.to_string()))?;
-        if let Some(tls) = &self.cfg.tls {
-            let host = match addr.rsplit_once(':') {
-                Some((h, _)) => h.trim_start_matches('[').trim_end_matches(']').to_string(),
-                None => addr.to_string(),
-            };
-            let cfg = ClientTlsConfig::new()
-                .ca_certificate(Certificate::from_pem(&tls.ca_pem))
-                .identity(Identity::from_pem(&tls.cert_pem, &tls.key_pem))
-                .domain_name(tls.server_name.clone().unwrap_or(host));
-            endpoint = endpoint.tls_config(cfg).map_err(|e| err(format!("TLS settings: {e}")))?;
-        }
+        // TLS is the dialer's (`Dial`), below HTTP/2, so that what HTTP/2 writes can be
+        // counted; the URI's scheme is only the request's `:scheme`
+        let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}")).map_err(|e| err(e.to_string()))?;
+        let tls = match &self.tls {
+            Some(setup) => {
+                let (cfg, name) = setup.h2_client(addr).map_err(err)?;
+                Some((tokio_rustls::TlsConnector::from(cfg), name))
+            }
+            None => None,
+        };
         let token = match &self.cfg.auth {
             Some(t) => Some(MetadataValue::try_from(t.secret()).map_err(|e| err(format!("auth token: {e}")))?),
             None => None,
@@ -117,7 +113,7 @@ impl Transport for GrpcTransport {
             .map_err(|e| TransportError::Io { peer: addr.to_string(), source: e })?;
         let inbound = rt.block_on(async move {
             let channel = endpoint
-                .connect_with_connector(Dial { writes: dial_writes })
+                .connect_with_connector(Dial { writes: dial_writes, tls })
                 .await
                 .map_err(|e| err(format!("{e} ({:?})", std::error::Error::source(&e))))?;
             let mut client = DataPlaneClient::new(channel).max_decoding_message_size(max).max_encoding_message_size(max);
@@ -158,14 +154,19 @@ impl Transport for GrpcTransport {
     }
 }
 
-/// The connecting side's socket: a TCP connection to the endpoint's host and port (tonic
-/// adds TLS over it when configured), its writes tracked for [`GrpcConnection`]'s sends.
+/// A socket HTTP/2 runs over: TCP, or TLS over TCP.
+trait Socket: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin {}
+impl<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin> Socket for S {}
+
+/// The connecting side's socket: a TCP connection to the endpoint's host and port, TLS over
+/// it when configured, its writes tracked for [`GrpcConnection`]'s sends.
 struct Dial {
     writes: Arc<Writes>,
+    tls: Option<(tokio_rustls::TlsConnector, rustls::pki_types::ServerName<'static>)>,
 }
 
 impl tower_service::Service<http::Uri> for Dial {
-    type Response = hyper_util::rt::TokioIo<Tracked<tokio::net::TcpStream>>;
+    type Response = hyper_util::rt::TokioIo<Counted<Box<dyn Socket>>>;
     type Error = std::io::Error;
     type Future = std::pin::Pin<Box<dyn std::future::Future<Output = std::io::Result<Self::Response>> + Send>>;
 
@@ -175,13 +176,68 @@ impl tower_service::Service<http::Uri> for Dial {
 
     fn call(&mut self, uri: http::Uri) -> Self::Future {
         let writes = self.writes.clone();
+        let tls = self.tls.clone();
         Box::pin(async move {
             let bad = || std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("no host and port in {uri}"));
             let host = uri.host().ok_or_else(bad)?.trim_start_matches('[').trim_end_matches(']').to_string();
             let port = uri.port_u16().ok_or_else(bad)?;
             let sock = tokio::net::TcpStream::connect((host.as_str(), port)).await?;
             sock.set_nodelay(true)?;
-            Ok(hyper_util::rt::TokioIo::new(Tracked::new(sock, writes)))
+            let sock = Blocked::new(sock, writes.clone());
+            let io: Box<dyn Socket> = match tls {
+                Some((connector, name)) => {
+                    Box::new(connector.connect(name, sock).await.map_err(|e| std::io::Error::new(e.kind(), format!("TLS handshake: {e}")))?)
+                }
+                None => Box::new(sock),
+            };
+            Ok(hyper_util::rt::TokioIo::new(Counted::new(io, writes, true)))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use downpour_core::msg::{self, Op};
+
+    /// A send returns only once its frame is in the kernel: here the frame is 8× the peer's
+    /// HTTP/2 window, so its tail waits for window updates, and the sending thread makes no
+    /// further call on the connection while the receiver reads (a tail left in HTTP/2's
+    /// buffers would never arrive, and the receive would time out).
+    fn a_sent_frame_arrives_without_another_call_from_the_sender(cfg: NetConfig) {
+        let t = GrpcTransport::new(NetConfig { grpc_window: 1 << 20, ..cfg }).unwrap();
+        let mut l = t.listen("127.0.0.1:0").unwrap();
+        let local = l.local_addr();
+        let payload: Vec<u8> = (0..8 << 20).map(|i: u32| (i % 251) as u8).collect();
+        std::thread::scope(|sc| {
+            let rx = sc.spawn(|| {
+                let mut s = l.accept(Duration::from_secs(5)).unwrap().unwrap();
+                s.set_recv_timeout(Some(Duration::from_secs(10))).unwrap();
+                let h = s.recv_header().unwrap().unwrap();
+                let mut v = vec![0; h.values_len as usize];
+                s.recv_payload(&mut [], &mut v).unwrap();
+                v == payload
+            });
+            let mut c = t.connect(&local, Duration::from_secs(5)).unwrap();
+            let mut h = msg::request(Op::Push, 1, 1, 0, 1);
+            c.send(&mut h, &[], &payload).unwrap();
+            // no further call on `c` until the receiver is done
+            assert!(rx.join().unwrap(), "the frame arrived whole");
+            drop(c);
+        });
+    }
+
+    #[test]
+    fn a_sent_frame_arrives_without_another_call_from_the_sender_over_a_small_window() {
+        a_sent_frame_arrives_without_another_call_from_the_sender(NetConfig::default());
+    }
+
+    #[cfg(feature = "test-tls")]
+    #[test]
+    fn a_sent_frame_arrives_without_another_call_from_the_sender_over_tls() {
+        a_sent_frame_arrives_without_another_call_from_the_sender(NetConfig {
+            tls: Some(crate::security::throwaway_tls()),
+            ..NetConfig::default()
+        });
     }
 }
