@@ -574,7 +574,7 @@ fn run(cli: Cli, s: Settings, exe: &Program) -> Result<()> {
             }
             if s.transport == downpour_transport::TransportKind::Grpc {
                 tracing::info!(
-                    "--transport grpc: bulk pushes and pulls run at about a third of framed TCP's speed \
+                    "--transport grpc: bulk pushes and pulls run at about three quarters of framed TCP's speed \
                      (docs/benchmarks.md); framed TCP, the default, has TLS too. gRPC is for networks that pass only HTTP/2."
                 );
             }

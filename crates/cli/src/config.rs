@@ -19,8 +19,8 @@ pub struct CommonArgs {
     #[arg(long, global = true, env = "DOWNPOUR_CONFIG")]
     pub config: Option<PathBuf>,
     /// Network transport between nodes: tcp (framed TCP: the default, fastest, TLS with
-    /// --tls-*) or grpc (HTTP/2, for networks that pass nothing else; about a third of
-    /// framed TCP's bulk throughput).
+    /// --tls-*) or grpc (HTTP/2, for networks that pass nothing else; about three quarters
+    /// of framed TCP's bulk throughput).
     #[arg(long, global = true, env = "DOWNPOUR_TRANSPORT")]
     pub transport: Option<TransportKind>,
     /// Largest request chunk in bytes; bigger requests are streamed in chunks.
