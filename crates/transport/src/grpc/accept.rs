@@ -68,9 +68,14 @@ impl Listener for GrpcListener {
                     };
                     match accepted(s, peer, slot, &self.serving) {
                         Ok(c) => return Ok(Some(Box::new(c))),
-                        // The peer went away before we set the socket up: its problem.
-                        Err(_) if Instant::now() >= deadline => return Ok(None),
-                        Err(_) => continue,
+                        // The peer went away before we set the socket up (its problem), or
+                        // this node is out of descriptors: said once per host.
+                        Err(e) => {
+                            self.serving.refusals.refused(&peer.to_string(), &format!("setting the connection up: {e}"));
+                            if Instant::now() >= deadline {
+                                return Ok(None);
+                            }
+                        }
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -105,7 +110,8 @@ fn accepted(s: std::net::TcpStream, peer: SocketAddr, slot: ConnSlot, serving: &
     };
     let (opened_tx, opened_rx) = oneshot::channel();
     let (close_tx, close_rx) = oneshot::channel();
-    let exchange = Exchange { serving: serving.clone(), peer: peer.to_string(), opened: Mutex::new(Some(opened_tx)) };
+    let exchange =
+        Exchange { serving: serving.clone(), peer: peer.to_string(), opened: Mutex::new(Some(opened_tx)), opened_once: Default::default() };
     rt.spawn(serve(sock, writes.clone(), serving.clone(), exchange, close_rx));
     Ok(GrpcConnection::accepted(rt, opened_rx, close_tx, writes, peer.to_string(), serving.max_payload, slot))
 }
@@ -134,6 +140,7 @@ async fn serve_h2<IO>(io: IO, serving: &Serving, exchange: Exchange, close: ones
 where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
+    let (peer, opened) = (exchange.peer.clone(), exchange.opened_once.clone());
     let svc = DataPlaneServer::new(exchange).max_decoding_message_size(serving.max_msg).max_encoding_message_size(serving.max_msg);
     let service = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
         let mut svc = svc.clone();
@@ -151,6 +158,10 @@ where
         r = &mut conn => {
             if let Err(e) = r {
                 tracing::debug!("gRPC connection ended: {e}");
+                if !opened.load(std::sync::atomic::Ordering::Acquire) {
+                    // e.g. a framed-TCP client dialling a gRPC node
+                    serving.refusals.refused(&peer, &format!("HTTP/2: {e}"));
+                }
             }
         }
         _ = close => {
@@ -166,6 +177,8 @@ struct Exchange {
     serving: Arc<Serving>,
     peer: String,
     opened: Mutex<Option<oneshot::Sender<Opened>>>,
+    /// The stream was opened (errors after that are the connection's end, not a refusal).
+    opened_once: Arc<std::sync::atomic::AtomicBool>,
 }
 
 type ReplyStream = Pin<Box<dyn Stream<Item = std::result::Result<Frame, Status>> + Send>>;
@@ -187,6 +200,7 @@ impl DataPlane for Exchange {
         }
         let (tx, rx) = mpsc::channel(16);
         opened.send((request.into_inner(), tx)).map_err(|_| Status::unavailable("node is shutting down"))?;
+        self.opened_once.store(true, std::sync::atomic::Ordering::Release);
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 }

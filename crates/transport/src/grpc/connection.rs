@@ -6,6 +6,7 @@
 
 use super::tracked::Writes;
 use super::CHUNK;
+use crate::security::HANDSHAKE_TIMEOUT;
 use crate::{ConnSlot, Connection, Result, TrafficStats, TransportError};
 use bytes::Bytes;
 use downpour_core::codec;
@@ -21,8 +22,12 @@ use tokio_stream::Stream;
 use tonic::{Status, Streaming};
 
 /// How long a closed connection's runtime keeps running, on a thread of its own, to write
-/// what is still queued (a last reply, the stream's end) before it is dropped.
+/// what is still queued before it is dropped: a refusal, the stream's end (every frame
+/// sent is in the kernel already). The accepting side's HTTP/2 connection would wait for
+/// the peer's acknowledgement of its shutdown, which only comes while the peer's thread is
+/// in a call, so it gets the short one.
 const LINGER: Duration = Duration::from_secs(2);
+const LINGER_ACCEPTED: Duration = Duration::from_millis(100);
 
 /// gRPC's prefix of each message in the HTTP/2 body: a compression flag and a 32-bit length.
 const GRPC_PREFIX: u64 = 5;
@@ -58,6 +63,8 @@ pub(super) struct GrpcConnection {
     close: Option<oneshot::Sender<()>>,
     /// What the connection has written.
     writes: Arc<Writes>,
+    /// (Accepted side) when the peer's stream must be open by.
+    handshake_by: Instant,
     /// The gRPC body bytes of the messages sent so far (each message's encoding and its
     /// 5-byte prefix): what HTTP/2 has to have written once a send returns.
     body_sent: u64,
@@ -124,6 +131,7 @@ impl GrpcConnection {
             io,
             close,
             writes,
+            handshake_by: Instant::now() + HANDSHAKE_TIMEOUT,
             body_sent: 0,
             peer,
             current: None,
@@ -154,20 +162,29 @@ impl GrpcConnection {
         }
     }
 
-    /// Waits (within `timeout`) for an accepted connection's peer to open its stream.
+    /// Waits (within `timeout`) for an accepted connection's peer to open its stream. A
+    /// peer that has not opened it within [`HANDSHAKE_TIMEOUT`] of the accept (TLS,
+    /// HTTP/2, the `Exchange` call and its token) is dropped: the connection reads as
+    /// closed, and its slot is free again.
     fn open(&mut self, timeout: Option<Duration>) -> Result<()> {
         let Io::Pending(rx) = &mut self.io else { return Ok(()) };
         let Some(rt) = &self.rt else { return Err(self.closed()) };
-        let got = match timeout {
-            None => rt.block_on(rx),
-            Some(t) => match rt.block_on(async { tokio::time::timeout(t, &mut *rx).await }) {
-                Ok(r) => r,
-                Err(_) => return Err(TransportError::Timeout { peer: self.peer.clone(), after: t }),
-            },
+        let left = self.handshake_by.saturating_duration_since(Instant::now());
+        let (wait, ours) = match timeout {
+            Some(t) if t < left => (t, false),
+            _ => (left, true),
+        };
+        let got = match rt.block_on(async { tokio::time::timeout(wait, &mut *rx).await }) {
+            Ok(r) => r.ok(),
+            Err(_) if ours => {
+                tracing::warn!("dropped a gRPC connection from {}: no stream opened within {HANDSHAKE_TIMEOUT:?}", self.peer);
+                None
+            }
+            Err(_) => return Err(TransportError::Timeout { peer: self.peer.clone(), after: wait }),
         };
         self.io = match got {
-            Ok((inbound, tx)) => Io::Open { tx: Outbound::Server(tx), inbound: Box::new(inbound) },
-            Err(_) => Io::Closed,
+            Some((inbound, tx)) => Io::Open { tx: Outbound::Server(tx), inbound: Box::new(inbound) },
+            None => Io::Closed,
         };
         Ok(())
     }
@@ -330,6 +347,13 @@ impl Connection for GrpcConnection {
             values[va..va + nv].copy_from_slice(&f.values);
             (ka, va) = (ka + nk, va + nv);
         }
+        if keys.len() + values.len() > CHUNK {
+            // the flow-control capacity this frame freed goes back to the peer now (a window
+            // update), not at this thread's next call on the connection
+            if let Some(rt) = &self.rt {
+                rt.block_on(tokio::task::yield_now());
+            }
+        }
         Ok(())
     }
 
@@ -390,6 +414,7 @@ impl Connection for GrpcConnection {
 impl Drop for GrpcConnection {
     fn drop(&mut self) {
         let Some(rt) = self.rt.take() else { return };
+        let linger = if self.close.is_some() { LINGER_ACCEPTED } else { LINGER };
         // End this side: the stream ends, an accepted connection's HTTP/2 connection shuts
         // down once its stream is done, a connecting side's closes once nothing uses it.
         self.io = Io::Closed;
@@ -402,7 +427,7 @@ impl Drop for GrpcConnection {
             return;
         }
         let _ = std::thread::Builder::new().name("downpour-grpc-close".into()).spawn(move || {
-            settle(&rt, LINGER);
+            settle(&rt, linger);
         });
     }
 }

@@ -121,7 +121,12 @@ impl Transport for GrpcTransport {
             if let Some(t) = token {
                 req.metadata_mut().insert(TOKEN_METADATA_KEY, t);
             }
-            let resp = client.exchange(req).await.map_err(|e| match e.code() {
+            // the accepted side answers from its connection's thread, at that thread's
+            // first call: a peer that never gets there must not hold this one
+            let answer = tokio::time::timeout(timeout, client.exchange(req))
+                .await
+                .map_err(|_| err(format!("no answer to opening the stream within {timeout:?}")))?;
+            let resp = answer.map_err(|e| match e.code() {
                 tonic::Code::Unauthenticated | tonic::Code::ResourceExhausted => err(format!("refused by the server: {}", e.message())),
                 _ => err(e.message().to_string()),
             })?;
