@@ -114,6 +114,7 @@ impl Settings {
             tls: self.tls.as_ref().map(|t| t.0.clone()),
             max_connections: self.max_connections,
             grpc_window: self.grpc_window,
+            ..NetConfig::default()
         }
     }
 

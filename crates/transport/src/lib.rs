@@ -203,11 +203,22 @@ pub struct NetConfig {
     /// Accepted connections open at once, at most; more are closed at once (a flood of
     /// connections cannot exhaust the node's threads).
     pub max_connections: usize,
+    /// How long an accepted peer has to finish its handshake (TLS, the token; over gRPC
+    /// also HTTP/2 and opening its stream) before the connection is dropped and its slot
+    /// freed. Framed TCP applies it when a token or TLS is required; gRPC always.
+    pub handshake_timeout: Duration,
 }
 
 impl Default for NetConfig {
     fn default() -> Self {
-        NetConfig { limits: Default::default(), grpc_window: DEFAULT_GRPC_WINDOW, auth: None, tls: None, max_connections: 1024 }
+        NetConfig {
+            limits: Default::default(),
+            grpc_window: DEFAULT_GRPC_WINDOW,
+            auth: None,
+            tls: None,
+            max_connections: 1024,
+            handshake_timeout: security::HANDSHAKE_TIMEOUT,
+        }
     }
 }
 

@@ -19,7 +19,8 @@ pub const MIN_TOKEN_LEN: usize = 16;
 /// The gRPC metadata key that carries the token.
 pub const TOKEN_METADATA_KEY: &str = "x-downpour-token";
 
-/// How long an accepted connection may take to present its token.
+/// [`crate::NetConfig::handshake_timeout`]'s default: how long an accepted connection may take
+/// to finish its handshake (present its token).
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The cluster secret. Its `Debug` form never shows the secret.

@@ -1,7 +1,7 @@
 //! Framed TCP: the frame layout of [`downpour_core::codec`] over blocking sockets, in the
 //! clear or over TLS (the crate's `tls` module) when the [`NetConfig`] carries TLS material.
 
-use crate::security::{check_token, AuthToken, RefusalLog, HANDSHAKE_TIMEOUT};
+use crate::security::{check_token, AuthToken, RefusalLog};
 use crate::tls::{Half, TlsSetup};
 use crate::{ConnSlot, ConnSlots, Connection, Listener, NetConfig, Result, TrafficStats, Transport, TransportError};
 use downpour_core::codec::{self, FrameLimits};
@@ -80,6 +80,7 @@ impl Transport for TcpTransport {
             auth: self.cfg.auth.clone(),
             slots: ConnSlots::new(self.cfg.max_connections),
             refusals: RefusalLog::default(),
+            handshake_timeout: self.cfg.handshake_timeout,
         }))
     }
 }
@@ -92,6 +93,7 @@ struct TcpListenerBox {
     auth: Option<AuthToken>,
     slots: ConnSlots,
     refusals: RefusalLog,
+    handshake_timeout: Duration,
 }
 
 impl Listener for TcpListenerBox {
@@ -113,7 +115,13 @@ impl Listener for TcpListenerBox {
                         }
                         continue;
                     };
-                    let side = Accepted { auth: self.auth.clone(), refusals: self.refusals.clone(), _slot: slot, handshake: true };
+                    let side = Accepted {
+                        auth: self.auth.clone(),
+                        refusals: self.refusals.clone(),
+                        _slot: slot,
+                        handshake: true,
+                        handshake_timeout: self.handshake_timeout,
+                    };
                     // the TLS handshake runs in the connection's thread, on its first read
                     let tls = match &self.tls {
                         Some(setup) => match s.try_clone().map_err(|e| e.to_string()).and_then(|c| setup.server(c)) {
@@ -159,6 +167,8 @@ struct Accepted {
     _slot: ConnSlot,
     /// The first frame has not been read yet.
     handshake: bool,
+    /// How long the handshake may take ([`NetConfig::handshake_timeout`]).
+    handshake_timeout: Duration,
 }
 
 /// One framed TCP connection.
@@ -191,7 +201,7 @@ impl TcpConnection {
         if accepted.as_ref().is_some_and(|a| a.auth.is_some()) || (accepted.is_some() && tls.is_some()) {
             // a peer that connects and says nothing (or never finishes the TLS handshake)
             // does not hold the connection for long
-            stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
+            stream.set_read_timeout(accepted.as_ref().map(|a| a.handshake_timeout))?;
         }
         let is_tls = tls.is_some();
         let (read_half, write_half) = match tls {

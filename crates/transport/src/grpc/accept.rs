@@ -36,6 +36,8 @@ pub(super) struct Serving {
     /// HTTP/2 stream and connection windows.
     pub(super) window: u32,
     pub(super) tls: Option<tokio_rustls::TlsAcceptor>,
+    /// How long a peer has to open its stream ([`crate::NetConfig::handshake_timeout`]).
+    pub(super) handshake_timeout: Duration,
 }
 
 /// A gRPC listener: a plain (non-blocking) TCP listener whose accepted sockets are served
@@ -113,7 +115,7 @@ fn accepted(s: std::net::TcpStream, peer: SocketAddr, slot: ConnSlot, serving: &
     let exchange =
         Exchange { serving: serving.clone(), peer: peer.to_string(), opened: Mutex::new(Some(opened_tx)), opened_once: Default::default() };
     rt.spawn(serve(sock, writes.clone(), serving.clone(), exchange, close_rx));
-    Ok(GrpcConnection::accepted(rt, opened_rx, close_tx, writes, peer.to_string(), serving.max_payload, slot))
+    Ok(GrpcConnection::accepted(rt, opened_rx, close_tx, writes, peer.to_string(), serving, slot))
 }
 
 /// The TLS handshake (when the listener has TLS), then HTTP/2 until the peer closes or

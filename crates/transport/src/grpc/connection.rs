@@ -4,9 +4,9 @@
 //! another thread per message (a wake-up across cores costs tens of µs on small VMs), which
 //! a runtime shared by all connections needed twice per message on each side.
 
+use super::accept::Serving;
 use super::tracked::Writes;
 use super::CHUNK;
-use crate::security::HANDSHAKE_TIMEOUT;
 use crate::{ConnSlot, Connection, Result, TrafficStats, TransportError};
 use bytes::Bytes;
 use downpour_core::codec;
@@ -63,8 +63,9 @@ pub(super) struct GrpcConnection {
     close: Option<oneshot::Sender<()>>,
     /// What the connection has written.
     writes: Arc<Writes>,
-    /// (Accepted side) when the peer's stream must be open by.
+    /// (Accepted side) when the peer's stream must be open by, and the timeout it is from.
     handshake_by: Instant,
+    handshake_timeout: Duration,
     /// The gRPC body bytes of the messages sent so far (each message's encoding and its
     /// 5-byte prefix): what HTTP/2 has to have written once a send returns.
     body_sent: u64,
@@ -103,18 +104,21 @@ impl GrpcConnection {
         GrpcConnection::new(rt, Io::Open { tx: Outbound::Client(tx), inbound: Box::new(inbound) }, None, writes, peer, max_payload, None)
     }
 
-    /// The accepted side: `opened` brings the stream once the peer has opened it; dropping
-    /// `close` shuts the HTTP/2 connection down.
+    /// The accepted side: `opened` brings the stream once the peer has opened it (within
+    /// `serving`'s handshake timeout); dropping `close` shuts the HTTP/2 connection down.
     pub(super) fn accepted(
         rt: Runtime,
         opened: oneshot::Receiver<Opened>,
         close: oneshot::Sender<()>,
         writes: Arc<Writes>,
         peer: String,
-        max_payload: u64,
+        serving: &Serving,
         slot: ConnSlot,
     ) -> GrpcConnection {
-        GrpcConnection::new(rt, Io::Pending(opened), Some(close), writes, peer, max_payload, Some(slot))
+        let mut c = GrpcConnection::new(rt, Io::Pending(opened), Some(close), writes, peer, serving.max_payload, Some(slot));
+        c.handshake_by = Instant::now() + serving.handshake_timeout;
+        c.handshake_timeout = serving.handshake_timeout;
+        c
     }
 
     fn new(
@@ -131,7 +135,8 @@ impl GrpcConnection {
             io,
             close,
             writes,
-            handshake_by: Instant::now() + HANDSHAKE_TIMEOUT,
+            handshake_by: Instant::now(),
+            handshake_timeout: Duration::ZERO,
             body_sent: 0,
             peer,
             current: None,
@@ -163,7 +168,7 @@ impl GrpcConnection {
     }
 
     /// Waits (within `timeout`) for an accepted connection's peer to open its stream. A
-    /// peer that has not opened it within [`HANDSHAKE_TIMEOUT`] of the accept (TLS,
+    /// peer that has not opened it within the handshake timeout of the accept (TLS,
     /// HTTP/2, the `Exchange` call and its token) is dropped: the connection reads as
     /// closed, and its slot is free again.
     fn open(&mut self, timeout: Option<Duration>) -> Result<()> {
@@ -177,7 +182,7 @@ impl GrpcConnection {
         let got = match rt.block_on(async { tokio::time::timeout(wait, &mut *rx).await }) {
             Ok(r) => r.ok(),
             Err(_) if ours => {
-                tracing::warn!("dropped a gRPC connection from {}: no stream opened within {HANDSHAKE_TIMEOUT:?}", self.peer);
+                tracing::warn!("dropped a gRPC connection from {}: no stream opened within {:?}", self.peer, self.handshake_timeout);
                 None
             }
             Err(_) => return Err(TransportError::Timeout { peer: self.peer.clone(), after: wait }),

@@ -154,6 +154,7 @@ impl Transport for GrpcTransport {
             max_msg: self.max_msg(),
             window: self.cfg.grpc_window,
             tls: self.tls_acceptor.clone(),
+            handshake_timeout: self.cfg.handshake_timeout,
         };
         Ok(Box::new(GrpcListener { l: std_listener, local, serving: Arc::new(serving) }))
     }
@@ -230,6 +231,37 @@ mod tests {
             assert!(rx.join().unwrap(), "the frame arrived whole");
             drop(c);
         });
+    }
+
+    /// A peer that connects and never opens its stream is dropped after the handshake
+    /// timeout (its connection reads as closed), and its slot serves the next peer.
+    #[test]
+    fn a_silent_peer_is_dropped_after_the_handshake_timeout_and_frees_its_slot() {
+        let cfg = NetConfig { max_connections: 1, handshake_timeout: Duration::from_millis(300), ..NetConfig::default() };
+        let t = GrpcTransport::new(cfg).unwrap();
+        let mut l = t.listen("127.0.0.1:0").unwrap();
+        let local = l.local_addr();
+        let silent = std::net::TcpStream::connect(&local).unwrap();
+        let mut s = l.accept(Duration::from_secs(5)).unwrap().unwrap();
+        let t0 = std::time::Instant::now();
+        assert!(s.recv_header().unwrap().is_none(), "the silent connection reads as closed");
+        let waited = t0.elapsed();
+        assert!(waited >= Duration::from_millis(250) && waited < Duration::from_secs(5), "dropped after {waited:?}");
+        drop(s);
+        // the one slot is free again: a real peer gets in and is heard
+        std::thread::scope(|sc| {
+            let rx = sc.spawn(|| {
+                let mut s = l.accept(Duration::from_secs(5)).unwrap().expect("the slot was freed");
+                s.set_recv_timeout(Some(Duration::from_secs(5))).unwrap();
+                let h = s.recv_header().unwrap().unwrap();
+                s.recv_payload(&mut [], &mut [0; 4]).unwrap();
+                h.request_id
+            });
+            let mut c = t.connect(&local, Duration::from_secs(5)).unwrap();
+            c.send(&mut msg::request(Op::Push, 1, 9, 0, 1), &[], &[0; 4]).unwrap();
+            assert_eq!(rx.join().unwrap(), 9);
+        });
+        drop(silent);
     }
 
     #[test]
