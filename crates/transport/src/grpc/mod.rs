@@ -5,8 +5,10 @@
 //! Each connection, on either side, runs on a tokio runtime of its own (current-thread)
 //! that only the connection's thread drives, inside its blocking calls: the HTTP/2 reads,
 //! writes and window updates happen on the thread that asked for them, with no hand-off to
-//! another thread per message ([`connection`]). The accepting side serves each socket with
-//! hyper and tonic's generated service on that runtime ([`accept`]). HTTP/2 windows are
+//! another thread per message (`connection`). So a `send` returns only once its frame is in
+//! the kernel, as on framed TCP (`tracked` counts what HTTP/2 writes). The accepting side
+//! serves each socket with hyper and tonic's generated service on that runtime (`accept`);
+//! a peer has [`NetConfig::handshake_timeout`] to open its stream. HTTP/2 windows are
 //! raised ([`NetConfig::grpc_window`]). A frame's payload travels in messages of at most
 //! `CHUNK` (1 MiB) bytes (the proto's `Frame` says how), so the receiver copies a large frame
 //! out while the rest is on the way instead of waiting for all of it; the codec sizes its
