@@ -1,5 +1,5 @@
 //! gRPC transport (tonic): each connection is one `DataPlane/Exchange` bidirectional
-//! stream of [`Frame`](downpour_core::proto::Frame)s whose `keys`/`values` are `bytes`
+//! stream of [`Frame`]s whose `keys`/`values` are `bytes`
 //! fields holding the same little-endian payloads as the framed-TCP transport.
 //!
 //! Each connection, on either side, runs on a tokio runtime of its own (current-thread)
