@@ -10,7 +10,7 @@ use downpour_core::proto::FrameHeader;
 use std::io::{self, BufReader, IoSlice, Read, Write};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Framed TCP transport.
 pub struct TcpTransport {
@@ -101,62 +101,30 @@ impl Listener for TcpListenerBox {
         self.local.clone()
     }
     fn accept(&mut self, timeout: Duration) -> Result<Option<Box<dyn Connection>>> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            match self.l.accept() {
-                Ok((s, peer)) => {
-                    let Some(slot) = self.slots.take() else {
-                        // Too many open connections: close this one at once.
-                        self.refusals.refused(&peer.to_string(), "too many open connections");
-                        drop(s);
-                        // a never-ending flood must not keep the caller from its stop checks
-                        if Instant::now() >= deadline {
-                            return Ok(None);
-                        }
-                        continue;
-                    };
-                    let side = Accepted {
-                        auth: self.auth.clone(),
-                        refusals: self.refusals.clone(),
-                        _slot: slot,
-                        handshake: true,
-                        handshake_timeout: self.handshake_timeout,
-                    };
-                    // the TLS handshake runs in the connection's thread, on its first read
-                    let tls = match &self.tls {
-                        Some(setup) => match s.try_clone().map_err(|e| e.to_string()).and_then(|c| setup.server(c)) {
-                            Ok(t) => Some(t),
-                            Err(why) => {
-                                self.refusals.refused(&peer.to_string(), &why);
-                                continue;
-                            }
-                        },
-                        None => None,
-                    };
-                    let c = match TcpConnection::new(s, tls, peer.to_string(), self.limits, Some(side)) {
-                        Ok(c) => c,
-                        // The peer went away before we set the socket up: its problem.
-                        Err(_) if Instant::now() >= deadline => return Ok(None),
-                        Err(_) => continue,
-                    };
-                    return Ok(Some(Box::new(c)));
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    let now = Instant::now();
-                    if now >= deadline {
-                        return Ok(None);
+        let TcpListenerBox { l, local, tls, limits, auth, slots, refusals, handshake_timeout } = self;
+        crate::wait::accept_within(l, local, timeout, slots, refusals, |s, peer, slot| {
+            let side = Accepted {
+                auth: auth.clone(),
+                refusals: refusals.clone(),
+                _slot: slot,
+                handshake: true,
+                handshake_timeout: *handshake_timeout,
+            };
+            // the TLS handshake runs in the connection's thread, on its first read
+            let tls = match tls {
+                Some(setup) => match s.try_clone().map_err(|e| e.to_string()).and_then(|c| setup.server(c)) {
+                    Ok(t) => Some(t),
+                    Err(why) => {
+                        refusals.refused(&peer.to_string(), &why);
+                        return None;
                     }
-                    crate::wait::until_acceptable(&self.l, deadline - now);
-                }
-                // A connection reset before we accepted it is the peer's problem, not ours.
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::ConnectionAborted | io::ErrorKind::ConnectionReset | io::ErrorKind::Interrupted
-                    ) => {}
-                Err(e) => return Err(TransportError::Io { peer: self.local.clone(), source: e }),
-            }
-        }
+                },
+                None => None,
+            };
+            // an error here: the peer went away before we set the socket up (its problem)
+            let c: Box<dyn Connection> = Box::new(TcpConnection::new(s, tls, peer.to_string(), *limits, Some(side)).ok()?);
+            Some(c)
+        })
     }
 }
 

@@ -1,10 +1,63 @@
 //! Waiting for a listener without spinning: [`until_acceptable`] blocks in poll(2) until a
 //! connection is there to accept or the time is up, so an idle node's accept threads do not
 //! wake every few milliseconds to ask (on a server of 0.1 core, with its evictor's wake-ups,
-//! that asking was 8 % of its CPU: docs/benchmarks.md, "An idle node").
+//! that asking was 8 % of its CPU: docs/benchmarks.md, "An idle node"). [`accept_within`] is
+//! both network transports' accept loop around it.
 
-use std::net::TcpListener;
-use std::time::Duration;
+use crate::security::RefusalLog;
+use crate::{ConnSlot, ConnSlots, Result, TransportError};
+use std::io;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+/// Accepts from `l` (non-blocking) until a connection is set up or `timeout` passes (then
+/// `None`). Each accepted socket takes a slot of `slots`; past the cap it is closed at once
+/// (said once per host in `refusals`). `set_up` makes the connection of a socket and its
+/// slot, or `None` when it could not (it says why itself), and the loop goes on. A
+/// connection reset before it was accepted is the peer's problem; any other accept error
+/// is returned, naming `local`.
+pub(crate) fn accept_within<C>(
+    l: &TcpListener,
+    local: &str,
+    timeout: Duration,
+    slots: &ConnSlots,
+    refusals: &RefusalLog,
+    mut set_up: impl FnMut(TcpStream, SocketAddr, ConnSlot) -> Option<C>,
+) -> Result<Option<C>> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match l.accept() {
+            Ok((s, peer)) => {
+                match slots.take() {
+                    Some(slot) => {
+                        if let Some(c) = set_up(s, peer, slot) {
+                            return Ok(Some(c));
+                        }
+                    }
+                    None => {
+                        // Too many open connections: close this one at once.
+                        refusals.refused(&peer.to_string(), "too many open connections");
+                        drop(s);
+                    }
+                }
+                // a never-ending flood must not keep the caller from its stop checks
+                if Instant::now() >= deadline {
+                    return Ok(None);
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                let now = Instant::now();
+                if now >= deadline {
+                    return Ok(None);
+                }
+                until_acceptable(l, deadline - now);
+            }
+            Err(e)
+                if matches!(e.kind(), io::ErrorKind::ConnectionAborted | io::ErrorKind::ConnectionReset | io::ErrorKind::Interrupted) => {}
+            Err(e) => return Err(TransportError::Io { peer: local.to_string(), source: e }),
+        }
+    }
+}
 
 /// Blocks until `l` (non-blocking) has a connection to accept, or `timeout` passes, or a
 /// signal interrupts the wait; the caller then tries `accept` again and checks its own

@@ -10,14 +10,14 @@ use super::tracked::{Blocked, Counted, Writes};
 use super::Socket;
 use super::MAX_H2_FRAME;
 use crate::security::{check_token, RefusalLog, TOKEN_METADATA_KEY};
-use crate::{AuthToken, ConnSlot, ConnSlots, Connection, Listener, Result, TransportError};
+use crate::{AuthToken, ConnSlot, ConnSlots, Connection, Listener, Result};
 use downpour_core::proto::Frame;
 use parking_lot::Mutex;
 use std::io;
 use std::net::{SocketAddr, TcpListener};
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::Stream;
@@ -54,48 +54,18 @@ impl Listener for GrpcListener {
     }
 
     fn accept(&mut self, timeout: Duration) -> Result<Option<Box<dyn Connection>>> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            match self.l.accept() {
-                Ok((s, peer)) => {
-                    let Some(slot) = self.serving.slots.take() else {
-                        // Too many open connections: close this one at once.
-                        self.serving.refusals.refused(&peer.to_string(), "too many open connections");
-                        drop(s);
-                        // a never-ending flood must not keep the caller from its stop checks
-                        if Instant::now() >= deadline {
-                            return Ok(None);
-                        }
-                        continue;
-                    };
-                    match accepted(s, peer, slot, &self.serving) {
-                        Ok(c) => return Ok(Some(Box::new(c))),
-                        // The peer went away before we set the socket up (its problem), or
-                        // this node is out of descriptors: said once per host.
-                        Err(e) => {
-                            self.serving.refusals.refused(&peer.to_string(), &format!("setting the connection up: {e}"));
-                            if Instant::now() >= deadline {
-                                return Ok(None);
-                            }
-                        }
-                    }
+        let serving = &self.serving;
+        crate::wait::accept_within(&self.l, &self.local, timeout, &serving.slots, &serving.refusals, |s, peer, slot| {
+            match accepted(s, peer, slot, serving) {
+                Ok(c) => Some(Box::new(c) as Box<dyn Connection>),
+                // The peer went away before we set the socket up (its problem), or this
+                // node is out of descriptors: said once per host.
+                Err(e) => {
+                    serving.refusals.refused(&peer.to_string(), &format!("setting the connection up: {e}"));
+                    None
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    let now = Instant::now();
-                    if now >= deadline {
-                        return Ok(None);
-                    }
-                    crate::wait::until_acceptable(&self.l, deadline - now);
-                }
-                // A connection reset before we accepted it is the peer's problem, not ours.
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::ConnectionAborted | io::ErrorKind::ConnectionReset | io::ErrorKind::Interrupted
-                    ) => {}
-                Err(e) => return Err(TransportError::Io { peer: self.local.clone(), source: e }),
             }
-        }
+        })
     }
 }
 
