@@ -215,36 +215,38 @@ fn the_memory_quota_refuses_a_push_that_would_exceed_it_and_loses_nothing() {
 
 #[test]
 fn a_flood_of_connections_leaves_the_server_serving_its_clients() {
-    let cfg = NetConfig { max_connections: 16, ..Default::default() };
-    let st = network_transport(TransportKind::Tcp, cfg).unwrap();
-    let h = server(st.as_ref(), ServerConfig::default());
-    let t = network_transport(TransportKind::Tcp, NetConfig::default()).unwrap();
-    let mut kv = connect(t.as_ref(), &h).unwrap();
-    kv.create_table(table(1, 1)).unwrap();
-    // 200 connections that say nothing (bounded); past the cap they are closed at once
-    let flood: Vec<std::net::TcpStream> = (0..200).filter_map(|_| std::net::TcpStream::connect(&h.addr).ok()).collect();
-    let ts = kv.push(1, &[1], &[1.0]).unwrap();
-    kv.wait(ts).unwrap();
-    assert_eq!(peek(&mut kv, &[1]), vec![1.0], "an established client is served during the flood");
-    // the cap holds: a new client during the flood is turned away, not given a thread
-    let turned_away = match connect(t.as_ref(), &h) {
-        Err(_) => true,
-        Ok(mut c) => c.create_table(table(1, 1)).is_err(),
-    };
-    assert!(turned_away, "the 18th connection must be closed at once");
-    drop(flood);
-    // once the flood is gone its slots free up (within seconds) and new clients get in
-    let t0 = std::time::Instant::now();
-    let mut late = loop {
-        if let Ok(mut c) = connect(t.as_ref(), &h) {
-            if c.create_table(table(1, 1)).is_ok() {
-                break c;
+    for kind in [TransportKind::Tcp, TransportKind::Grpc] {
+        let cfg = NetConfig { max_connections: 16, ..Default::default() };
+        let st = network_transport(kind, cfg).unwrap();
+        let h = server(st.as_ref(), ServerConfig::default());
+        let t = network_transport(kind, NetConfig::default()).unwrap();
+        let mut kv = connect(t.as_ref(), &h).unwrap();
+        kv.create_table(table(1, 1)).unwrap();
+        // 200 connections that say nothing (bounded); past the cap they are closed at once
+        let flood: Vec<std::net::TcpStream> = (0..200).filter_map(|_| std::net::TcpStream::connect(&h.addr).ok()).collect();
+        let ts = kv.push(1, &[1], &[1.0]).unwrap();
+        kv.wait(ts).unwrap();
+        assert_eq!(peek(&mut kv, &[1]), vec![1.0], "{kind:?}: an established client is served during the flood");
+        // the cap holds: a new client during the flood is turned away, not given a thread
+        let turned_away = match connect(t.as_ref(), &h) {
+            Err(_) => true,
+            Ok(mut c) => c.create_table(table(1, 1)).is_err(),
+        };
+        assert!(turned_away, "{kind:?}: the 18th connection must be closed at once");
+        drop(flood);
+        // once the flood is gone its slots free up (within seconds) and new clients get in
+        let t0 = std::time::Instant::now();
+        let mut late = loop {
+            if let Ok(mut c) = connect(t.as_ref(), &h) {
+                if c.create_table(table(1, 1)).is_ok() {
+                    break c;
+                }
             }
-        }
-        assert!(t0.elapsed() < Duration::from_secs(10), "the server never took new clients again");
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    assert_eq!(peek(&mut late, &[1]), vec![1.0]);
+            assert!(t0.elapsed() < Duration::from_secs(10), "{kind:?}: the server never took new clients again");
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert_eq!(peek(&mut late, &[1]), vec![1.0], "{kind:?}");
+    }
 }
 
 #[test]
