@@ -62,16 +62,7 @@ impl Transport for TcpTransport {
     }
 
     fn listen(&self, addr: &str) -> Result<Box<dyn Listener>> {
-        let l = TcpListener::bind(addr).map_err(|e| TransportError::Bind {
-            addr: addr.to_string(),
-            reason: if e.kind() == io::ErrorKind::AddrInUse {
-                "the address is already in use (is another node running on this port?)".into()
-            } else {
-                e.to_string()
-            },
-        })?;
-        l.set_nonblocking(true).map_err(|e| TransportError::Bind { addr: addr.to_string(), reason: e.to_string() })?;
-        let local = l.local_addr().map(|a| a.to_string()).unwrap_or_else(|_| addr.to_string());
+        let (l, local) = crate::wait::bind(addr)?;
         Ok(Box::new(TcpListenerBox {
             l,
             local,

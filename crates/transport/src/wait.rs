@@ -10,6 +10,22 @@ use std::io;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
+/// Binds `addr` for a listener, non-blocking (for [`accept_within`]), and its actual
+/// address (the port when `:0` was asked for). A port in use says so.
+pub(crate) fn bind(addr: &str) -> Result<(TcpListener, String)> {
+    let err = |reason: String| TransportError::Bind { addr: addr.to_string(), reason };
+    let l = TcpListener::bind(addr).map_err(|e| {
+        err(if e.kind() == io::ErrorKind::AddrInUse {
+            "the address is already in use (is another node running on this port?)".into()
+        } else {
+            e.to_string()
+        })
+    })?;
+    l.set_nonblocking(true).map_err(|e| err(e.to_string()))?;
+    let local = l.local_addr().map(|a| a.to_string()).unwrap_or_else(|_| addr.to_string());
+    Ok((l, local))
+}
+
 /// Accepts from `l` (non-blocking) until a connection is set up or `timeout` passes (then
 /// `None`). Each accepted socket takes a slot of `slots`; past the cap it is closed at once
 /// (said once per host in `refusals`). `set_up` makes the connection of a socket and its

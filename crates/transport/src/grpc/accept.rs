@@ -82,8 +82,7 @@ fn accepted(s: std::net::TcpStream, peer: SocketAddr, slot: ConnSlot, serving: &
     };
     let (opened_tx, opened_rx) = oneshot::channel();
     let (close_tx, close_rx) = oneshot::channel();
-    let exchange =
-        Exchange { serving: serving.clone(), peer: peer.to_string(), opened: Mutex::new(Some(opened_tx)), opened_once: Default::default() };
+    let exchange = Exchange { serving: serving.clone(), peer: peer.to_string(), opened: Mutex::new(Some(opened_tx)) };
     rt.spawn(serve(sock, writes.clone(), serving.clone(), exchange, close_rx));
     Ok(GrpcConnection::accepted(rt, opened_rx, close_tx, writes, peer.to_string(), serving, slot))
 }
@@ -112,8 +111,9 @@ async fn serve_h2<IO>(io: IO, serving: &Serving, exchange: Exchange, close: ones
 where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let (peer, opened) = (exchange.peer.clone(), exchange.opened_once.clone());
-    let svc = DataPlaneServer::new(exchange).max_decoding_message_size(serving.max_msg).max_encoding_message_size(serving.max_msg);
+    let exchange = Arc::new(exchange);
+    let svc =
+        DataPlaneServer::from_arc(exchange.clone()).max_decoding_message_size(serving.max_msg).max_encoding_message_size(serving.max_msg);
     let service = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
         let mut svc = svc.clone();
         async move { svc.call(req.map(tonic::body::Body::new)).await }
@@ -130,9 +130,10 @@ where
         r = &mut conn => {
             if let Err(e) = r {
                 tracing::debug!("gRPC connection ended: {e}");
-                if !opened.load(std::sync::atomic::Ordering::Acquire) {
-                    // e.g. a framed-TCP client dialling a gRPC node
-                    serving.refusals.refused(&peer, &format!("HTTP/2: {e}"));
+                if exchange.opened.lock().is_some() {
+                    // it never asked for its stream: e.g. a framed-TCP client dialling a
+                    // gRPC node
+                    serving.refusals.refused(&exchange.peer, &format!("HTTP/2: {e}"));
                 }
             }
         }
@@ -148,9 +149,9 @@ where
 struct Exchange {
     serving: Arc<Serving>,
     peer: String,
+    /// Taken by the first `Exchange` call (a connection whose HTTP/2 fails before it has
+    /// been taken never got as far as asking: that is logged as a refusal).
     opened: Mutex<Option<oneshot::Sender<Opened>>>,
-    /// The stream was opened (errors after that are the connection's end, not a refusal).
-    opened_once: Arc<std::sync::atomic::AtomicBool>,
 }
 
 type ReplyStream = Pin<Box<dyn Stream<Item = std::result::Result<Frame, Status>> + Send>>;
@@ -172,7 +173,6 @@ impl DataPlane for Exchange {
         }
         let (tx, rx) = mpsc::channel(16);
         opened.send((request.into_inner(), tx)).map_err(|_| Status::unavailable("node is shutting down"))?;
-        self.opened_once.store(true, std::sync::atomic::Ordering::Release);
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 }

@@ -48,6 +48,17 @@ enum Io {
     Closed,
 }
 
+impl Io {
+    /// An accepted connection's state once its wait for the stream is over: open, or closed
+    /// (`None`: refused, gone, or too late).
+    fn opened(got: Option<Opened>) -> Io {
+        match got {
+            Some((inbound, tx)) => Io::Open { tx: Outbound::Server(tx), inbound: Box::new(inbound) },
+            None => Io::Closed,
+        }
+    }
+}
+
 enum Outbound {
     Client(mpsc::Sender<Frame>),
     Server(mpsc::Sender<std::result::Result<Frame, Status>>),
@@ -156,15 +167,10 @@ impl GrpcConnection {
         TransportError::Closed { peer: self.peer.clone() }
     }
 
-    /// Runs `f` on the connection's runtime, within `timeout` when given.
-    fn run<F: Future>(&self, timeout: Option<Duration>, f: F) -> Result<F::Output> {
+    /// Runs `f` on the connection's runtime.
+    fn run<F: Future>(&self, f: F) -> Result<F::Output> {
         let Some(rt) = &self.rt else { return Err(self.closed()) };
-        match timeout {
-            None => Ok(rt.block_on(f)),
-            Some(t) => rt
-                .block_on(async { tokio::time::timeout(t, f).await })
-                .map_err(|_| TransportError::Timeout { peer: self.peer.clone(), after: t }),
-        }
+        Ok(rt.block_on(f))
     }
 
     /// Waits (within `timeout`) for an accepted connection's peer to open its stream. A
@@ -187,10 +193,7 @@ impl GrpcConnection {
             }
             Err(_) => return Err(TransportError::Timeout { peer: self.peer.clone(), after: wait }),
         };
-        self.io = match got {
-            Some((inbound, tx)) => Io::Open { tx: Outbound::Server(tx), inbound: Box::new(inbound) },
-            None => Io::Closed,
-        };
+        self.io = Io::opened(got);
         Ok(())
     }
 
@@ -198,8 +201,8 @@ impl GrpcConnection {
         self.open(self.timeout)?;
         self.body_sent += GRPC_PREFIX + prost::Message::encoded_len(&frame) as u64;
         let ok = match &self.io {
-            Io::Open { tx: Outbound::Client(t), .. } => self.run(None, t.send(frame))?.is_ok(),
-            Io::Open { tx: Outbound::Server(t), .. } => self.run(None, t.send(Ok(frame)))?.is_ok(),
+            Io::Open { tx: Outbound::Client(t), .. } => self.run(t.send(frame))?.is_ok(),
+            Io::Open { tx: Outbound::Server(t), .. } => self.run(t.send(Ok(frame)))?.is_ok(),
             _ => false,
         };
         if ok {
@@ -217,7 +220,7 @@ impl GrpcConnection {
         let Io::Open { tx, .. } = &self.io else { return Err(self.closed()) };
         let (writes, body) = (&self.writes, self.body_sent);
         // the stream's end (its HTTP/2 connection failed or was reset) ends the wait
-        let written = self.run(None, async {
+        let written = self.run(async {
             tokio::select! {
                 biased;
                 _ = writes.written(body) => true,
@@ -378,10 +381,8 @@ impl Connection for GrpcConnection {
         let polled = rt.block_on(async {
             for _ in 0..4 {
                 if let Io::Pending(rx) = io {
-                    match std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut *rx).poll(cx))).await {
-                        Poll::Ready(Ok((inbound, tx))) => *io = Io::Open { tx: Outbound::Server(tx), inbound: Box::new(inbound) },
-                        Poll::Ready(Err(_)) => *io = Io::Closed,
-                        Poll::Pending => {}
+                    if let Poll::Ready(got) = std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut *rx).poll(cx))).await {
+                        *io = Io::opened(got.ok());
                     }
                 }
                 match io {

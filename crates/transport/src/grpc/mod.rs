@@ -54,8 +54,6 @@ pub struct GrpcTransport {
     cfg: NetConfig,
     /// Both sides' TLS settings, built once.
     tls: Option<Arc<TlsSetup>>,
-    /// The accepting side's TLS settings (HTTP/2 by ALPN), built once.
-    tls_acceptor: Option<tokio_rustls::TlsAcceptor>,
 }
 
 impl GrpcTransport {
@@ -65,8 +63,7 @@ impl GrpcTransport {
             Some(t) => Some(Arc::new(TlsSetup::new(t).map_err(|reason| TransportError::Bind { addr: "grpc transport".into(), reason })?)),
             None => None,
         };
-        let tls_acceptor = tls.as_ref().map(|setup| tokio_rustls::TlsAcceptor::from(setup.h2_server()));
-        Ok(GrpcTransport { cfg, tls, tls_acceptor })
+        Ok(GrpcTransport { cfg, tls })
     }
 
     /// The largest message either side sends or accepts: one chunk and a header. A frame's
@@ -100,7 +97,6 @@ impl Transport for GrpcTransport {
         };
         let endpoint = endpoint
             .connect_timeout(timeout)
-            .tcp_nodelay(true)
             .initial_stream_window_size(self.cfg.grpc_window)
             .initial_connection_window_size(self.cfg.grpc_window)
             .http2_adaptive_window(false)
@@ -138,16 +134,7 @@ impl Transport for GrpcTransport {
     }
 
     fn listen(&self, addr: &str) -> Result<Box<dyn Listener>> {
-        let berr = |reason: String| TransportError::Bind { addr: addr.to_string(), reason };
-        let std_listener = std::net::TcpListener::bind(addr).map_err(|e| {
-            berr(if e.kind() == std::io::ErrorKind::AddrInUse {
-                "the address is already in use (is another node running on this port?)".into()
-            } else {
-                e.to_string()
-            })
-        })?;
-        std_listener.set_nonblocking(true).map_err(|e| berr(e.to_string()))?;
-        let local = std_listener.local_addr().map(|a| a.to_string()).unwrap_or_else(|_| addr.to_string());
+        let (l, local) = crate::wait::bind(addr)?;
         let serving = Serving {
             auth: self.cfg.auth.clone(),
             slots: ConnSlots::new(self.cfg.max_connections),
@@ -155,10 +142,10 @@ impl Transport for GrpcTransport {
             max_payload: self.cfg.limits.max_payload_bytes,
             max_msg: self.max_msg(),
             window: self.cfg.grpc_window,
-            tls: self.tls_acceptor.clone(),
+            tls: self.tls.as_ref().map(|setup| tokio_rustls::TlsAcceptor::from(setup.h2_server())),
             handshake_timeout: self.cfg.handshake_timeout,
         };
-        Ok(Box::new(GrpcListener { l: std_listener, local, serving: Arc::new(serving) }))
+        Ok(Box::new(GrpcListener { l, local, serving: Arc::new(serving) }))
     }
 }
 
