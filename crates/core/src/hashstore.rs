@@ -38,6 +38,7 @@
 // applications use to spread ids over servers), so sequential ids and ids that differ only
 // in high bits spread over shards and slots alike.
 use crate::keys::scramble as mix;
+use crate::prefetch::prefetch;
 
 mod scan;
 
@@ -102,17 +103,6 @@ fn placement(ordered: bool) -> fn(u64) -> u64 {
     } else {
         mix
     }
-}
-
-#[inline]
-fn prefetch<T>(p: *const T) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: prefetching is a hint; it never faults, whatever the address.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p as *const i8)
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
 }
 
 /// One shard: `cap` rows of `stride` u32 words each: the key (two words, low first), then

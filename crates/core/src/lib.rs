@@ -38,6 +38,7 @@ pub mod keys;
 pub mod mds;
 pub mod partition;
 pub mod pieces;
+pub mod prefetch;
 pub mod ring;
 pub mod rounds;
 pub mod rule;
