@@ -107,8 +107,6 @@ fn placement(ordered: bool) -> fn(u64) -> u64 {
     }
 }
 
-/// One shard: `cap` rows of `stride` u32 words each: the key (two words, low first), then
-/// `vl` values and `sl` state values (f32 bit patterns).
 /// Asks the kernel to back a large row array with transparent huge pages (when the system
 /// allows them on request), so random probes into a table of hundreds of megabytes do not
 /// miss the TLB on every access. A hint: failure changes nothing.
@@ -131,6 +129,8 @@ fn advise_huge_pages(v: &Vec<u32>) {
     }
 }
 
+/// One shard: `cap` rows of `stride` u32 words each: the key (two words, low first), then
+/// `vl` values and `sl` state values (f32 bit patterns).
 #[derive(Default)]
 struct Shard {
     data: Vec<u32>,

@@ -269,10 +269,11 @@ impl ShareReader {
         self.rng = xorshift(self.rng);
         let j = (self.rng % self.buffer.len() as u64) as usize;
         let ex = self.buffer.swap_remove(j);
-        // A window of 10,000 examples is larger than a core's L2 cache: the next pick's
-        // entry (where it will be once the window is full again, as it is until the input
-        // ends) is fetched while the next example is parsed, and this pick's features,
-        // parsed up to a window ago, while the rest of its minibatch is picked.
+        // A window of thousands of examples (10,000 by default) outgrows a core's L2 cache
+        // once their features are counted: the next pick's entry (where it will be once the
+        // window is full again, as it is until the input ends) is fetched while the next
+        // example is parsed, and this pick's features, parsed up to a window ago, while the
+        // rest of its minibatch is picked.
         if let Some(next) = self.buffer.get((xorshift(self.rng) % self.buffer_cap as u64) as usize) {
             prefetch_slice(std::slice::from_ref(next), usize::MAX);
         }
