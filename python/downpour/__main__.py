@@ -4,10 +4,12 @@ processes it starts (`launch`, `bench`, `experiment`) run `python -m downpour` t
 
 import sys
 
-from ._downpour import cli
+from ._downpour import cli, prepare_process
 
 
 def main() -> None:
+    # as the binary does first: this process is a downpour node now (and its children too)
+    prepare_process()
     sys.exit(cli(["downpour", *sys.argv[1:]], [sys.executable, "-m", "downpour"]))
 
 

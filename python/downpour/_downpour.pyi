@@ -109,6 +109,9 @@ def scramble(ids: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
 def cli(argv: List[str], program: List[str]) -> int:
     """Runs the downpour command-line tool in this process; returns the exit code."""
 
+def prepare_process() -> None:
+    """Process settings of a downpour command (no transparent huge pages, open-files limit raised)."""
+
 class ServingNode:
     addr: str
     def served(self) -> Tuple[str, int]:

@@ -271,6 +271,41 @@ def test_python_m_downpour_runs_the_command_line_tool_and_its_children():
     assert bad.returncode == 2 and "invalid value" in bad.stderr, bad.stderr
 
 
+def test_python_m_downpour_nodes_get_the_binarys_process_settings_and_the_host_keeps_its_own(tmp_path):
+    """`python -m downpour` is a node like the binary: no transparent huge pages, the soft
+    open-files limit at the hard one. Importing the module changes neither in this process."""
+    status = pathlib.Path(f"/proc/{os.getpid()}/status")
+    if not status.exists() or "THP_enabled:" not in status.read_text():
+        pytest.skip("the kernel reports no THP_enabled")
+
+    def thp(pid):
+        line = [l for l in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines() if l.startswith("THP_enabled:")]
+        return line[0].split()[1]
+
+    def nofile(pid):
+        line = [l for l in pathlib.Path(f"/proc/{pid}/limits").read_text().splitlines() if l.startswith("Max open files")]
+        soft, hard = line[0].split()[3:5]
+        return soft, hard
+
+    ours = (thp(os.getpid()), nofile(os.getpid()))
+    addr_file = tmp_path / "coordinator.addr"
+    py = [sys.executable, "-m", "downpour"]
+    coord = subprocess.Popen([*py, "coordinator", "--listen", "127.0.0.1:0", "--servers", "1", "--workers", "1", "--addr-file", str(addr_file)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(400):
+            if addr_file.exists() and addr_file.read_text().endswith("\n"):
+                break
+            time.sleep(0.05)
+        assert thp(coord.pid) == "0"
+        soft, hard = nofile(coord.pid)
+        assert soft == hard, (soft, hard)
+    finally:
+        coord.kill()
+        coord.wait()
+    assert (thp(os.getpid()), nofile(os.getpid())) == ours
+
+
 def test_the_readme_example_runs():
     text = (REPO / "README.md").read_text()
     block = text.split("```python\n", 1)[1].split("```", 1)[0]

@@ -9,5 +9,6 @@ mod config;
 pub use config::settings_from_flags;
 mod datagen;
 mod export;
+pub mod process;
 mod terminal;
 mod top;

@@ -220,7 +220,7 @@ fn a_killed_server_fails_the_job_on_every_node_with_a_clear_message() {
     assert!(cerr.contains("server 0"), "coordinator said: {cerr}");
 }
 
-/// A node runs without transparent huge pages (`main.rs`: mimalloc's arenas on them cost a
+/// A node runs without transparent huge pages (`process.rs`: mimalloc's arenas on them cost a
 /// training node up to two fifths of its CPU in page zeroing), as the kernel reports it.
 #[cfg(target_os = "linux")]
 #[test]

@@ -666,6 +666,17 @@ fn cli(py: Python<'_>, argv: Vec<String>, program: Vec<String>) -> PyResult<i32>
     Ok(py.detach(|| downpour::cli::main_from(args, Some(program))))
 }
 
+/// Sets what a process that runs the `downpour` command needs, as the binary does at its
+/// start: no transparent huge pages (mimalloc's arenas on them cost a training node up to
+/// two fifths of its CPU in page zeroing) and the soft open-files limit raised to the hard
+/// one (a gRPC connection holds three descriptors). Called by `python -m downpour` before
+/// [`cli`]; a program that only embeds clusters or clients need not call it. The processes
+/// this one starts inherit both.
+#[pyfunction]
+fn prepare_process() {
+    downpour::process::prepare();
+}
+
 /// Keys as the servers spread them: `scramble(ids)` maps application ids (often small
 /// consecutive integers) over the whole key space, so that they split evenly across
 /// servers; returns a new uint64 array.
@@ -715,6 +726,7 @@ fn _downpour(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(scramble, m)?)?;
     m.add_function(wrap_pyfunction!(initial_rows, m)?)?;
     m.add_function(wrap_pyfunction!(cli, m)?)?;
+    m.add_function(wrap_pyfunction!(prepare_process, m)?)?;
     m.add_function(wrap_pyfunction!(serve, m)?)?;
     m.add_function(wrap_pyfunction!(serving, m)?)?;
     Ok(())
