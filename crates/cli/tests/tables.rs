@@ -66,8 +66,11 @@ fn eviction_bounds_every_servers_rows_and_still_learns() {
     assert!(dropped.len() == servers && dropped.iter().all(|&n| n > 0), "rows dropped per server: {dropped:?}");
     assert!(rows_bounded < rows_all, "{rows_bounded} rows left of {rows_all}");
     // the 500 ids every example draws from stay: they are the recently used ones (async runs
-    // differ by about ±0.005 in AUC between runs alike)
-    assert!((auc_all - auc_bounded).abs() < 0.03, "AUC {auc_all} unbounded, {auc_bounded} with lru:4000");
+    // differ by about ±0.005 in AUC between runs alike, and with rows dropped in the
+    // background by up to 0.043 on a loaded 2-CPU machine: 0.836 against 0.879 once in 19
+    // runs, 0.859 against 0.891 once in 6 with a reader thread; a bound that cost the model
+    // its shared ids would fall far lower)
+    assert!((auc_all - auc_bounded).abs() < 0.05, "AUC {auc_all} unbounded, {auc_bounded} with lru:4000");
     // two copies of every row on three servers: each head drops rows of the shards it heads
     // and its chain drops them too (the copies compared in downpour-server's tests)
     let replicated =

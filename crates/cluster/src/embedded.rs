@@ -178,6 +178,7 @@ pub fn run_embedded(s: &Settings, servers: usize, workers: usize, job: &Job, rep
         job.check_checkpoints()?;
     }
     let cluster = EmbeddedCluster::start(s, servers, workers)?;
+    let job = &job.embedded(workers);
     let mut worker_threads = Vec::new();
     for i in 0..workers {
         let (t, addr, s2, job, report) = (cluster.transport(), cluster.coordinator().to_string(), s.clone(), job.clone(), report.clone());

@@ -98,6 +98,22 @@ impl Job {
         self.check_checkpoints().is_ok()
     }
 
+    /// This job as an embedded cluster of `workers` workers runs it (the workers and the
+    /// servers all threads of this process): what its configuration leaves to `auto` and
+    /// depends on that is settled here. `train linear --reader auto` reads inline when the
+    /// process has fewer CPUs than three per worker (docs/benchmarks.md, "the reader on the
+    /// training thread").
+    pub fn embedded(&self, workers: usize) -> Job {
+        match self {
+            Job::Train(TrainModel::Linear(a)) if a.reader == linear::ReaderMode::Auto => {
+                let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+                let reader = a.reader.settled(cpus, workers);
+                Job::Train(TrainModel::Linear(Box::new(linear::LinearConfig { reader, ..(**a).clone() })))
+            }
+            _ => self.clone(),
+        }
+    }
+
     /// Runs the job on this worker.
     pub fn run(&self, session: &mut WorkerSession, num_servers: usize, report: &Report) -> Result<()> {
         match self {

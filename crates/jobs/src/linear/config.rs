@@ -25,6 +25,34 @@ pub enum Optimizer {
     Sgd,
 }
 
+/// Where a worker of the streaming learner reads and prepares its minibatches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
+pub enum ReaderMode {
+    /// `inline` on an embedded cluster whose process has fewer CPUs than three per worker
+    /// (each worker's reading, its training thread and the servers' thread that answers it
+    /// keep about one busy each); `thread` otherwise.
+    Auto,
+    /// A reader thread of its own, a few minibatches ahead: parsing runs beside training
+    /// where a core is free for it.
+    Thread,
+    /// On the training thread, the next minibatch read while the current one's rows are on
+    /// their way: one thread fewer to share the cores with the servers.
+    Inline,
+}
+
+impl ReaderMode {
+    /// `auto` settled for a worker of an embedded cluster of `workers` workers in a process
+    /// with `cpus` CPUs: `inline` when `cpus < 3 × workers`, else `thread`. Other modes stay.
+    pub fn settled(self, cpus: usize, workers: usize) -> ReaderMode {
+        match self {
+            ReaderMode::Auto if cpus < 3 * workers => ReaderMode::Inline,
+            ReaderMode::Auto => ReaderMode::Thread,
+            m => m,
+        }
+    }
+}
+
 /// How `train linear` learns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
@@ -248,6 +276,10 @@ pub struct LinearConfig {
     /// Seed of the shuffle (and of `--straggler-tail`).
     #[cfg_attr(feature = "cli", arg(long, default_value_t = 1))]
     pub seed: u64,
+    /// Where each worker reads its minibatches (static data assignment; `--data-assignment
+    /// dynamic` always reads on a thread of its own).
+    #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t = ReaderMode::Auto))]
+    pub reader: ReaderMode,
     /// How workers get their data: `static` (each reads a fixed share of the files) or
     /// `dynamic` (the coordinator hands out chunks of the files as workers ask for work, so
     /// a faster worker trains more, and a lost worker's unfinished chunks go to the others;
@@ -355,6 +387,7 @@ impl Default for LinearConfig {
             scale: Scale::Auto,
             shuffle_buffer: 10_000,
             seed: 1,
+            reader: ReaderMode::Auto,
             data_assignment: DataAssignment::Static,
             straggler: None,
             straggler_tail: None,
@@ -592,5 +625,21 @@ impl LinearConfig {
     pub fn normalized(&self) -> bool {
         let adds_rows = self.aggregate != Aggregate::None || self.filters.sigmod.is_some();
         self.optimizer != Optimizer::Sgd && self.normalize.unwrap_or(!adds_rows)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ReaderMode;
+
+    #[test]
+    fn auto_reads_inline_when_an_embedded_process_has_fewer_than_three_cpus_per_worker() {
+        assert_eq!(ReaderMode::Auto.settled(2, 1), ReaderMode::Inline);
+        assert_eq!(ReaderMode::Auto.settled(5, 2), ReaderMode::Inline);
+        assert_eq!(ReaderMode::Auto.settled(3, 1), ReaderMode::Thread);
+        assert_eq!(ReaderMode::Auto.settled(16, 4), ReaderMode::Thread);
+        // a mode asked for stays
+        assert_eq!(ReaderMode::Thread.settled(1, 8), ReaderMode::Thread);
+        assert_eq!(ReaderMode::Inline.settled(64, 1), ReaderMode::Inline);
     }
 }

@@ -3,8 +3,9 @@
 //!
 //! * streaming (`sgd`, this file): asynchronous minibatch SGD. Each worker streams its share
 //!   of the training examples (a byte range of every plain file, every W-th line of a gzip
-//!   file; see `downpour_data::lines`), parsed on a reader thread a few minibatches ahead,
-//!   pulls the weights of a minibatch's keys, computes the logistic-loss gradient and pushes
+//!   file; see `downpour_data::lines`), parsed on a reader thread a few minibatches ahead
+//!   or, where cores are scarce, on the training thread while a minibatch's rows are on
+//!   their way (`--reader`), pulls the weights of a minibatch's keys, computes the logistic-loss gradient and pushes
 //!   it; the servers apply FTRL-Proximal (default), AdaGrad or SGD, scale-free by default
 //!   (`ftrl-norm`, `adagrad-norm`). The pull of the next minibatch is issued before the
 //!   current one is computed. After every epoch worker 0 evaluates on the test set
@@ -245,6 +246,41 @@ fn prepared(reader: ShareReader, shuffle: usize, seed: u64, bias: bool, scale: &
     reader.with_shuffle(shuffle, seed).with_bias(bias).with_key_map(scramble).with_scaling(scale.clone())
 }
 
+/// Where the training loop takes its minibatches from.
+enum Batches {
+    /// A reader thread a few minibatches ahead.
+    Thread(Receiver<BatchMsg>),
+    /// Read on the training thread itself (`--reader inline`): the next minibatch is read
+    /// while the current one's rows are on their way. At its end, what the reader recorded
+    /// goes to `keep`, as the reader thread leaves it.
+    Inline { reader: Box<ShareReader>, batch: usize, keep: KeptSlot, ended: bool },
+}
+
+impl Batches {
+    /// The next message, as the reader thread would send it; None when that thread is gone.
+    fn recv(&mut self) -> Option<BatchMsg> {
+        match self {
+            Batches::Thread(rx) => rx.recv().ok(),
+            Batches::Inline { reader, batch, keep, ended } => {
+                if *ended {
+                    return Some(Ok(Read::End));
+                }
+                Some(match reader.next_batch(*batch) {
+                    Ok(Some(b)) => Ok(Read::Batch(b, reader.progress())),
+                    Ok(None) => {
+                        *ended = true;
+                        if let Some(v) = reader.take_recording() {
+                            *keep.lock() = Some(v);
+                        }
+                        Ok(Read::End)
+                    }
+                    Err(e) => Err(e.into()),
+                })
+            }
+        }
+    }
+}
+
 /// What the trainer takes from the reader next.
 enum Fetched {
     Batch(Batch, Option<f64>),
@@ -256,9 +292,9 @@ enum Fetched {
 
 /// The next minibatch from the reader, a chunk's end (noted in `ends`) or the end of the
 /// epoch's data.
-fn next_read(batches: &Receiver<BatchMsg>, ends: &mut Vec<(u64, u32)>) -> Result<Fetched> {
+fn next_read(batches: &mut Batches, ends: &mut Vec<(u64, u32)>) -> Result<Fetched> {
     match batches.recv() {
-        Ok(msg) => Ok(match msg? {
+        Some(msg) => Ok(match msg? {
             Read::Batch(b, f) => Fetched::Batch(b, f),
             Read::ChunkEnd { epoch, chunk } => {
                 ends.push((epoch, chunk));
@@ -266,14 +302,14 @@ fn next_read(batches: &Receiver<BatchMsg>, ends: &mut Vec<(u64, u32)>) -> Result
             }
             Read::End => Fetched::End,
         }),
-        Err(_) => anyhow::bail!("the reader thread stopped before the end of the data"),
+        None => anyhow::bail!("the reader thread stopped before the end of the data"),
     }
 }
 
 /// The next minibatch when none is in hand (so a chunk that ends now has all its minibatches
 /// trained: it is reported at once), or None at the end of the epoch's data.
 fn next_batch(
-    batches: &Receiver<BatchMsg>,
+    batches: &mut Batches,
     ends: &mut Vec<(u64, u32)>,
     s: &mut WorkerSession,
     feed: &mut Option<ChunkFeed>,
@@ -600,8 +636,8 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
     for epoch in first_epoch..=passes {
         let te = Instant::now();
         let shuffle_seed = a.seed ^ (epoch as u64).wrapping_mul(0x9E37_79B9) ^ (s.rank as u64).wrapping_mul(0x85EB_CA6B);
-        let batches = match &feed {
-            Some(feed) => spawn_chunk_reader(feed, epoch as u64, epoch == passes, a.batch)?,
+        let mut batches = match &feed {
+            Some(feed) => Batches::Thread(spawn_chunk_reader(feed, epoch as u64, epoch == passes, a.batch)?),
             None => {
                 // a share that fits --data-cache-mib is parsed once: later epochs read it from memory
                 let reader = match &kept {
@@ -613,7 +649,12 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
                         .with_recording(a.data_cache_mib.saturating_mul(1 << 20)),
                     None => ShareReader::for_worker(&a.train, &format, s.rank, s.num_workers)?,
                 };
-                spawn_reader(prepared(reader, a.shuffle_buffer, shuffle_seed, a.bias, &scale), a.batch, Some(keep_slot.clone()))?
+                let r = prepared(reader, a.shuffle_buffer, shuffle_seed, a.bias, &scale);
+                if a.reader == ReaderMode::Inline {
+                    Batches::Inline { reader: Box::new(r), batch: a.batch, keep: keep_slot.clone(), ended: false }
+                } else {
+                    Batches::Thread(spawn_reader(r, a.batch, Some(keep_slot.clone()))?)
+                }
             }
         };
         // chunks whose minibatches were all read: reported done once those are trained
@@ -628,10 +669,10 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
         // are the same for the same flags): read past them.
         let to_skip = std::mem::take(&mut skip);
         let mut in_epoch = 0usize;
-        let mut first = next_batch(&batches, &mut chunk_ends, s, &mut feed)?;
+        let mut first = next_batch(&mut batches, &mut chunk_ends, s, &mut feed)?;
         while in_epoch < to_skip && first.is_some() {
             in_epoch += 1;
-            first = next_batch(&batches, &mut chunk_ends, s, &mut feed)?;
+            first = next_batch(&mut batches, &mut chunk_ends, s, &mut feed)?;
         }
         // Progress records (replicated jobs: a replacement of this worker goes on from its
         // last one) are taken after each clock, when the next minibatch's pull is already
@@ -657,7 +698,7 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
         while let Some((b, frac, ts)) = cur.take() {
             // at a chunk's end, this minibatch is trained and the chunk reported before the
             // next is fetched (the reader may be waiting for the report in the last epoch)
-            let (next, boundary) = match next_read(&batches, &mut chunk_ends)? {
+            let (next, boundary) = match next_read(&mut batches, &mut chunk_ends)? {
                 Fetched::Batch(nb, f) => (Some((nb, f)), false),
                 Fetched::Boundary => (None, true),
                 Fetched::End => (None, false),
@@ -723,7 +764,7 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
             }
             cur = match (next, next_ts) {
                 (Some((nb, f)), Some(t)) => Some((nb, f, t)),
-                _ if boundary => match next_batch(&batches, &mut chunk_ends, s, &mut feed)? {
+                _ if boundary => match next_batch(&mut batches, &mut chunk_ends, s, &mut feed)? {
                     Some((nb, f)) => {
                         let t = pull_rows(s, &mut cache, &nb.keys)?;
                         Some((nb, f, t))
