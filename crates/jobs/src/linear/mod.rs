@@ -5,9 +5,9 @@
 //!   of the training examples (a byte range of every plain file, every W-th line of a gzip
 //!   file; see `downpour_data::lines`), parsed on a reader thread a few minibatches ahead
 //!   or, where cores are scarce, on the training thread while a minibatch's rows are on
-//!   their way (`--reader`), pulls the weights of a minibatch's keys, computes the logistic-loss gradient and pushes
-//!   it; the servers apply FTRL-Proximal (default), AdaGrad or SGD, scale-free by default
-//!   (`ftrl-norm`, `adagrad-norm`). The pull of the next minibatch is issued before the
+//!   their way (`--reader`), pulls the weights of a minibatch's keys, computes the
+//!   logistic-loss gradient and pushes it; the servers apply FTRL-Proximal (default),
+//!   AdaGrad or SGD, scale-free by default (`ftrl-norm`, `adagrad-norm`). The pull of the next minibatch is issued before the
 //!   current one is computed. After every epoch worker 0 evaluates on the test set
 //!   (`eval`).
 //! * full-batch (`lbfgs`, `owlqn`; `lbfgs`): liblinear's L2 or L1 objective solved by
@@ -216,21 +216,12 @@ type KeptSlot = Arc<parking_lot::Mutex<Option<Vec<downpour_data::Example>>>>;
 /// only computes and communicates. The thread stops after sending the end of the share or
 /// a read error, or when the receiver is dropped; at the end it leaves what the reader
 /// recorded in `keep`.
-fn spawn_reader(mut reader: ShareReader, batch: usize, keep: Option<KeptSlot>) -> Result<Receiver<BatchMsg>> {
+fn spawn_reader(mut reader: ShareReader, batch: usize, keep: KeptSlot) -> Result<Receiver<BatchMsg>> {
     let (tx, rx) = sync_channel::<BatchMsg>(8);
     std::thread::Builder::new()
         .name("reader".into())
         .spawn(move || loop {
-            let msg = match reader.next_batch(batch) {
-                Ok(Some(b)) => Ok(Read::Batch(b, reader.progress())),
-                Ok(None) => {
-                    if let (Some(k), Some(v)) = (&keep, reader.take_recording()) {
-                        *k.lock() = Some(v);
-                    }
-                    Ok(Read::End)
-                }
-                Err(e) => Err(e.into()),
-            };
+            let msg = read_next(&mut reader, batch, &keep);
             let last = !matches!(msg, Ok(Read::Batch(..)));
             if tx.send(msg).is_err() || last {
                 break;
@@ -238,6 +229,21 @@ fn spawn_reader(mut reader: ShareReader, batch: usize, keep: Option<KeptSlot>) -
         })
         .context("cannot start the reader thread")?;
     Ok(rx)
+}
+
+/// The next minibatch of `reader`, or the end of its data (leaving what it recorded in
+/// `keep`), or its read error. Past the end it says the end again.
+fn read_next(reader: &mut ShareReader, batch: usize, keep: &KeptSlot) -> BatchMsg {
+    match reader.next_batch(batch) {
+        Ok(Some(b)) => Ok(Read::Batch(b, reader.progress())),
+        Ok(None) => {
+            if let Some(v) = reader.take_recording() {
+                *keep.lock() = Some(v);
+            }
+            Ok(Read::End)
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// `reader` as every epoch reads: shuffled within `shuffle` examples by `seed`, the bias
@@ -251,9 +257,8 @@ enum Batches {
     /// A reader thread a few minibatches ahead.
     Thread(Receiver<BatchMsg>),
     /// Read on the training thread itself (`--reader inline`): the next minibatch is read
-    /// while the current one's rows are on their way. At its end, what the reader recorded
-    /// goes to `keep`, as the reader thread leaves it.
-    Inline { reader: Box<ShareReader>, batch: usize, keep: KeptSlot, ended: bool },
+    /// while the current one's rows are on their way.
+    Inline { reader: Box<ShareReader>, batch: usize, keep: KeptSlot },
 }
 
 impl Batches {
@@ -261,22 +266,7 @@ impl Batches {
     fn recv(&mut self) -> Option<BatchMsg> {
         match self {
             Batches::Thread(rx) => rx.recv().ok(),
-            Batches::Inline { reader, batch, keep, ended } => {
-                if *ended {
-                    return Some(Ok(Read::End));
-                }
-                Some(match reader.next_batch(*batch) {
-                    Ok(Some(b)) => Ok(Read::Batch(b, reader.progress())),
-                    Ok(None) => {
-                        *ended = true;
-                        if let Some(v) = reader.take_recording() {
-                            *keep.lock() = Some(v);
-                        }
-                        Ok(Read::End)
-                    }
-                    Err(e) => Err(e.into()),
-                })
-            }
+            Batches::Inline { reader, batch, keep } => Some(read_next(reader, *batch, keep)),
         }
     }
 }
@@ -651,9 +641,9 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
                 };
                 let r = prepared(reader, a.shuffle_buffer, shuffle_seed, a.bias, &scale);
                 if a.reader == ReaderMode::Inline {
-                    Batches::Inline { reader: Box::new(r), batch: a.batch, keep: keep_slot.clone(), ended: false }
+                    Batches::Inline { reader: Box::new(r), batch: a.batch, keep: keep_slot.clone() }
                 } else {
-                    Batches::Thread(spawn_reader(r, a.batch, Some(keep_slot.clone()))?)
+                    Batches::Thread(spawn_reader(r, a.batch, keep_slot.clone())?)
                 }
             }
         };
