@@ -107,28 +107,6 @@ fn placement(ordered: bool) -> fn(u64) -> u64 {
     }
 }
 
-/// Asks the kernel to back a large row array with transparent huge pages (when the system
-/// allows them on request), so random probes into a table of hundreds of megabytes do not
-/// miss the TLB on every access. A hint: failure changes nothing.
-fn advise_huge_pages(v: &Vec<u32>) {
-    const HUGE: usize = 2 << 20;
-    let bytes = v.capacity() * 4;
-    if bytes < 2 * HUGE {
-        return;
-    }
-    #[cfg(target_os = "linux")]
-    {
-        // The whole huge pages inside the allocation.
-        let start = (v.as_ptr() as usize).next_multiple_of(HUGE);
-        let end = (v.as_ptr() as usize + bytes) / HUGE * HUGE;
-        if end > start {
-            // SAFETY: madvise with MADV_HUGEPAGE on pages of a live allocation of ours only
-            // changes how the kernel backs them, never their contents.
-            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) };
-        }
-    }
-}
-
 /// One shard: `cap` rows of `stride` u32 words each: the key (two words, low first), then
 /// `vl` values and `sl` state values (f32 bit patterns).
 #[derive(Default)]
@@ -211,10 +189,7 @@ impl Shard {
 
     /// An empty shard of `cap` rows.
     fn with_capacity(cap: usize, stride: usize) -> Shard {
-        let mut data: Vec<u32> = Vec::new();
-        data.reserve_exact(cap * stride);
-        advise_huge_pages(&data);
-        data.resize(cap * stride, 0);
+        let mut data = vec![0u32; cap * stride];
         for row in data.chunks_exact_mut(stride) {
             row[0] = u32::MAX;
             row[1] = u32::MAX;
