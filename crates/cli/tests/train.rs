@@ -863,6 +863,7 @@ fn data_handed_out_in_chunks_trains_each_example_once_per_epoch_and_the_fast_wor
         assert!(!o.status.success() && err.contains(why), "{extra:?}: {err}");
     };
     refused(&["--consistency", "ssp:2"], "needs --consistency async");
+    refused(&["--reader", "inline"], "leave out --reader inline");
     let gz = dir.path().join("train.svm.gz");
     let mut enc = flate2::write::GzEncoder::new(std::fs::File::create(&gz).unwrap(), flate2::Compression::fast());
     enc.write_all(&std::fs::read(&train).unwrap()).unwrap();

@@ -101,11 +101,13 @@ impl Job {
     /// This job as an embedded cluster of `workers` workers runs it (the workers and the
     /// servers all threads of this process): what its configuration leaves to `auto` and
     /// depends on that is settled here. `train linear --reader auto` reads inline when the
-    /// process has fewer CPUs than three per worker (docs/benchmarks.md, "the reader on the
-    /// training thread").
+    /// process has fewer CPUs than three per worker and the workers read static shares
+    /// (docs/benchmarks.md, "the reader on the training thread").
     pub fn embedded(&self, workers: usize) -> Job {
         match self {
-            Job::Train(TrainModel::Linear(a)) if a.reader == linear::ReaderMode::Auto => {
+            Job::Train(TrainModel::Linear(a))
+                if a.reader == linear::ReaderMode::Auto && a.data_assignment == linear::DataAssignment::Static =>
+            {
                 let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
                 let reader = a.reader.settled(cpus, workers);
                 Job::Train(TrainModel::Linear(Box::new(linear::LinearConfig { reader, ..(**a).clone() })))

@@ -276,8 +276,8 @@ pub struct LinearConfig {
     /// Seed of the shuffle (and of `--straggler-tail`).
     #[cfg_attr(feature = "cli", arg(long, default_value_t = 1))]
     pub seed: u64,
-    /// Where each worker reads its minibatches (static data assignment; `--data-assignment
-    /// dynamic` always reads on a thread of its own).
+    /// Where each worker reads its minibatches. `--data-assignment dynamic` reads on a thread
+    /// of its own (`auto` settles there; `inline` is refused).
     #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t = ReaderMode::Auto))]
     pub reader: ReaderMode,
     /// How workers get their data: `static` (each reads a fixed share of the files) or

@@ -434,6 +434,10 @@ pub fn run(a: &LinearConfig, s: &mut WorkerSession, report: &Report) -> Result<(
     };
     if dynamic {
         ensure!(
+            a.reader != ReaderMode::Inline,
+            "--data-assignment dynamic reads the chunks the coordinator hands out on a reader thread: leave out --reader inline"
+        );
+        ensure!(
             !matches!(algorithm, Algorithm::Lbfgs | Algorithm::Owlqn),
             "--data-assignment dynamic streams chunks to the workers: use --algorithm sgd (the batch solvers read fixed shares)"
         );
