@@ -123,56 +123,29 @@ impl Shard {
         self.data[b] as u64 | (self.data[b + 1] as u64) << 32
     }
 
-    /// Finds key `k` from its home slot: its slot, or the empty slot where it would go.
-    /// Slot by slot: the probe of a scattered key, whose first slot is a cache miss and
-    /// usually its last (comparing more slots at once would fetch the next line too).
+    /// Finds key `k` from its home slot: its slot, or the empty slot where it would go
+    /// ([`probe`]). Precondition: `home < cap`.
     #[inline]
     fn find(&self, k: u64, home: usize, stride: usize) -> Result<usize, usize> {
-        let mut i = home;
-        loop {
-            let x = self.key_at(i, stride);
-            if x == k {
-                return Ok(i);
-            }
-            if x == EMPTY {
-                return Err(i);
-            }
-            i += 1;
-            if i == self.cap {
-                i = 0;
-            }
-        }
+        let rows = self.rows(stride);
+        assert!(home < rows.cap);
+        // SAFETY: `rows` is this shard's array, unchanged while it is borrowed; home < cap
+        unsafe { probe(rows, k, home, stride) }
     }
 
-    /// [`Shard::find`] comparing `GROUP` slots' keys at once, then branching once on the
-    /// result: the probe of a key in a scan (a sorted request over a good part of the
-    /// rows, its slots in cache), where probe lengths vary from key to key and a branch per
-    /// slot mispredicted about once per key.
-    #[inline(always)]
-    fn find_grouped(&self, k: u64, home: usize, stride: usize) -> Result<usize, usize> {
-        let cap = self.cap;
-        assert!(stride >= 2 && self.data.len() >= cap * stride);
-        let mut i = home;
-        // whole groups of slots before the end of the array
-        let p = self.data.as_ptr();
-        while i + GROUP <= cap {
-            let (mut hit, mut end) = (0u32, 0u32);
-            for g in 0..GROUP {
-                // SAFETY: i + g < cap, and `data` holds cap rows of `stride` ≥ 2 words (asserted above)
-                let x = unsafe { *p.add((i + g) * stride) as u64 | (*p.add((i + g) * stride + 1) as u64) << 32 };
-                hit |= ((x == k) as u32) << g;
-                end |= ((x == EMPTY) as u32) << g;
-            }
-            let m = hit | end;
-            if m != 0 {
-                let g = m.trailing_zeros();
-                let j = i + g as usize;
-                return if hit >> g & 1 == 1 { Ok(j) } else { Err(j) };
-            }
-            i += GROUP;
-        }
-        // the last slots, then on from the first (the probe wraps)
-        self.find(k, if i == cap { 0 } else { i }, stride)
+    /// This shard's array, to read. Precondition: `stride ≥ 2`.
+    #[inline]
+    fn rows(&self, stride: usize) -> Rows {
+        assert!(stride >= 2 && self.data.len() >= self.cap * stride);
+        Rows { p: self.data.as_ptr().cast_mut(), cap: self.cap }
+    }
+
+    /// This shard's array, to read and write its rows through (a walk's). Precondition:
+    /// `stride ≥ 2`.
+    #[inline]
+    fn rows_mut(&mut self, stride: usize) -> Rows {
+        assert!(stride >= 2 && self.data.len() >= self.cap * stride);
+        Rows { p: self.data.as_mut_ptr(), cap: self.cap }
     }
 
     #[inline]
@@ -256,6 +229,48 @@ impl Shard {
         self.len -= 1;
     }
 
+    /// Creates the row of key `k` (hash `h`, home slot `home`), missing from this shard, at
+    /// empty slot `j` (or, when the shard must grow first, where it lands after): its values
+    /// from `init`, its state, mark and change stamp zero or as `change` says. Returns its
+    /// slot and the longest probe of the shard (after a growth, the longest of any row).
+    /// Out of line: a walk's loop over stored rows keeps its registers.
+    #[cold]
+    #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
+    fn insert<const MIXED: bool, I: FnMut(u64, &mut [f32])>(
+        &mut self,
+        k: u64,
+        h: u64,
+        home: usize,
+        mut j: usize,
+        stride: usize,
+        end: usize,
+        vl: usize,
+        change: Change,
+        init: &mut I,
+    ) -> (usize, usize) {
+        let mut longest = displacement(home, j, self.cap);
+        if self.needs_growth() {
+            longest = self.grow(stride, placement(!MIXED), 0);
+            j = match self.find(k, place(h, self.cap).1, stride) {
+                Ok(x) | Err(x) => x,
+            };
+        }
+        let row = self.row_mut(j, stride);
+        row[0] = k as u32;
+        row[1] = (k >> 32) as u32;
+        // (the mark, if any: set by the walk, or 0; the change stamp likewise)
+        row[end..].iter_mut().for_each(|x| *x = 0);
+        if let Change::Created(t) = change {
+            row[stride - 1] = t;
+        }
+        let (w, st) = bytemuck::cast_slice_mut::<u32, f32>(&mut row[2..end]).split_at_mut(vl);
+        init(k, w);
+        st.iter_mut().for_each(|x| *x = 0.0);
+        self.len += 1;
+        (j, longest)
+    }
+
     fn needs_growth(&self) -> bool {
         (self.len + 1) * MAX_LOAD_DEN > self.cap * MAX_LOAD_NUM
     }
@@ -284,6 +299,76 @@ fn displacement(home: usize, i: usize, cap: usize) -> usize {
     } else {
         i + cap - home
     }
+}
+
+/// A shard's array seen through a pointer: `cap` rows of a stride of at least two words
+/// (the key's), as [`Shard::rows`] checked, valid until the shard changes. A walk keeps one
+/// per shard in view, so a key's probe reads no shard header and checks no bounds.
+#[derive(Clone, Copy)]
+struct Rows {
+    p: *mut u32,
+    cap: usize,
+}
+
+impl Rows {
+    /// The key of row `i`. Safety: `i < cap` and the shard unchanged since [`Shard::rows`].
+    #[inline(always)]
+    unsafe fn key(self, i: usize, stride: usize) -> u64 {
+        // SAFETY: the caller's
+        unsafe { *self.p.add(i * stride) as u64 | (*self.p.add(i * stride + 1) as u64) << 32 }
+    }
+}
+
+/// Finds key `k` from its home slot, slot by slot: its slot, or the empty slot where it
+/// would go. The probe of a scattered key, whose first slot is a cache miss and usually its
+/// last (comparing more slots at once would fetch the next line too). Safety: `home < cap`
+/// and the shard unchanged since [`Shard::rows`] (it has an empty slot: the load is bounded).
+#[inline(always)]
+unsafe fn probe(rows: Rows, k: u64, home: usize, stride: usize) -> Result<usize, usize> {
+    let mut i = home;
+    loop {
+        // SAFETY: i < cap (it starts below and wraps at cap); the shard is the caller's
+        let x = unsafe { rows.key(i, stride) };
+        if x == k {
+            return Ok(i);
+        }
+        if x == EMPTY {
+            return Err(i);
+        }
+        i += 1;
+        if i == rows.cap {
+            i = 0;
+        }
+    }
+}
+
+/// [`probe`] comparing `GROUP` slots' keys at once, then branching once on the result: the
+/// probe of a key in a scan (a sorted request over a good part of the rows, its slots in
+/// cache), where probe lengths vary from key to key and a branch per slot mispredicted
+/// about once per key. Safety: as [`probe`]'s.
+#[inline(always)]
+unsafe fn probe_grouped(rows: Rows, k: u64, home: usize, stride: usize) -> Result<usize, usize> {
+    let mut i = home;
+    // whole groups of slots before the end of the array
+    while i + GROUP <= rows.cap {
+        let (mut hit, mut end) = (0u32, 0u32);
+        for g in 0..GROUP {
+            // SAFETY: i + g < cap; the shard is the caller's
+            let x = unsafe { rows.key(i + g, stride) };
+            hit |= ((x == k) as u32) << g;
+            end |= ((x == EMPTY) as u32) << g;
+        }
+        let m = hit | end;
+        if m != 0 {
+            let g = m.trailing_zeros();
+            let j = i + g as usize;
+            return if hit >> g & 1 == 1 { Ok(j) } else { Err(j) };
+        }
+        i += GROUP;
+    }
+    // the last slots, then on from the first (the probe wraps)
+    // SAFETY: the caller's; the start is below cap
+    unsafe { probe(rows, k, if i == rows.cap { 0 } else { i }, stride) }
 }
 
 /// How a walk marks the rows it reaches, in a store with a mark word per row
@@ -697,62 +782,61 @@ impl ShardsMut<'_> {
         F: FnMut(usize, Option<(&mut [f32], &mut [f32])>),
     {
         let (vl, stride, base, end, touch, change) = (self.vl, self.stride, self.base, self.end, self.touch, self.change);
+        // a row: the key's two words, then `vl` values and the state up to `end`, then the
+        // mark and the change stamp if the store has them (split below without a check)
+        assert!(2 + vl <= end && end <= stride);
         let hash = |k: u64| if MIXED { mix(k) } else { k };
         // Prefetch each key's home slot a few keys ahead unless a sorted request covers a
         // good part of the rows under ordered placement: it then walks the shards' arrays
         // forwards, which the hardware prefetches by itself.
         let rows: usize = self.shards.iter().map(|s| s.len).sum();
         let scattered = MIXED || keys.len() * 4 < rows;
+        // each shard's array, read without a bounds check; an entry is renewed when its
+        // shard grows (nothing else changes a shard during the walk)
+        let mut arrays = [Rows { p: std::ptr::null_mut(), cap: 0 }; SHARDS];
+        let arrays = &mut arrays[..self.shards.len()];
+        for (a, sh) in arrays.iter_mut().zip(self.shards.iter_mut()) {
+            *a = sh.rows_mut(stride);
+        }
         for (i, &k) in keys.iter().enumerate() {
             if let (true, Some(&ka)) = (scattered, keys.get(i + PREFETCH_AHEAD)) {
                 let ha = hash(ka);
-                if let Some(sh) = self.shards.get(((ha >> SHARD_SHIFT) as usize).wrapping_sub(base)) {
-                    prefetch(sh.data.as_ptr().wrapping_add(place(ha, sh.cap).1 * stride));
+                if let Some(a) = arrays.get(((ha >> SHARD_SHIFT) as usize).wrapping_sub(base)) {
+                    prefetch(a.p.wrapping_add(place(ha, a.cap).1 * stride));
                 }
             }
             let h = hash(k);
-            let shard = &mut self.shards[(h >> SHARD_SHIFT) as usize - base];
-            let home = place(h, shard.cap).1;
-            let found = match (shard.cap, scattered) {
+            let si = (h >> SHARD_SHIFT) as usize - base;
+            let a = arrays[si];
+            let home = place(h, a.cap).1;
+            let found = match (a.cap, scattered) {
                 (0, _) => Err(0),
-                (_, true) => shard.find(k, home, stride),
-                (_, false) => shard.find_grouped(k, home, stride),
+                // SAFETY: home < cap (place scales to cap), and the array is the shard's as it is
+                (_, true) => unsafe { probe(a, k, home, stride) },
+                // SAFETY: as above
+                (_, false) => unsafe { probe_grouped(a, k, home, stride) },
             };
-            let j = match found {
-                Ok(j) => j,
+            let (a, j) = match found {
+                Ok(j) => (a, j),
                 Err(_) if !create => {
                     f(i, None);
                     continue;
                 }
-                Err(mut j) => {
-                    let mut longest = displacement(home, j, shard.cap);
-                    if shard.needs_growth() {
-                        longest = shard.grow(stride, placement(!MIXED), 0);
-                        j = match shard.find(k, place(h, shard.cap).1, stride) {
-                            Ok(x) | Err(x) => x,
-                        };
-                    }
-                    let row = shard.row_mut(j, stride);
-                    row[0] = k as u32;
-                    row[1] = (k >> 32) as u32;
-                    // (the mark, if any: set below, or 0; the change stamp likewise)
-                    row[end..].iter_mut().for_each(|x| *x = 0);
-                    if let Change::Created(t) = change {
-                        row[stride - 1] = t;
-                    }
-                    let (w, st) = bytemuck::cast_slice_mut::<u32, f32>(&mut row[2..end]).split_at_mut(vl);
-                    init(k, w);
-                    st.iter_mut().for_each(|x| *x = 0.0);
-                    shard.len += 1;
+                Err(j) => {
+                    let shard = &mut self.shards[si];
+                    let (j, longest) = shard.insert::<MIXED, I>(k, h, home, j, stride, end, vl, change, &mut init);
+                    arrays[si] = shard.rows_mut(stride);
                     self.added += 1;
                     if !MIXED && longest > MAX_DISPLACEMENT {
                         self.clustered = true;
                         return Some(i);
                     }
-                    j
+                    (arrays[si], j)
                 }
             };
-            let row = shard.row_mut(j, stride);
+            // SAFETY: j < cap (a probe's or an insert's slot), the array is the shard's as it
+            // is now, and no other reference to its rows lives while `row` does
+            let row = unsafe { std::slice::from_raw_parts_mut(a.p.add(j * stride), stride) };
             match touch {
                 Touch::Off => {}
                 Touch::Stamp(t) => row[end] = t,
