@@ -1,7 +1,7 @@
 //! A store's passes over whole shards, not a request's keys: removals, rows of a key range in
 //! key order (exports, copies), and eviction's survey and drop.
 
-use super::{place, placement, row_key, HashStore, Slot, EMPTY, MIN_CAP};
+use super::{place, row_key, HashStore, Slot, EMPTY, MIN_CAP};
 use crate::eviction::{Histogram, Mark, Tick, Victims, REBUILT_LOAD};
 
 impl HashStore {
@@ -33,13 +33,13 @@ impl HashStore {
         let stride = self.stride;
         let mut removed = 0;
         for sh in &mut self.shards {
-            let hit = (0..sh.cap).any(|j| {
+            let hit = (0..sh.slots).any(|j| {
                 let k = sh.key_at(j, stride);
                 k != EMPTY && k >= lo && k < hi
             });
             if hit {
                 let cap = sh.cap;
-                removed += sh.rebuild(cap, stride, |k, _| !(lo..hi).contains(&k), placement(self.ordered)).0;
+                removed += sh.rebuild(cap, stride, |k, _| !(lo..hi).contains(&k), self.ordered).0;
             }
         }
         self.len -= removed;
@@ -62,7 +62,7 @@ impl HashStore {
     fn sorted_slots(&self, lo: u64, hi: u64) -> Vec<(u64, Slot)> {
         let mut found: Vec<(u64, Slot)> = Vec::new();
         for (si, sh) in self.shards.iter().enumerate() {
-            for j in 0..sh.cap {
+            for j in 0..sh.slots {
                 let k = sh.key_at(j, self.stride);
                 if k != EMPTY && k >= lo && k < hi {
                     found.push((k, Slot::new(si, j)));
@@ -76,7 +76,7 @@ impl HashStore {
     /// Calls `f` with the values of every stored row, in no particular order.
     pub fn for_each_values(&self, mut f: impl FnMut(&[f32])) {
         for sh in &self.shards {
-            for j in 0..sh.cap {
+            for j in 0..sh.slots {
                 if sh.key_at(j, self.stride) != EMPTY {
                     let row = &sh.data[j * self.stride + 2..j * self.stride + 2 + self.vl];
                     f(bytemuck::cast_slice::<u32, f32>(row));
@@ -114,7 +114,7 @@ impl HashStore {
         eligible: impl Fn(u64) -> bool,
         mut gone: impl FnMut(u64),
     ) -> usize {
-        let (stride, m, hash) = (self.stride, self.end(), self.hash());
+        let (stride, m, hash, ordered) = (self.stride, self.end(), self.hash(), self.ordered);
         let sh = &mut self.shards[si];
         let mut dry = victims.clone();
         let going = sh
@@ -138,7 +138,7 @@ impl HashStore {
                     }
                     !take
                 },
-                hash,
+                ordered,
             );
             rebuilt.0
         } else {

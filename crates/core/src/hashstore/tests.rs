@@ -190,3 +190,143 @@ fn probes_that_run_past_the_end_of_a_shard_wrap_to_its_start_and_find_every_key(
         }
     }
 }
+
+/// Shards whose runs are in key order, as a cursor walk relies on: the shards not marked
+/// disordered, each checked (no run wraps past the end of its array, and each occupied slot
+/// holds a key above the one in the slot before, if that one is occupied). Panics on a
+/// shard that breaks it.
+fn sorted_shards(st: &HashStore) -> usize {
+    assert!(st.ordered);
+    let mut sorted = 0;
+    for (si, sh) in st.shards.iter().enumerate().filter(|(_, sh)| !sh.disordered && sh.slots > 0) {
+        for i in 0..sh.slots {
+            let k = sh.key_at(i, st.stride);
+            if k == EMPTY {
+                continue;
+            }
+            assert!(place(k, sh.cap).1 <= i, "shard {si}: the row at {i} wrapped");
+            if i > 0 {
+                let before = sh.key_at(i - 1, st.stride);
+                assert!(before == EMPTY || before < k, "shard {si}: {before} before {k} at {i}");
+            }
+        }
+        sorted += 1;
+    }
+    sorted
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+    // Bulk requests in key order insert keys in order and later ones find them with a
+    // cursor; scattered inserts and removals between them keep every shard either in
+    // key order or marked, and the store reads back like a HashMap throughout.
+    #[test]
+    fn bulk_sorted_requests_keep_runs_in_key_order_and_read_back_like_a_hashmap(
+        ops in proptest::collection::vec((0u8..4, 0u64..40_000, 1usize..12_000), 1..10),
+    ) {
+        let mut st = HashStore::new(1, 0);
+        let mut model: HashMap<u64, f32> = HashMap::new();
+        let mut only_bulk = true;
+        for (op, start, n) in ops {
+            let mut keys: Vec<u64> = (start..start + n as u64).map(crate::keys::scramble).collect();
+            match op {
+                // a scattered handful, in key order
+                0 => {
+                    keys.truncate(50);
+                    keys.sort_unstable();
+                    only_bulk = false;
+                }
+                // removals
+                1 => {
+                    keys.truncate(200);
+                    let gone = keys.iter().filter(|k| model.remove(k).is_some()).count();
+                    prop_assert_eq!(st.remove_keys(&keys), gone);
+                    continue;
+                }
+                // a bulk request in key order
+                _ => {
+                    keys.resize(keys.len().max(BULK), 0);
+                    for (i, k) in keys.iter_mut().enumerate().skip(n) {
+                        *k = crate::keys::scramble(start + 100_000 + i as u64);
+                    }
+                    keys.sort_unstable();
+                    // (a request that covers a small part of the rows inserts as scattered keys do)
+                    only_bulk &= keys.len() * 4 >= st.len();
+                }
+            }
+            st.walk(&keys, true, |k, w| w[0] = (k % 1000) as f32, |i, row| {
+                if let Some((w, _)) = row {
+                    let e = model.entry(keys[i]).or_insert((keys[i] % 1000) as f32);
+                    assert_eq!(w[0], *e, "key {}", keys[i]);
+                    w[0] += 1.0;
+                    *e += 1.0;
+                }
+            });
+            prop_assert_eq!(st.len(), model.len());
+            prop_assert!(st.is_ordered());
+            let sorted = sorted_shards(&st);
+            if only_bulk {
+                prop_assert_eq!(sorted, st.shards.iter().filter(|s| s.slots > 0).count(), "only bulk requests: every shard in order");
+            }
+        }
+        let mut all: Vec<u64> = model.keys().copied().collect();
+        all.sort_unstable();
+        let mut seen = 0;
+        st.walk(&all, false, |_, _| {}, |i, row| {
+            let (w, _) = row.expect("every stored key is found");
+            assert_eq!(w[0], model[&all[i]]);
+            seen += 1;
+        });
+        prop_assert_eq!(seen, all.len());
+    }
+}
+
+#[test]
+fn a_bulk_request_with_repeated_and_unsorted_keys_finds_each_key_and_stores_it_once() {
+    let mut st = HashStore::new(1, 0);
+    let mut a: Vec<u64> = (0..6000u64).map(crate::keys::scramble).collect();
+    a.sort_unstable();
+    st.walk(&a, true, |_, w| w[0] = 0.0, |_, _| {});
+    assert_eq!(sorted_shards(&st), SHARDS, "a bulk load in key order");
+    // the same keys twice over, each adjacent pair repeated, then in reverse order
+    let mut keys: Vec<u64> = a.iter().flat_map(|&k| [k, k]).collect();
+    keys.extend(a.iter().rev());
+    let mut found = 0;
+    st.walk(
+        &keys,
+        true,
+        |_, w| w[0] = 0.0,
+        |_, row| {
+            row.expect("stored").0[0] += 1.0;
+            found += 1;
+        },
+    );
+    assert_eq!((found, st.len()), (keys.len(), a.len()), "nothing created twice");
+    st.walk(&a, false, |_, _| {}, |_, row| assert_eq!(row.expect("stored").0[0], 3.0));
+}
+
+#[test]
+fn a_bulk_request_whose_keys_crowd_the_end_of_a_shard_loses_nothing() {
+    // 3,000 keys just below the start of shard 1: all at the last home slots of shard 0,
+    // their run longer than the tail after them
+    let mut keys: Vec<u64> = (1..=3000u64).map(|i| HashStore::shard_start(1) - i * 7).collect();
+    keys.sort_unstable();
+    let mut st = HashStore::new(1, 0);
+    st.walk(&keys[..100], true, |k, w| w[0] = k as f32, |_, _| {});
+    st.walk(&keys, true, |k, w| w[0] = k as f32, |_, _| {});
+    assert_eq!(st.len(), keys.len());
+    if st.is_ordered() {
+        sorted_shards(&st);
+    }
+    let mut seen = 0;
+    st.walk(
+        &keys,
+        false,
+        |_, _| {},
+        |i, row| {
+            assert_eq!(row.expect("stored").0[0], keys[i] as f32);
+            seen += 1;
+        },
+    );
+    assert_eq!(seen, keys.len());
+}
