@@ -303,14 +303,14 @@ impl Shard {
         self.len -= 1;
     }
 
-    /// Creates the row of key `k` (hash `h`), missing from this shard: with `from`, in a
-    /// shard whose runs are in key order, at its place in its run's order, searched from slot
-    /// `from` (between its home slot and its place; its home slot will do); without, at the
-    /// end of its run, as linear probing does (a scattered key: the rows inserted first, the
-    /// keys seen most often, stay nearest their homes), which leaves the shard disordered if
-    /// a larger key is in the run before it. The shard grows first if it must, or if an
-    /// ordered run finds no room before the end of the array. Its values come from `init`, its state, mark and change stamp are zero
-    /// or as `change` says. Returns its slot, the longest probe of the shard it knows of
+    /// Creates the row of key `k` (hash `h`), missing from this shard, where the walk's
+    /// probe left it (`spot`): with [`Spot::Place`], in a shard whose runs are in key order,
+    /// at its place in its run's order; otherwise at the end of its run, as linear probing
+    /// does (a scattered key: the rows inserted first, the keys seen most often, stay nearest
+    /// their homes), which leaves the shard disordered if a larger key is in the run before
+    /// it. The shard grows first if it must, or if an ordered run finds no room before the
+    /// end of the array. Its values come from `init`, its state, mark and change stamp are
+    /// zero or as `change` says. Returns its slot, the longest probe of the shard it knows of
     /// (after a growth, the longest of any row) and whether the shard grew (rows moved), or
     /// None, the key not stored, when an ordered run found no room even after a growth (the
     /// keys cluster at the end of the shard's range: the store must leave ordered placement).
@@ -322,7 +322,7 @@ impl Shard {
         &mut self,
         k: u64,
         h: u64,
-        from: Option<usize>,
+        spot: Spot,
         stride: usize,
         end: usize,
         vl: usize,
@@ -336,15 +336,21 @@ impl Shard {
         }
         let j = loop {
             let home = place(h, self.cap).1;
-            let Some(from) = from.filter(|_| !MIXED && !self.disordered) else {
-                let j = match self.find(k, home, stride) {
-                    Ok(x) | Err(x) => x,
-                };
-                if !MIXED {
-                    self.note_order(k, home, j, stride);
+            let from = match spot {
+                Spot::Place(from) if !MIXED && !self.disordered => from,
+                _ => {
+                    let j = match (spot, grew) {
+                        (Spot::Empty(j), false) => j,
+                        _ => match self.find(k, home, stride) {
+                            Ok(x) | Err(x) => x,
+                        },
+                    };
+                    if !MIXED {
+                        self.note_order(k, home, j, stride);
+                    }
+                    longest = longest.max(displacement(home, j, self.slots));
+                    break j;
                 }
-                longest = longest.max(displacement(home, j, self.slots));
-                break j;
             };
             match self.make_room(k, home, if grew { home } else { from }, stride) {
                 Some((j, run)) => {
@@ -401,6 +407,15 @@ fn displacement(home: usize, i: usize, slots: usize) -> usize {
     } else {
         i + slots - home
     }
+}
+
+/// Where a walk's probe left a key it did not find, for [`Shard::insert`].
+#[derive(Clone, Copy)]
+enum Spot {
+    /// A slot between its home and its place in its run's key order (a cursor's start).
+    Place(usize),
+    /// The empty slot at the end of its run (a probe from its home).
+    Empty(usize),
 }
 
 /// A shard's array seen through a pointer: `slots` rows of a stride of at least two words
@@ -971,11 +986,10 @@ impl ShardsMut<'_> {
                     f(i, None);
                     continue;
                 }
-                Err(_) => {
+                Err(j) => {
+                    let spot = if cursor { Spot::Place(from) } else { Spot::Empty(j) };
                     let shard = &mut self.shards[si];
-                    let Some((j, longest, grew)) =
-                        shard.insert::<MIXED, I>(k, h, cursor.then_some(from), stride, end, vl, change, &mut init)
-                    else {
+                    let Some((j, longest, grew)) = shard.insert::<MIXED, I>(k, h, spot, stride, end, vl, change, &mut init) else {
                         // an ordered run with no room before the end of the array
                         self.clustered = true;
                         return Some(i);
