@@ -9,11 +9,13 @@
 //!
 //! * **Linear probing** over a capacity that need not be a power of two (the home slot is
 //!   `hash × cap >> 32`), grown by 1.5× when the load reaches 80 %, so a shard's load stays
-//!   within 53–80 % and a stored FTRL key costs 25–38 bytes (and a tail of at most 64 slots
-//!   a shard after the last homes, where their runs go on instead of wrapping). A scattered
-//!   key's probe goes slot by slot (its first slot is a cache miss and usually its last).
-//! * **Runs in key order for scans.** A bulk request (≥ 4,096 sorted keys covering a good
-//!   part of the rows) inserts each missing key at its place in its run's key order, moving
+//!   within 53–80 % and a stored FTRL key costs 25–38 bytes, plus a tail of at most 64 slots
+//!   a shard after the last homes, where their runs go on instead of wrapping (under 1 % of
+//!   a large table; it doubles the slots of a shard of 64 or fewer). A scattered key's probe
+//!   goes slot by slot (its first slot is a cache miss and usually its last).
+//! * **Runs in key order for scans.** A bulk request (≥ 4,096 keys covering a good part of
+//!   the rows: sorted keys, a bulk load or a scan; the parts of one cut into pieces count as
+//!   it does) inserts each missing key at its place in its run's key order, moving
 //!   the larger keys after it one slot on; under ordered placement every run of a shard is
 //!   then in key order, and a later scan finds each key from the previous key's slot on,
 //!   about one compare a key (a sorted request over 1M keys: 40 % less time than a probe
@@ -22,7 +24,9 @@
 //!   shard that such an insert puts out of order is marked, and its scans probe from each
 //!   home comparing `GROUP` (4) slots at once (probe lengths vary from key to key, and a
 //!   branch per slot mispredicted about once per key). A rebuild puts rows back in slot
-//!   order, which keeps a shard in key order if it was.
+//!   order, which keeps a shard in key order if it was (unless a run then wraps: marked),
+//!   and leaves a marked one marked, most likely (sorting it would cost the minibatches'
+//!   frequent keys their places near their homes: `train linear` ran 11 % slower so).
 //! * **Shards** bound the transient memory of growth: rehashing one shard holds its old and
 //!   new arrays at once, 1/64 of the table, instead of twice the whole table.
 //! * **One walk per request** ([`ShardsMut::walk`]): each key is found (or inserted) and its
@@ -34,7 +38,9 @@
 //!   forwards, which the hardware prefetches like a scan. Keys that the applications
 //!   scramble (and random ids) are uniform already, and the store starts that way; keys that
 //!   cluster (sequential ids, a narrow range) show as a long probe, and the first probe longer
-//!   than [`MAX_DISPLACEMENT`] rebuilds every shard under the full mix, once and for good.
+//!   than [`MAX_DISPLACEMENT`] (or a bulk request's run that finds no room before its
+//!   shard's end even after a growth) rebuilds every shard under the full mix, once and for
+//!   good.
 //!
 //! A row is addressed by a [`Slot`] (`shard << 32 | index`), valid until the next insertion
 //! into that shard (which may grow it). [`HashStore::resolve`] returns slots for a whole
@@ -130,9 +136,9 @@ fn placement(ordered: bool) -> fn(u64) -> u64 {
 ///
 /// Under ordered placement every run of occupied slots holds its keys in ascending order
 /// and no run wraps past the end of the array ([`Shard::make_room`]), unless `disordered`:
-/// a rebuild found no room before the end for a run (keys that cluster at the end of the
-/// shard's range; the store then leaves ordered placement) and wrapped it. Lookups do not
-/// rely on the order; a walk of sorted keys does, to start each key's probe after the
+/// an insert at the end of a run (a request that is not bulk, or a rebuild's `put_row`)
+/// came after a larger key or wrapped past the end ([`Shard::note_order`]). Lookups do not
+/// rely on the order; a bulk walk of sorted keys does, to start each key's probe after the
 /// previous key's slot.
 #[derive(Default)]
 struct Shard {
@@ -308,7 +314,7 @@ impl Shard {
     /// at its place in its run's order; otherwise at the end of its run, as linear probing
     /// does (a scattered key: the rows inserted first, the keys seen most often, stay nearest
     /// their homes), which leaves the shard disordered if a larger key is in the run before
-    /// it. The shard grows first if it must, or if an ordered run finds no room before the
+    /// it or the run wraps past the end of the array. The shard grows first if it must, or if an ordered run finds no room before the
     /// end of the array. Its values come from `init`, its state, mark and change stamp are
     /// zero or as `change` says. Returns its slot, the longest probe of the shard it knows of
     /// (after a growth, the longest of any row) and whether the shard grew (rows moved), or
@@ -749,23 +755,27 @@ impl HashStore {
     /// A view of every shard, to walk keys and reach rows through; [`HashStore::finish`] after.
     pub fn view(&mut self) -> ShardsMut<'_> {
         let (vl, stride, ordered, end, touch, change) = (self.vl, self.stride, self.ordered, self.end(), self.touch, self.change);
-        ShardsMut { shards: &mut self.shards, base: 0, vl, stride, end, touch, change, ordered, added: 0, clustered: false }
+        ShardsMut { shards: &mut self.shards, base: 0, vl, stride, end, touch, change, ordered, bulk: BULK, added: 0, clustered: false }
     }
 
     /// Under ordered placement, views of disjoint runs of shards, cut before each shard of
     /// `cuts` (increasing, each in `1..SHARDS`): the first view holds the shards before
     /// `cuts[0]`, the last those from the last cut on. A shard's keys are those from
     /// `shard << 58` to the next shard's first, so a sorted request splits at one index per
-    /// cut, and the parts can be resolved on several threads. None under mixed placement,
-    /// where a shard holds keys from the whole range, or when the cuts are not increasing
-    /// within `1..SHARDS`.
-    pub fn split_views(&mut self, cuts: &[usize]) -> Option<Vec<ShardsMut<'_>>> {
+    /// cut, and the parts can be resolved on several threads. `request` is the number of
+    /// keys of the request cut into these parts: whether a part's walk is a bulk request
+    /// ([`ShardsMut::walk`]) is judged by it, not by the part's own share of it. None under
+    /// mixed placement, where a shard holds keys from the whole range, or when the cuts are
+    /// not increasing within `1..SHARDS`.
+    pub fn split_views(&mut self, cuts: &[usize], request: usize) -> Option<Vec<ShardsMut<'_>>> {
         let increasing = cuts.windows(2).all(|w| w[0] < w[1]);
         if !self.ordered || !increasing || cuts.first().is_some_and(|&c| c == 0) || cuts.last().is_some_and(|&c| c >= SHARDS) {
             return None;
         }
         let (vl, stride, end, touch, change) = (self.vl, self.stride, self.end(), self.touch, self.change);
-        let view = |shards, base| ShardsMut { shards, base, vl, stride, end, touch, change, ordered: true, added: 0, clustered: false };
+        let bulk = if request >= BULK { 0 } else { BULK };
+        let view =
+            |shards, base| ShardsMut { shards, base, vl, stride, end, touch, change, ordered: true, bulk, added: 0, clustered: false };
         let mut views = Vec::with_capacity(cuts.len() + 1);
         let (mut rest, mut base) = (&mut self.shards[..], 0);
         for &c in cuts {
@@ -885,6 +895,9 @@ pub struct ShardsMut<'a> {
     touch: Touch,
     change: Change,
     ordered: bool,
+    /// A walk of this many keys or more that covers a good part of the view's rows is a
+    /// bulk request: [`BULK`], or 0 in a part of a bulk request cut into pieces.
+    bulk: usize,
     added: usize,
     clustered: bool,
 }
@@ -899,10 +912,11 @@ impl ShardsMut<'_> {
     /// under ordered placement, a request that covers a good part of the rows walks the
     /// shards' arrays forwards, which the hardware prefetches without help.
     ///
-    /// A request of [`BULK`] keys or more that covers a good part of the rows (a bulk load,
-    /// a scan) inserts in key order and, in a shard whose runs are in key order, starts each
-    /// key's probe after the previous key's slot when the keys ascend (any order is served;
-    /// sorted keys are what is fast).
+    /// A request of [`BULK`] keys or more (or a part of one, from
+    /// [`HashStore::split_views`]) that covers a good part of the rows (a bulk load, a scan)
+    /// inserts in key order and, in a shard whose runs are in key order, starts each key's
+    /// probe after the previous key's slot when the keys ascend (any order is served; sorted
+    /// keys are what is fast).
     ///
     /// Precondition: every key's shard is in the view. Returns `Some(i)` when it stopped
     /// early: inserting key `i` probed further than [`MAX_DISPLACEMENT`] under ordered
@@ -944,9 +958,9 @@ impl ShardsMut<'_> {
         // a bulk load or a scan of sorted keys in order, whose inserts go in key order so
         // that later scans run a cursor (a smaller request's inserts go at the end of their
         // runs: the keys a minibatch meets first, the frequent ones, stay nearest their homes)
-        let bulk = !scattered && keys.len() >= BULK;
-        // each shard's array, read without a bounds check; an entry is renewed when its
-        // shard grows (nothing else changes a shard during the walk)
+        let bulk = !scattered && keys.len() >= self.bulk;
+        // each shard's array, read without a bounds check; an entry is renewed after every
+        // insert into its shard (which may move rows or grow the array)
         let mut arrays = [Rows { p: std::ptr::null_mut(), cap: 0, slots: 0, sorted: false }; SHARDS];
         let arrays = &mut arrays[..self.shards.len()];
         for (a, sh) in arrays.iter_mut().zip(self.shards.iter_mut()) {

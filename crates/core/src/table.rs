@@ -685,7 +685,7 @@ impl Table {
                 // sorted request), the pieces taken in turn by this thread and a helper
                 // (under the mixed hash every shard spans the whole key range: one thread)
                 let cuts = if self.parallel && n >= PARALLEL_MIN && h.is_ordered() { piece_cuts(keys) } else { Vec::new() };
-                let views = if cuts.is_empty() { None } else { h.split_views(&cuts.iter().map(|c| c.1).collect::<Vec<_>>()) };
+                let views = if cuts.is_empty() { None } else { h.split_views(&cuts.iter().map(|c| c.1).collect::<Vec<_>>(), n) };
                 // (where a part stopped, relative to `keys`, to finish under the mixed hash)
                 let mut rest: Vec<(usize, usize)> = Vec::new();
                 match views {

@@ -150,8 +150,10 @@ fn memory_per_key_stays_within_the_load_bounds() {
 fn probes_that_run_past_the_end_of_a_shard_wrap_to_its_start_and_find_every_key() {
     // Keys of shard 0 whose homes are spread over the last 40 % of its slots (ordered
     // placement: homes follow the bits after the shard's): more keys than those slots, so
-    // the cluster runs past the array's end to its front, and probes start at every offset
-    // from the end (through whole compared groups, the slots after the last one, the wrap).
+    // the cluster runs into the tail after the last homes and, for the larger n (more than
+    // the tail's 64 slots beyond), past the array's end to its front, and probes start at
+    // every offset from the end (through whole compared groups, the slots after the last
+    // one, the wrap).
     for n in [2u64, 3, 5, 8, 13, 21, 40, 100, 333] {
         let mut h = HashStore::new(1, 0);
         let top = (1u64 << SHARD_SHIFT) - 1;
@@ -307,26 +309,55 @@ fn a_bulk_request_with_repeated_and_unsorted_keys_finds_each_key_and_stores_it_o
 
 #[test]
 fn a_bulk_request_whose_keys_crowd_the_end_of_a_shard_loses_nothing() {
-    // 3,000 keys just below the start of shard 1: all at the last home slots of shard 0,
+    // 6,000 keys just below the start of shard 1: all at the last home slots of shard 0,
     // their run longer than the tail after them
-    let mut keys: Vec<u64> = (1..=3000u64).map(|i| HashStore::shard_start(1) - i * 7).collect();
+    let mut keys: Vec<u64> = (1..=6000u64).map(|i| HashStore::shard_start(1) - i * 7).collect();
     keys.sort_unstable();
-    let mut st = HashStore::new(1, 0);
-    st.walk(&keys[..100], true, |k, w| w[0] = k as f32, |_, _| {});
-    st.walk(&keys, true, |k, w| w[0] = k as f32, |_, _| {});
-    assert_eq!(st.len(), keys.len());
-    if st.is_ordered() {
-        sorted_shards(&st);
+    for first in [0, 100] {
+        // a bulk request into an empty store (the run in key order finds no room before the
+        // shard's end even after a growth), and after a small request (the run wrapped)
+        let mut st = HashStore::new(1, 0);
+        st.walk(&keys[..first], true, |k, w| w[0] = k as f32, |_, _| {});
+        st.walk(&keys, true, |k, w| w[0] = k as f32, |_, _| {});
+        assert_eq!(st.len(), keys.len());
+        assert!(!st.is_ordered(), "keys that crowd one shard's end leave ordered placement");
+        let mut seen = 0;
+        st.walk(
+            &keys,
+            false,
+            |_, _| {},
+            |i, row| {
+                assert_eq!(row.expect("stored").0[0], keys[i] as f32);
+                seen += 1;
+            },
+        );
+        assert_eq!(seen, keys.len());
     }
-    let mut seen = 0;
-    st.walk(
-        &keys,
-        false,
-        |_, _| {},
-        |i, row| {
-            assert_eq!(row.expect("stored").0[0], keys[i] as f32);
-            seen += 1;
-        },
-    );
-    assert_eq!(seen, keys.len());
+}
+
+#[test]
+fn the_parts_of_a_bulk_request_cut_into_pieces_insert_in_key_order() {
+    // two bulk requests of 40,000 keys each (the second's between the first's), each cut at
+    // every fourth shard into 16 parts of about 2,500 keys (fewer than a bulk request's
+    // 4,096): the parts insert in key order as their request would
+    let mut st = HashStore::new(1, 0);
+    let cuts: Vec<usize> = (1..16).map(|i| i * 4).collect();
+    for round in 0..2u64 {
+        let mut keys: Vec<u64> = (round * 40_000..(round + 1) * 40_000).map(crate::keys::scramble).collect();
+        keys.sort_unstable();
+        st.reserve_for(&keys);
+        let mut parts = Vec::new();
+        let mut from = 0;
+        for (j, mut v) in st.split_views(&cuts, keys.len()).expect("ordered placement").into_iter().enumerate() {
+            let to = cuts.get(j).map_or(keys.len(), |&c| from + keys[from..].partition_point(|&k| k < HashStore::shard_start(c)));
+            assert_eq!(v.walk(&keys[from..to], true, |_, w| w[0] = 0.0, |_, _| {}), None);
+            parts.push(v.into_parts());
+            from = to;
+        }
+        for p in parts {
+            st.finish(p);
+        }
+        assert_eq!(st.len(), 40_000 * (round as usize + 1));
+        assert_eq!(sorted_shards(&st), SHARDS, "round {round}");
+    }
 }
