@@ -69,11 +69,14 @@ impl Batch {
     }
 }
 
-/// Sorts (key, position) pairs by key, stable in position (which nothing relies on): one
-/// MSD radix pass on the highest bits in which the keys differ, about four pairs per bucket,
-/// then each bucket by insertion (a comparison sort for a bucket that skewed keys make
-/// large, and for short lists). Two passes over the pairs whatever the keys' width:
-/// scrambled 64-bit keys used to take eight LSD passes.
+/// Sorts (key, position) pairs by key, stable in position (which nothing relies on): two
+/// LSD radix passes of 8 bits over the 16 highest bits in which the keys differ (scrambled
+/// keys: about one pair in 30 then shares its 16 bits with another), then an insertion sort
+/// that puts the pairs that share them in order, a few moves in all. Keys whose 16 highest
+/// varying bits leave much unsorted (a few large keys among small ones) cost the insertion
+/// sort more than [`INSERTION_BUDGET`] moves a pair, and are sorted by comparison instead.
+/// Two passes with no branch on the data, where an MSD pass and an insertion sort per
+/// bucket of four mispredicted about once a pair.
 fn sort_pairs(pairs: &mut Vec<(u64, u32)>) {
     let n = pairs.len();
     if n < 64 {
@@ -85,42 +88,44 @@ fn sort_pairs(pairs: &mut Vec<(u64, u32)>) {
     if varying == 0 {
         return;
     }
-    // the digit: `bits` bits ending at the highest varying bit (bits above it are equal in
-    // every key, so bucket order is key order)
     let top = 64 - varying.leading_zeros();
-    let bits = (usize::BITS - n.leading_zeros()).saturating_sub(2).clamp(4, 12).min(top);
-    let shift = top - bits;
-    let digit = |k: u64| ((k >> shift) as usize) & ((1 << bits) - 1);
-    let mut start = vec![0u32; (1 << bits) + 1];
-    for p in pairs.iter() {
-        start[digit(p.0) + 1] += 1;
+    let low = top.saturating_sub(16);
+    let mut other = vec![(0u64, 0u32); n];
+    for shift in [low, low + 8] {
+        let digit = |k: u64| ((k >> shift) & 0xff) as usize;
+        let mut start = [0u32; 256];
+        for p in pairs.iter() {
+            start[digit(p.0)] += 1;
+        }
+        let mut sum = 0;
+        for c in start.iter_mut() {
+            (*c, sum) = (sum, sum + *c);
+        }
+        for p in pairs.iter() {
+            let d = digit(p.0);
+            other[start[d] as usize] = *p;
+            start[d] += 1;
+        }
+        std::mem::swap(pairs, &mut other);
     }
-    for i in 1..start.len() {
-        start[i] += start[i - 1];
-    }
-    let mut dst = vec![(0u64, 0u32); n];
-    let mut next = start.clone();
-    for p in pairs.iter() {
-        let d = digit(p.0);
-        dst[next[d] as usize] = *p;
-        next[d] += 1;
-    }
-    for w in start.windows(2) {
-        let bucket = &mut dst[w[0] as usize..w[1] as usize];
-        if bucket.len() > 32 {
-            bucket.sort_by_key(|p| p.0);
-        } else {
-            for i in 1..bucket.len() {
-                let mut j = i;
-                while j > 0 && bucket[j - 1].0 > bucket[j].0 {
-                    bucket.swap(j - 1, j);
-                    j -= 1;
-                }
-            }
+    let budget = INSERTION_BUDGET * n;
+    let mut moves = 0;
+    for i in 1..n {
+        let mut j = i;
+        while j > 0 && pairs[j - 1].0 > pairs[j].0 {
+            pairs.swap(j - 1, j);
+            j -= 1;
+        }
+        moves += i - j;
+        if moves > budget {
+            pairs.sort_by_key(|p| p.0);
+            return;
         }
     }
-    *pairs = dst;
 }
+
+/// Moves a pair that [`sort_pairs`]' insertion sort may take on average before it gives up.
+const INSERTION_BUDGET: usize = 4;
 
 #[cfg(test)]
 mod tests {
