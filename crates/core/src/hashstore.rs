@@ -912,7 +912,7 @@ impl ShardsMut<'_> {
     /// under ordered placement, a request that covers a good part of the rows walks the
     /// shards' arrays forwards, which the hardware prefetches without help.
     ///
-    /// A request of [`BULK`] keys or more (or a part of one, from
+    /// A request of 4,096 keys or more (or a part of one, from
     /// [`HashStore::split_views`]) that covers a good part of the rows (a bulk load, a scan)
     /// inserts in key order and, in a shard whose runs are in key order, starts each key's
     /// probe after the previous key's slot when the keys ascend (any order is served; sorted
