@@ -44,7 +44,7 @@ impl Shard {
 
     /// This shard's array, to read. Precondition: `stride ≥ 2`.
     #[inline]
-    pub(super) fn rows(&self, stride: usize) -> Rows {
+    fn rows(&self, stride: usize) -> Rows {
         assert!(stride >= 2 && self.cap <= self.slots && self.data.len() >= self.slots * stride);
         Rows { p: self.data.as_ptr().cast_mut(), cap: self.cap, slots: self.slots, sorted: !self.disordered }
     }
@@ -64,7 +64,7 @@ impl Shard {
     /// the run lies further from its own home: the moved keys are larger, so their homes
     /// are not before `home`), or None, the shard unchanged, when the run reaches the end of
     /// the array.
-    pub(super) fn make_room(&mut self, k: u64, home: usize, from: usize, stride: usize) -> Option<(usize, usize)> {
+    fn make_room(&mut self, k: u64, home: usize, from: usize, stride: usize) -> Option<(usize, usize)> {
         let rows = self.rows(stride);
         assert!(home <= from && from <= rows.slots);
         // SAFETY: from ≤ slots, and the array is this shard's, unchanged here
@@ -130,7 +130,7 @@ impl Shard {
     /// in the run is larger, or its run wrapped past the end of the array (the rows before
     /// its home have smaller homes, so smaller keys).
     #[inline]
-    pub(super) fn note_order(&mut self, k: u64, home: usize, i: usize, stride: usize) {
+    fn note_order(&mut self, k: u64, home: usize, i: usize, stride: usize) {
         if i != home && (i < home || self.key_at(i - 1, stride) > k) {
             self.disordered = true;
         }
@@ -267,7 +267,7 @@ impl Shard {
         Some((j, longest, grew))
     }
 
-    pub(super) fn needs_growth(&self) -> bool {
+    fn needs_growth(&self) -> bool {
         (self.len + 1) * MAX_LOAD_DEN > self.cap * MAX_LOAD_NUM
     }
 }
@@ -289,7 +289,7 @@ pub(super) fn lookup_in(shards: &[Shard], base: usize, stride: usize, k: u64, h:
 
 /// How far slot `i` lies after home slot `home` in a shard of `slots` slots (probes wrap).
 #[inline]
-pub(super) fn displacement(home: usize, i: usize, slots: usize) -> usize {
+fn displacement(home: usize, i: usize, slots: usize) -> usize {
     if i >= home {
         i - home
     } else {
