@@ -52,6 +52,35 @@ fn bench(c: &mut Criterion) {
     g.bench_function("push", |b| b.iter(|| reqs.iter().for_each(|k| t.push(k, &v[..k.len()]).unwrap())));
     g.bench_function("pull", |b| b.iter(|| reqs.iter().for_each(|k| t.pull(k, &mut out[..k.len()]).unwrap())));
     g.finish();
+    // the same shape with `train linear`'s default rule (ftrl-norm: rows of two values and
+    // two words of state, 24 bytes with the key) and requests that touch more rows than the
+    // L3 holds, as an epoch over 5M keys does
+    let lin = TableDef {
+        value_len: 2,
+        rule: downpour_core::proto::Rule { name: "ftrl-norm".into(), lr: 0.1, ftrl_beta: 1.0, ..Default::default() },
+        ..def(Storage::Sparse)
+    };
+    let mut t = Table::new(lin, KeyRange::FULL, &RuleRegistry::new()).unwrap();
+    for c in big.chunks(1 << 18) {
+        t.push(c, &vec![0.5f32; c.len() * 2]).unwrap();
+    }
+    let reqs: Vec<Vec<u64>> = (0..1024u64)
+        .map(|r| {
+            let mut k: Vec<u64> =
+                (0..2300u64).map(|i| big[(downpour_core::keys::scramble(r << 32 | i) % big.len() as u64) as usize]).collect();
+            k.sort_unstable();
+            k.dedup();
+            k
+        })
+        .collect();
+    let keys: usize = reqs.iter().map(|r| r.len()).sum();
+    let mut g = c.benchmark_group("ftrl_norm_minibatches_of_4m_rows");
+    g.throughput(Throughput::Elements(keys as u64));
+    let v = vec![0.01f32; 4600];
+    let mut out = vec![0f32; 4600];
+    g.bench_function("push", |b| b.iter(|| reqs.iter().for_each(|k| t.push(k, &v[..k.len() * 2]).unwrap())));
+    g.bench_function("pull", |b| b.iter(|| reqs.iter().for_each(|k| t.pull(k, &mut out[..k.len() * 2]).unwrap())));
+    g.finish();
     let n = 4 << 20;
     let mut d = Table::new(def(Storage::Dense(KeyRange::new(0, n))), KeyRange::FULL, &RuleRegistry::new()).unwrap();
     let dv = vec![0.5f32; n as usize];
