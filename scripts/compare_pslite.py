@@ -3,7 +3,9 @@
     python3 scripts/compare_pslite.py [--pslite GIT_OR_SOURCE_DIR] [--rounds 3] [--no-write]
 
 Runs `../shared/tools/pslite/run.sh` (ROUNDS interleaved rounds of ps-lite and `downpour bench`
-on this machine, 1 server + 1 worker and 2 + 2, plus one iperf3 loopback stream) after building
+on this machine, 1 server + 1 worker and 2 + 2, plus one iperf3 loopback stream; then iperf3
+with 2 and 4 parallel streams, ROUNDS times each: what loopback TCP carries in all on this
+machine, the ceiling of the 2 + 2 row, whose four processes share its cores) after building
 ps-lite with `../shared/tools/pslite/build.sh` when `/tmp/pslite-build/pslite_bench` is missing
 (`--pslite` names ps-lite's source: a bare git directory or a source tree of dmlc/ps-lite).
 Needs `cargo build --release` first, and `apt-get install -y libzmq3-dev protobuf-compiler
@@ -14,12 +16,14 @@ commit and the raw samples copied under docs/bench-data/.
 
 import argparse
 import datetime
+import json
 import os
 import pathlib
 import re
 import shutil
 import subprocess
 import sys
+import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TOOLS = REPO.parent / "shared" / "tools" / "pslite"
@@ -48,6 +52,8 @@ def main():
     if run.returncode != 0:
         sys.exit(f"error: run.sh failed ({run.returncode})")
     print(run.stdout)
+    ceiling = streams_ceiling(a.rounds)
+    print(ceiling)
     lines = [l for l in run.stdout.splitlines() if l.strip()]
     table = [l for l in lines if re.match(r"^\ds\+\dw ", l)]
     iperf = next((l for l in lines if l.startswith("iperf3")), "")
@@ -85,6 +91,7 @@ def main():
             "",
             f"Written by `python3 scripts/compare_pslite.py --rounds {a.rounds}` on {day} at commit {commit}: "
             f"{a.rounds} interleaved rounds, medians (raw samples: `docs/bench-data/{day}-pslite/`). {iperf}.",
+            f"{ceiling}.",
             f"Machine load before the run: `{load}`.",
             "",
             *md,
@@ -103,6 +110,31 @@ def main():
         text = text[:at] + section + text[at:]
     doc.write_text(text)
     print(f"wrote the table into {doc}")
+
+
+def streams_ceiling(rounds):
+    """iperf3 over loopback with 2 and 4 parallel streams, `rounds` times each (interleaved):
+    a sentence with the medians in GB/s, or why it could not run."""
+    if shutil.which("iperf3") is None:
+        return "iperf3 with parallel streams: not run (iperf3 is not installed)"
+    seen = {2: [], 4: []}
+    for _ in range(rounds):
+        for n in seen:
+            server = subprocess.Popen(["iperf3", "-s", "-1", "-p", "5299"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            try:
+                time.sleep(0.3)
+                r = subprocess.run(["iperf3", "-c", "127.0.0.1", "-p", "5299", "-t", "5", "-P", str(n), "-J"], capture_output=True, text=True, timeout=60)
+                seen[n].append(json.loads(r.stdout)["end"]["sum_received"]["bits_per_second"] / 8e9)
+            except (subprocess.SubprocessError, ValueError, KeyError) as e:
+                return f"iperf3 with parallel streams: failed ({e})"
+            finally:
+                server.kill()
+                server.wait()
+    med = {n: sorted(v)[len(v) // 2] for n, v in seen.items()}
+    return (
+        f"iperf3 loopback with parallel streams, in all: 2 streams {med[2]:.2f} GB/s, 4 streams {med[4]:.2f} GB/s "
+        f"(medians of {rounds}; the most loopback TCP carries on these cores, the 2s+2w row's ceiling)"
+    )
 
 
 if __name__ == "__main__":
