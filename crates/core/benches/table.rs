@@ -1,5 +1,7 @@
 //! Core hot-path costs without any network: sparse push/pull of 1M sorted random keys into
-//! a table that already holds them, and a dense 16 MiB range push.
+//! a table that already holds them, requests of the linear job's shape (minibatches of
+//! scattered keys; with its default rule, over more rows than the L3 holds), and a dense
+//! 16 MiB range push.
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use downpour_core::rule::RuleRegistry;
 use downpour_core::table::{Storage, Table, TableDef};
@@ -30,28 +32,9 @@ fn bench(c: &mut Criterion) {
     });
     g.finish();
     // the linear job's request shape: minibatches of ~2,300 distinct keys scattered over a
-    // table of 4M rows (each key's row a cache miss)
+    // table of 4M rows (each key's row a cache miss, though 64 requests' rows fit in the L3)
     let big = downpour_core::keys::random_sorted_keys(4_000_000, 7);
-    let mut t = Table::new(def(Storage::Sparse), KeyRange::FULL, &RuleRegistry::new()).unwrap();
-    for c in big.chunks(1 << 18) {
-        t.push(c, &vec![1f32; c.len()]).unwrap();
-    }
-    let reqs: Vec<Vec<u64>> = (0..64u64)
-        .map(|r| {
-            let mut k: Vec<u64> =
-                (0..2300u64).map(|i| big[(downpour_core::keys::scramble(r << 32 | i) % big.len() as u64) as usize]).collect();
-            k.sort_unstable();
-            k.dedup();
-            k
-        })
-        .collect();
-    let keys: usize = reqs.iter().map(|r| r.len()).sum();
-    let mut g = c.benchmark_group("sparse_minibatches_of_4m_rows");
-    g.throughput(Throughput::Elements(keys as u64));
-    let v = vec![1f32; 2300];
-    g.bench_function("push", |b| b.iter(|| reqs.iter().for_each(|k| t.push(k, &v[..k.len()]).unwrap())));
-    g.bench_function("pull", |b| b.iter(|| reqs.iter().for_each(|k| t.pull(k, &mut out[..k.len()]).unwrap())));
-    g.finish();
+    minibatches(c, "sparse_minibatches_of_4m_rows", def(Storage::Sparse), &big, 64);
     // the same shape with `train linear`'s default rule (ftrl-norm: rows of two values and
     // two words of state, 24 bytes with the key) and requests that touch more rows than the
     // L3 holds, as an epoch over 5M keys does
@@ -60,11 +43,25 @@ fn bench(c: &mut Criterion) {
         rule: downpour_core::proto::Rule { name: "ftrl-norm".into(), lr: 0.1, ftrl_beta: 1.0, ..Default::default() },
         ..def(Storage::Sparse)
     };
-    let mut t = Table::new(lin, KeyRange::FULL, &RuleRegistry::new()).unwrap();
-    for c in big.chunks(1 << 18) {
-        t.push(c, &vec![0.5f32; c.len() * 2]).unwrap();
+    minibatches(c, "ftrl_norm_minibatches_of_4m_rows", lin, &big, 1024);
+    let n = 4 << 20;
+    let mut d = Table::new(def(Storage::Dense(KeyRange::new(0, n))), KeyRange::FULL, &RuleRegistry::new()).unwrap();
+    let dv = vec![0.5f32; n as usize];
+    let mut g = c.benchmark_group("dense_16mib");
+    g.throughput(Throughput::Bytes(n * 4));
+    g.bench_function("push_range", |b| b.iter(|| d.push_range(0, &dv).unwrap()));
+    g.finish();
+}
+
+/// The group `name`: pushes and pulls of `n` requests of the linear job's shape (2,300 keys
+/// drawn from `big`, sorted and distinct) on a table of `def` that holds every key of `big`.
+fn minibatches(c: &mut Criterion, name: &str, def: TableDef, big: &[u64], n: u64) {
+    let len = def.value_len;
+    let mut t = Table::new(def, KeyRange::FULL, &RuleRegistry::new()).unwrap();
+    for ch in big.chunks(1 << 18) {
+        t.push(ch, &vec![0.5f32; ch.len() * len]).unwrap();
     }
-    let reqs: Vec<Vec<u64>> = (0..1024u64)
+    let reqs: Vec<Vec<u64>> = (0..n)
         .map(|r| {
             let mut k: Vec<u64> =
                 (0..2300u64).map(|i| big[(downpour_core::keys::scramble(r << 32 | i) % big.len() as u64) as usize]).collect();
@@ -74,19 +71,12 @@ fn bench(c: &mut Criterion) {
         })
         .collect();
     let keys: usize = reqs.iter().map(|r| r.len()).sum();
-    let mut g = c.benchmark_group("ftrl_norm_minibatches_of_4m_rows");
+    let mut g = c.benchmark_group(name);
     g.throughput(Throughput::Elements(keys as u64));
-    let v = vec![0.01f32; 4600];
-    let mut out = vec![0f32; 4600];
-    g.bench_function("push", |b| b.iter(|| reqs.iter().for_each(|k| t.push(k, &v[..k.len() * 2]).unwrap())));
-    g.bench_function("pull", |b| b.iter(|| reqs.iter().for_each(|k| t.pull(k, &mut out[..k.len() * 2]).unwrap())));
-    g.finish();
-    let n = 4 << 20;
-    let mut d = Table::new(def(Storage::Dense(KeyRange::new(0, n))), KeyRange::FULL, &RuleRegistry::new()).unwrap();
-    let dv = vec![0.5f32; n as usize];
-    let mut g = c.benchmark_group("dense_16mib");
-    g.throughput(Throughput::Bytes(n * 4));
-    g.bench_function("push_range", |b| b.iter(|| d.push_range(0, &dv).unwrap()));
+    let v = vec![0.01f32; 2300 * len];
+    let mut out = vec![0f32; 2300 * len];
+    g.bench_function("push", |b| b.iter(|| reqs.iter().for_each(|k| t.push(k, &v[..k.len() * len]).unwrap())));
+    g.bench_function("pull", |b| b.iter(|| reqs.iter().for_each(|k| t.pull(k, &mut out[..k.len() * len]).unwrap())));
     g.finish();
 }
 
