@@ -6,11 +6,14 @@ use downpour_core::proto::FrameHeader;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender, TryRecvError};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 type Frame = (FrameHeader, Vec<u8>, Vec<u8>);
+
+/// How long a receive polls before it sleeps ([`InProcConnection::poll_briefly`]).
+const SPIN: Duration = Duration::from_micros(30);
 
 enum Tx {
     Bounded(SyncSender<Frame>),
@@ -108,6 +111,22 @@ impl InProcConnection {
     fn new(tx: Tx, rx: Receiver<Frame>, peer: String) -> Self {
         InProcConnection { tx, rx, peer, current: None, peeked: None, closed: false, timeout: None, stats: Default::default() }
     }
+
+    /// The next frame if one comes within [`SPIN`], polled without sleeping (`Ok(None)` if
+    /// none came): a thread that sleeps leaves its core idle, and waking it takes a
+    /// virtual machine tens of microseconds (its vCPU halted), longer than the next
+    /// message of a pipeline usually takes to come.
+    fn poll_briefly(&mut self) -> std::result::Result<Option<Frame>, TryRecvError> {
+        let start = Instant::now();
+        loop {
+            match self.rx.try_recv() {
+                Ok(f) => return Ok(Some(f)),
+                Err(TryRecvError::Empty) if start.elapsed() < SPIN => std::hint::spin_loop(),
+                Err(TryRecvError::Empty) => return Ok(None),
+                Err(e) => return Err(e),
+            }
+        }
+    }
 }
 
 impl Connection for InProcConnection {
@@ -128,15 +147,23 @@ impl Connection for InProcConnection {
     }
 
     fn recv_header(&mut self) -> Result<Option<FrameHeader>> {
-        let f = match self.timeout {
-            _ if self.peeked.is_some() => self.peeked.take(),
-            _ if self.closed => None,
-            None => self.rx.recv().ok(),
-            Some(t) => match self.rx.recv_timeout(t) {
-                Ok(f) => Some(f),
-                Err(RecvTimeoutError::Timeout) => return Err(TransportError::Timeout { peer: self.peer.clone(), after: t }),
-                Err(RecvTimeoutError::Disconnected) => None,
-            },
+        let f = if let Some(f) = self.peeked.take() {
+            Some(f)
+        } else if self.closed {
+            None
+        } else {
+            match self.poll_briefly() {
+                Ok(Some(f)) => Some(f),
+                Err(TryRecvError::Disconnected) => None,
+                Ok(None) | Err(TryRecvError::Empty) => match self.timeout {
+                    None => self.rx.recv().ok(),
+                    Some(t) => match self.rx.recv_timeout(t) {
+                        Ok(f) => Some(f),
+                        Err(RecvTimeoutError::Timeout) => return Err(TransportError::Timeout { peer: self.peer.clone(), after: t }),
+                        Err(RecvTimeoutError::Disconnected) => None,
+                    },
+                },
+            }
         };
         let Some((h, k, v)) = f else { return Ok(None) };
         self.stats.bytes_received += (k.len() + v.len()) as u64;
