@@ -112,18 +112,16 @@ impl InProcConnection {
         InProcConnection { tx, rx, peer, current: None, peeked: None, closed: false, timeout: None, stats: Default::default() }
     }
 
-    /// The next frame if one comes within [`SPIN`], polled without sleeping (`Ok(None)` if
-    /// none came): a thread that sleeps leaves its core idle, and waking it takes a
-    /// virtual machine tens of microseconds (its vCPU halted), longer than the next
-    /// message of a pipeline usually takes to come.
-    fn poll_briefly(&mut self) -> std::result::Result<Option<Frame>, TryRecvError> {
+    /// The next frame if one comes within [`SPIN`], polled without sleeping
+    /// (`Err(TryRecvError::Empty)` if none came): a thread that sleeps leaves its core idle,
+    /// and waking it takes a virtual machine tens of microseconds (its vCPU halted), longer
+    /// than the next message of a pipeline usually takes to come.
+    fn poll_briefly(&self) -> std::result::Result<Frame, TryRecvError> {
         let start = Instant::now();
         loop {
             match self.rx.try_recv() {
-                Ok(f) => return Ok(Some(f)),
                 Err(TryRecvError::Empty) if start.elapsed() < SPIN => std::hint::spin_loop(),
-                Err(TryRecvError::Empty) => return Ok(None),
-                Err(e) => return Err(e),
+                got => return got,
             }
         }
     }
@@ -153,9 +151,9 @@ impl Connection for InProcConnection {
             None
         } else {
             match self.poll_briefly() {
-                Ok(Some(f)) => Some(f),
+                Ok(f) => Some(f),
                 Err(TryRecvError::Disconnected) => None,
-                Ok(None) | Err(TryRecvError::Empty) => match self.timeout {
+                Err(TryRecvError::Empty) => match self.timeout {
                     None => self.rx.recv().ok(),
                     Some(t) => match self.rx.recv_timeout(t) {
                         Ok(f) => Some(f),
