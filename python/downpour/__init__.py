@@ -70,7 +70,7 @@ def connect(
     which `python -m downpour.launch` (and `downpour launch --exec`) set for the scripts
     they run, with the cluster's settings in `DOWNPOUR_WORKER_FLAGS` (a JSON list of the
     command line's global flags, e.g. `["--replication", "2"]`; `flags` replaces it).
-    `token` is the cluster's shared secret and `transport` `tcp` or `grpc`; other
+    `token` is the cluster's shared secret and `transport` `tcp`, `grpc` or `shm`; other
     `DOWNPOUR_*` variables are read as the `downpour` binary reads them.
     """
     if coordinator is None:

@@ -18,9 +18,10 @@ pub struct CommonArgs {
     /// TOML configuration file (keys as in docs/usage.md, "Configuration").
     #[arg(long, global = true, env = "DOWNPOUR_CONFIG")]
     pub config: Option<PathBuf>,
-    /// Network transport between nodes: tcp (framed TCP: the default, fastest, TLS with
-    /// --tls-*) or grpc (HTTP/2, for networks that pass nothing else; about three quarters
-    /// of framed TCP's bulk throughput).
+    /// Network transport between nodes: tcp (framed TCP: the default, fastest between
+    /// hosts, TLS with --tls-*), grpc (HTTP/2, for networks that pass nothing else; about
+    /// three quarters of framed TCP's bulk throughput) or shm (framed TCP's frames through
+    /// shared memory in /dev/shm: every node on one host; 2-3x framed TCP there, no TLS).
     #[arg(long, global = true, env = "DOWNPOUR_TRANSPORT")]
     pub transport: Option<TransportKind>,
     /// Largest request chunk in bytes; bigger requests are streamed in chunks.
@@ -75,6 +76,11 @@ pub struct CommonArgs {
     /// receiver that falls behind may buffer per connection); 1..=2047, default 128.
     #[arg(long, global = true, env = "DOWNPOUR_GRPC_WINDOW_MIB")]
     pub grpc_window_mib: Option<u32>,
+    /// Shared-memory transport: KiB of each of a connection's two rings in /dev/shm, a power
+    /// of two from 4 to 1048576; default 4096 (4 MiB each way: 8 MiB of /dev/shm per
+    /// connection, held while it lasts).
+    #[arg(long, global = true, env = "DOWNPOUR_SHM_RING_KIB")]
+    pub shm_ring_kib: Option<usize>,
     /// Keys in one request frame, at most (servers).
     #[arg(long, global = true, env = "DOWNPOUR_MAX_KEYS_PER_REQUEST")]
     pub max_keys_per_request: Option<usize>,
@@ -147,6 +153,7 @@ struct FileConfig {
     max_message_mib: Option<u64>,
     max_connections: Option<usize>,
     grpc_window_mib: Option<u32>,
+    shm_ring_kib: Option<usize>,
     max_keys_per_request: Option<usize>,
     max_value_len: Option<usize>,
     max_tables: Option<usize>,
@@ -256,6 +263,11 @@ impl CommonArgs {
             (1..=2047).contains(&grpc_window_mib),
             "--grpc-window-mib must be 1..=2047 (HTTP/2 windows stop below 2 GiB), got {grpc_window_mib}"
         );
+        let shm_ring_kib = self.shm_ring_kib.or(file.shm_ring_kib).unwrap_or(d.shm_ring_bytes >> 10);
+        anyhow::ensure!(
+            shm_ring_kib.is_power_of_two() && (4..=1 << 20).contains(&shm_ring_kib),
+            "--shm-ring-kib must be a power of two from 4 to 1048576 (4 KiB to 1 GiB), got {shm_ring_kib}"
+        );
         let limits = Limits {
             max_keys_per_request: self.max_keys_per_request.or(file.max_keys_per_request).unwrap_or(d.limits.max_keys_per_request),
             max_value_len: self.max_value_len.or(file.max_value_len).unwrap_or(d.limits.max_value_len),
@@ -315,6 +327,7 @@ impl CommonArgs {
             max_message_bytes: max_message_mib << 20,
             max_connections,
             grpc_window: grpc_window_mib << 20,
+            shm_ring_bytes: shm_ring_kib << 10,
             limits,
             transport,
             chunk_bytes,
@@ -368,12 +381,29 @@ mod tests {
     }
 
     #[test]
+    fn the_shm_ring_comes_from_its_flag_or_file_and_must_be_a_power_of_two() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.toml");
+        std::fs::write(&p, "transport = \"shm\"\nshm_ring_kib = 1024\n").unwrap();
+        let s = CommonArgs { config: Some(p.clone()), ..Default::default() }.resolve().unwrap();
+        assert_eq!((s.transport, s.net_config().shm_ring_bytes), (TransportKind::Shm, 1 << 20));
+        let s = CommonArgs { config: Some(p), shm_ring_kib: Some(64), ..Default::default() }.resolve().unwrap();
+        assert_eq!(s.net_config().shm_ring_bytes, 64 << 10);
+        assert_eq!(CommonArgs::default().resolve().unwrap().shm_ring_bytes, downpour_transport::shm::DEFAULT_RING_BYTES);
+        for bad in [0, 2, 100, 2 << 20] {
+            let e = CommonArgs { shm_ring_kib: Some(bad), ..Default::default() }.resolve().unwrap_err().to_string();
+            assert!(e.contains("--shm-ring-kib") && e.contains(&bad.to_string()), "{e}");
+        }
+    }
+
+    #[test]
     fn the_flags_a_launcher_hands_its_children_give_back_the_same_settings() {
         let dir = tempfile::tempdir().unwrap();
         let s = Settings {
             transport: TransportKind::Grpc,
             chunk_bytes: 1 << 16,
             grpc_window: 32 << 20,
+            shm_ring_bytes: 64 << 10,
             request_timeout: Duration::from_millis(2500),
             replication: 2,
             vnodes: 4,

@@ -40,6 +40,9 @@ pub struct Settings {
     /// HTTP/2 window of the gRPC transport, bytes ([`NetConfig::grpc_window`]): a whole
     /// number of MiB from 1 to 2047 (children are handed it in MiB).
     pub grpc_window: u32,
+    /// Bytes of each ring of a shared-memory connection ([`NetConfig::shm_ring_bytes`]): a
+    /// power of two from 4 KiB to 1 GiB (children are handed it in KiB).
+    pub shm_ring_bytes: usize,
     /// Server limits.
     pub limits: Limits,
     /// Chain replication: copies of every key, ring points per server, shards per table.
@@ -78,6 +81,7 @@ impl Default for Settings {
             max_message_bytes: 256 << 20,
             max_connections: 1024,
             grpc_window: downpour_transport::DEFAULT_GRPC_WINDOW,
+            shm_ring_bytes: downpour_transport::shm::DEFAULT_RING_BYTES,
             limits: Limits { memory_quota_bytes: default_memory_quota(), ..Limits::default() },
             replication: 1,
             vnodes: DEFAULT_VNODES,
@@ -114,6 +118,7 @@ impl Settings {
             tls: self.tls.as_ref().map(|t| t.0.clone()),
             max_connections: self.max_connections,
             grpc_window: self.grpc_window,
+            shm_ring_bytes: self.shm_ring_bytes,
             ..NetConfig::default()
         }
     }
@@ -124,6 +129,7 @@ impl Settings {
         let t = match s.transport {
             TransportKind::Tcp => "tcp",
             TransportKind::Grpc => "grpc",
+            TransportKind::Shm => "shm",
         };
         vec![
             "--transport".into(),
@@ -150,6 +156,8 @@ impl Settings {
             s.max_connections.to_string(),
             "--grpc-window-mib".into(),
             (s.grpc_window >> 20).to_string(),
+            "--shm-ring-kib".into(),
+            (s.shm_ring_bytes >> 10).to_string(),
             "--max-keys-per-request".into(),
             s.limits.max_keys_per_request.to_string(),
             "--replication".into(),

@@ -101,7 +101,7 @@ impl Cluster {
 /// your own) at `coordinator` (`host:port`) as its next worker. `flags` are the command
 /// line's global flags (`["--replication", "2", "--transport", "grpc"]`; `DOWNPOUR_*`
 /// variables fill what they leave out, as for the binary); `token` (the cluster's shared
-/// secret) and `transport` (`tcp` or `grpc`) override them.
+/// secret) and `transport` (`tcp`, `grpc` or `shm`) override them.
 #[pyfunction]
 #[pyo3(signature = (coordinator, token = None, transport = None, flags = Vec::new()))]
 fn connect(py: Python<'_>, coordinator: &str, token: Option<&str>, transport: Option<&str>, flags: Vec<String>) -> PyResult<Session> {
@@ -110,7 +110,8 @@ fn connect(py: Python<'_>, coordinator: &str, token: Option<&str>, transport: Op
         None => {}
         Some("tcp") => s.transport = TransportKind::Tcp,
         Some("grpc") => s.transport = TransportKind::Grpc,
-        Some(t) => return Err(err(format!("transport {t:?} is not tcp or grpc"))),
+        Some("shm") => s.transport = TransportKind::Shm,
+        Some(t) => return Err(err(format!("transport {t:?} is not tcp, grpc or shm"))),
     }
     if let Some(t) = token {
         s.auth = Some(AuthToken::new(t).map_err(err)?);

@@ -53,7 +53,7 @@ fn peek(kv: &mut KvClient, keys: &[u64]) -> Vec<f32> {
 
 #[test]
 fn a_client_without_the_token_or_with_the_wrong_one_is_refused_and_nothing_reaches_the_tables() {
-    for kind in [TransportKind::Tcp, TransportKind::Grpc] {
+    for kind in [TransportKind::Tcp, TransportKind::Grpc, TransportKind::Shm] {
         let st = network_transport(kind, net(Some(GOOD), None)).unwrap();
         let h = server(st.as_ref(), ServerConfig::default());
         let good = network_transport(kind, net(Some(GOOD), None)).unwrap();
@@ -137,7 +137,7 @@ fn a_tls_server_refuses_plaintext_and_certificates_of_another_ca_on_either_trans
 
 #[test]
 fn an_oversized_request_is_refused_and_the_server_keeps_serving() {
-    for kind in [TransportKind::Tcp, TransportKind::Grpc] {
+    for kind in [TransportKind::Tcp, TransportKind::Grpc, TransportKind::Shm] {
         let st = network_transport(kind, net(None, None)).unwrap();
         let limits = Limits { max_keys_per_request: 100, max_value_len: 4, max_tables: 2, ..Default::default() };
         let h = server(st.as_ref(), ServerConfig { limits, ..Default::default() });
@@ -215,7 +215,7 @@ fn the_memory_quota_refuses_a_push_that_would_exceed_it_and_loses_nothing() {
 
 #[test]
 fn a_flood_of_connections_leaves_the_server_serving_its_clients() {
-    for kind in [TransportKind::Tcp, TransportKind::Grpc] {
+    for kind in [TransportKind::Tcp, TransportKind::Grpc, TransportKind::Shm] {
         let cfg = NetConfig { max_connections: 16, ..Default::default() };
         let st = network_transport(kind, cfg).unwrap();
         let h = server(st.as_ref(), ServerConfig::default());

@@ -10,6 +10,9 @@
 //! * [`grpc::GrpcTransport`] — gRPC over tonic/HTTP/2: one bidirectional stream of
 //!   [`Frame`](downpour_core::proto::Frame)s per connection, `bytes` fields carrying the
 //!   same little-endian payloads; large HTTP/2 windows and message limits for big chunks.
+//! * [`tcp::TcpTransport::shm`] — framed TCP's frames through shared-memory rings between
+//!   processes on one host ([`shm`]), the TCP connection kept beside them as doorbell and
+//!   lifeline: co-located servers and workers without the kernel's TCP stack in between.
 //! * [`inproc::InProcTransport`] — channels inside one process, for the embedded mode and
 //!   tests.
 //! * [`faulty::FaultyTransport`] — wraps any of them for tests: seeded drop, duplicate,
@@ -25,6 +28,7 @@ pub mod grpc;
 pub mod http;
 pub mod inproc;
 pub mod security;
+pub mod shm;
 pub mod tcp;
 mod tls;
 mod wait;
@@ -152,7 +156,7 @@ pub trait Listener: Send {
 
 /// A way of connecting nodes.
 pub trait Transport: Send + Sync {
-    /// Short name: `tcp`, `grpc` or `inproc`.
+    /// Short name: `tcp`, `grpc`, `shm` or `inproc`.
     fn name(&self) -> &'static str;
     /// Connects to `addr`, failing after `timeout`.
     fn connect(&self, addr: &str, timeout: Duration) -> Result<Box<dyn Connection>>;
@@ -168,6 +172,8 @@ pub enum TransportKind {
     Tcp,
     /// gRPC (tonic).
     Grpc,
+    /// Framed TCP's frames through shared memory; every node on one host.
+    Shm,
 }
 
 impl std::str::FromStr for TransportKind {
@@ -176,7 +182,8 @@ impl std::str::FromStr for TransportKind {
         match s {
             "tcp" => Ok(TransportKind::Tcp),
             "grpc" => Ok(TransportKind::Grpc),
-            other => Err(format!("unknown transport {other:?} (expected tcp or grpc)")),
+            "shm" => Ok(TransportKind::Shm),
+            other => Err(format!("unknown transport {other:?} (expected tcp, grpc or shm)")),
         }
     }
 }
@@ -207,6 +214,10 @@ pub struct NetConfig {
     /// also HTTP/2 and opening its stream) before the connection is dropped and its slot
     /// freed. Framed TCP applies it when a token or TLS is required; gRPC always.
     pub handshake_timeout: Duration,
+    /// Bytes of each of a connection's two rings under `--transport shm` (a power of two
+    /// from 4 KiB to 1 GiB; [`shm::DEFAULT_RING_BYTES`]). The connecting side chooses; the
+    /// file holds both rings, reserved in `/dev/shm` for as long as the connection lasts.
+    pub shm_ring_bytes: usize,
 }
 
 impl Default for NetConfig {
@@ -218,16 +229,19 @@ impl Default for NetConfig {
             tls: None,
             max_connections: 1024,
             handshake_timeout: security::HANDSHAKE_TIMEOUT,
+            shm_ring_bytes: shm::DEFAULT_RING_BYTES,
         }
     }
 }
 
 /// Builds the network transport `kind`, over TLS on every connection when `cfg.tls` is set
-/// (either transport). Unusable TLS material is an error, never a plaintext cluster.
+/// (tcp or grpc). Unusable TLS material is an error, never a plaintext cluster; so is TLS
+/// asked of `shm`, which has none.
 pub fn network_transport(kind: TransportKind, cfg: NetConfig) -> Result<Arc<dyn Transport>> {
     Ok(match kind {
         TransportKind::Tcp => Arc::new(tcp::TcpTransport::new(cfg)?),
         TransportKind::Grpc => Arc::new(grpc::GrpcTransport::new(cfg)?),
+        TransportKind::Shm => Arc::new(tcp::TcpTransport::shm(cfg)?),
     })
 }
 
@@ -411,6 +425,61 @@ mod tests {
     fn grpc_large_frames_arrive_whole_and_a_skipped_one_is_drained() {
         let t = network_transport(TransportKind::Grpc, NetConfig::default()).unwrap();
         large_frames_arrive_whole_and_a_skipped_one_is_drained(t.as_ref(), "127.0.0.1:0");
+    }
+
+    fn small_rings() -> tcp::TcpTransport {
+        // rings smaller than the frames: every frame wraps and waits for room
+        tcp::TcpTransport::shm(NetConfig { shm_ring_bytes: 64 << 10, ..NetConfig::default() }).unwrap()
+    }
+
+    #[test]
+    fn shm_readable_tells_a_waiting_frame_and_a_close_without_consuming() {
+        readable_tells_a_waiting_frame_and_a_close_without_consuming(&small_rings(), "127.0.0.1:0");
+    }
+
+    #[test]
+    fn shm_large_frames_arrive_whole_and_a_skipped_one_is_drained() {
+        large_frames_arrive_whole_and_a_skipped_one_is_drained(&small_rings(), "127.0.0.1:0");
+    }
+
+    #[test]
+    fn shm_refuses_tls_and_odd_ring_sizes_saying_why() {
+        let tls = tcp::TcpTransport::shm(NetConfig {
+            tls: Some(TlsConfig { cert_pem: vec![], key_pem: vec![], ca_pem: vec![], require_client_cert: true, server_name: None }),
+            ..NetConfig::default()
+        });
+        assert!(tls.is_err_and(|e| e.to_string().contains("--transport tcp with --tls")));
+        for bad in [3000, 100 << 10, 2 << 30] {
+            let r = tcp::TcpTransport::shm(NetConfig { shm_ring_bytes: bad, ..NetConfig::default() });
+            assert!(r.is_err_and(|e| e.to_string().contains("power of two")), "{bad}");
+        }
+    }
+
+    #[test]
+    fn shm_and_tcp_peers_refuse_each_other_with_a_reason() {
+        let shm = small_rings();
+        let tcp = tcp::TcpTransport::new(NetConfig::default()).unwrap();
+        // a shm client at a tcp server: the server reads garbage and closes
+        let mut l = tcp.listen("127.0.0.1:0").unwrap();
+        let local = l.local_addr();
+        std::thread::scope(|sc| {
+            sc.spawn(|| {
+                if let Ok(Some(mut s)) = l.accept(Duration::from_secs(5)) {
+                    let _ = s.recv_header();
+                }
+            });
+            let e = shm.connect(&local, Duration::from_secs(5)).err().unwrap().to_string();
+            assert!(e.contains("--transport shm"), "{e}");
+        });
+        // a tcp client at a shm server: refused, naming the transport
+        let mut l = shm.listen("127.0.0.1:0").unwrap();
+        let local = l.local_addr();
+        let mut c = tcp.connect(&local, Duration::from_secs(5)).unwrap();
+        let mut h = msg::request(Op::Push, 7, 42, 0, 1);
+        c.send(&mut h, &[], &[1, 0, 0, 0]).unwrap();
+        let mut s = l.accept(Duration::from_secs(5)).unwrap().unwrap();
+        let e = s.recv_header().err().unwrap().to_string();
+        assert!(e.contains("--transport shm"), "{e}");
     }
 
     #[test]

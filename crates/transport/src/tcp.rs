@@ -1,7 +1,10 @@
 //! Framed TCP: the frame layout of [`downpour_core::codec`] over blocking sockets, in the
-//! clear or over TLS (the crate's `tls` module) when the [`NetConfig`] carries TLS material.
+//! clear or over TLS (the crate's `tls` module) when the [`NetConfig`] carries TLS material;
+//! and, as `--transport shm`, the same frames through shared-memory rings between processes
+//! on one host, the socket beside them kept as doorbell and lifeline ([`crate::shm`]).
 
 use crate::security::{check_token, AuthToken, RefusalLog};
+use crate::shm::{Link, ShmStream};
 use crate::tls::{Half, TlsSetup};
 use crate::{ConnSlot, ConnSlots, Connection, Listener, NetConfig, Result, TrafficStats, Transport, TransportError};
 use downpour_core::codec::{self, FrameLimits};
@@ -12,10 +15,12 @@ use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Framed TCP transport.
+/// Framed TCP transport (or, made with [`TcpTransport::shm`], framed shared memory).
 pub struct TcpTransport {
     cfg: NetConfig,
     tls: Option<Arc<TlsSetup>>,
+    /// Frames through shared-memory rings of [`NetConfig::shm_ring_bytes`] ([`crate::shm`]).
+    shm: bool,
 }
 
 impl TcpTransport {
@@ -27,13 +32,43 @@ impl TcpTransport {
             Some(t) => Some(Arc::new(TlsSetup::new(t).map_err(|reason| TransportError::Bind { addr: "tcp transport".into(), reason })?)),
             None => None,
         };
-        Ok(TcpTransport { cfg, tls })
+        Ok(TcpTransport { cfg, tls, shm: false })
     }
+
+    /// The same frames through shared memory between processes on one host
+    /// (`--transport shm`): addresses, listening and the token handshake as over TCP; every
+    /// peer must use this transport too. `cfg.tls` is refused (there is no network to protect
+    /// on one host; use framed TCP with TLS between hosts), as is a ring size that is not a
+    /// power of two from 4 KiB to 1 GiB.
+    pub fn shm(cfg: NetConfig) -> Result<Self> {
+        let bad = |reason: String| TransportError::Bind { addr: "shm transport".into(), reason };
+        if cfg.tls.is_some() {
+            return Err(bad("--transport shm carries frames between processes on one host and has no TLS; \
+                 between hosts use --transport tcp with --tls-*"
+                .into()));
+        }
+        let r = cfg.shm_ring_bytes;
+        if !r.is_power_of_two() || !(crate::shm::MIN_RING_BYTES..=crate::shm::MAX_RING_BYTES).contains(&r) {
+            return Err(bad(format!("shared-memory rings of {r} bytes: give a power of two from 4 KiB to 1 GiB")));
+        }
+        Ok(TcpTransport { cfg, tls: None, shm: true })
+    }
+}
+
+/// What carries a connection's bytes beside (or over) its socket.
+enum Carrier {
+    Plain,
+    Tls(crate::tls::TlsStream),
+    Shm(Arc<Link>),
 }
 
 impl Transport for TcpTransport {
     fn name(&self) -> &'static str {
-        "tcp"
+        if self.shm {
+            "shm"
+        } else {
+            "tcp"
+        }
     }
 
     fn connect(&self, addr: &str, timeout: Duration) -> Result<Box<dyn Connection>> {
@@ -44,17 +79,21 @@ impl Transport for TcpTransport {
             .next()
             .ok_or_else(|| err("address resolves to nothing".into()))?;
         let stream = TcpStream::connect_timeout(&sa, timeout).map_err(|e| err(e.to_string()))?;
-        let tls = match &self.tls {
+        let carrier = match &self.tls {
             Some(setup) => {
                 let mut t = setup.client(stream.try_clone().map_err(|e| err(e.to_string()))?, addr).map_err(err)?;
                 stream.set_read_timeout(Some(timeout)).map_err(|e| err(e.to_string()))?;
                 t.handshake().map_err(|e| err(format!("TLS handshake: {e}")))?;
                 stream.set_read_timeout(None).map_err(|e| err(e.to_string()))?;
-                Some(t)
+                Carrier::Tls(t)
             }
-            None => None,
+            None if self.shm => {
+                let sock = stream.try_clone().map_err(|e| err(e.to_string()))?;
+                Carrier::Shm(Arc::new(Link::connect(sock, self.cfg.shm_ring_bytes, timeout).map_err(err)?))
+            }
+            None => Carrier::Plain,
         };
-        let mut c = TcpConnection::new(stream, tls, addr.to_string(), self.cfg.limits, None).map_err(|e| err(e.to_string()))?;
+        let mut c = TcpConnection::new(stream, carrier, addr.to_string(), self.cfg.limits, None).map_err(|e| err(e.to_string()))?;
         if let Some(token) = &self.cfg.auth {
             c.client_hello(token, timeout).map_err(err)?;
         }
@@ -69,6 +108,7 @@ impl Transport for TcpTransport {
             tls: self.tls.clone(),
             limits: self.cfg.limits,
             auth: self.cfg.auth.clone(),
+            shm: self.shm,
             slots: ConnSlots::new(self.cfg.max_connections),
             refusals: RefusalLog::default(),
             handshake_timeout: self.cfg.handshake_timeout,
@@ -82,6 +122,7 @@ struct TcpListenerBox {
     tls: Option<Arc<TlsSetup>>,
     limits: FrameLimits,
     auth: Option<AuthToken>,
+    shm: bool,
     slots: ConnSlots,
     refusals: RefusalLog,
     handshake_timeout: Duration,
@@ -92,7 +133,7 @@ impl Listener for TcpListenerBox {
         self.local.clone()
     }
     fn accept(&mut self, timeout: Duration) -> Result<Option<Box<dyn Connection>>> {
-        let TcpListenerBox { l, local, tls, limits, auth, slots, refusals, handshake_timeout } = self;
+        let TcpListenerBox { l, local, tls, limits, auth, shm, slots, refusals, handshake_timeout } = self;
         crate::wait::accept_within(l, local, timeout, slots, refusals, |s, peer, slot| {
             let side = Accepted {
                 auth: auth.clone(),
@@ -101,19 +142,21 @@ impl Listener for TcpListenerBox {
                 handshake: true,
                 handshake_timeout: *handshake_timeout,
             };
-            // the TLS handshake runs in the connection's thread, on its first read
-            let tls = match tls {
+            // the TLS (or shared-memory) handshake runs in the connection's thread, on its
+            // first read
+            let carrier = match tls {
                 Some(setup) => match s.try_clone().map_err(|e| e.to_string()).and_then(|c| setup.server(c)) {
-                    Ok(t) => Some(t),
+                    Ok(t) => Carrier::Tls(t),
                     Err(why) => {
                         refusals.refused(&peer.to_string(), &why);
                         return None;
                     }
                 },
-                None => None,
+                // an error here: the peer went away before we set the socket up (its problem)
+                None if *shm => Carrier::Shm(Arc::new(Link::pending(s.try_clone().ok()?))),
+                None => Carrier::Plain,
             };
-            // an error here: the peer went away before we set the socket up (its problem)
-            let c: Box<dyn Connection> = Box::new(TcpConnection::new(s, tls, peer.to_string(), *limits, Some(side)).ok()?);
+            let c: Box<dyn Connection> = Box::new(TcpConnection::new(s, carrier, peer.to_string(), *limits, Some(side)).ok()?);
             Some(c)
         })
     }
@@ -137,6 +180,8 @@ pub struct TcpConnection {
     /// The socket itself: timeouts, and peeking for [`Connection::readable`].
     sock: TcpStream,
     tls: bool,
+    /// The shared-memory rings, when the frames go through them.
+    shm: Option<Arc<Link>>,
     peer: String,
     limits: FrameLimits,
     hbuf: Vec<u8>,
@@ -147,34 +192,35 @@ pub struct TcpConnection {
 }
 
 impl TcpConnection {
-    fn new(
-        stream: TcpStream,
-        tls: Option<crate::tls::TlsStream>,
-        peer: String,
-        limits: FrameLimits,
-        accepted: Option<Accepted>,
-    ) -> io::Result<Self> {
+    fn new(stream: TcpStream, carrier: Carrier, peer: String, limits: FrameLimits, accepted: Option<Accepted>) -> io::Result<Self> {
         stream.set_nonblocking(false)?;
         // Small frames must not wait for Nagle (44 ms stalls otherwise).
         stream.set_nodelay(true)?;
-        if accepted.as_ref().is_some_and(|a| a.auth.is_some()) || (accepted.is_some() && tls.is_some()) {
-            // a peer that connects and says nothing (or never finishes the TLS handshake)
-            // does not hold the connection for long
+        let plain = matches!(carrier, Carrier::Plain);
+        if accepted.as_ref().is_some_and(|a| a.auth.is_some()) || (accepted.is_some() && !plain) {
+            // a peer that connects and says nothing (or never finishes the TLS or
+            // shared-memory handshake) does not hold the connection for long
             stream.set_read_timeout(accepted.as_ref().map(|a| a.handshake_timeout))?;
         }
-        let is_tls = tls.is_some();
-        let (read_half, write_half) = match tls {
-            Some(t) => {
+        let is_tls = matches!(carrier, Carrier::Tls(_));
+        let mut shm = None;
+        let (read_half, write_half) = match carrier {
+            Carrier::Tls(t) => {
                 let t = Arc::new(parking_lot::Mutex::new(t));
                 (Half::Tls(t.clone()), Half::Tls(t))
             }
-            None => (Half::Plain(stream.try_clone()?), Half::Plain(stream.try_clone()?)),
+            Carrier::Shm(link) => {
+                shm = Some(link.clone());
+                (Half::Shm(ShmStream(link.clone())), Half::Shm(ShmStream(link)))
+            }
+            Carrier::Plain => (Half::Plain(stream.try_clone()?), Half::Plain(stream.try_clone()?)),
         };
         Ok(TcpConnection {
             reader: BufReader::with_capacity(64 << 10, read_half),
             writer: write_half,
             sock: stream,
             tls: is_tls,
+            shm,
             peer,
             limits,
             hbuf: Vec::with_capacity(256),
@@ -302,6 +348,9 @@ impl Connection for TcpConnection {
         if self.tls && self.accepted.as_ref().is_some_and(|a| a.handshake) {
             self.tls_handshake()?;
         }
+        if self.shm.as_ref().is_some_and(|l| !l.is_open()) {
+            self.shm_handshake()?;
+        }
         let h = self.read_header()?;
         match (h, &mut self.accepted) {
             (Some(h), Some(acc)) if acc.handshake => {
@@ -324,6 +373,10 @@ impl Connection for TcpConnection {
     fn readable(&mut self) -> Result<bool> {
         if !self.reader.buffer().is_empty() || self.writer.bytes_waiting() {
             return Ok(true);
+        }
+        if let Some(link) = self.shm.as_ref().filter(|l| l.is_open()) {
+            // the socket carries only doorbells now: ask the ring
+            return link.readable().map_err(|e| TransportError::Io { peer: self.peer.clone(), source: e });
         }
         // One non-blocking peek (no change to the socket's blocking mode): a byte, the
         // peer's close (0) or an error other than "would block" all mean a read starts now.
@@ -361,6 +414,24 @@ impl TcpConnection {
         let r = t.lock().handshake();
         if let Err(e) = r {
             let why = format!("TLS handshake failed: {e}");
+            if let Some(acc) = &mut self.accepted {
+                acc.refusals.refused(&self.peer, &why);
+                acc.handshake = false;
+            }
+            return Err(TransportError::Refused { peer: self.peer.clone(), reason: why });
+        }
+        if self.accepted.as_ref().is_some_and(|a| a.auth.is_none()) {
+            // no token to wait for: back to the caller's timeout
+            self.sock.set_read_timeout(self.timeout).map_err(|e| self.io_err(e))?;
+        }
+        Ok(())
+    }
+
+    /// (Accepting side, shared memory.) Takes the peer's rings under the handshake timeout;
+    /// a failure (a plain TCP peer, a file that is not a ring of this user) is a logged refusal.
+    fn shm_handshake(&mut self) -> Result<()> {
+        let Some(link) = &self.shm else { return Ok(()) };
+        if let Err(why) = link.accept() {
             if let Some(acc) = &mut self.accepted {
                 acc.refusals.refused(&self.peer, &why);
                 acc.handshake = false;

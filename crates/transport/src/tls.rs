@@ -689,13 +689,15 @@ impl Write for TlsStream {
 pub(crate) enum Half {
     Plain(TcpStream),
     Tls(Arc<Mutex<TlsStream>>),
+    /// Shared-memory rings beside the socket (`--transport shm`, [`crate::shm`]).
+    Shm(crate::shm::ShmStream),
 }
 
 impl Half {
     /// Whether bytes wait inside the TLS layer (always false for plain TCP).
     pub(crate) fn bytes_waiting(&self) -> bool {
         match self {
-            Half::Plain(_) => false,
+            Half::Plain(_) | Half::Shm(_) => false,
             Half::Tls(t) => t.lock().bytes_waiting(),
         }
     }
@@ -713,6 +715,7 @@ impl Read for Half {
         match self {
             Half::Plain(s) => s.read(buf),
             Half::Tls(t) => t.lock().read(buf),
+            Half::Shm(s) => s.read(buf),
         }
     }
 }
@@ -722,18 +725,21 @@ impl Write for Half {
         match self {
             Half::Plain(s) => s.write(buf),
             Half::Tls(t) => t.lock().write(buf),
+            Half::Shm(s) => s.write(buf),
         }
     }
     fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
         match self {
             Half::Plain(s) => s.write_vectored(bufs),
             Half::Tls(t) => t.lock().write_vectored(bufs),
+            Half::Shm(s) => s.write_vectored(bufs),
         }
     }
     fn flush(&mut self) -> io::Result<()> {
         match self {
             Half::Plain(s) => s.flush(),
             Half::Tls(t) => t.lock().flush(),
+            Half::Shm(s) => s.flush(),
         }
     }
 }

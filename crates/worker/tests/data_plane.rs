@@ -25,6 +25,8 @@ fn transports() -> Vec<(&'static str, Arc<dyn Transport>)> {
         ("grpc", network_transport(TransportKind::Grpc, NetConfig::default()).unwrap()),
         // the same suite over mutual TLS on framed TCP
         ("tcp+tls", network_transport(TransportKind::Tcp, tls).unwrap()),
+        // and through shared-memory rings (small ones: big requests wrap and wait for room)
+        ("shm", network_transport(TransportKind::Shm, NetConfig { shm_ring_bytes: 256 << 10, ..NetConfig::default() }).unwrap()),
     ]
 }
 

@@ -1,0 +1,720 @@
+//! Shared memory between processes on one host (`--transport shm`): framed TCP's frames —
+//! the same [`crate::tcp::TcpConnection`], token handshake and all — carried through two
+//! byte rings in a file under `/dev/shm` that both processes map, instead of through the
+//! kernel's TCP stack. Loopback TCP on a small VM moves ~2 GB/s however many streams share
+//! it (it is the kernel's per-byte work, not the copies); a ring moves what `memcpy` moves,
+//! and a ring smaller than the last-level cache keeps the bytes in it between the writer's
+//! copy and the reader's (BytePS puts co-located servers on shared memory for this reason).
+//!
+//! The TCP connection stays open beside the rings, as a doorbell and a lifeline. A side that
+//! finds its ring empty (reading) or full (writing) polls the ring for [`SPIN`], yielding its
+//! core to other runnable threads, then raises its flag in the shared header and sleeps in
+//! poll(2) on the socket; the other side, after it moves the ring's position, sees the flag
+//! and writes one byte to the socket. A peer that exits or dies closes the socket, which
+//! wakes the sleeper with the end of the stream: a reader then takes what is left in the
+//! ring and sees a clean close; a writer fails with [`io::ErrorKind::BrokenPipe`]. Receive
+//! timeouts are the socket's (`SO_RCVTIMEO`), so `set_recv_timeout` works as on TCP.
+//!
+//! Setting up (the connecting side, [`Link::connect`]): make the file
+//! (`/dev/shm/downpour-<pid>-<nanos>-<n>`, mode 0600, its pages reserved at once so a full
+//! `/dev/shm` is an error here, not a `SIGBUS` later), map it, send its path as the
+//! connection's first bytes, wait for the verdict, remove the name (the mapping lives on
+//! until both sides unmap it). The accepting side ([`Link::accept`], in the connection's own
+//! thread on its first read) opens only a regular file under that prefix owned by its own
+//! user, checks the header's magic and sizes, maps it and answers. A peer on another host
+//! cannot name a file here; a plain framed-TCP peer is refused with a message saying that
+//! every node needs `--transport shm`.
+//!
+//! Positions in the shared header come from another process: they are checked (at most a
+//! ring apart) before any copy, and every copy stays inside the mapping whatever they say.
+
+use memmap2::{MmapOptions, MmapRaw};
+use std::fs::{File, OpenOptions};
+use std::io::{self, IoSlice, Read, Write};
+use std::net::TcpStream;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::sync::atomic::{fence, AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// Where the rings' files are made (Linux's shared-memory tmpfs).
+const DIR: &str = "/dev/shm";
+/// Every ring file's name starts with this (under [`DIR`]); the accepting side opens nothing else.
+const PREFIX: &str = "downpour-";
+/// The connecting side's first bytes on the socket.
+const HELLO: [u8; 8] = *b"DPSHM\x01\r\n";
+/// The file header's first word.
+const MAGIC: u64 = u64::from_le_bytes(*b"DPSHMv01");
+/// The file's header: the magic, the ring size, and per direction four words (tail, head,
+/// the reader's and the writer's sleep flags), each on a cache line of its own.
+const HEADER_BYTES: usize = 4096;
+const LINE: usize = 64;
+/// Smallest and largest ring a file may declare.
+pub const MIN_RING_BYTES: usize = 4 << 10;
+/// See [`MIN_RING_BYTES`].
+pub const MAX_RING_BYTES: usize = 1 << 30;
+/// [`crate::NetConfig::shm_ring_bytes`]'s default: 4 MiB each way (inside the last-level
+/// cache of most machines, and about what loopback TCP buffers).
+pub const DEFAULT_RING_BYTES: usize = 4 << 20;
+/// How long a side polls its ring before it sleeps on the socket (waking a sleeping
+/// thread costs tens of µs on small VMs, on both sides of every hand-off).
+const SPIN: Duration = Duration::from_micros(50);
+/// Polls with the CPU's pause hint before each poll yields the core instead.
+const PAUSES: u32 = 64;
+/// Bytes copied between two publications of a position, so that the reader copies out
+/// while the writer still copies in (one big copy would make them take turns).
+const STEP: usize = 128 << 10;
+
+/// Which direction a side writes: the connecting side writes ring 0 and reads ring 1.
+#[derive(Clone, Copy)]
+enum Side {
+    Connecting,
+    Accepting,
+}
+
+/// The shared mapping, once set up.
+struct Rings {
+    map: MmapRaw,
+    /// Bytes per ring (a power of two).
+    cap: usize,
+}
+
+/// A ring's four shared words.
+struct Ends<'a> {
+    tail: &'a AtomicU64,
+    head: &'a AtomicU64,
+    reader_sleeps: &'a AtomicU64,
+    writer_sleeps: &'a AtomicU64,
+    data: *mut u8,
+    cap: usize,
+}
+
+impl Rings {
+    fn word(&self, line: usize) -> &AtomicU64 {
+        debug_assert!((line + 1) * LINE <= HEADER_BYTES);
+        // SAFETY: the mapping is at least HEADER_BYTES long and page-aligned, so every line's
+        // first 8 bytes are an aligned u64 inside it, valid as long as `self` (which owns the
+        // mapping); the other process touches them only atomically too.
+        unsafe { &*(self.map.as_mut_ptr().add(line * LINE) as *const AtomicU64) }
+    }
+
+    fn ends(&self, ring: usize) -> Ends<'_> {
+        let l = 2 + 4 * ring;
+        Ends {
+            tail: self.word(l),
+            head: self.word(l + 1),
+            reader_sleeps: self.word(l + 2),
+            writer_sleeps: self.word(l + 3),
+            // SAFETY: the mapping is HEADER_BYTES + 2 * cap long (checked when it was made or
+            // opened), so ring `ring` < 2 starts inside it.
+            data: unsafe { self.map.as_mut_ptr().add(HEADER_BYTES + ring * self.cap) },
+            cap: self.cap,
+        }
+    }
+}
+
+impl Ends<'_> {
+    /// Bytes written and not yet read, given the reader's own `head`.
+    fn filled(&self, head: u64) -> io::Result<usize> {
+        let n = self.tail.load(Ordering::Acquire).wrapping_sub(head);
+        if n > self.cap as u64 {
+            return Err(corrupt());
+        }
+        Ok(n as usize)
+    }
+
+    /// Room to write, given the writer's own `tail`.
+    fn room(&self, tail: u64) -> io::Result<usize> {
+        let used = tail.wrapping_sub(self.head.load(Ordering::Acquire));
+        if used > self.cap as u64 {
+            return Err(corrupt());
+        }
+        Ok(self.cap - used as usize)
+    }
+
+    /// Copies `src` in at position `pos` (the caller checked the room).
+    fn copy_in(&self, pos: u64, src: &[u8]) {
+        let at = (pos as usize) & (self.cap - 1);
+        let first = src.len().min(self.cap - at);
+        // SAFETY: `at + first <= cap` and `src.len() - first <= cap - first`: both copies stay
+        // inside this ring; the reader does not touch these bytes until `tail` moves past them.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.as_ptr(), self.data.add(at), first);
+            std::ptr::copy_nonoverlapping(src.as_ptr().add(first), self.data, src.len() - first);
+        }
+    }
+
+    /// Copies out into `dst` from position `pos` (the caller checked the bytes are there).
+    fn copy_out(&self, pos: u64, dst: &mut [u8]) {
+        let at = (pos as usize) & (self.cap - 1);
+        let first = dst.len().min(self.cap - at);
+        // SAFETY: as in `copy_in`; the writer does not touch these bytes until `head` moves
+        // past them.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.data.add(at), dst.as_mut_ptr(), first);
+            std::ptr::copy_nonoverlapping(self.data, dst.as_mut_ptr().add(first), dst.len() - first);
+        }
+    }
+}
+
+fn corrupt() -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, "the peer's shared-memory ring positions are inconsistent")
+}
+
+/// What a sleep on the socket ended with.
+enum Woke {
+    /// A doorbell, a signal, or nothing: look at the ring again.
+    Look,
+    /// The peer closed the connection (or it was reset).
+    Closed,
+}
+
+/// One connection's shared rings and the socket beside them; the connection's reading and
+/// writing halves share it. Used by one thread at a time (the connection's).
+pub(crate) struct Link {
+    sock: TcpStream,
+    side: Side,
+    rings: OnceLock<Rings>,
+}
+
+// SAFETY: `Rings` holds a raw mapping that only this connection's thread reads and writes
+// through (plus the peer process, through the atomics' protocol).
+unsafe impl Send for Link {}
+// SAFETY: as above; shared reads of the atomics are what they are for.
+unsafe impl Sync for Link {}
+
+impl Link {
+    /// (Connecting side.) Makes the rings (`ring_bytes` each way, a power of two within
+    /// [`MIN_RING_BYTES`]..=[`MAX_RING_BYTES`]), offers them over `sock` and waits up to
+    /// `timeout` for the peer's verdict. The error says why, in words for the user.
+    pub(crate) fn connect(sock: TcpStream, ring_bytes: usize, timeout: Duration) -> Result<Link, String> {
+        if !ring_bytes.is_power_of_two() || !(MIN_RING_BYTES..=MAX_RING_BYTES).contains(&ring_bytes) {
+            return Err(format!("shared-memory rings of {ring_bytes} bytes: give a power of two from 4 KiB to 1 GiB"));
+        }
+        let (file, path) = create_file(HEADER_BYTES + 2 * ring_bytes)?;
+        // the name goes as soon as the peer has answered (or we give up): the mapping lives on
+        let removed = RemoveOnDrop(&path);
+        let map = MmapOptions::new().map_raw(&file).map_err(|e| format!("cannot map {path}: {e}"))?;
+        let rings = Rings { map, cap: ring_bytes };
+        rings.word(1).store(ring_bytes as u64, Ordering::Relaxed);
+        rings.word(0).store(MAGIC, Ordering::Release);
+        let io = |e: io::Error| format!("shared-memory handshake: {e}");
+        let mut hello = HELLO.to_vec();
+        hello.push(path.len() as u8);
+        hello.extend_from_slice(path.as_bytes());
+        (&sock).write_all(&hello).map_err(io)?;
+        sock.set_read_timeout(Some(timeout)).map_err(io)?;
+        let mut verdict = [0u8; 1];
+        match (&sock).read_exact(&mut verdict) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                return Err("the server closed the connection during the shared-memory handshake \
+                            (is every node running with --transport shm?)"
+                    .into())
+            }
+            Err(e) => return Err(io(e)),
+        }
+        if verdict[0] != 0 {
+            let mut len = [0u8; 1];
+            let mut why = vec![0u8; 0];
+            if (&sock).read_exact(&mut len).is_ok() {
+                why.resize(len[0] as usize, 0);
+                let _ = (&sock).read_exact(&mut why);
+            }
+            return Err(format!("refused shared memory: {}", String::from_utf8_lossy(&why)));
+        }
+        sock.set_read_timeout(None).map_err(io)?;
+        drop(removed);
+        let link = Link { sock, side: Side::Connecting, rings: OnceLock::new() };
+        let _ = link.rings.set(rings);
+        Ok(link)
+    }
+
+    /// (Accepting side.) A link whose rings come with the peer's first bytes ([`Link::accept`]).
+    pub(crate) fn pending(sock: TcpStream) -> Link {
+        Link { sock, side: Side::Accepting, rings: OnceLock::new() }
+    }
+
+    /// Whether the rings are set up.
+    pub(crate) fn is_open(&self) -> bool {
+        self.rings.get().is_some()
+    }
+
+    /// (Accepting side.) Reads the peer's offer (under the socket's read timeout, which the
+    /// caller set), opens and checks the file, and answers. The error is the refusal's reason.
+    pub(crate) fn accept(&self) -> Result<(), String> {
+        let r = self.open_offer();
+        let mut answer = vec![0u8];
+        if let Err(why) = &r {
+            let why = &why.as_bytes()[..why.len().min(255)];
+            answer = vec![1, why.len() as u8];
+            answer.extend_from_slice(why);
+        }
+        // best effort when refusing: the peer may be gone
+        let sent = (&self.sock).write_all(&answer);
+        let rings = r?;
+        sent.map_err(|e| format!("shared-memory handshake: {e}"))?;
+        let _ = self.rings.set(rings);
+        Ok(())
+    }
+
+    fn open_offer(&self) -> Result<Rings, String> {
+        let io = |e: io::Error| match e.kind() {
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => "no shared-memory handshake in time".to_string(),
+            io::ErrorKind::UnexpectedEof => "the peer closed the connection during the shared-memory handshake".to_string(),
+            _ => format!("shared-memory handshake: {e}"),
+        };
+        let mut hello = [0u8; 9];
+        (&self.sock).read_exact(&mut hello).map_err(io)?;
+        if hello[..8] != HELLO {
+            return Err("not a shared-memory peer: every node of a --transport shm cluster needs --transport shm".into());
+        }
+        let mut path = vec![0u8; hello[8] as usize];
+        (&self.sock).read_exact(&mut path).map_err(io)?;
+        let path = String::from_utf8(path).map_err(|_| "the offered ring file's name is not UTF-8".to_string())?;
+        let name = path.strip_prefix(DIR).and_then(|p| p.strip_prefix('/')).unwrap_or("");
+        if !name.starts_with(PREFIX) || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
+            return Err(format!("{path:?} is not a ring file of ours ({DIR}/{PREFIX}…)"));
+        }
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&path)
+            .map_err(|e| format!("cannot open the offered ring file {path}: {e} (shared memory needs both processes on one host)"))?;
+        let meta = file.metadata().map_err(|e| format!("{path}: {e}"))?;
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let me = unsafe { libc::geteuid() };
+        if !meta.is_file() || meta.uid() != me {
+            return Err(format!("{path} is not a regular file of this user"));
+        }
+        let len = meta.len() as usize;
+        if len < HEADER_BYTES {
+            return Err(format!("{path} is too short for a ring file"));
+        }
+        let map = MmapOptions::new().map_raw(&file).map_err(|e| format!("cannot map {path}: {e}"))?;
+        let probe = Rings { map, cap: 0 };
+        let (magic, cap) = (probe.word(0).load(Ordering::Acquire), probe.word(1).load(Ordering::Relaxed) as usize);
+        if magic != MAGIC {
+            return Err(format!("{path} is not a ring file (bad magic)"));
+        }
+        if !cap.is_power_of_two() || !(MIN_RING_BYTES..=MAX_RING_BYTES).contains(&cap) || len != HEADER_BYTES + 2 * cap {
+            return Err(format!("{path}: rings of {cap} bytes do not fit its {len} bytes"));
+        }
+        Ok(Rings { map: probe.map, cap })
+    }
+
+    fn rings(&self) -> io::Result<&Rings> {
+        self.rings.get().ok_or_else(|| io::Error::new(io::ErrorKind::NotConnected, "the shared-memory handshake has not run"))
+    }
+
+    fn rx(&self) -> usize {
+        match self.side {
+            Side::Connecting => 1,
+            Side::Accepting => 0,
+        }
+    }
+
+    fn tx(&self) -> usize {
+        1 - self.rx()
+    }
+
+    /// Whether a read would start without waiting: bytes in the ring, or the peer closed.
+    /// Consumes nothing but stale doorbells.
+    pub(crate) fn readable(&self) -> io::Result<bool> {
+        let r = self.rings()?;
+        let ends = r.ends(self.rx());
+        if ends.filled(ends.head.load(Ordering::Relaxed))? > 0 {
+            return Ok(true);
+        }
+        match self.drain_bells()? {
+            Woke::Closed => Ok(true),
+            Woke::Look => Ok(ends.filled(ends.head.load(Ordering::Relaxed))? > 0),
+        }
+    }
+
+    /// Reads the doorbell bytes waiting on the socket without blocking.
+    fn drain_bells(&self) -> io::Result<Woke> {
+        let mut b = [0u8; 64];
+        // SAFETY: the socket is open while `self` is; `b` is a valid buffer of its length.
+        let n = unsafe { libc::recv(self.sock.as_raw_fd(), b.as_mut_ptr().cast(), b.len(), libc::MSG_DONTWAIT) };
+        if n > 0 {
+            return Ok(Woke::Look);
+        }
+        if n == 0 {
+            return Ok(Woke::Closed);
+        }
+        let e = io::Error::last_os_error();
+        match e.kind() {
+            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(Woke::Look),
+            io::ErrorKind::ConnectionReset | io::ErrorKind::ConnectionAborted | io::ErrorKind::BrokenPipe => Ok(Woke::Closed),
+            _ => Err(e),
+        }
+    }
+
+    /// Sleeps on the socket until a doorbell, the peer's close, or `deadline`.
+    fn sleep(&self, deadline: Option<Instant>) -> io::Result<Woke> {
+        let ts = match deadline {
+            None => None,
+            Some(d) => {
+                let left = d.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(io::ErrorKind::WouldBlock.into());
+                }
+                Some(libc::timespec { tv_sec: left.as_secs() as libc::time_t, tv_nsec: left.subsec_nanos() as libc::c_long })
+            }
+        };
+        let mut p = libc::pollfd { fd: self.sock.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        let tp = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
+        // SAFETY: one valid pollfd and an optional timespec, both owned by this frame.
+        let r = unsafe { libc::ppoll(&mut p, 1, tp, std::ptr::null()) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            return if e.kind() == io::ErrorKind::Interrupted { Ok(Woke::Look) } else { Err(e) };
+        }
+        if r == 0 {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        self.drain_bells()
+    }
+
+    /// Waits until `ready()`: true then; false when the peer closed first. `flag` is this
+    /// side's sleep flag for the wait; `timed`: whether the socket's read timeout bounds it
+    /// (reads; writes wait as long as TCP's do).
+    fn wait(&self, flag: &AtomicU64, timed: bool, ready: impl Fn() -> io::Result<bool>) -> io::Result<bool> {
+        let start = Instant::now();
+        let mut polls = 0u32;
+        loop {
+            if ready()? {
+                return Ok(true);
+            }
+            if polls >= PAUSES && start.elapsed() >= SPIN {
+                break;
+            }
+            polls += 1;
+            if polls < PAUSES {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        let deadline = if timed { self.sock.read_timeout()?.map(|t| start + t) } else { None };
+        loop {
+            flag.store(1, Ordering::SeqCst);
+            fence(Ordering::SeqCst);
+            if ready()? {
+                flag.store(0, Ordering::Relaxed);
+                return Ok(true);
+            }
+            match self.sleep(deadline) {
+                Ok(Woke::Look) => {}
+                Ok(Woke::Closed) => {
+                    flag.store(0, Ordering::Relaxed);
+                    return ready();
+                }
+                Err(e) => {
+                    flag.store(0, Ordering::Relaxed);
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    /// Wakes the peer if it sleeps on `flag`; `Err` only when the peer is gone.
+    fn wake(&self, flag: &AtomicU64) -> io::Result<()> {
+        fence(Ordering::SeqCst);
+        if flag.load(Ordering::Relaxed) == 0 || flag.swap(0, Ordering::AcqRel) == 0 {
+            return Ok(());
+        }
+        let b = [1u8];
+        loop {
+            // SAFETY: the socket is open while `self` is; `b` is a valid 1-byte buffer.
+            let n = unsafe { libc::send(self.sock.as_raw_fd(), b.as_ptr().cast(), 1, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+            if n >= 0 {
+                return Ok(());
+            }
+            let e = io::Error::last_os_error();
+            match e.kind() {
+                io::ErrorKind::Interrupted => {}
+                // bytes already wait there: the peer wakes anyway
+                io::ErrorKind::WouldBlock => return Ok(()),
+                _ => return Err(e),
+            }
+        }
+    }
+
+    fn read_into(&self, buf: &mut [u8]) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        let r = self.rings()?;
+        let ends = r.ends(self.rx());
+        let head = ends.head.load(Ordering::Relaxed);
+        let mut filled = ends.filled(head)?;
+        if filled == 0 {
+            if !self.wait(ends.reader_sleeps, true, || Ok(ends.filled(head)? > 0))? {
+                return Ok(0);
+            }
+            filled = ends.filled(head)?;
+        }
+        let n = filled.min(buf.len());
+        let mut done = 0;
+        while done < n {
+            let step = (n - done).min(STEP);
+            ends.copy_out(head + done as u64, &mut buf[done..done + step]);
+            done += step;
+            ends.head.store(head + done as u64, Ordering::Release);
+            // a writer gone while we read: what it wrote is still ours to read
+            let _ = self.wake(ends.writer_sleeps);
+        }
+        Ok(n)
+    }
+
+    fn write_from(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        if bufs.iter().all(|b| b.is_empty()) {
+            return Ok(0);
+        }
+        let r = self.rings()?;
+        let ends = r.ends(self.tx());
+        let tail = ends.tail.load(Ordering::Relaxed);
+        let mut room = ends.room(tail)?;
+        if room == 0 {
+            if !self.wait(ends.writer_sleeps, false, || Ok(ends.room(tail)? > 0))? {
+                return Err(io::ErrorKind::BrokenPipe.into());
+            }
+            room = ends.room(tail)?;
+        }
+        let mut pos = tail;
+        for b in bufs {
+            let mut b: &[u8] = b;
+            while !b.is_empty() && room > 0 {
+                let step = b.len().min(room).min(STEP);
+                ends.copy_in(pos, &b[..step]);
+                pos += step as u64;
+                room -= step;
+                b = &b[step..];
+                ends.tail.store(pos, Ordering::Release);
+                self.wake(ends.reader_sleeps)?;
+            }
+            if room == 0 {
+                break;
+            }
+        }
+        Ok((pos - tail) as usize)
+    }
+}
+
+/// Removes a file's name when dropped.
+struct RemoveOnDrop<'a>(&'a str);
+
+impl Drop for RemoveOnDrop<'_> {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(self.0);
+    }
+}
+
+/// A fresh ring file of `len` bytes under [`DIR`], its pages reserved; and its path.
+fn create_file(len: usize) -> Result<(File, String), String> {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    let pid = std::process::id();
+    for attempt in 0..16u32 {
+        let path = format!("{DIR}/{PREFIX}{pid}-{nanos}-{attempt}");
+        match OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(&path) {
+            Ok(file) => {
+                // SAFETY: a valid open descriptor; offsets within i64.
+                let r = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, len as libc::off_t) };
+                if r != 0 {
+                    let _ = std::fs::remove_file(&path);
+                    return Err(format!(
+                        "cannot reserve {len} bytes for shared-memory rings in {DIR}: {} (is {DIR} full?)",
+                        io::Error::from_raw_os_error(r)
+                    ));
+                }
+                return Ok((file, path));
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(format!("cannot make a shared-memory ring file in {DIR}: {e}")),
+        }
+    }
+    Err(format!("cannot make a shared-memory ring file in {DIR}: every name tried exists"))
+}
+
+/// One direction of a [`Link`] as a byte stream, for the connection's reader and writer.
+#[derive(Clone)]
+pub(crate) struct ShmStream(pub(crate) std::sync::Arc<Link>);
+
+impl Read for ShmStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.0.read_into(buf)
+    }
+}
+
+impl Write for ShmStream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0.write_from(&[IoSlice::new(buf)])
+    }
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        self.0.write_from(bufs)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+    use std::sync::Arc;
+
+    /// A connected pair of links with rings of `ring` bytes.
+    fn pair(ring: usize) -> (ShmStream, ShmStream) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        std::thread::scope(|s| {
+            let acc = s.spawn(|| {
+                let (sock, _) = l.accept().unwrap();
+                sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                let link = Link::pending(sock.try_clone().unwrap());
+                link.accept().unwrap();
+                sock.set_read_timeout(None).unwrap();
+                link
+            });
+            let c = Link::connect(TcpStream::connect(addr).unwrap(), ring, Duration::from_secs(5)).unwrap();
+            (ShmStream(Arc::new(c)), ShmStream(Arc::new(acc.join().unwrap())))
+        })
+    }
+
+    fn pattern(n: usize, seed: u32) -> Vec<u8> {
+        (0..n as u32).map(|i| (i.wrapping_mul(2_654_435_761).wrapping_add(seed) >> 13) as u8).collect()
+    }
+
+    #[test]
+    fn bytes_cross_a_small_ring_in_order_through_many_wraps() {
+        let (mut c, mut s) = pair(MIN_RING_BYTES);
+        let sent = pattern(1 << 20, 7);
+        std::thread::scope(|sc| {
+            let w = sc.spawn(|| {
+                // writes of awkward sizes, each wrapping or waiting for room
+                for chunk in sent.chunks(3001) {
+                    c.write_all(chunk).unwrap();
+                }
+                c
+            });
+            let mut got = vec![0u8; sent.len()];
+            let mut at = 0;
+            while at < got.len() {
+                let end = (at + 1777).min(got.len());
+                let n = s.read(&mut got[at..end]).unwrap();
+                assert!(n > 0, "the writer is still there");
+                at += n;
+            }
+            assert!(got == sent, "every byte arrives, in order");
+            drop(w.join().unwrap());
+        });
+    }
+
+    #[test]
+    fn both_directions_carry_at_once() {
+        let (c, s) = pair(MIN_RING_BYTES);
+        let a = pattern(300_000, 1);
+        let b = pattern(200_000, 2);
+        std::thread::scope(|sc| {
+            // each side writes on one thread and reads on another (a connection never does,
+            // but the rings are independent and this makes both full at once)
+            let (mut cw, mut cr, mut sw, mut sr) = (c.clone(), c, s.clone(), s);
+            sc.spawn(move || cw.write_all(&a).unwrap());
+            sc.spawn(move || sw.write_all(&b).unwrap());
+            let ga = sc.spawn(move || {
+                let mut v = vec![0u8; 300_000];
+                sr.read_exact(&mut v).unwrap();
+                v
+            });
+            let mut gb = vec![0u8; 200_000];
+            cr.read_exact(&mut gb).unwrap();
+            assert!(gb == pattern(200_000, 2) && ga.join().unwrap() == pattern(300_000, 1));
+        });
+    }
+
+    #[test]
+    fn a_close_ends_the_stream_after_what_was_written() {
+        let (mut c, mut s) = pair(MIN_RING_BYTES);
+        c.write_all(b"last words").unwrap();
+        drop(c);
+        let mut got = Vec::new();
+        s.read_to_end(&mut got).unwrap();
+        assert_eq!(got, b"last words", "the bytes, then a clean end");
+    }
+
+    #[test]
+    fn a_writer_to_a_gone_peer_fails_instead_of_waiting() {
+        let (mut c, s) = pair(MIN_RING_BYTES);
+        drop(s);
+        let big = vec![0u8; 4 * MIN_RING_BYTES];
+        let e = c.write_all(&big).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::BrokenPipe);
+    }
+
+    #[test]
+    fn a_read_times_out_under_the_sockets_timeout() {
+        let (_c, mut s) = pair(MIN_RING_BYTES);
+        s.0.sock.set_read_timeout(Some(Duration::from_millis(30))).unwrap();
+        let t = Instant::now();
+        let e = s.read(&mut [0u8; 8]).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+        assert!(t.elapsed() >= Duration::from_millis(25) && t.elapsed() < Duration::from_secs(5));
+    }
+
+    #[test]
+    fn corrupt_positions_are_an_error_not_a_wild_copy() {
+        let (mut c, mut s) = pair(MIN_RING_BYTES);
+        c.write_all(b"x").unwrap();
+        // the peer's tail jumps more than a ring ahead
+        let r = s.0.rings().unwrap();
+        r.ends(0).tail.store(10 * MIN_RING_BYTES as u64, Ordering::Release);
+        let e = s.read(&mut [0u8; 8]).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+    }
+
+    #[test]
+    fn the_ring_file_is_gone_once_connected_and_others_are_refused() {
+        let (c, _s) = pair(MIN_RING_BYTES);
+        let pid = std::process::id();
+        let ours = std::fs::read_dir(DIR)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().starts_with(&format!("{PREFIX}{pid}-")))
+            .count();
+        assert_eq!(ours, 0, "no name left behind under {DIR}");
+        drop(c);
+        // an offer of a file outside the prefix, and one that does not exist
+        for path in ["/etc/passwd", "/dev/shm/downpour-nothing-here"] {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = l.local_addr().unwrap();
+            let mut sock = TcpStream::connect(addr).unwrap();
+            let mut hello = HELLO.to_vec();
+            hello.push(path.len() as u8);
+            hello.extend_from_slice(path.as_bytes());
+            sock.write_all(&hello).unwrap();
+            let (acc, _) = l.accept().unwrap();
+            acc.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let why = Link::pending(acc).accept().unwrap_err();
+            assert!(why.contains(path), "{why}");
+            let mut answer = [0u8; 2];
+            sock.read_exact(&mut answer).unwrap();
+            assert_eq!(answer[0], 1, "refused");
+        }
+    }
+
+    #[test]
+    fn a_plain_tcp_peer_is_told_every_node_needs_shm() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut sock = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        sock.write_all(&[40, 0, 0, 0, 1, 2, 3, 4, 5, 6]).unwrap();
+        let (acc, _) = l.accept().unwrap();
+        acc.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let why = Link::pending(acc).accept().unwrap_err();
+        assert!(why.contains("--transport shm"), "{why}");
+    }
+}
