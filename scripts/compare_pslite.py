@@ -12,6 +12,12 @@ Needs `cargo build --release` first, and `apt-get install -y libzmq3-dev protobu
 libprotobuf-dev build-essential iperf3`. The printed table becomes the section "Side by side
 with ps-lite (latest run)" of docs/benchmarks.md (replaced on every run), with the date, the
 commit and the raw samples copied under docs/bench-data/.
+
+Then, co-located (every process on this host, each system in its best mode for that): ps-lite
+over ZeroMQ's ipc:// sockets (`DMLC_LOCAL=1`) against `downpour --transport shm` (shared-memory
+rings), ROUNDS interleaved rounds of 1 + 1 (4 KiB and 16 MiB dense, 4 KiB latency, 1M sparse
+keys) and 2 + 2 (16 MiB push-then-pull): a second table in the same section
+(`--no-colocated` skips it).
 """
 
 import argparse
@@ -35,6 +41,7 @@ def main():
     p.add_argument("--pslite", help="ps-lite's source (bare git dir or tree), to build it")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--no-write", action="store_true", help="print the table, leave the docs alone")
+    p.add_argument("--no-colocated", action="store_true", help="skip the co-located table (ipc vs shm)")
     a = p.parse_args()
     if not (TOOLS / "run.sh").exists():
         sys.exit(f"error: {TOOLS}/run.sh not found: the ps-lite harness lives in ../shared/tools/pslite")
@@ -54,6 +61,9 @@ def main():
     print(run.stdout)
     ceiling = streams_ceiling(a.rounds)
     print(ceiling)
+    co_rows, co_raw = ([], {}) if a.no_colocated else colocated(a.rounds, dp)
+    for l in co_rows:
+        print(l)
     lines = [l for l in run.stdout.splitlines() if l.strip()]
     table = [l for l in lines if re.match(r"^\ds\+\dw ", l)]
     iperf = next((l for l in lines if l.startswith("iperf3")), "")
@@ -69,6 +79,8 @@ def main():
     for f in ("pl.jsonl", "dp.jsonl", "iperf.jsonl"):
         if (out_dir / f).exists():
             shutil.copy(out_dir / f, raw / f)
+    for f, rows in co_raw.items():
+        (raw / f).write_text("".join(json.dumps(r) + "\n" for r in rows))
     md = [
         "| setup | case | size | metric | ps-lite | Downpour | Downpour / ps-lite | ranges (ps-lite \\| Downpour) |",
         "|---|---|---|---|---|---|---|---|",
@@ -96,6 +108,20 @@ def main():
             "",
             *md,
             "",
+            *(
+                [
+                    "Co-located, every process on this host, each system in its fastest mode for that: ps-lite over "
+                    "ZeroMQ's `ipc://` sockets (`DMLC_LOCAL=1`), Downpour with `--transport shm` (shared-memory rings; "
+                    f"same run, {a.rounds} interleaved rounds, medians; raw: `colocated-*.jsonl` beside the above):",
+                    "",
+                    "| setup | case | size | metric | ps-lite ipc | Downpour shm | Downpour / ps-lite | ranges (ps-lite \\| Downpour) |",
+                    "|---|---|---|---|---|---|---|---|",
+                    *co_rows,
+                    "",
+                ]
+                if co_rows
+                else []
+            ),
             "",
         ]
     )
@@ -110,6 +136,103 @@ def main():
         text = text[:at] + section + text[at:]
     doc.write_text(text)
     print(f"wrote the table into {doc}")
+
+
+def freeport():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pslite_local(servers, workers, extra):
+    """One ps-lite run over ipc:// (DMLC_LOCAL=1): its BENCH json lines, or SystemExit."""
+    psb = "/tmp/pslite-build/pslite_bench"
+    env = dict(
+        os.environ,
+        DMLC_PS_ROOT_URI="127.0.0.1",
+        DMLC_PS_ROOT_PORT=str(freeport()),
+        DMLC_NUM_SERVER=str(servers),
+        DMLC_NUM_WORKER=str(workers),
+        DMLC_LOCAL="1",
+        **extra,
+    )
+    roles = ["scheduler"] + ["server"] * servers + ["worker"] * workers
+    procs = [
+        subprocess.Popen(["timeout", "300", psb], env=dict(env, DMLC_ROLE=r), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        for r in roles
+    ]
+    out = [p.communicate()[0] for p in procs]
+    if any(p.returncode != 0 for p in procs):
+        sys.exit(f"error: ps-lite over ipc:// failed ({[p.returncode for p in procs]})")
+    return [json.loads(l[len("BENCH ") :]) for o in out for l in o.splitlines() if l.startswith("BENCH ")]
+
+
+def downpour_shm(dp, args):
+    r = subprocess.run([str(dp), "--log", "warn", "--transport", "shm", "bench", "--json", *args], capture_output=True, text=True, timeout=600)
+    if r.returncode != 0:
+        sys.exit(f"error: downpour --transport shm bench failed:\n{r.stderr}")
+    return [json.loads(l) for l in r.stdout.splitlines() if l.startswith("{")]
+
+
+def colocated(rounds, dp):
+    """ps-lite over ipc:// against Downpour over shared memory, `rounds` interleaved rounds:
+    the table's markdown rows, and the raw samples by file name."""
+    import statistics as st
+    from collections import defaultdict
+
+    small = dict(PSB_SIZES="4096,16777216")
+    big = dict(PSB_SIZES="16777216", PSB_OPS="push_then_pull", PSB_LAT_ITERS="0", PSB_SPARSE_KEYS="0")
+    pl_raw, dp_raw = [], []
+    for r in range(1, rounds + 1):
+        print(f"co-located round {r}/{rounds}", file=sys.stderr)
+        order = ["pl", "dp"] if r % 2 else ["dp", "pl"]
+        for who in order:
+            if who == "pl":
+                pl_raw += [dict(x, round=r, servers=1) for x in pslite_local(1, 1, small)]
+                pl_raw += [dict(x, round=r, servers=2) for x in pslite_local(2, 2, big)]
+            else:
+                one = ["--servers", "1", "--workers", "1", "--sizes", "4KiB,16MiB", "--ops", "push,pull,push_then_pull"]
+                two = ["--servers", "2", "--workers", "2", "--sizes", "16MiB", "--ops", "push_then_pull", "--latency-iters", "0", "--sparse-keys", "0"]
+                dp_raw += [dict(x, round=r) for x in downpour_shm(dp, one) + downpour_shm(dp, two)]
+    # ps-lite: every worker's payload over the slowest worker's time, as run.sh does
+    agg = defaultdict(list)
+    for x in pl_raw:
+        agg[(x["round"], x["servers"], x["case"], x["bytes"], x["op"])].append(x)
+    pl, dq = defaultdict(list), defaultdict(list)
+    for (_, s, case, b, op), xs in agg.items():
+        secs = max(x["secs"] for x in xs)
+        if case == "latency":
+            pl[(s, "latency", b, "push p50 µs")].append(max(x["p50_us"] for x in xs))
+            pl[(s, "latency", b, "push p99 µs")].append(max(x["p99_us"] for x in xs))
+        elif case == "sparse":
+            pl[(s, case, b, op + " Mkeys/s")].append(sum(x["keys"] for x in xs) / secs / 1e6)
+        else:
+            pl[(s, case, b, op + " GB/s")].append(sum(x["payload"] for x in xs) / secs / 1e9)
+    for x in dp_raw:
+        s, b = x["servers"], x["bytes"]
+        if x["latency"]:
+            dq[(s, "latency", b, "push p50 µs")].append(x["p50_us"])
+            dq[(s, "latency", b, "push p99 µs")].append(x["p99_us"])
+        elif x["case"] == "sparse":
+            dq[(s, "sparse", b, x["op"] + " Mkeys/s")].append(x["keys_per_s"] / 1e6)
+        else:
+            dq[(s, "dense", b, x["op"] + " GB/s")].append(x["gbps"])
+
+    def size(case, b):
+        return f"{b // 4000}k keys" if case == "sparse" else (f"{b >> 20} MiB" if b >= 1 << 20 else f"{b >> 10} KiB")
+
+    rows = []
+    for k in sorted(set(pl) & set(dq), key=lambda k: (k[0], ["dense", "latency", "sparse"].index(k[1]), k[2], k[3])):
+        s, case, b, m = k
+        a, d = pl[k], dq[k]
+        ma, md = st.median(a), st.median(d)
+        rows.append(
+            f"| {s}s+{s}w | {case} | {size(case, b)} | {m} | {ma:.2f} | {md:.2f} | {md / ma:.2f} | "
+            f"{min(a):.2f}-{max(a):.2f} \\| {min(d):.2f}-{max(d):.2f} |"
+        )
+    return rows, {"colocated-pl.jsonl": pl_raw, "colocated-dp.jsonl": dp_raw}
 
 
 def streams_ceiling(rounds):

@@ -29,8 +29,8 @@ fn embedded_counter_is_exact_with_2_servers_and_3_workers() {
 }
 
 #[test]
-fn local_multi_process_counter_is_exact_over_tcp_and_grpc() {
-    for transport in ["tcp", "grpc"] {
+fn local_multi_process_counter_is_exact_over_tcp_grpc_and_shm() {
+    for transport in ["tcp", "grpc", "shm"] {
         let o = run(downpour().args([
             "--transport",
             transport,

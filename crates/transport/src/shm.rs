@@ -527,7 +527,8 @@ fn create_file(len: usize) -> Result<(File, String), String> {
                 if r != 0 {
                     let _ = std::fs::remove_file(&path);
                     return Err(format!(
-                        "cannot reserve {len} bytes for shared-memory rings in {DIR}: {} (is {DIR} full?)",
+                        "cannot reserve {len} bytes for shared-memory rings in {DIR}: {} (is {DIR} full? \
+                         --shm-ring-kib makes each connection's rings smaller)",
                         io::Error::from_raw_os_error(r)
                     ));
                 }
