@@ -77,7 +77,7 @@ pub struct CommonArgs {
     #[arg(long, global = true, env = "DOWNPOUR_GRPC_WINDOW_MIB")]
     pub grpc_window_mib: Option<u32>,
     /// Shared-memory transport: KiB of each of a connection's two rings in /dev/shm, a power
-    /// of two from 4 to 1048576; default 4096 (4 MiB each way: 8 MiB of /dev/shm per
+    /// of two from 256 to 1048576; default 4096 (4 MiB each way: 8 MiB of /dev/shm per
     /// connection, held while it lasts).
     #[arg(long, global = true, env = "DOWNPOUR_SHM_RING_KIB")]
     pub shm_ring_kib: Option<usize>,
@@ -265,8 +265,8 @@ impl CommonArgs {
         );
         let shm_ring_kib = self.shm_ring_kib.or(file.shm_ring_kib).unwrap_or(d.shm_ring_bytes >> 10);
         anyhow::ensure!(
-            shm_ring_kib.is_power_of_two() && (4..=1 << 20).contains(&shm_ring_kib),
-            "--shm-ring-kib must be a power of two from 4 to 1048576 (4 KiB to 1 GiB), got {shm_ring_kib}"
+            shm_ring_kib.is_power_of_two() && (256..=1 << 20).contains(&shm_ring_kib),
+            "--shm-ring-kib must be a power of two from 256 to 1048576 (256 KiB to 1 GiB), got {shm_ring_kib}"
         );
         let limits = Limits {
             max_keys_per_request: self.max_keys_per_request.or(file.max_keys_per_request).unwrap_or(d.limits.max_keys_per_request),
@@ -387,10 +387,10 @@ mod tests {
         std::fs::write(&p, "transport = \"shm\"\nshm_ring_kib = 1024\n").unwrap();
         let s = CommonArgs { config: Some(p.clone()), ..Default::default() }.resolve().unwrap();
         assert_eq!((s.transport, s.net_config().shm_ring_bytes), (TransportKind::Shm, 1 << 20));
-        let s = CommonArgs { config: Some(p), shm_ring_kib: Some(64), ..Default::default() }.resolve().unwrap();
-        assert_eq!(s.net_config().shm_ring_bytes, 64 << 10);
+        let s = CommonArgs { config: Some(p), shm_ring_kib: Some(512), ..Default::default() }.resolve().unwrap();
+        assert_eq!(s.net_config().shm_ring_bytes, 512 << 10);
         assert_eq!(CommonArgs::default().resolve().unwrap().shm_ring_bytes, downpour_transport::shm::DEFAULT_RING_BYTES);
-        for bad in [0, 2, 100, 2 << 20] {
+        for bad in [0, 4, 128, 300, 2 << 20] {
             let e = CommonArgs { shm_ring_kib: Some(bad), ..Default::default() }.resolve().unwrap_err().to_string();
             assert!(e.contains("--shm-ring-kib") && e.contains(&bad.to_string()), "{e}");
         }
@@ -403,7 +403,7 @@ mod tests {
             transport: TransportKind::Grpc,
             chunk_bytes: 1 << 16,
             grpc_window: 32 << 20,
-            shm_ring_bytes: 64 << 10,
+            shm_ring_bytes: 256 << 10,
             request_timeout: Duration::from_millis(2500),
             replication: 2,
             vnodes: 4,

@@ -41,7 +41,7 @@ pub struct Settings {
     /// number of MiB from 1 to 2047 (children are handed it in MiB).
     pub grpc_window: u32,
     /// Bytes of each ring of a shared-memory connection ([`NetConfig::shm_ring_bytes`]): a
-    /// power of two from 4 KiB to 1 GiB (children are handed it in KiB).
+    /// power of two from 256 KiB to 1 GiB (children are handed it in KiB).
     pub shm_ring_bytes: usize,
     /// Server limits.
     pub limits: Limits,

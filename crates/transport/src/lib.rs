@@ -215,7 +215,7 @@ pub struct NetConfig {
     /// freed. Framed TCP applies it when a token or TLS is required; gRPC always.
     pub handshake_timeout: Duration,
     /// Bytes of each of a connection's two rings under `--transport shm` (a power of two
-    /// from 4 KiB to 1 GiB; [`shm::DEFAULT_RING_BYTES`]). The connecting side chooses; the
+    /// from 256 KiB to 1 GiB; [`shm::DEFAULT_RING_BYTES`]). The connecting side chooses; the
     /// file holds both rings, reserved in `/dev/shm` for as long as the connection lasts.
     pub shm_ring_bytes: usize,
 }
@@ -429,7 +429,7 @@ mod tests {
 
     fn small_rings() -> tcp::TcpTransport {
         // rings smaller than the frames: every frame wraps and waits for room
-        tcp::TcpTransport::shm(NetConfig { shm_ring_bytes: 64 << 10, ..NetConfig::default() }).unwrap()
+        tcp::TcpTransport::shm(NetConfig { shm_ring_bytes: shm::MIN_RING_BYTES, ..NetConfig::default() }).unwrap()
     }
 
     #[test]
@@ -449,7 +449,7 @@ mod tests {
             ..NetConfig::default()
         });
         assert!(tls.is_err_and(|e| e.to_string().contains("--transport tcp with --tls")));
-        for bad in [3000, 100 << 10, 2 << 30] {
+        for bad in [3000, 128 << 10, 300 << 10, 2 << 30] {
             let r = tcp::TcpTransport::shm(NetConfig { shm_ring_bytes: bad, ..NetConfig::default() });
             assert!(r.is_err_and(|e| e.to_string().contains("power of two")), "{bad}");
         }

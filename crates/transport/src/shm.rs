@@ -17,16 +17,22 @@
 //!
 //! Setting up (the connecting side, [`Link::connect`]): make the file
 //! (`/dev/shm/downpour-<pid>-<nanos>-<n>`, mode 0600, its pages reserved at once so a full
-//! `/dev/shm` is an error here, not a `SIGBUS` later), map it, send its path as the
-//! connection's first bytes, wait for the verdict, remove the name (the mapping lives on
-//! until both sides unmap it). The accepting side ([`Link::accept`], in the connection's own
-//! thread on its first read) opens only a regular file under that prefix owned by its own
-//! user, checks the header's magic and sizes, maps it and answers. A peer on another host
-//! cannot name a file here; a plain framed-TCP peer is refused with a message saying that
-//! every node needs `--transport shm`.
+//! `/dev/shm` is an error here, not a `SIGBUS` later), write a random 128-bit nonce into its
+//! header, map it, send its path and the nonce as the connection's first bytes, wait for the
+//! verdict, remove the name (the mapping lives on until both sides unmap it). The accepting
+//! side ([`Link::accept`], in the connection's own thread on its first read) opens only a
+//! regular file under that prefix, owned by its own user and readable by no one else, checks
+//! the header's magic, sizes and nonce, claims it (a header word set once: no second
+//! connection can take the same rings), removes the name, and answers. A process that only
+//! sees the name in `/dev/shm` cannot attach to the rings (it cannot read the nonce); a peer
+//! on another host cannot name a file here; a plain framed-TCP peer is refused with a
+//! message saying that every node needs `--transport shm`.
 //!
-//! Positions in the shared header come from another process: they are checked (at most a
-//! ring apart) before any copy, and every copy stays inside the mapping whatever they say.
+//! Positions in the shared header come from another process: each side keeps its own
+//! position in its own memory and only publishes it; the peer's is checked (at most a ring
+//! apart) before any copy, and every copy stays inside the mapping whatever it says. The
+//! peers are processes of one user, which trust each other as far as this: one that
+//! truncated the file under the other would kill it with `SIGBUS` (as it could with `kill`).
 
 use memmap2::{MmapOptions, MmapRaw};
 use std::fs::{File, OpenOptions};
@@ -34,7 +40,7 @@ use std::io::{self, IoSlice, Read, Write};
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-use std::sync::atomic::{fence, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -42,17 +48,28 @@ use std::time::{Duration, Instant};
 const DIR: &str = "/dev/shm";
 /// Every ring file's name starts with this (under [`DIR`]); the accepting side opens nothing else.
 const PREFIX: &str = "downpour-";
-/// The connecting side's first bytes on the socket.
-const HELLO: [u8; 8] = *b"DPSHM\x01\r\n";
+/// The connecting side's first bytes on the socket (then the nonce, the path's length and
+/// the path).
+const HELLO: [u8; 8] = *b"DPSHM\x02\r\n";
 /// The file header's first word.
-const MAGIC: u64 = u64::from_le_bytes(*b"DPSHMv01");
-/// The file's header: the magic, the ring size, and per direction four words (tail, head,
-/// the reader's and the writer's sleep flags), each on a cache line of its own.
+const MAGIC: u64 = u64::from_le_bytes(*b"DPSHMv02");
+/// The file's header: the magic, the ring size, per direction four words (tail, head, the
+/// reader's and the writer's sleep flags), the nonce and the claim, each on a cache line of
+/// its own.
 const HEADER_BYTES: usize = 4096;
 const LINE: usize = 64;
-/// Smallest and largest ring a file may declare.
-pub const MIN_RING_BYTES: usize = 4 << 10;
-/// See [`MIN_RING_BYTES`].
+const MAGIC_LINE: usize = 0;
+const SIZE_LINE: usize = 1;
+const NONCE_LINES: [usize; 2] = [10, 11];
+const CLAIM_LINE: usize = 12;
+/// The smallest ring the file format allows (the module's tests use it, to wrap often).
+const SMALLEST_RING: usize = 4 << 10;
+/// The smallest ring a transport accepts: a worker leaves up to 32 KiB of value replies and
+/// up to 1,024 acknowledgements unread while it writes (`KvClient`), which TCP's socket
+/// buffers absorb; a ring must too, or a server blocked on a full reply ring and a worker
+/// blocked on a full request ring would wait for each other for ever.
+pub const MIN_RING_BYTES: usize = 256 << 10;
+/// The largest ring.
 pub const MAX_RING_BYTES: usize = 1 << 30;
 /// [`crate::NetConfig::shm_ring_bytes`]'s default: 4 MiB each way (inside the last-level
 /// cache of most machines, and about what loopback TCP buffers).
@@ -62,6 +79,9 @@ pub const DEFAULT_RING_BYTES: usize = 4 << 20;
 const SPIN: Duration = Duration::from_micros(50);
 /// Polls with the CPU's pause hint before each poll yields the core instead.
 const PAUSES: u32 = 64;
+/// The longest single sleep on the socket: a safety net under the doorbells (a sleeper
+/// looks at its ring at least this often whatever happens).
+const NAP: Duration = Duration::from_millis(100);
 /// Bytes copied between two publications of a position, so that the reader copies out
 /// while the writer still copies in (one big copy would make them take turns).
 const STEP: usize = 128 << 10;
@@ -92,7 +112,7 @@ struct Ends<'a> {
 
 impl Rings {
     fn word(&self, line: usize) -> &AtomicU64 {
-        debug_assert!((line + 1) * LINE <= HEADER_BYTES);
+        debug_assert!((line + 1) * LINE <= HEADER_BYTES && self.map.len() >= HEADER_BYTES);
         // SAFETY: the mapping is at least HEADER_BYTES long and page-aligned, so every line's
         // first 8 bytes are an aligned u64 inside it, valid as long as `self` (which owns the
         // mapping); the other process touches them only atomically too.
@@ -137,8 +157,11 @@ impl Ends<'_> {
     fn copy_in(&self, pos: u64, src: &[u8]) {
         let at = (pos as usize) & (self.cap - 1);
         let first = src.len().min(self.cap - at);
-        // SAFETY: `at + first <= cap` and `src.len() - first <= cap - first`: both copies stay
-        // inside this ring; the reader does not touch these bytes until `tail` moves past them.
+        // SAFETY: `at + first <= cap` and `src.len() <= cap` (the caller's room): both copies
+        // stay inside this ring. The reader does not touch these bytes until `tail` moves past
+        // them; a peer that broke that protocol could race with this copy (the bytes would be
+        // garbage, which the frame codec checks like any other input), as in all shared-memory
+        // IPC.
         unsafe {
             std::ptr::copy_nonoverlapping(src.as_ptr(), self.data.add(at), first);
             std::ptr::copy_nonoverlapping(src.as_ptr().add(first), self.data, src.len() - first);
@@ -171,50 +194,64 @@ enum Woke {
 }
 
 /// One connection's shared rings and the socket beside them; the connection's reading and
-/// writing halves share it. Used by one thread at a time (the connection's).
+/// writing halves share it. Used by one thread at a time (the connection's): two threads
+/// waiting on one link share its doorbell socket and could take each other's wake-up (then
+/// a sleeper would look again only after [`NAP`]).
 pub(crate) struct Link {
     sock: TcpStream,
     side: Side,
     rings: OnceLock<Rings>,
+    /// This side's own positions (bytes read of the incoming ring, written to the outgoing
+    /// one), kept here and only published to the header, so the peer cannot move them.
+    read_pos: AtomicU64,
+    write_pos: AtomicU64,
+    /// The peer closed the socket (seen while draining doorbells).
+    closed: AtomicBool,
+    /// The ring file's path (the tests check it is gone).
+    #[cfg(test)]
+    path: String,
 }
-
-// SAFETY: `Rings` holds a raw mapping that only this connection's thread reads and writes
-// through (plus the peer process, through the atomics' protocol).
-unsafe impl Send for Link {}
-// SAFETY: as above; shared reads of the atomics are what they are for.
-unsafe impl Sync for Link {}
 
 impl Link {
     /// (Connecting side.) Makes the rings (`ring_bytes` each way, a power of two within
-    /// [`MIN_RING_BYTES`]..=[`MAX_RING_BYTES`]), offers them over `sock` and waits up to
+    /// [`MIN_RING_BYTES`]..=[`MAX_RING_BYTES`], which the transport checked; the format allows
+    /// down to 4 KiB, which the tests use), offers them over `sock` and waits up to
     /// `timeout` for the peer's verdict. The error says why, in words for the user.
     pub(crate) fn connect(sock: TcpStream, ring_bytes: usize, timeout: Duration) -> Result<Link, String> {
-        if !ring_bytes.is_power_of_two() || !(MIN_RING_BYTES..=MAX_RING_BYTES).contains(&ring_bytes) {
-            return Err(format!("shared-memory rings of {ring_bytes} bytes: give a power of two from 4 KiB to 1 GiB"));
+        if !ring_bytes.is_power_of_two() || !(SMALLEST_RING..=MAX_RING_BYTES).contains(&ring_bytes) {
+            return Err(format!("shared-memory rings of {ring_bytes} bytes: not a power of two from 4 KiB to 1 GiB"));
         }
-        let (file, path) = create_file(HEADER_BYTES + 2 * ring_bytes)?;
+        let mut nonce = [0u8; 16];
+        ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut nonce)
+            .map_err(|_| "no randomness for the shared-memory nonce".to_string())?;
+        let len = HEADER_BYTES + 2 * ring_bytes;
+        let (file, path) = create_file(len)?;
         // the name goes as soon as the peer has answered (or we give up): the mapping lives on
         let removed = RemoveOnDrop(&path);
-        let map = MmapOptions::new().map_raw(&file).map_err(|e| format!("cannot map {path}: {e}"))?;
+        let map = MmapOptions::new().len(len).map_raw(&file).map_err(|e| format!("cannot map {path}: {e}"))?;
         let rings = Rings { map, cap: ring_bytes };
-        rings.word(1).store(ring_bytes as u64, Ordering::Relaxed);
-        rings.word(0).store(MAGIC, Ordering::Release);
-        let io = |e: io::Error| format!("shared-memory handshake: {e}");
+        rings.word(SIZE_LINE).store(ring_bytes as u64, Ordering::Relaxed);
+        for (i, line) in NONCE_LINES.into_iter().enumerate() {
+            rings.word(line).store(u64::from_le_bytes(nonce[8 * i..8 * i + 8].try_into().unwrap_or_default()), Ordering::Relaxed);
+        }
+        rings.word(MAGIC_LINE).store(MAGIC, Ordering::Release);
+        let io = |e: io::Error| match e.kind() {
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => format!("shared-memory handshake: no answer within {timeout:?}"),
+            io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset | io::ErrorKind::ConnectionAborted => {
+                "the server closed the connection during the shared-memory handshake (is it running with \
+                 --transport shm? is it at --max-connections?)"
+                    .to_string()
+            }
+            _ => format!("shared-memory handshake: {e}"),
+        };
         let mut hello = HELLO.to_vec();
+        hello.extend_from_slice(&nonce);
         hello.push(path.len() as u8);
         hello.extend_from_slice(path.as_bytes());
         (&sock).write_all(&hello).map_err(io)?;
         sock.set_read_timeout(Some(timeout)).map_err(io)?;
         let mut verdict = [0u8; 1];
-        match (&sock).read_exact(&mut verdict) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
-                return Err("the server closed the connection during the shared-memory handshake \
-                            (is every node running with --transport shm?)"
-                    .into())
-            }
-            Err(e) => return Err(io(e)),
-        }
+        (&sock).read_exact(&mut verdict).map_err(io)?;
         if verdict[0] != 0 {
             let mut len = [0u8; 1];
             let mut why = vec![0u8; 0];
@@ -226,14 +263,29 @@ impl Link {
         }
         sock.set_read_timeout(None).map_err(io)?;
         drop(removed);
-        let link = Link { sock, side: Side::Connecting, rings: OnceLock::new() };
+        let link = Link::new(sock, Side::Connecting);
+        #[cfg(test)]
+        let link = Link { path: path.clone(), ..link };
         let _ = link.rings.set(rings);
         Ok(link)
     }
 
+    fn new(sock: TcpStream, side: Side) -> Link {
+        Link {
+            sock,
+            side,
+            rings: OnceLock::new(),
+            read_pos: AtomicU64::new(0),
+            write_pos: AtomicU64::new(0),
+            closed: AtomicBool::new(false),
+            #[cfg(test)]
+            path: String::new(),
+        }
+    }
+
     /// (Accepting side.) A link whose rings come with the peer's first bytes ([`Link::accept`]).
     pub(crate) fn pending(sock: TcpStream) -> Link {
-        Link { sock, side: Side::Accepting, rings: OnceLock::new() }
+        Link::new(sock, Side::Accepting)
     }
 
     /// Whether the rings are set up.
@@ -265,12 +317,14 @@ impl Link {
             io::ErrorKind::UnexpectedEof => "the peer closed the connection during the shared-memory handshake".to_string(),
             _ => format!("shared-memory handshake: {e}"),
         };
-        let mut hello = [0u8; 9];
-        (&self.sock).read_exact(&mut hello).map_err(io)?;
+        let mut hello = [0u8; 8 + 16 + 1];
+        (&self.sock).read_exact(&mut hello[..8]).map_err(io)?;
         if hello[..8] != HELLO {
             return Err("not a shared-memory peer: every node of a --transport shm cluster needs --transport shm".into());
         }
-        let mut path = vec![0u8; hello[8] as usize];
+        (&self.sock).read_exact(&mut hello[8..]).map_err(io)?;
+        let nonce = &hello[8..24];
+        let mut path = vec![0u8; hello[24] as usize];
         (&self.sock).read_exact(&mut path).map_err(io)?;
         let path = String::from_utf8(path).map_err(|_| "the offered ring file's name is not UTF-8".to_string())?;
         let name = path.strip_prefix(DIR).and_then(|p| p.strip_prefix('/')).unwrap_or("");
@@ -286,23 +340,41 @@ impl Link {
         let meta = file.metadata().map_err(|e| format!("{path}: {e}"))?;
         // SAFETY: geteuid has no preconditions and cannot fail.
         let me = unsafe { libc::geteuid() };
-        if !meta.is_file() || meta.uid() != me {
-            return Err(format!("{path} is not a regular file of this user"));
+        if !meta.is_file() || meta.uid() != me || meta.mode() & 0o077 != 0 {
+            return Err(format!("{path} is not a regular file of this user that only this user may open"));
         }
         let len = meta.len() as usize;
         if len < HEADER_BYTES {
             return Err(format!("{path} is too short for a ring file"));
         }
-        let map = MmapOptions::new().map_raw(&file).map_err(|e| format!("cannot map {path}: {e}"))?;
-        let probe = Rings { map, cap: 0 };
-        let (magic, cap) = (probe.word(0).load(Ordering::Acquire), probe.word(1).load(Ordering::Relaxed) as usize);
+        // the header alone first, at its own length: the rings' size comes from it
+        let map = MmapOptions::new().len(HEADER_BYTES).map_raw(&file).map_err(|e| format!("cannot map {path}: {e}"))?;
+        let head = Rings { map, cap: 0 };
+        let (magic, cap) = (head.word(MAGIC_LINE).load(Ordering::Acquire), head.word(SIZE_LINE).load(Ordering::Relaxed) as usize);
         if magic != MAGIC {
             return Err(format!("{path} is not a ring file (bad magic)"));
         }
-        if !cap.is_power_of_two() || !(MIN_RING_BYTES..=MAX_RING_BYTES).contains(&cap) || len != HEADER_BYTES + 2 * cap {
+        if !cap.is_power_of_two() || !(SMALLEST_RING..=MAX_RING_BYTES).contains(&cap) || len != HEADER_BYTES + 2 * cap {
             return Err(format!("{path}: rings of {cap} bytes do not fit its {len} bytes"));
         }
-        Ok(Rings { map: probe.map, cap })
+        let mut same = 0u64;
+        for (i, line) in NONCE_LINES.into_iter().enumerate() {
+            let want = u64::from_le_bytes(nonce[8 * i..8 * i + 8].try_into().unwrap_or_default());
+            same |= head.word(line).load(Ordering::Relaxed) ^ want;
+        }
+        if same != 0 {
+            return Err(format!("{path}: the nonce offered is not the file's"));
+        }
+        if head.word(CLAIM_LINE).compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire).is_err() {
+            return Err(format!("{path}: these rings belong to another connection already"));
+        }
+        // ours now: the name can go (the maker removes it too, once answered)
+        let _ = std::fs::remove_file(&path);
+        let map = MmapOptions::new().len(HEADER_BYTES + 2 * cap).map_raw(&file).map_err(|e| format!("cannot map {path}: {e}"))?;
+        if map.len() != HEADER_BYTES + 2 * cap {
+            return Err(format!("{path}: mapped {} bytes, not {}", map.len(), HEADER_BYTES + 2 * cap));
+        }
+        Ok(Rings { map, cap })
     }
 
     fn rings(&self) -> io::Result<&Rings> {
@@ -325,56 +397,66 @@ impl Link {
     pub(crate) fn readable(&self) -> io::Result<bool> {
         let r = self.rings()?;
         let ends = r.ends(self.rx());
-        if ends.filled(ends.head.load(Ordering::Relaxed))? > 0 {
+        let head = self.read_pos.load(Ordering::Relaxed);
+        if ends.filled(head)? > 0 {
             return Ok(true);
         }
         match self.drain_bells()? {
             Woke::Closed => Ok(true),
-            Woke::Look => Ok(ends.filled(ends.head.load(Ordering::Relaxed))? > 0),
+            Woke::Look => Ok(ends.filled(head)? > 0),
         }
     }
 
-    /// Reads the doorbell bytes waiting on the socket without blocking.
+    /// Reads every doorbell byte waiting on the socket without blocking; `Closed` when the
+    /// peer's close (or a reset) follows them, now or at any earlier drain.
     fn drain_bells(&self) -> io::Result<Woke> {
-        let mut b = [0u8; 64];
-        // SAFETY: the socket is open while `self` is; `b` is a valid buffer of its length.
-        let n = unsafe { libc::recv(self.sock.as_raw_fd(), b.as_mut_ptr().cast(), b.len(), libc::MSG_DONTWAIT) };
-        if n > 0 {
-            return Ok(Woke::Look);
-        }
-        if n == 0 {
+        if self.closed.load(Ordering::Relaxed) {
             return Ok(Woke::Closed);
         }
-        let e = io::Error::last_os_error();
-        match e.kind() {
-            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(Woke::Look),
-            io::ErrorKind::ConnectionReset | io::ErrorKind::ConnectionAborted | io::ErrorKind::BrokenPipe => Ok(Woke::Closed),
-            _ => Err(e),
+        let mut b = [0u8; 64];
+        loop {
+            // SAFETY: the socket is open while `self` is; `b` is a valid buffer of its length.
+            let n = unsafe { libc::recv(self.sock.as_raw_fd(), b.as_mut_ptr().cast(), b.len(), libc::MSG_DONTWAIT) };
+            if n > 0 {
+                continue;
+            }
+            let closed = if n == 0 {
+                true
+            } else {
+                let e = io::Error::last_os_error();
+                match e.kind() {
+                    io::ErrorKind::WouldBlock => return Ok(Woke::Look),
+                    io::ErrorKind::Interrupted => continue,
+                    io::ErrorKind::ConnectionReset | io::ErrorKind::ConnectionAborted | io::ErrorKind::BrokenPipe => true,
+                    _ => return Err(e),
+                }
+            };
+            self.closed.store(closed, Ordering::Relaxed);
+            return Ok(Woke::Closed);
         }
     }
 
-    /// Sleeps on the socket until a doorbell, the peer's close, or `deadline`.
+    /// Sleeps on the socket until a doorbell, the peer's close, `deadline` (an error) or
+    /// [`NAP`] (then `Look`: the caller looks at its ring again).
     fn sleep(&self, deadline: Option<Instant>) -> io::Result<Woke> {
-        let ts = match deadline {
-            None => None,
-            Some(d) => {
-                let left = d.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    return Err(io::ErrorKind::WouldBlock.into());
-                }
-                Some(libc::timespec { tv_sec: left.as_secs() as libc::time_t, tv_nsec: left.subsec_nanos() as libc::c_long })
+        let mut nap = NAP;
+        if let Some(d) = deadline {
+            let left = d.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(io::ErrorKind::WouldBlock.into());
             }
-        };
+            nap = nap.min(left);
+        }
+        let ts = libc::timespec { tv_sec: nap.as_secs() as libc::time_t, tv_nsec: nap.subsec_nanos() as libc::c_long };
         let mut p = libc::pollfd { fd: self.sock.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-        let tp = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
-        // SAFETY: one valid pollfd and an optional timespec, both owned by this frame.
-        let r = unsafe { libc::ppoll(&mut p, 1, tp, std::ptr::null()) };
+        // SAFETY: one valid pollfd and a timespec, both owned by this frame.
+        let r = unsafe { libc::ppoll(&mut p, 1, &ts, std::ptr::null()) };
         if r < 0 {
             let e = io::Error::last_os_error();
             return if e.kind() == io::ErrorKind::Interrupted { Ok(Woke::Look) } else { Err(e) };
         }
         if r == 0 {
-            return Err(io::ErrorKind::WouldBlock.into());
+            return Ok(Woke::Look);
         }
         self.drain_bells()
     }
@@ -403,9 +485,10 @@ impl Link {
         loop {
             flag.store(1, Ordering::SeqCst);
             fence(Ordering::SeqCst);
-            if ready()? {
+            let now = ready();
+            if !matches!(now, Ok(false)) {
                 flag.store(0, Ordering::Relaxed);
-                return Ok(true);
+                return now;
             }
             match self.sleep(deadline) {
                 Ok(Woke::Look) => {}
@@ -450,7 +533,7 @@ impl Link {
         }
         let r = self.rings()?;
         let ends = r.ends(self.rx());
-        let head = ends.head.load(Ordering::Relaxed);
+        let head = self.read_pos.load(Ordering::Relaxed);
         let mut filled = ends.filled(head)?;
         if filled == 0 {
             if !self.wait(ends.reader_sleeps, true, || Ok(ends.filled(head)? > 0))? {
@@ -462,9 +545,11 @@ impl Link {
         let mut done = 0;
         while done < n {
             let step = (n - done).min(STEP);
-            ends.copy_out(head + done as u64, &mut buf[done..done + step]);
+            ends.copy_out(head.wrapping_add(done as u64), &mut buf[done..done + step]);
             done += step;
-            ends.head.store(head + done as u64, Ordering::Release);
+            let at = head.wrapping_add(done as u64);
+            self.read_pos.store(at, Ordering::Relaxed);
+            ends.head.store(at, Ordering::Release);
             // a writer gone while we read: what it wrote is still ours to read
             let _ = self.wake(ends.writer_sleeps);
         }
@@ -477,7 +562,7 @@ impl Link {
         }
         let r = self.rings()?;
         let ends = r.ends(self.tx());
-        let tail = ends.tail.load(Ordering::Relaxed);
+        let tail = self.write_pos.load(Ordering::Relaxed);
         let mut room = ends.room(tail)?;
         if room == 0 {
             if !self.wait(ends.writer_sleeps, false, || Ok(ends.room(tail)? > 0))? {
@@ -491,9 +576,10 @@ impl Link {
             while !b.is_empty() && room > 0 {
                 let step = b.len().min(room).min(STEP);
                 ends.copy_in(pos, &b[..step]);
-                pos += step as u64;
+                pos = pos.wrapping_add(step as u64);
                 room -= step;
                 b = &b[step..];
+                self.write_pos.store(pos, Ordering::Relaxed);
                 ends.tail.store(pos, Ordering::Release);
                 self.wake(ends.reader_sleeps)?;
             }
@@ -501,7 +587,7 @@ impl Link {
                 break;
             }
         }
-        Ok((pos - tail) as usize)
+        Ok(pos.wrapping_sub(tail) as usize)
     }
 }
 
@@ -541,8 +627,7 @@ fn create_file(len: usize) -> Result<(File, String), String> {
     Err(format!("cannot make a shared-memory ring file in {DIR}: every name tried exists"))
 }
 
-/// One direction of a [`Link`] as a byte stream, for the connection's reader and writer.
-#[derive(Clone)]
+/// A [`Link`] as a byte stream, for the connection's reader and writer.
 pub(crate) struct ShmStream(pub(crate) std::sync::Arc<Link>);
 
 impl Read for ShmStream {
@@ -591,9 +676,27 @@ mod tests {
         (0..n as u32).map(|i| (i.wrapping_mul(2_654_435_761).wrapping_add(seed) >> 13) as u8).collect()
     }
 
+    /// Offers `path` with `nonce` to a fresh accepting link: its verdict.
+    fn offer(path: &str, nonce: [u8; 16]) -> Result<(), String> {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut sock = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let mut hello = HELLO.to_vec();
+        hello.extend_from_slice(&nonce);
+        hello.push(path.len() as u8);
+        hello.extend_from_slice(path.as_bytes());
+        sock.write_all(&hello).unwrap();
+        let (acc, _) = l.accept().unwrap();
+        acc.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let r = Link::pending(acc).accept();
+        let mut answer = [0u8; 1];
+        sock.read_exact(&mut answer).unwrap();
+        assert_eq!(answer[0] == 0, r.is_ok(), "the peer hears the verdict");
+        r
+    }
+
     #[test]
     fn bytes_cross_a_small_ring_in_order_through_many_wraps() {
-        let (mut c, mut s) = pair(MIN_RING_BYTES);
+        let (mut c, mut s) = pair(SMALLEST_RING);
         let sent = pattern(1 << 20, 7);
         std::thread::scope(|sc| {
             let w = sc.spawn(|| {
@@ -618,29 +721,26 @@ mod tests {
 
     #[test]
     fn both_directions_carry_at_once() {
-        let (c, s) = pair(MIN_RING_BYTES);
-        let a = pattern(300_000, 1);
-        let b = pattern(200_000, 2);
+        let (mut c, mut s) = pair(64 << 10);
+        // each side writes (less than a ring) and then reads, both at the same time
+        let (a, b) = (pattern(60_000, 1), pattern(50_000, 2));
         std::thread::scope(|sc| {
-            // each side writes on one thread and reads on another (a connection never does,
-            // but the rings are independent and this makes both full at once)
-            let (mut cw, mut cr, mut sw, mut sr) = (c.clone(), c, s.clone(), s);
-            sc.spawn(move || cw.write_all(&a).unwrap());
-            sc.spawn(move || sw.write_all(&b).unwrap());
-            let ga = sc.spawn(move || {
-                let mut v = vec![0u8; 300_000];
-                sr.read_exact(&mut v).unwrap();
-                v
+            let other = sc.spawn(|| {
+                s.write_all(&b).unwrap();
+                let mut got = vec![0u8; a.len()];
+                s.read_exact(&mut got).unwrap();
+                got
             });
-            let mut gb = vec![0u8; 200_000];
-            cr.read_exact(&mut gb).unwrap();
-            assert!(gb == pattern(200_000, 2) && ga.join().unwrap() == pattern(300_000, 1));
+            c.write_all(&a).unwrap();
+            let mut got = vec![0u8; b.len()];
+            c.read_exact(&mut got).unwrap();
+            assert!(got == b && other.join().unwrap() == a);
         });
     }
 
     #[test]
     fn a_close_ends_the_stream_after_what_was_written() {
-        let (mut c, mut s) = pair(MIN_RING_BYTES);
+        let (mut c, mut s) = pair(SMALLEST_RING);
         c.write_all(b"last words").unwrap();
         drop(c);
         let mut got = Vec::new();
@@ -650,16 +750,16 @@ mod tests {
 
     #[test]
     fn a_writer_to_a_gone_peer_fails_instead_of_waiting() {
-        let (mut c, s) = pair(MIN_RING_BYTES);
+        let (mut c, s) = pair(SMALLEST_RING);
         drop(s);
-        let big = vec![0u8; 4 * MIN_RING_BYTES];
+        let big = vec![0u8; 4 * SMALLEST_RING];
         let e = c.write_all(&big).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::BrokenPipe);
     }
 
     #[test]
     fn a_read_times_out_under_the_sockets_timeout() {
-        let (_c, mut s) = pair(MIN_RING_BYTES);
+        let (_c, mut s) = pair(SMALLEST_RING);
         s.0.sock.set_read_timeout(Some(Duration::from_millis(30))).unwrap();
         let t = Instant::now();
         let e = s.read(&mut [0u8; 8]).unwrap_err();
@@ -669,42 +769,64 @@ mod tests {
 
     #[test]
     fn corrupt_positions_are_an_error_not_a_wild_copy() {
-        let (mut c, mut s) = pair(MIN_RING_BYTES);
+        let (mut c, mut s) = pair(SMALLEST_RING);
         c.write_all(b"x").unwrap();
         // the peer's tail jumps more than a ring ahead
-        let r = s.0.rings().unwrap();
-        r.ends(0).tail.store(10 * MIN_RING_BYTES as u64, Ordering::Release);
+        let link = s.0.clone();
+        let tail = || link.rings().unwrap().ends(0).tail;
+        tail().store(10 * SMALLEST_RING as u64, Ordering::Release);
         let e = s.read(&mut [0u8; 8]).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+        // and one near the end of the u64 range is no overflow either
+        tail().store(u64::MAX - 3, Ordering::Release);
+        assert_eq!(s.read(&mut [0u8; 8]).unwrap_err().kind(), io::ErrorKind::InvalidData);
     }
 
     #[test]
-    fn the_ring_file_is_gone_once_connected_and_others_are_refused() {
-        let (c, _s) = pair(MIN_RING_BYTES);
-        let pid = std::process::id();
-        let ours = std::fs::read_dir(DIR)
-            .unwrap()
-            .filter_map(|e| e.ok())
-            .filter(|e| e.file_name().to_string_lossy().starts_with(&format!("{PREFIX}{pid}-")))
-            .count();
-        assert_eq!(ours, 0, "no name left behind under {DIR}");
-        drop(c);
-        // an offer of a file outside the prefix, and one that does not exist
-        for path in ["/etc/passwd", "/dev/shm/downpour-nothing-here"] {
-            let l = TcpListener::bind("127.0.0.1:0").unwrap();
-            let addr = l.local_addr().unwrap();
-            let mut sock = TcpStream::connect(addr).unwrap();
-            let mut hello = HELLO.to_vec();
-            hello.push(path.len() as u8);
-            hello.extend_from_slice(path.as_bytes());
-            sock.write_all(&hello).unwrap();
-            let (acc, _) = l.accept().unwrap();
-            acc.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-            let why = Link::pending(acc).accept().unwrap_err();
+    fn the_ring_file_is_gone_once_connected() {
+        let (c, _s) = pair(SMALLEST_RING);
+        assert!(c.0.path.starts_with("/dev/shm/downpour-"), "{}", c.0.path);
+        assert!(!std::path::Path::new(&c.0.path).exists(), "{} left behind", c.0.path);
+    }
+
+    #[test]
+    fn only_the_maker_of_a_ring_file_can_have_it_taken() {
+        // a file made as `Link::connect` makes it, whose nonce we know
+        let (file, path) = create_file(HEADER_BYTES + 2 * SMALLEST_RING).unwrap();
+        let _gone = RemoveOnDrop(&path);
+        let map = MmapOptions::new().map_raw(&file).unwrap();
+        let rings = Rings { map, cap: SMALLEST_RING };
+        rings.word(SIZE_LINE).store(SMALLEST_RING as u64, Ordering::Relaxed);
+        rings.word(NONCE_LINES[0]).store(u64::from_le_bytes(*b"12345678"), Ordering::Relaxed);
+        rings.word(NONCE_LINES[1]).store(u64::from_le_bytes(*b"abcdefgh"), Ordering::Relaxed);
+        rings.word(MAGIC_LINE).store(MAGIC, Ordering::Release);
+        // someone who saw the name but not the nonce
+        let why = offer(&path, *b"12345678abcdefgX").unwrap_err();
+        assert!(why.contains("nonce"), "{why}");
+        assert!(std::path::Path::new(&path).exists(), "a refused offer leaves the file alone");
+        // the maker's peer: taken, and the name removed
+        offer(&path, *b"12345678abcdefgh").unwrap();
+        assert!(!std::path::Path::new(&path).exists());
+        assert_eq!(rings.word(CLAIM_LINE).load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn a_second_claim_on_the_same_rings_is_refused() {
+        let (file, path) = create_file(HEADER_BYTES + 2 * SMALLEST_RING).unwrap();
+        let _gone = RemoveOnDrop(&path);
+        let rings = Rings { map: MmapOptions::new().map_raw(&file).unwrap(), cap: SMALLEST_RING };
+        rings.word(SIZE_LINE).store(SMALLEST_RING as u64, Ordering::Relaxed);
+        rings.word(CLAIM_LINE).store(1, Ordering::Relaxed);
+        rings.word(MAGIC_LINE).store(MAGIC, Ordering::Release);
+        let why = offer(&path, [0; 16]).unwrap_err();
+        assert!(why.contains("another connection"), "{why}");
+    }
+
+    #[test]
+    fn offers_of_other_files_are_refused_naming_them() {
+        for path in ["/etc/passwd", "/dev/shm/../etc/passwd", "/dev/shm/downpour-nothing-here"] {
+            let why = offer(path, [0; 16]).unwrap_err();
             assert!(why.contains(path), "{why}");
-            let mut answer = [0u8; 2];
-            sock.read_exact(&mut answer).unwrap();
-            assert_eq!(answer[0], 1, "refused");
         }
     }
 

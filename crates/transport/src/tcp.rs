@@ -39,7 +39,7 @@ impl TcpTransport {
     /// (`--transport shm`): addresses, listening and the token handshake as over TCP; every
     /// peer must use this transport too. `cfg.tls` is refused (there is no network to protect
     /// on one host; use framed TCP with TLS between hosts), as is a ring size that is not a
-    /// power of two from 4 KiB to 1 GiB.
+    /// power of two from 256 KiB ([`crate::shm::MIN_RING_BYTES`]) to 1 GiB.
     pub fn shm(cfg: NetConfig) -> Result<Self> {
         let bad = |reason: String| TransportError::Bind { addr: "shm transport".into(), reason };
         if cfg.tls.is_some() {
@@ -49,7 +49,7 @@ impl TcpTransport {
         }
         let r = cfg.shm_ring_bytes;
         if !r.is_power_of_two() || !(crate::shm::MIN_RING_BYTES..=crate::shm::MAX_RING_BYTES).contains(&r) {
-            return Err(bad(format!("shared-memory rings of {r} bytes: give a power of two from 4 KiB to 1 GiB")));
+            return Err(bad(format!("shared-memory rings of {r} bytes: give a power of two from 256 KiB to 1 GiB")));
         }
         Ok(TcpTransport { cfg, tls: None, shm: true })
     }
