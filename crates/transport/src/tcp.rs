@@ -345,11 +345,8 @@ impl Connection for TcpConnection {
     }
 
     fn recv_header(&mut self) -> Result<Option<FrameHeader>> {
-        if self.tls && self.accepted.as_ref().is_some_and(|a| a.handshake) {
-            self.tls_handshake()?;
-        }
-        if self.shm.as_ref().is_some_and(|l| !l.is_open()) {
-            self.shm_handshake()?;
+        if (self.tls && self.accepted.as_ref().is_some_and(|a| a.handshake)) || self.shm.as_ref().is_some_and(|l| !l.is_open()) {
+            self.carrier_handshake()?;
         }
         let h = self.read_header()?;
         match (h, &mut self.accepted) {
@@ -407,31 +404,16 @@ impl Drop for TcpConnection {
 }
 
 impl TcpConnection {
-    /// (Accepting side, TLS.) Runs the handshake under the handshake timeout; a failure
-    /// (no certificate, one the CA did not sign, a plaintext peer) is a logged refusal.
-    fn tls_handshake(&mut self) -> Result<()> {
-        let Half::Tls(t) = &self.writer else { return Ok(()) };
-        let r = t.lock().handshake();
-        if let Err(e) = r {
-            let why = format!("TLS handshake failed: {e}");
-            if let Some(acc) = &mut self.accepted {
-                acc.refusals.refused(&self.peer, &why);
-                acc.handshake = false;
-            }
-            return Err(TransportError::Refused { peer: self.peer.clone(), reason: why });
-        }
-        if self.accepted.as_ref().is_some_and(|a| a.auth.is_none()) {
-            // no token to wait for: back to the caller's timeout
-            self.sock.set_read_timeout(self.timeout).map_err(|e| self.io_err(e))?;
-        }
-        Ok(())
-    }
-
-    /// (Accepting side, shared memory.) Takes the peer's rings under the handshake timeout;
-    /// a failure (a plain TCP peer, a file that is not a ring of this user) is a logged refusal.
-    fn shm_handshake(&mut self) -> Result<()> {
-        let Some(link) = &self.shm else { return Ok(()) };
-        if let Err(why) = link.accept() {
+    /// (Accepting side.) Runs the TLS or the shared-memory handshake under the handshake
+    /// timeout; a failure (no certificate, one the CA did not sign, a plaintext peer; a plain
+    /// TCP peer at a shm node, a file that is not this connection's rings) is a logged refusal.
+    fn carrier_handshake(&mut self) -> Result<()> {
+        let r = match (&self.writer, &self.shm) {
+            (Half::Tls(t), _) => t.lock().handshake().map_err(|e| format!("TLS handshake failed: {e}")),
+            (_, Some(link)) if !link.is_open() => link.accept(),
+            _ => return Ok(()),
+        };
+        if let Err(why) = r {
             if let Some(acc) = &mut self.accepted {
                 acc.refusals.refused(&self.peer, &why);
                 acc.handshake = false;
