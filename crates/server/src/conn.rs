@@ -22,6 +22,10 @@ pub(crate) struct ConnCtx {
     pub(crate) vals: Vec<f32>,
     pub(crate) out: Vec<f32>,
     pub(crate) out_keys: Vec<u64>,
+    /// The longer buffers of `keys` and `vals`, kept aside while frames without that part come
+    /// ([`fit`]).
+    spare_keys: Vec<u64>,
+    spare_vals: Vec<f32>,
     pub(crate) cache: HashMap<u32, Arc<TableSlot>>,
     /// Chunks of the current push request dropped as late (reported with its ack).
     pub(crate) dropped: u32,
@@ -64,6 +68,8 @@ pub fn serve_connection(st: &ServerState, mut conn: Box<dyn Connection>) {
         vals: Vec::new(),
         out: Vec::new(),
         out_keys: Vec::new(),
+        spare_keys: Vec::new(),
+        spare_vals: Vec::new(),
         cache: HashMap::new(),
         dropped: 0,
         kbytes: Vec::new(),
@@ -112,15 +118,15 @@ pub fn serve_connection(st: &ServerState, mut conn: Box<dyn Connection>) {
                 break;
             }
         } else if h.keys_len + h.values_len > 0 {
-            ctx.keys.resize((h.keys_len / 8) as usize, 0);
-            ctx.vals.resize((h.values_len / 4) as usize, 0.0);
+            fit(&mut ctx.keys, &mut ctx.spare_keys, (h.keys_len / 8) as usize);
+            fit(&mut ctx.vals, &mut ctx.spare_vals, (h.values_len / 4) as usize);
             if let Err(e) = conn.recv_payload(key_bytes_mut(&mut ctx.keys), value_bytes_mut(&mut ctx.vals)) {
                 tracing::warn!("closing connection from {}: {e}", conn.peer());
                 break;
             }
         } else {
-            ctx.keys.clear();
-            ctx.vals.clear();
+            fit(&mut ctx.keys, &mut ctx.spare_keys, 0);
+            fit(&mut ctx.vals, &mut ctx.spare_vals, 0);
         }
         if skip.skips(h.request_id, h.last) {
             continue;
@@ -169,6 +175,18 @@ pub fn serve_connection(st: &ServerState, mut conn: Box<dyn Connection>) {
     }
 }
 
+/// Sizes `v` to `n` elements for a payload to be read into, zeroing only elements it never
+/// held. A frame without this part (`n == 0`: a pull after a push, whose values it does not
+/// carry) parks the longer of `v` and `spare` in `spare` instead of truncating it, and a
+/// longer frame takes it back: a 16 MiB push after every pull otherwise zeroed 16 MiB first
+/// (3 % of a co-located 2 + 2 benchmark's time). Frames of other sizes resize as before.
+fn fit<T: Copy + Default>(v: &mut Vec<T>, spare: &mut Vec<T>, n: usize) {
+    if (n == 0 && v.len() > spare.len()) || (n > v.len() && spare.len() > v.len()) {
+        std::mem::swap(v, spare);
+    }
+    v.resize(n, T::default());
+}
+
 /// A request's protobuf body (the frame header's `meta`), decoded; a malformed one is
 /// [`ServerError::BadMessage`] naming `what` it should have been.
 pub(crate) fn decode_meta<M: prost::Message + Default>(
@@ -185,4 +203,26 @@ pub(crate) fn lookup(st: &ServerState, ctx: &mut ConnCtx, id: u32) -> Result<Arc
     let t = st.tables.read().get(&id).cloned().ok_or(ServerError::UnknownTable(id))?;
     ctx.cache.insert(id, t.clone());
     Ok(t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fit;
+
+    #[test]
+    fn a_buffer_left_aside_for_an_empty_frame_comes_back_whole_with_its_contents() {
+        let (mut v, mut spare) = (vec![7u32; 1000], Vec::new());
+        fit(&mut v, &mut spare, 0);
+        assert!(v.is_empty());
+        assert_eq!(spare.len(), 1000);
+        // the next frame of that size finds the parked buffer: nothing zeroed, nothing lost
+        fit(&mut v, &mut spare, 1000);
+        assert_eq!(v, vec![7u32; 1000]);
+        // other sizes resize in place; grown elements start at zero
+        fit(&mut v, &mut spare, 10);
+        assert_eq!(v, vec![7u32; 10]);
+        fit(&mut v, &mut spare, 12);
+        assert_eq!(&v[10..], &[0, 0]);
+        assert_eq!(v.len(), 12);
+    }
 }

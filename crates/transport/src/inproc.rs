@@ -1,6 +1,7 @@
 //! In-process transport: frames travel over channels between threads of one process.
 //! Addresses look like `inproc://N`; `listen("inproc://0")` (or any `…:0`) picks a new one.
 
+use crate::spin::Spin;
 use crate::{Connection, Listener, Result, TrafficStats, Transport, TransportError};
 use downpour_core::proto::FrameHeader;
 use parking_lot::Mutex;
@@ -8,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender, TryRecvError};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 type Frame = (FrameHeader, Vec<u8>, Vec<u8>);
 
@@ -117,13 +118,12 @@ impl InProcConnection {
     /// and waking it takes a virtual machine tens of microseconds (its vCPU halted), longer
     /// than the next message of a pipeline usually takes to come.
     fn poll_briefly(&self) -> std::result::Result<Frame, TryRecvError> {
-        let start = Instant::now();
-        loop {
-            match self.rx.try_recv() {
-                Err(TryRecvError::Empty) if start.elapsed() < SPIN => std::hint::spin_loop(),
-                got => return got,
-            }
-        }
+        let spin = Spin { budget: SPIN, pauses: u32::MAX };
+        crate::spin::poll_for(spin, || match self.rx.try_recv() {
+            Err(TryRecvError::Empty) => None,
+            got => Some(got),
+        })
+        .unwrap_or(Err(TryRecvError::Empty))
     }
 }
 

@@ -29,6 +29,7 @@ pub mod http;
 pub mod inproc;
 pub mod security;
 pub mod shm;
+mod spin;
 pub mod tcp;
 mod tls;
 mod wait;

@@ -34,6 +34,7 @@
 //! peers are processes of one user, which trust each other as far as this: one that
 //! truncated the file under the other would kill it with `SIGBUS` (as it could with `kill`).
 
+use crate::spin::Spin;
 use memmap2::{MmapOptions, MmapRaw};
 use std::fs::{File, OpenOptions};
 use std::io::{self, IoSlice, Read, Write};
@@ -466,20 +467,12 @@ impl Link {
     /// (reads; writes wait as long as TCP's do).
     fn wait(&self, flag: &AtomicU64, timed: bool, ready: impl Fn() -> io::Result<bool>) -> io::Result<bool> {
         let start = Instant::now();
-        let mut polls = 0u32;
-        loop {
-            if ready()? {
-                return Ok(true);
-            }
-            if polls >= PAUSES && start.elapsed() >= SPIN {
-                break;
-            }
-            polls += 1;
-            if polls < PAUSES {
-                std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
-            }
+        let spin = Spin { budget: SPIN, pauses: PAUSES };
+        if let Some(r) = crate::spin::poll_for(spin, || match ready() {
+            Ok(false) => None,
+            r => Some(r),
+        }) {
+            return r;
         }
         let deadline = if timed { self.sock.read_timeout()?.map(|t| start + t) } else { None };
         loop {
