@@ -5,7 +5,7 @@
 
 use crate::security::{check_token, AuthToken, RefusalLog};
 use crate::shm::{Link, ShmStream};
-use crate::spin::Spin;
+use crate::spin::{self, Backoff};
 use crate::tls::{Half, TlsSetup};
 use crate::{ConnSlot, ConnSlots, Connection, Listener, NetConfig, Result, TrafficStats, Transport, TransportError};
 use downpour_core::codec::{self, FrameLimits};
@@ -190,8 +190,8 @@ pub struct TcpConnection {
     timeout: Option<Duration>,
     stats: TrafficStats,
     accepted: Option<Accepted>,
-    /// Waits for a frame left to go without polling first ([`SPIN_SKIPS`]).
-    spin_skips: u32,
+    /// Whether a wait for the next frame polls the socket first.
+    spin: Backoff,
 }
 
 impl TcpConnection {
@@ -231,7 +231,7 @@ impl TcpConnection {
             timeout: None,
             stats: Default::default(),
             accepted,
-            spin_skips: 0,
+            spin: Backoff::default(),
         })
     }
 
@@ -391,19 +391,6 @@ impl Connection for TcpConnection {
     }
 }
 
-/// How framed TCP polls its socket for the next frame before a read sleeps
-/// ([`crate::spin`]): long enough for a reply to a small request on a co-located or nearby
-/// peer (15–30 µs on loopback), yielding the core after the first few polls (each one a
-/// system call) to any other thread that wants it.
-const SOCKET_SPIN: Spin = Spin { budget: Duration::from_micros(50), pauses: 16 };
-
-/// After a poll that found nothing within its budget, the waits for a frame that go straight
-/// to the kernel before one polls again: a connection whose frames come further apart (a
-/// server between a worker's requests while the worker collects other servers' replies)
-/// stops polling, at a cost of one empty poll per this many frames; one whose replies come
-/// fast goes on polling.
-const SPIN_SKIPS: u32 = 2;
-
 /// Whether a read of `sock` would start now, asked with one non-blocking peek (no change to
 /// the socket's blocking mode): a byte, the peer's close (0) or an error other than "would
 /// block" all mean it would.
@@ -460,10 +447,8 @@ impl TcpConnection {
             // the kernel (the rings poll their own way, inside their reads) — unless a recent
             // poll came up empty: this peer's frames come further apart than that, and
             // polling would only take a core from the threads that are working.
-            if self.spin_skips > 0 {
-                self.spin_skips -= 1;
-            } else if crate::spin::poll_for(SOCKET_SPIN, || socket_readable(&self.sock).then_some(())).is_none() {
-                self.spin_skips = SPIN_SKIPS;
+            if self.spin.polls() && crate::spin::poll_for(spin::NETWORK, || socket_readable(&self.sock).then_some(())).is_none() {
+                self.spin.came_up_empty();
             }
         }
         let mut len = [0u8; 4];
