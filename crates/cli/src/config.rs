@@ -81,6 +81,11 @@ pub struct CommonArgs {
     /// connection, held while it lasts).
     #[arg(long, global = true, env = "DOWNPOUR_SHM_RING_KIB")]
     pub shm_ring_kib: Option<usize>,
+    /// Microseconds a read for the next frame polls before it sleeps (framed TCP; gRPC twice
+    /// as long), 0..=10000, 0: never. Default 50; `launch` and `bench` hand their children 0
+    /// when they start more servers and workers than this machine has cores.
+    #[arg(long, global = true, env = "DOWNPOUR_POLL_US")]
+    pub poll_us: Option<u64>,
     /// Keys in one request frame, at most (servers).
     #[arg(long, global = true, env = "DOWNPOUR_MAX_KEYS_PER_REQUEST")]
     pub max_keys_per_request: Option<usize>,
@@ -154,6 +159,7 @@ struct FileConfig {
     max_connections: Option<usize>,
     grpc_window_mib: Option<u32>,
     shm_ring_kib: Option<usize>,
+    poll_us: Option<u64>,
     max_keys_per_request: Option<usize>,
     max_value_len: Option<usize>,
     max_tables: Option<usize>,
@@ -268,6 +274,10 @@ impl CommonArgs {
             shm_ring_kib.is_power_of_two() && (256..=1 << 20).contains(&shm_ring_kib),
             "--shm-ring-kib must be a power of two from 256 to 1048576 (256 KiB to 1 GiB), got {shm_ring_kib}"
         );
+        let poll_us = self.poll_us.or(file.poll_us);
+        if let Some(p) = poll_us {
+            anyhow::ensure!(p <= 10_000, "--poll-us must be 0..=10000 (up to 10 ms; 0: never poll), got {p}");
+        }
         let limits = Limits {
             max_keys_per_request: self.max_keys_per_request.or(file.max_keys_per_request).unwrap_or(d.limits.max_keys_per_request),
             max_value_len: self.max_value_len.or(file.max_value_len).unwrap_or(d.limits.max_value_len),
@@ -328,6 +338,7 @@ impl CommonArgs {
             max_connections,
             grpc_window: grpc_window_mib << 20,
             shm_ring_bytes: shm_ring_kib << 10,
+            poll: poll_us.map(Duration::from_micros),
             limits,
             transport,
             chunk_bytes,
@@ -397,6 +408,23 @@ mod tests {
     }
 
     #[test]
+    fn the_poll_comes_from_its_flag_or_file_and_is_at_most_10_ms() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.toml");
+        std::fs::write(&p, "poll_us = 0\n").unwrap();
+        let s = CommonArgs { config: Some(p.clone()), ..Default::default() }.resolve().unwrap();
+        assert_eq!((s.poll, s.net_config().poll), (Some(Duration::ZERO), Duration::ZERO));
+        let s = CommonArgs { config: Some(p), poll_us: Some(80), ..Default::default() }.resolve().unwrap();
+        assert_eq!(s.net_config().poll, Duration::from_micros(80));
+        // not given: the default, which a launcher may still turn off for its children
+        let s = CommonArgs::default().resolve().unwrap();
+        assert_eq!((s.poll, s.net_config().poll), (None, downpour_transport::DEFAULT_POLL));
+        assert!(!s.to_child_args().iter().any(|a| a == "--poll-us"));
+        let e = CommonArgs { poll_us: Some(10_001), ..Default::default() }.resolve().unwrap_err().to_string();
+        assert!(e.contains("--poll-us") && e.contains("10001"), "{e}");
+    }
+
+    #[test]
     fn the_flags_a_launcher_hands_its_children_give_back_the_same_settings() {
         let dir = tempfile::tempdir().unwrap();
         let s = Settings {
@@ -404,6 +432,7 @@ mod tests {
             chunk_bytes: 1 << 16,
             grpc_window: 32 << 20,
             shm_ring_bytes: 256 << 10,
+            poll: Some(Duration::from_micros(120)),
             request_timeout: Duration::from_millis(2500),
             replication: 2,
             vnodes: 4,

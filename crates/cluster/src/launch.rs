@@ -178,7 +178,15 @@ pub fn launch_local(r: LocalRun<'_>) -> Result<()> {
     let dir = std::env::temp_dir().join(format!("downpour-launch-{}-{nonce}", std::process::id()));
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let addr_file: PathBuf = dir.join("coordinator.addr");
-    let common = r.settings.to_child_args();
+    let mut settings = r.settings.clone();
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    if settings.poll.is_none() && r.servers + r.workers > cores {
+        // more nodes than cores: a node that polls for its next frame takes a core another
+        // one needs (docs/benchmarks.md, "reads poll before they sleep")
+        tracing::debug!("{} servers and {} workers on {cores} cores: reads do not poll (--poll-us 0)", r.servers, r.workers);
+        settings.poll = Some(Duration::ZERO);
+    }
+    let common = settings.to_child_args();
     let mut procs: Vec<Proc> = Vec::new();
     let mut nodes = 0usize;
     // `again`: a process started again in place of a killed one keeps its certificate number

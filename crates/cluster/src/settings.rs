@@ -43,6 +43,11 @@ pub struct Settings {
     /// Bytes of each ring of a shared-memory connection ([`NetConfig::shm_ring_bytes`]): a
     /// power of two from 256 KiB to 1 GiB (children are handed it in KiB).
     pub shm_ring_bytes: usize,
+    /// How long a read for the next frame polls before it sleeps ([`NetConfig::poll`]);
+    /// `None`: the default ([`downpour_transport::DEFAULT_POLL`]), which a local launch
+    /// turns to zero for its children when it starts more servers and workers than the
+    /// machine has cores ([`crate::launch_local`]).
+    pub poll: Option<Duration>,
     /// Server limits.
     pub limits: Limits,
     /// Chain replication: copies of every key, ring points per server, shards per table.
@@ -82,6 +87,7 @@ impl Default for Settings {
             max_connections: 1024,
             grpc_window: downpour_transport::DEFAULT_GRPC_WINDOW,
             shm_ring_bytes: downpour_transport::shm::DEFAULT_RING_BYTES,
+            poll: None,
             limits: Limits { memory_quota_bytes: default_memory_quota(), ..Limits::default() },
             replication: 1,
             vnodes: DEFAULT_VNODES,
@@ -119,6 +125,7 @@ impl Settings {
             max_connections: self.max_connections,
             grpc_window: self.grpc_window,
             shm_ring_bytes: self.shm_ring_bytes,
+            poll: self.poll.unwrap_or(downpour_transport::DEFAULT_POLL),
             ..NetConfig::default()
         }
     }
@@ -181,6 +188,7 @@ impl Settings {
             };
             ["--checkpoint-dir".to_string(), c.dir.display().to_string(), "--checkpoint-every".to_string(), every]
         }))
+        .chain(s.poll.iter().flat_map(|p| ["--poll-us".to_string(), p.as_micros().to_string()]))
         .chain(s.resume.iter().flat_map(|p| ["--resume".to_string(), p.display().to_string()]))
         .chain(s.auth_token_file.iter().flat_map(|p| ["--auth-token-file".to_string(), p.display().to_string()]))
         .chain(s.tls.iter().flat_map(|(c, files)| {

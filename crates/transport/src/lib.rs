@@ -219,7 +219,16 @@ pub struct NetConfig {
     /// from 256 KiB to 1 GiB; [`shm::DEFAULT_RING_BYTES`]). The connecting side chooses; the
     /// file holds both rings, reserved in `/dev/shm` for as long as the connection lasts.
     pub shm_ring_bytes: usize,
+    /// How long a read for the next frame polls before it sleeps in the kernel (framed TCP;
+    /// gRPC polls twice as long; zero: never polls): waking a sleeping thread costs tens of
+    /// µs on small VMs, more than a reply to a small request takes. Polls back off on a
+    /// connection whose frames come further apart ([`DEFAULT_POLL`]).
+    pub poll: Duration,
 }
+
+/// [`NetConfig::poll`]'s default: long enough for the reply to a small request from a
+/// co-located or nearby peer (15–30 µs on loopback).
+pub const DEFAULT_POLL: Duration = Duration::from_micros(50);
 
 impl Default for NetConfig {
     fn default() -> Self {
@@ -231,6 +240,7 @@ impl Default for NetConfig {
             max_connections: 1024,
             handshake_timeout: security::HANDSHAKE_TIMEOUT,
             shm_ring_bytes: shm::DEFAULT_RING_BYTES,
+            poll: DEFAULT_POLL,
         }
     }
 }

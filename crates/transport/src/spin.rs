@@ -19,24 +19,32 @@ pub(crate) struct Spin {
 }
 
 /// How the network transports (framed TCP, gRPC) poll for the next frame before a read
-/// sleeps: long enough for the reply to a small request from a co-located or nearby peer
-/// (15–30 µs on loopback), yielding the core after the first few polls (each one a system
-/// call) to any other thread that wants it.
-pub(crate) const NETWORK: Spin = Spin { budget: Duration::from_micros(50), pauses: 16 };
+/// sleeps: for `budget` ([`crate::NetConfig::poll`]; zero: never), yielding the core after
+/// the first few polls (each one a system call) to any other thread that wants it.
+pub(crate) fn network(budget: Duration) -> Option<Spin> {
+    (!budget.is_zero()).then_some(Spin { budget, pauses: 16 })
+}
 
 /// After a poll that found nothing within its budget, the waits that go straight to sleep
-/// before one polls again ([`Backoff`]).
-const SKIPS: u32 = 2;
+/// before one polls again: [`FIRST_SKIPS`], doubled after each further empty poll up to
+/// [`MAX_SKIPS`] ([`Backoff`]).
+const FIRST_SKIPS: u32 = 2;
+/// The most waits a [`Backoff`] lets sleep at once between two polls.
+const MAX_SKIPS: u32 = 64;
 
-/// Polling that pauses after it came up empty: a connection whose frames come further apart
-/// than the budget (a server between a worker's requests while the worker collects other
-/// servers' replies) polls one wait in [`SKIPS`] + 1, and leaves the core to the threads
-/// that are working; one whose frames come fast polls every time. (On a 2-vCPU machine
-/// running 3 servers and 2 workers, polling every time cost replicated 1 MiB pushes 20 %;
+/// Polling that backs off while it comes up empty: a connection whose frames come further
+/// apart than the budget (a server between a worker's requests while the worker collects
+/// other servers' replies, a replica between forwarded pushes) soon polls one wait in 65 and
+/// leaves the core to the threads that are working; one whose frames come fast polls every
+/// time, and one poll that finds a frame starts over. (On a 2-vCPU machine running 3
+/// servers and 2 workers, polling every time cost replicated 1 MiB pushes 20 %;
 /// docs/benchmarks.md.)
 #[derive(Debug, Default)]
 pub(crate) struct Backoff {
+    /// Waits left to sleep at once.
     skips: u32,
+    /// How many the last empty poll let sleep (0: the last poll found a frame).
+    last: u32,
 }
 
 impl Backoff {
@@ -50,9 +58,16 @@ impl Backoff {
         }
     }
 
-    /// This wait's poll found nothing: the next [`SKIPS`] waits sleep at once.
+    /// This wait's poll found a frame: the next wait polls too.
+    pub(crate) fn found(&mut self) {
+        self.last = 0;
+    }
+
+    /// This wait's poll found nothing: the next waits sleep at once, twice as many as after
+    /// the last empty poll if no poll found a frame since.
     pub(crate) fn came_up_empty(&mut self) {
-        self.skips = SKIPS;
+        self.last = if self.last == 0 { FIRST_SKIPS } else { (self.last * 2).min(MAX_SKIPS) };
+        self.skips = self.last;
     }
 }
 
@@ -108,14 +123,25 @@ mod tests {
     }
 
     #[test]
-    fn after_an_empty_poll_the_next_waits_sleep_at_once_then_polling_resumes() {
+    fn empty_polls_back_off_twice_as_far_each_time_and_a_found_frame_starts_over() {
         let mut b = Backoff::default();
         assert!(b.polls() && b.polls(), "polls while its polls find frames");
-        b.came_up_empty();
-        for _ in 0..SKIPS {
-            assert!(!b.polls());
+        let slept = |b: &mut Backoff| {
+            b.came_up_empty();
+            let mut n = 0;
+            while !b.polls() {
+                n += 1;
+            }
+            n
+        };
+        assert_eq!(slept(&mut b), FIRST_SKIPS);
+        assert_eq!(slept(&mut b), 2 * FIRST_SKIPS);
+        for _ in 0..10 {
+            slept(&mut b);
         }
-        assert!(b.polls());
+        assert_eq!(slept(&mut b), MAX_SKIPS);
+        b.found();
+        assert_eq!(slept(&mut b), FIRST_SKIPS);
     }
 
     #[test]

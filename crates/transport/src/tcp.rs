@@ -5,7 +5,7 @@
 
 use crate::security::{check_token, AuthToken, RefusalLog};
 use crate::shm::{Link, ShmStream};
-use crate::spin::{self, Backoff};
+use crate::spin::{self, Backoff, Spin};
 use crate::tls::{Half, TlsSetup};
 use crate::{ConnSlot, ConnSlots, Connection, Listener, NetConfig, Result, TrafficStats, Transport, TransportError};
 use downpour_core::codec::{self, FrameLimits};
@@ -94,7 +94,8 @@ impl Transport for TcpTransport {
             }
             None => Carrier::Plain,
         };
-        let mut c = TcpConnection::new(stream, carrier, addr.to_string(), self.cfg.limits, None).map_err(|e| err(e.to_string()))?;
+        let mut c =
+            TcpConnection::new(stream, carrier, addr.to_string(), self.cfg.limits, self.cfg.poll, None).map_err(|e| err(e.to_string()))?;
         if let Some(token) = &self.cfg.auth {
             c.client_hello(token, timeout).map_err(err)?;
         }
@@ -113,6 +114,7 @@ impl Transport for TcpTransport {
             slots: ConnSlots::new(self.cfg.max_connections),
             refusals: RefusalLog::default(),
             handshake_timeout: self.cfg.handshake_timeout,
+            poll: self.cfg.poll,
         }))
     }
 }
@@ -127,6 +129,7 @@ struct TcpListenerBox {
     slots: ConnSlots,
     refusals: RefusalLog,
     handshake_timeout: Duration,
+    poll: Duration,
 }
 
 impl Listener for TcpListenerBox {
@@ -134,7 +137,7 @@ impl Listener for TcpListenerBox {
         self.local.clone()
     }
     fn accept(&mut self, timeout: Duration) -> Result<Option<Box<dyn Connection>>> {
-        let TcpListenerBox { l, local, tls, limits, auth, shm, slots, refusals, handshake_timeout } = self;
+        let TcpListenerBox { l, local, tls, limits, auth, shm, slots, refusals, handshake_timeout, poll } = self;
         crate::wait::accept_within(l, local, timeout, slots, refusals, |s, peer, slot| {
             let side = Accepted {
                 auth: auth.clone(),
@@ -157,7 +160,7 @@ impl Listener for TcpListenerBox {
                 None if *shm => Carrier::Shm(Arc::new(Link::pending(s.try_clone().ok()?))),
                 None => Carrier::Plain,
             };
-            let c: Box<dyn Connection> = Box::new(TcpConnection::new(s, carrier, peer.to_string(), *limits, Some(side)).ok()?);
+            let c: Box<dyn Connection> = Box::new(TcpConnection::new(s, carrier, peer.to_string(), *limits, *poll, Some(side)).ok()?);
             Some(c)
         })
     }
@@ -190,12 +193,21 @@ pub struct TcpConnection {
     timeout: Option<Duration>,
     stats: TrafficStats,
     accepted: Option<Accepted>,
-    /// Whether a wait for the next frame polls the socket first.
+    /// How a wait for the next frame polls the socket first, if it does ([`NetConfig::poll`]),
+    /// and whether this one does.
+    poll: Option<Spin>,
     spin: Backoff,
 }
 
 impl TcpConnection {
-    fn new(stream: TcpStream, carrier: Carrier, peer: String, limits: FrameLimits, accepted: Option<Accepted>) -> io::Result<Self> {
+    fn new(
+        stream: TcpStream,
+        carrier: Carrier,
+        peer: String,
+        limits: FrameLimits,
+        poll: Duration,
+        accepted: Option<Accepted>,
+    ) -> io::Result<Self> {
         stream.set_nonblocking(false)?;
         // Small frames must not wait for Nagle (44 ms stalls otherwise).
         stream.set_nodelay(true)?;
@@ -231,6 +243,7 @@ impl TcpConnection {
             timeout: None,
             stats: Default::default(),
             accepted,
+            poll: spin::network(poll),
             spin: Backoff::default(),
         })
     }
@@ -447,8 +460,11 @@ impl TcpConnection {
             // the kernel (the rings poll their own way, inside their reads) — unless a recent
             // poll came up empty: this peer's frames come further apart than that, and
             // polling would only take a core from the threads that are working.
-            if self.spin.polls() && crate::spin::poll_for(spin::NETWORK, || socket_readable(&self.sock).then_some(())).is_none() {
-                self.spin.came_up_empty();
+            if let Some(poll) = self.poll.filter(|_| self.spin.polls()) {
+                match crate::spin::poll_for(poll, || socket_readable(&self.sock).then_some(())) {
+                    Some(()) => self.spin.found(),
+                    None => self.spin.came_up_empty(),
+                }
             }
         }
         let mut len = [0u8; 4];

@@ -38,6 +38,8 @@ pub(super) struct Serving {
     pub(super) tls: Option<tokio_rustls::TlsAcceptor>,
     /// How long a peer has to open its stream ([`crate::NetConfig::handshake_timeout`]).
     pub(super) handshake_timeout: Duration,
+    /// How long a receive polls before it sleeps ([`crate::NetConfig::poll`]).
+    pub(super) poll: Duration,
 }
 
 /// A gRPC listener: a plain (non-blocking) TCP listener whose accepted sockets are served

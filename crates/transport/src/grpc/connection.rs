@@ -65,10 +65,6 @@ enum Outbound {
     Server(mpsc::Sender<std::result::Result<Frame, Status>>),
 }
 
-/// How a receive polls the stream before the runtime sleeps: [`spin::NETWORK`] for twice as
-/// long (a reply through HTTP/2 takes 40–60 µs on loopback, against framed TCP's 15–30).
-const GRPC_SPIN: spin::Spin = spin::Spin { budget: Duration::from_micros(100), ..spin::NETWORK };
-
 /// A gRPC connection (either side).
 pub(super) struct GrpcConnection {
     /// The connection's runtime; `None` only while being dropped.
@@ -90,7 +86,10 @@ pub(super) struct GrpcConnection {
     current: Option<Part>,
     /// Largest payload of a frame accepted (the transport's frame limit).
     max_payload: u64,
-    /// Whether a wait for the next message polls the stream first.
+    /// How a wait for the next message polls the stream first, if it does: for twice
+    /// [`crate::NetConfig::poll`] (a reply through HTTP/2 takes 40–60 µs on loopback, against
+    /// framed TCP's 15–30); and whether this one does.
+    poll: Option<spin::Spin>,
     spin: Backoff,
     /// What [`Connection::readable`] took off the stream, returned by the next receive.
     peeked: Option<std::result::Result<Option<Frame>, Status>>,
@@ -118,8 +117,10 @@ impl GrpcConnection {
         writes: Arc<Writes>,
         peer: String,
         max_payload: u64,
+        poll: Duration,
     ) -> GrpcConnection {
-        GrpcConnection::new(rt, Io::Open { tx: Outbound::Client(tx), inbound: Box::new(inbound) }, None, writes, peer, max_payload, None)
+        let io = Io::Open { tx: Outbound::Client(tx), inbound: Box::new(inbound) };
+        GrpcConnection::new(rt, io, None, writes, peer, (max_payload, poll), None)
     }
 
     /// The accepted side: `opened` brings the stream once the peer has opened it (within
@@ -133,7 +134,8 @@ impl GrpcConnection {
         serving: &Serving,
         slot: ConnSlot,
     ) -> GrpcConnection {
-        let mut c = GrpcConnection::new(rt, Io::Pending(opened), Some(close), writes, peer, serving.max_payload, Some(slot));
+        let mut c =
+            GrpcConnection::new(rt, Io::Pending(opened), Some(close), writes, peer, (serving.max_payload, serving.poll), Some(slot));
         c.handshake_by = Instant::now() + serving.handshake_timeout;
         c.handshake_timeout = serving.handshake_timeout;
         c
@@ -145,7 +147,7 @@ impl GrpcConnection {
         close: Option<oneshot::Sender<()>>,
         writes: Arc<Writes>,
         peer: String,
-        max_payload: u64,
+        (max_payload, poll): (u64, Duration),
         slot: Option<ConnSlot>,
     ) -> Self {
         GrpcConnection {
@@ -159,6 +161,7 @@ impl GrpcConnection {
             peer,
             current: None,
             max_payload,
+            poll: spin::network(poll * 2),
             spin: Backoff::default(),
             peeked: None,
             timeout: None,
@@ -257,7 +260,7 @@ impl GrpcConnection {
                 let left = self.timeout.map(|t| t.saturating_sub(started.elapsed()));
                 let Some(rt) = &self.rt else { return Err(self.closed()) };
                 let Io::Open { inbound, .. } = &mut self.io else { return Ok(None) };
-                if self.spin.polls() {
+                if let Some(poll) = self.poll.filter(|_| self.spin.polls()) {
                     // poll briefly before the runtime sleeps in epoll (`crate::spin`): each
                     // yield to the runtime lets it take what the socket holds, without blocking
                     let polled = rt.block_on(async {
@@ -267,18 +270,21 @@ impl GrpcConnection {
                             if let Poll::Ready(got) = std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut **inbound).poll_next(cx))).await {
                                 return Some(got.transpose());
                             }
-                            if start.elapsed() >= GRPC_SPIN.budget {
+                            if start.elapsed() >= poll.budget {
                                 return None;
                             }
                             polls += 1;
-                            if polls >= GRPC_SPIN.pauses {
+                            if polls >= poll.pauses {
                                 std::thread::yield_now();
                             }
                             tokio::task::yield_now().await;
                         }
                     });
                     match polled {
-                        Some(got) => return self.message_or_end(got),
+                        Some(got) => {
+                            self.spin.found();
+                            return self.message_or_end(got);
+                        }
                         None => self.spin.came_up_empty(),
                     }
                 }

@@ -130,7 +130,7 @@ impl Transport for GrpcTransport {
             })?;
             Ok::<_, TransportError>(resp.into_inner())
         })?;
-        Ok(Box::new(GrpcConnection::connected(rt, tx, inbound, writes, addr.to_string(), self.cfg.limits.max_payload_bytes)))
+        Ok(Box::new(GrpcConnection::connected(rt, tx, inbound, writes, addr.to_string(), self.cfg.limits.max_payload_bytes, self.cfg.poll)))
     }
 
     fn listen(&self, addr: &str) -> Result<Box<dyn Listener>> {
@@ -144,6 +144,7 @@ impl Transport for GrpcTransport {
             window: self.cfg.grpc_window,
             tls: self.tls.as_ref().map(|setup| tokio_rustls::TlsAcceptor::from(setup.h2_server())),
             handshake_timeout: self.cfg.handshake_timeout,
+            poll: self.cfg.poll,
         };
         Ok(Box::new(GrpcListener { l, local, serving: Arc::new(serving) }))
     }
