@@ -19,7 +19,9 @@
 //! (`/dev/shm/downpour-<pid>-<nanos>-<n>`, mode 0600, its pages reserved at once so a full
 //! `/dev/shm` is an error here, not a `SIGBUS` later), write a random 128-bit nonce into its
 //! header, map it, send its path and the nonce as the connection's first bytes, wait for the
-//! verdict, remove the name (the mapping lives on until both sides unmap it). The accepting
+//! verdict, remove the name (the mapping lives on until both sides unmap it); before making
+//! it, remove the names this user's dead processes left (a process killed before its peer
+//! answered: [`sweep_orphans`]). The accepting
 //! side ([`Link::accept`], in the connection's own thread on its first read) opens only a
 //! regular file under that prefix, owned by its own user and readable by no one else, checks
 //! the header's magic, sizes and nonce, claims it (a header word set once: no second
@@ -593,8 +595,35 @@ impl Drop for RemoveOnDrop<'_> {
     }
 }
 
+/// Removes the ring files of this user's processes that are gone: a process killed between
+/// making its file and its peer's answer cannot remove the name itself, and the file holds
+/// its rings' pages in `/dev/shm` until someone does. A file whose maker lives (or whose
+/// name does not parse) is left alone; failures are ignored (another node may be sweeping
+/// the same files). Called before each connection makes its own file.
+fn sweep_orphans() {
+    let Ok(dir) = std::fs::read_dir(DIR) else { return };
+    let me = std::process::id();
+    // SAFETY: geteuid has no preconditions and cannot fail
+    let uid = unsafe { libc::geteuid() };
+    for entry in dir.flatten() {
+        let name = entry.file_name();
+        let pid =
+            name.to_str().and_then(|n| n.strip_prefix(PREFIX)).and_then(|rest| rest.split('-').next()).and_then(|p| p.parse::<i32>().ok());
+        let Some(pid) = pid.filter(|&p| p > 0 && p as u32 != me) else { continue };
+        if !entry.metadata().is_ok_and(|m| m.is_file() && m.uid() == uid) {
+            continue;
+        }
+        // SAFETY: signal 0 sends nothing, it only asks whether the process exists
+        let gone = unsafe { libc::kill(pid, 0) } != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+        if gone {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
 /// A fresh ring file of `len` bytes under [`DIR`], its pages reserved; and its path.
 fn create_file(len: usize) -> Result<(File, String), String> {
+    sweep_orphans();
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
     let pid = std::process::id();
     for attempt in 0..16u32 {
@@ -813,6 +842,24 @@ mod tests {
         rings.word(MAGIC_LINE).store(MAGIC, Ordering::Release);
         let why = offer(&path, [0; 16]).unwrap_err();
         assert!(why.contains("another connection"), "{why}");
+    }
+
+    #[test]
+    fn a_ring_file_whose_maker_died_is_swept_and_a_live_makers_is_not() {
+        // a pid that no longer exists: a child that has exited and been waited for
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        let orphan = format!("{DIR}/{PREFIX}{dead}-1-0");
+        let mine = format!("{DIR}/{PREFIX}{}-1-0-test", std::process::id());
+        std::fs::write(&orphan, b"rings").unwrap();
+        std::fs::write(&mine, b"rings").unwrap();
+        sweep_orphans();
+        let (orphan_left, mine_left) = (std::path::Path::new(&orphan).exists(), std::path::Path::new(&mine).exists());
+        let _ = std::fs::remove_file(&orphan);
+        let _ = std::fs::remove_file(&mine);
+        assert!(!orphan_left, "{orphan} was left behind");
+        assert!(mine_left, "{mine} was swept while its maker lives");
     }
 
     #[test]
