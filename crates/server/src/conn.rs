@@ -22,9 +22,7 @@ pub(crate) struct ConnCtx {
     pub(crate) vals: Vec<f32>,
     pub(crate) out: Vec<f32>,
     pub(crate) out_keys: Vec<u64>,
-    /// The longer buffers of `keys` and `vals`, kept aside while frames without that part come
-    /// ([`fit`]).
-    spare_keys: Vec<u64>,
+    /// The longer buffer of `vals`, kept aside while frames without values come ([`fit`]).
     spare_vals: Vec<f32>,
     pub(crate) cache: HashMap<u32, Arc<TableSlot>>,
     /// Chunks of the current push request dropped as late (reported with its ack).
@@ -68,7 +66,6 @@ pub fn serve_connection(st: &ServerState, mut conn: Box<dyn Connection>) {
         vals: Vec::new(),
         out: Vec::new(),
         out_keys: Vec::new(),
-        spare_keys: Vec::new(),
         spare_vals: Vec::new(),
         cache: HashMap::new(),
         dropped: 0,
@@ -118,14 +115,14 @@ pub fn serve_connection(st: &ServerState, mut conn: Box<dyn Connection>) {
                 break;
             }
         } else if h.keys_len + h.values_len > 0 {
-            fit(&mut ctx.keys, &mut ctx.spare_keys, (h.keys_len / 8) as usize);
+            ctx.keys.resize((h.keys_len / 8) as usize, 0);
             fit(&mut ctx.vals, &mut ctx.spare_vals, (h.values_len / 4) as usize);
             if let Err(e) = conn.recv_payload(key_bytes_mut(&mut ctx.keys), value_bytes_mut(&mut ctx.vals)) {
                 tracing::warn!("closing connection from {}: {e}", conn.peer());
                 break;
             }
         } else {
-            fit(&mut ctx.keys, &mut ctx.spare_keys, 0);
+            ctx.keys.clear();
             fit(&mut ctx.vals, &mut ctx.spare_vals, 0);
         }
         if skip.skips(h.request_id, h.last) {
@@ -180,6 +177,8 @@ pub fn serve_connection(st: &ServerState, mut conn: Box<dyn Connection>) {
 /// carry) parks the longer of `v` and `spare` in `spare` instead of truncating it, and a
 /// longer frame takes it back: a 16 MiB push after every pull otherwise zeroed 16 MiB first
 /// (3 % of a co-located 2 + 2 benchmark's time). Frames of other sizes resize as before.
+/// Only the values use it: the keys of a ranged push are made by its handler (`gate`), which
+/// would grow a second buffer beside a parked one.
 fn fit<T: Copy + Default>(v: &mut Vec<T>, spare: &mut Vec<T>, n: usize) {
     if (n == 0 && v.len() > spare.len()) || (n > v.len() && spare.len() > v.len()) {
         std::mem::swap(v, spare);

@@ -597,9 +597,13 @@ impl Drop for RemoveOnDrop<'_> {
 
 /// Removes the ring files of this user's processes that are gone: a process killed between
 /// making its file and its peer's answer cannot remove the name itself, and the file holds
-/// its rings' pages in `/dev/shm` until someone does. A file whose maker lives (or whose
-/// name does not parse) is left alone; failures are ignored (another node may be sweeping
-/// the same files). Called before each connection makes its own file.
+/// its rings' pages in `/dev/shm` until someone does. Only files older than [`ORPHAN_AGE`]
+/// go: a name lives only during its connection's handshake, so an older one is left
+/// behind whoever made it — even a live process of another pid namespace that shares this
+/// `/dev/shm` (a container's `--ipc=host`), whose pids look gone from here. A file whose
+/// maker lives here (or whose name does not parse) is left alone; failures are ignored
+/// (another node may be sweeping the same files). Called before each connection makes its
+/// own file.
 fn sweep_orphans() {
     let Ok(dir) = std::fs::read_dir(DIR) else { return };
     let me = std::process::id();
@@ -610,7 +614,8 @@ fn sweep_orphans() {
         let pid =
             name.to_str().and_then(|n| n.strip_prefix(PREFIX)).and_then(|rest| rest.split('-').next()).and_then(|p| p.parse::<i32>().ok());
         let Some(pid) = pid.filter(|&p| p > 0 && p as u32 != me) else { continue };
-        if !entry.metadata().is_ok_and(|m| m.is_file() && m.uid() == uid) {
+        let old = |m: &std::fs::Metadata| m.modified().ok().and_then(|t| t.elapsed().ok()).is_some_and(|age| age > ORPHAN_AGE);
+        if !entry.metadata().is_ok_and(|m| m.is_file() && m.uid() == uid && old(&m)) {
             continue;
         }
         // SAFETY: signal 0 sends nothing, it only asks whether the process exists
@@ -620,6 +625,10 @@ fn sweep_orphans() {
         }
     }
 }
+
+/// How old a ring file must be before [`sweep_orphans`] may remove it: past any handshake
+/// (the transports' handshake and connect timeouts are 10 s by default).
+const ORPHAN_AGE: Duration = Duration::from_secs(120);
 
 /// A fresh ring file of `len` bytes under [`DIR`], its pages reserved; and its path.
 fn create_file(len: usize) -> Result<(File, String), String> {
@@ -845,20 +854,27 @@ mod tests {
     }
 
     #[test]
-    fn a_ring_file_whose_maker_died_is_swept_and_a_live_makers_is_not() {
+    fn an_old_ring_file_whose_maker_died_is_swept_and_a_fresh_or_live_makers_is_not() {
         // a pid that no longer exists: a child that has exited and been waited for
         let mut child = std::process::Command::new("true").spawn().unwrap();
         let dead = child.id();
         child.wait().unwrap();
         let orphan = format!("{DIR}/{PREFIX}{dead}-1-0");
+        let fresh = format!("{DIR}/{PREFIX}{dead}-2-0");
         let mine = format!("{DIR}/{PREFIX}{}-1-0-test", std::process::id());
-        std::fs::write(&orphan, b"rings").unwrap();
-        std::fs::write(&mine, b"rings").unwrap();
+        let long_ago = std::time::SystemTime::now() - 2 * ORPHAN_AGE;
+        for (path, made) in [(&orphan, long_ago), (&fresh, std::time::SystemTime::now()), (&mine, long_ago)] {
+            std::fs::write(path, b"rings").unwrap();
+            File::options().write(true).open(path).unwrap().set_modified(made).unwrap();
+        }
         sweep_orphans();
-        let (orphan_left, mine_left) = (std::path::Path::new(&orphan).exists(), std::path::Path::new(&mine).exists());
-        let _ = std::fs::remove_file(&orphan);
-        let _ = std::fs::remove_file(&mine);
+        let left = |p: &String| std::path::Path::new(p).exists();
+        let (orphan_left, fresh_left, mine_left) = (left(&orphan), left(&fresh), left(&mine));
+        for p in [&orphan, &fresh, &mine] {
+            let _ = std::fs::remove_file(p);
+        }
         assert!(!orphan_left, "{orphan} was left behind");
+        assert!(fresh_left, "{fresh} was swept during what may be its handshake (another pid namespace's)");
         assert!(mine_left, "{mine} was swept while its maker lives");
     }
 

@@ -161,7 +161,7 @@ impl GrpcConnection {
             peer,
             current: None,
             max_payload,
-            poll: spin::network(poll * 2),
+            poll: spin::network(poll.saturating_mul(2)),
             spin: Backoff::default(),
             peeked: None,
             timeout: None,
