@@ -71,6 +71,19 @@ impl Backoff {
         self.last = if self.last == 0 { FIRST_SKIPS } else { (self.last * 2).min(MAX_SKIPS) };
         self.skips = self.last;
     }
+
+    /// One wait's polling: [`poll_for`] with `spin` unless there is none (the transport does
+    /// not poll) or this wait is one of those that sleep at once; what it found, if anything,
+    /// and the backoff updated.
+    pub(crate) fn poll_for<R>(&mut self, spin: Option<Spin>, poll: impl FnMut() -> Option<R>) -> Option<R> {
+        let spin = spin.filter(|_| self.polls())?;
+        let got = poll_for(spin, poll);
+        match got {
+            Some(_) => self.found(),
+            None => self.came_up_empty(),
+        }
+        got
+    }
 }
 
 /// Polls `poll` until it gives `Some` (returned) or `spin.budget` has passed since the first

@@ -460,12 +460,8 @@ impl TcpConnection {
             // the kernel (the rings poll their own way, inside their reads) — unless a recent
             // poll came up empty: this peer's frames come further apart than that, and
             // polling would only take a core from the threads that are working.
-            if let Some(poll) = self.poll.filter(|_| self.spin.polls()) {
-                match crate::spin::poll_for(poll, || socket_readable(&self.sock).then_some(())) {
-                    Some(()) => self.spin.found(),
-                    None => self.spin.came_up_empty(),
-                }
-            }
+            let sock = &self.sock;
+            self.spin.poll_for(self.poll, || socket_readable(sock).then_some(()));
         }
         let mut len = [0u8; 4];
         // A clean close between frames is not an error (nor, on TLS, a close without the

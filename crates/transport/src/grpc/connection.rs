@@ -65,6 +65,11 @@ enum Outbound {
     Server(mpsc::Sender<std::result::Result<Frame, Status>>),
 }
 
+/// One look at the stream: its next message (or end) if one is there, without waiting.
+fn look(inbound: &mut Streaming<Frame>) -> impl Future<Output = Poll<std::result::Result<Option<Frame>, Status>>> + '_ {
+    std::future::poll_fn(move |cx| Poll::Ready(Pin::new(&mut *inbound).poll_next(cx).map(|got| got.transpose())))
+}
+
 /// A gRPC connection (either side).
 pub(super) struct GrpcConnection {
     /// The connection's runtime; `None` only while being dropped.
@@ -260,33 +265,23 @@ impl GrpcConnection {
                 let left = self.timeout.map(|t| t.saturating_sub(started.elapsed()));
                 let Some(rt) = &self.rt else { return Err(self.closed()) };
                 let Io::Open { inbound, .. } = &mut self.io else { return Ok(None) };
-                if let Some(poll) = self.poll.filter(|_| self.spin.polls()) {
-                    // poll briefly before the runtime sleeps in epoll (`crate::spin`): each
-                    // yield to the runtime lets it take what the socket holds, without blocking
-                    let polled = rt.block_on(async {
-                        let start = Instant::now();
-                        let mut polls = 0u32;
-                        loop {
-                            if let Poll::Ready(got) = std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut **inbound).poll_next(cx))).await {
-                                return Some(got.transpose());
-                            }
-                            if start.elapsed() >= poll.budget {
-                                return None;
-                            }
-                            polls += 1;
-                            if polls >= poll.pauses {
-                                std::thread::yield_now();
-                            }
-                            tokio::task::yield_now().await;
+                // poll briefly before the runtime sleeps in epoll (`crate::spin`): a yield to
+                // the runtime between two looks at the stream lets it take what the socket
+                // holds, without blocking
+                let polled = self.spin.poll_for(self.poll, || {
+                    rt.block_on(async {
+                        if let Poll::Ready(got) = look(inbound).await {
+                            return Some(got);
                         }
-                    });
-                    match polled {
-                        Some(got) => {
-                            self.spin.found();
-                            return self.message_or_end(got);
+                        tokio::task::yield_now().await;
+                        match look(inbound).await {
+                            Poll::Ready(got) => Some(got),
+                            Poll::Pending => None,
                         }
-                        None => self.spin.came_up_empty(),
-                    }
+                    })
+                });
+                if let Some(got) = polled {
+                    return self.message_or_end(got);
                 }
                 match left {
                     None => rt.block_on(inbound.message()),
