@@ -3,9 +3,9 @@
 //! microseconds (its vCPU halted, then woken by an interrupt through the hypervisor) on
 //! both sides of every hand-off — longer than the next frame of a request–reply exchange
 //! usually takes to come. The in-process channels, the shared-memory rings and framed TCP's
-//! socket each poll their own way ([`Spin`]) through this one loop; gRPC's receive, which
-//! polls inside its runtime, takes its [`Spin`] from [`network`] too; both network
-//! transports back off ([`Backoff`]) on connections whose polls come up empty.
+//! socket, and gRPC's stream (each poll a look at it and a turn of its runtime), each poll
+//! their own way ([`Spin`]) through this one loop; the two network transports back off
+//! ([`Backoff::poll_for`]) on connections whose polls come up empty.
 
 use std::time::{Duration, Instant};
 
