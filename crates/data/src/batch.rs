@@ -44,15 +44,18 @@ impl Batch {
         };
         b.offsets.push(0);
         let mut pairs: Vec<(u64, u32)> = Vec::with_capacity(total);
+        // the bits in which the keys differ, gathered as the pairs are made
+        let (mut or, mut and) = (0u64, u64::MAX);
         for e in examples {
             b.labels.push(e.label);
             for (k, v) in e.keys.iter().zip(&e.values) {
                 pairs.push((*k, b.values.len() as u32));
                 b.values.push(*v);
+                (or, and) = (or | k, and & k);
             }
             b.offsets.push(b.values.len());
         }
-        sort_pairs(&mut pairs);
+        sort_pairs(&mut pairs, or ^ and);
         b.keys.reserve(pairs.len());
         for (k, pos) in pairs {
             if b.keys.last() != Some(&k) {
@@ -78,26 +81,28 @@ impl Batch {
 /// sort more than [`INSERTION_BUDGET`] moves a pair, and are sorted by comparison instead.
 /// Two passes with no branch on the data, where an MSD pass and an insertion sort per
 /// bucket of four mispredicted about once a pair.
-fn sort_pairs(pairs: &mut Vec<(u64, u32)>) {
+fn sort_pairs(pairs: &mut Vec<(u64, u32)>, varying: u64) {
     let n = pairs.len();
     if n < 64 {
         pairs.sort_by_key(|p| p.0);
         return;
     }
-    let (or, and) = pairs.iter().fold((0u64, u64::MAX), |(o, a), p| (o | p.0, a & p.0));
-    let varying = or ^ and;
+    debug_assert_eq!(varying, varying_bits(pairs));
     if varying == 0 {
         return;
     }
     let top = 64 - varying.leading_zeros();
     let low = top.saturating_sub(16);
     let mut other = vec![(0u64, 0u32); n];
-    for shift in [low, low + 8] {
+    // both passes' digit counts in one read of the pairs
+    let mut starts = [[0u32; 256]; 2];
+    for p in pairs.iter() {
+        starts[0][((p.0 >> low) & 0xff) as usize] += 1;
+        starts[1][((p.0 >> (low + 8)) & 0xff) as usize] += 1;
+    }
+    for (pass, shift) in [low, low + 8].into_iter().enumerate() {
         let digit = |k: u64| ((k >> shift) & 0xff) as usize;
-        let mut start = [0u32; 256];
-        for p in pairs.iter() {
-            start[digit(p.0)] += 1;
-        }
+        let start = &mut starts[pass];
         let mut sum = 0;
         for c in start.iter_mut() {
             (*c, sum) = (sum, sum + *c);
@@ -125,6 +130,12 @@ fn sort_pairs(pairs: &mut Vec<(u64, u32)>) {
     }
 }
 
+/// The bits in which the pairs' keys differ (those set in some keys and clear in others).
+fn varying_bits(pairs: &[(u64, u32)]) -> u64 {
+    let (or, and) = pairs.iter().fold((0u64, u64::MAX), |(o, a), p| (o | p.0, a & p.0));
+    or ^ and
+}
+
 /// Moves a pair that [`sort_pairs`]' insertion sort may take on average before it gives up.
 const INSERTION_BUDGET: usize = 4;
 
@@ -146,7 +157,8 @@ mod tests {
             }, p)).collect();
             let mut expect = v.clone();
             expect.sort_by_key(|p| p.0);
-            sort_pairs(&mut v);
+            let varying = varying_bits(&v);
+            sort_pairs(&mut v, varying);
             prop_assert_eq!(v, expect);
         }
 
