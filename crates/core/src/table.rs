@@ -537,7 +537,18 @@ impl Table {
         Ok(())
     }
 
-    fn check_range(&self, begin: u64, values: usize) -> Result<KeyRange> {
+    /// Whether a range push ([`Table::push_range`]) may be applied as consecutive pieces,
+    /// each a range push of its own (whole rows of `value_len` values), with the result of
+    /// one push of the whole range: a dense table under a built-in rule, which updates each
+    /// row from that row's values only (a custom rule sees the slice it is given).
+    pub fn pieces_apply_alike(&self) -> bool {
+        self.def.is_dense() && !matches!(self.rule, Rule::Custom(..))
+    }
+
+    /// The keys a range push of `values` values starting at key `begin` would reach, or why
+    /// [`Table::push_range`] would refuse it (not whole rows, or keys outside the owned
+    /// range); checks only.
+    pub fn check_range(&self, begin: u64, values: usize) -> Result<KeyRange> {
         if !values.is_multiple_of(self.vl) {
             return Err(CoreError::LengthMismatch {
                 keys: values / self.vl,

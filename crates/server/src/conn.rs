@@ -27,6 +27,12 @@ pub(crate) struct ConnCtx {
     pub(crate) cache: HashMap<u32, Arc<TableSlot>>,
     /// Chunks of the current push request dropped as late (reported with its ack).
     pub(crate) dropped: u32,
+    /// Values of the current frame (a range push) left in the connection's shared-memory
+    /// ring, counted in f32s: its handler takes them in pieces ([`crate::ops::pieces`]) or
+    /// whole ([`take_values`]). None for every other frame.
+    pub(crate) values_pending: Option<usize>,
+    /// The buffer those pieces pass through (one piece, sized once).
+    pub(crate) piece: Vec<f32>,
     /// Raw payload of a filtered frame, decoded once its table is known.
     pub(crate) kbytes: Vec<u8>,
     pub(crate) vbytes: Vec<u8>,
@@ -69,6 +75,8 @@ pub fn serve_connection(st: &ServerState, mut conn: Box<dyn Connection>) {
         spare_vals: Vec::new(),
         cache: HashMap::new(),
         dropped: 0,
+        values_pending: None,
+        piece: Vec::new(),
         kbytes: Vec::new(),
         vbytes: Vec::new(),
         pipes: HashMap::new(),
@@ -106,7 +114,27 @@ pub fn serve_connection(st: &ServerState, mut conn: Box<dyn Connection>) {
             }
             continue;
         }
-        if h.encoding.is_some() {
+        ctx.values_pending = None;
+        // A range push whose values are whole in the shared-memory ring already stays there
+        // for its handler to apply piece by piece (`payload_here` waits for the last byte):
+        // the values are not written out to a buffer the size of the push and read back.
+        let in_ring = h.encoding.is_none()
+            && h.keys_len == 0
+            && h.values_len > 0
+            && h.values_len.is_multiple_of(4)
+            && h.op == Op::PushRange as u32
+            && match conn.payload_here() {
+                Ok(here) => here,
+                Err(e) => {
+                    tracing::warn!("closing connection from {}: {e}", conn.peer());
+                    break;
+                }
+            };
+        if in_ring {
+            ctx.keys.clear();
+            fit(&mut ctx.vals, &mut ctx.spare_vals, 0);
+            ctx.values_pending = usize::try_from(h.values_len / 4).ok();
+        } else if h.encoding.is_some() {
             // A filtered payload: raw bytes now, decoded by the table's filters.
             ctx.kbytes.resize(h.keys_len as usize, 0);
             ctx.vbytes.resize(h.values_len as usize, 0);
@@ -184,6 +212,14 @@ fn fit<T: Copy + Default>(v: &mut Vec<T>, spare: &mut Vec<T>, n: usize) {
         std::mem::swap(v, spare);
     }
     v.resize(n, T::default());
+}
+
+/// Reads the values a frame left in the connection's ring ([`ConnCtx::values_pending`]) into
+/// `ctx.vals`, for a handler that takes them whole; nothing when none were left.
+pub(crate) fn take_values(ctx: &mut ConnCtx, conn: &mut dyn Connection) -> Result<(), downpour_transport::TransportError> {
+    let Some(n) = ctx.values_pending.take() else { return Ok(()) };
+    fit(&mut ctx.vals, &mut ctx.spare_vals, n);
+    conn.recv_payload(&mut [], value_bytes_mut(&mut ctx.vals))
 }
 
 /// A request's protobuf body (the frame header's `meta`), decoded; a malformed one is

@@ -2,12 +2,13 @@
 //! then each op, inline or through its handler in `ops`, `gate`, `repl` or `checkpoint`.
 
 use crate::checkpoint::write_checkpoint_part;
-use crate::conn::{lookup, ConnCtx, ReqResult};
+use crate::conn::{lookup, take_values, ConnCtx, ReqResult};
 use crate::error::ServerError;
 use crate::gate::{buffer_push, wait_for_clocks};
 use crate::ops::changes::changes;
 use crate::ops::feed::feed;
 use crate::ops::filtered::decode_filtered;
+use crate::ops::pieces::push_range_in_pieces;
 use crate::ops::pull::pull_range;
 use crate::ops::table::{account_table, check_quota, create_table};
 use crate::ops::vecprog::run_vec_program;
@@ -92,10 +93,20 @@ pub(crate) fn handle_frame(
                 Ok(s) => s,
                 Err(e) => return Ok(Err(e)),
             };
+            // Values left in the connection's ring are taken in pieces by the plain range
+            // push below; every other path takes them whole first.
+            let plain = op == Op::PushRange && slot.repl.is_none() && slot.gate.as_ref().is_none_or(|g| !g.rounds) && !h.completes;
+            if !plain {
+                take_values(ctx, conn)?;
+            }
             if let Err(e) = decode_filtered(st, h, &slot, ctx) {
                 return Ok(Err(e));
             }
-            let n = if op == Op::PushRange { ctx.vals.len() / slot.spec.value_len.max(1) as usize } else { ctx.keys.len() };
+            let n = if op == Op::PushRange {
+                (ctx.vals.len() + ctx.values_pending.unwrap_or(0)) / slot.spec.value_len.max(1) as usize
+            } else {
+                ctx.keys.len()
+            };
             slot.traffic.count(op, n, h.last);
             if h.completes && (slot.repl.is_some() || slot.gate.as_ref().is_none_or(|g| g.rounds)) {
                 return Ok(Err(ServerError::Unsupported(format!(
@@ -132,8 +143,18 @@ pub(crate) fn handle_frame(
                             Err(e) => Err(e),
                         }
                     } else {
-                        t.set_feed_writer(h.sender);
-                        t.push_range(h.range_begin, &ctx.vals).map(|_| ()).map_err(ServerError::Core)
+                        match ctx.values_pending.take() {
+                            Some(n) if t.pieces_apply_alike() => push_range_in_pieces(&mut t, h, n, ctx, conn)?,
+                            pending => {
+                                if pending.is_some() {
+                                    // in memory already: no wait on the peer under the lock
+                                    ctx.values_pending = pending;
+                                    take_values(ctx, conn)?;
+                                }
+                                t.set_feed_writer(h.sender);
+                                t.push_range(h.range_begin, &ctx.vals).map(|_| ()).map_err(ServerError::Core)
+                            }
+                        }
                     }
                 }
             };

@@ -131,6 +131,26 @@ pub trait Connection: Send {
     fn recv_header(&mut self) -> Result<Option<FrameHeader>>;
     /// Receives the payloads the last header announced.
     fn recv_payload(&mut self, keys: &mut [u8], values: &mut [u8]) -> Result<()>;
+    /// Whether the last header's payload (values only: a frame with keys answers false) is
+    /// whole in memory that this process reads without waiting on the peer, so that it can
+    /// be taken in pieces ([`Connection::recv_values_piece`]) under a lock that must not wait
+    /// on a peer. Waits for it as a receive does where the transport can tell (shared-memory
+    /// rings: until the writer's last byte of the frame is in the ring); answers false at
+    /// once where it cannot (the default) or where the payload is more than the ring holds.
+    /// Consumes nothing: after false, the payload is received as usual.
+    fn payload_here(&mut self) -> Result<bool> {
+        Ok(false)
+    }
+    /// Receives the next `values.len()` bytes of the last header's values, after
+    /// [`Connection::payload_here`] said true (the pieces add up to the payload, each a
+    /// whole number of f32). Fails on a transport that never says true (the default).
+    fn recv_values_piece(&mut self, values: &mut [u8]) -> Result<()> {
+        let _ = values;
+        Err(TransportError::Io {
+            peer: self.peer().to_string(),
+            source: std::io::Error::other("this transport does not hand out payloads in pieces"),
+        })
+    }
     /// Bounds how long a receive may wait (`None`: forever).
     fn set_recv_timeout(&mut self, timeout: Option<Duration>) -> Result<()>;
     /// Whether [`Connection::recv_header`] would start without waiting: part of a frame,
@@ -451,6 +471,51 @@ mod tests {
     #[test]
     fn shm_large_frames_arrive_whole_and_a_skipped_one_is_drained() {
         large_frames_arrive_whole_and_a_skipped_one_is_drained(&small_rings(), "127.0.0.1:0");
+    }
+
+    /// A frame of values that fits the ring is handed out in pieces once its last byte is
+    /// there (the sender still writing when the receiver first asks); a frame with keys, or
+    /// larger than the ring, is not, and arrives whole as usual; a piece past the frame's
+    /// end is refused. Over framed TCP nothing is handed out in pieces.
+    #[test]
+    fn shm_hands_out_a_frame_of_values_in_pieces_once_it_is_whole_in_the_ring() {
+        let pattern = |n: usize, seed: u8| (0..n).map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed)).collect::<Vec<u8>>();
+        let rings = tcp::TcpTransport::shm(NetConfig { shm_ring_bytes: 1 << 20, ..NetConfig::default() }).unwrap();
+        let plain = tcp::TcpTransport::new(NetConfig::default()).unwrap();
+        // (keys, values, handed out in pieces over the rings?)
+        let frames = [(0, 4 * 200_001, true), (8 * 10, 4 * 1000, false), (0, 4 << 20, false), (0, 4 * 3, true)];
+        for (t, rings) in [(&rings, true), (&plain, false)] {
+            let mut l = t.listen("127.0.0.1:0").unwrap();
+            let local = l.local_addr();
+            std::thread::scope(|sc| {
+                let rx = sc.spawn(|| {
+                    let mut s = l.accept(Duration::from_secs(5)).unwrap().unwrap();
+                    for (i, &(k, v, pieces)) in frames.iter().enumerate() {
+                        let h = s.recv_header().unwrap().unwrap();
+                        assert_eq!((h.keys_len, h.values_len), (k as u64, v as u64));
+                        assert_eq!(s.payload_here().unwrap(), pieces && rings, "frame {i}");
+                        let mut vb = vec![0u8; v];
+                        if pieces && rings {
+                            for part in vb.chunks_mut(4 * 7919) {
+                                s.recv_values_piece(part).unwrap();
+                            }
+                            assert!(s.recv_values_piece(&mut [0; 4]).is_err(), "a piece past the frame's end");
+                        } else {
+                            let mut kb = vec![0u8; k];
+                            s.recv_payload(&mut kb, &mut vb).unwrap();
+                            assert_eq!(kb, pattern(k, i as u8));
+                        }
+                        assert!(vb == pattern(v, 50 + i as u8), "frame {i}'s values");
+                    }
+                });
+                let mut c = t.connect(&local, Duration::from_secs(5)).unwrap();
+                for (i, &(k, v, _)) in frames.iter().enumerate() {
+                    let mut h = msg::request(Op::PushRange, 1, i as u64, 0, 1);
+                    c.send(&mut h, &pattern(k, i as u8), &pattern(v, 50 + i as u8)).unwrap();
+                }
+                rx.join().unwrap();
+            });
+        }
     }
 
     #[test]

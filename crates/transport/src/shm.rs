@@ -465,9 +465,11 @@ impl Link {
     }
 
     /// Waits until `ready()`: true then; false when the peer closed first. `flag` is this
-    /// side's sleep flag for the wait; `timed`: whether the socket's read timeout bounds it
-    /// (reads; writes wait as long as TCP's do).
-    fn wait(&self, flag: &AtomicU64, timed: bool, ready: impl Fn() -> io::Result<bool>) -> io::Result<bool> {
+    /// side's sleep flag for the wait, set to `raise` while it sleeps (1: wake me at the
+    /// peer's next move; a reader's flag may instead hold the ring position it waits for,
+    /// [`Link::wake_reader`]); `timed`: whether the socket's read timeout bounds it (reads;
+    /// writes wait as long as TCP's do).
+    fn wait(&self, flag: &AtomicU64, raise: u64, timed: bool, ready: impl Fn() -> io::Result<bool>) -> io::Result<bool> {
         let start = Instant::now();
         let spin = Spin { budget: SPIN, pauses: PAUSES };
         if let Some(r) = crate::spin::poll_for(spin, || match ready() {
@@ -478,7 +480,7 @@ impl Link {
         }
         let deadline = if timed { self.sock.read_timeout()?.map(|t| start + t) } else { None };
         loop {
-            flag.store(1, Ordering::SeqCst);
+            flag.store(raise, Ordering::SeqCst);
             fence(Ordering::SeqCst);
             let now = ready();
             if !matches!(now, Ok(false)) {
@@ -497,6 +499,20 @@ impl Link {
                 }
             }
         }
+    }
+
+    /// Wakes the reader sleeping on `flag`, if it sleeps, once the ring's written end `tail`
+    /// (just published) has reached what it waits for: the flag holds that position (1 for
+    /// any byte: every position after a write is at least 1). A reader waiting for a whole
+    /// frame ([`Link::wait_filled`]) then sleeps through the writer's steps until the last.
+    /// `Err` only when the peer is gone.
+    fn wake_reader(&self, flag: &AtomicU64, tail: u64) -> io::Result<()> {
+        fence(Ordering::SeqCst);
+        let want = flag.load(Ordering::Relaxed);
+        if want == 0 || tail < want {
+            return Ok(());
+        }
+        self.wake(flag)
     }
 
     /// Wakes the peer if it sleeps on `flag`; `Err` only when the peer is gone.
@@ -522,6 +538,25 @@ impl Link {
         }
     }
 
+    /// Waits, as a read does (the socket's read timeout bounds it), until `n` bytes are in
+    /// the ring to read: true then, without reading any; false at once when `n` is more than
+    /// the ring holds, or when the peer closed first. The writer's doorbell comes once, when
+    /// its last step brings the ring to `n` ([`Link::wake_reader`]).
+    pub(crate) fn wait_filled(&self, n: usize) -> io::Result<bool> {
+        let r = self.rings()?;
+        if n > r.cap {
+            return Ok(false);
+        }
+        let ends = r.ends(self.rx());
+        let head = self.read_pos.load(Ordering::Relaxed);
+        if ends.filled(head)? >= n {
+            return Ok(true);
+        }
+        // the position the reader waits for (a ring position after this many bytes; never 0)
+        let want = head.wrapping_add(n as u64).max(1);
+        self.wait(ends.reader_sleeps, want, true, || Ok(ends.filled(head)? >= n))
+    }
+
     fn read_into(&self, buf: &mut [u8]) -> io::Result<usize> {
         if buf.is_empty() {
             return Ok(0);
@@ -531,7 +566,7 @@ impl Link {
         let head = self.read_pos.load(Ordering::Relaxed);
         let mut filled = ends.filled(head)?;
         if filled == 0 {
-            if !self.wait(ends.reader_sleeps, true, || Ok(ends.filled(head)? > 0))? {
+            if !self.wait(ends.reader_sleeps, 1, true, || Ok(ends.filled(head)? > 0))? {
                 return Ok(0);
             }
             filled = ends.filled(head)?;
@@ -560,7 +595,7 @@ impl Link {
         let tail = self.write_pos.load(Ordering::Relaxed);
         let mut room = ends.room(tail)?;
         if room == 0 {
-            if !self.wait(ends.writer_sleeps, false, || Ok(ends.room(tail)? > 0))? {
+            if !self.wait(ends.writer_sleeps, 1, false, || Ok(ends.room(tail)? > 0))? {
                 return Err(io::ErrorKind::BrokenPipe.into());
             }
             room = ends.room(tail)?;
@@ -576,7 +611,7 @@ impl Link {
                 b = &b[step..];
                 self.write_pos.store(pos, Ordering::Relaxed);
                 ends.tail.store(pos, Ordering::Release);
-                self.wake(ends.reader_sleeps)?;
+                self.wake_reader(ends.reader_sleeps, pos)?;
             }
             if room == 0 {
                 break;

@@ -379,6 +379,28 @@ impl Connection for TcpConnection {
         self.read_payload(keys, values)
     }
 
+    fn payload_here(&mut self) -> Result<bool> {
+        let (Some((0, v)), Some(link)) = (self.pending, self.shm.as_ref().filter(|l| l.is_open())) else { return Ok(false) };
+        // what the read-ahead buffer holds of it already, and the rest, in the ring
+        let buffered = (self.reader.buffer().len() as u64).min(v);
+        let Ok(rest) = usize::try_from(v - buffered) else { return Ok(false) };
+        link.wait_filled(rest).map_err(|e| self.io_err(e))
+    }
+
+    fn recv_values_piece(&mut self, values: &mut [u8]) -> Result<()> {
+        let n = values.len() as u64;
+        match self.pending {
+            Some((0, v)) if n <= v => {
+                self.pending = (v > n).then_some((0, v - n));
+                self.reader.read_exact(values).map_err(|e| self.io_err(e))
+            }
+            _ => Err(TransportError::Protocol {
+                peer: self.peer.clone(),
+                source: downpour_wire::WireError::Malformed(format!("a piece of {n} bytes beyond the frame's values")),
+            }),
+        }
+    }
+
     fn set_recv_timeout(&mut self, timeout: Option<Duration>) -> Result<()> {
         self.timeout = timeout;
         self.sock.set_read_timeout(timeout).map_err(|e| TransportError::Io { peer: self.peer.clone(), source: e })

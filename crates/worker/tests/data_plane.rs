@@ -198,6 +198,50 @@ fn dense_tensors_span_servers_and_round_trip() {
     }
 }
 
+/// A range push whose values wait whole in a shared-memory ring is applied from it piece by
+/// piece; one larger than the ring, or over another transport, is read whole first. Under
+/// stateful rules and rows of several values, every way gives the same model, bit for bit.
+#[test]
+fn dense_range_pushes_give_the_same_model_applied_from_the_ring_in_pieces_or_read_whole() {
+    let shm = |ring| network_transport(TransportKind::Shm, NetConfig { shm_ring_bytes: ring, ..NetConfig::default() }).unwrap();
+    let ways: Vec<(&str, Arc<dyn Transport>)> = vec![
+        ("inproc", Arc::new(InProcTransport::new())),
+        ("tcp", network_transport(TransportKind::Tcp, NetConfig::default()).unwrap()),
+        // 1 MiB chunks in a 4 MiB ring: in pieces; in a 256 KiB ring: whole
+        ("shm, pieces", shm(4 << 20)),
+        ("shm, whole", shm(256 << 10)),
+    ];
+    // (rule, value length, rows): 300,000 rows of one value are nine 128 KiB pieces
+    let cases = [("adagrad", 1usize, 300_000u64), ("ftrl", 1, 70_001), ("bpg", 3, 100_003), ("add", 1, 5)];
+    let mut models: Vec<Vec<Vec<f32>>> = Vec::new();
+    for (name, t) in &ways {
+        let mut c = cluster(t.as_ref(), 2, 1 << 20);
+        let mut got = Vec::new();
+        for (id, &(rule, vl, rows)) in cases.iter().enumerate() {
+            let id = 20 + id as u32;
+            let mut def = table(id, vl, Storage::Dense(KeyRange::new(0, rows)), rule);
+            def.rule.l1 = 0.01;
+            c.kv.create_table(def).unwrap();
+            let n = rows as usize * vl;
+            for round in 0..2 {
+                let g: Vec<f32> = (0..n).map(|i| ((i * 7 + round * 3) % 11) as f32 * 0.25 - 1.0).collect();
+                let ts = c.kv.push_range(id, 0, &g).unwrap();
+                c.kv.wait(ts).unwrap();
+            }
+            let mut w = vec![0f32; n];
+            c.kv.pull_range_into(id, 0, &mut w).unwrap();
+            assert!(w.iter().any(|&x| x != 0.0), "{name}: {rule} moved the model");
+            got.push(w);
+        }
+        models.push(got);
+    }
+    for (i, (name, _)) in ways.iter().enumerate().skip(1) {
+        for (j, &(rule, _, _)) in cases.iter().enumerate() {
+            assert!(models[i][j] == models[0][j], "{name}: {rule}'s model differs from in-process");
+        }
+    }
+}
+
 #[test]
 fn invalid_requests_fail_with_clear_errors_and_servers_keep_serving() {
     for (name, t) in transports() {
