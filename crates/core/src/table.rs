@@ -810,6 +810,54 @@ impl Table {
         Ok(r)
     }
 
+    /// [`Table::push_range`] of `values` values from key `begin` that arrive in pieces: the
+    /// whole range is checked first (a refusal is the inner `Err`, before any piece is
+    /// asked for), the change log and the update feed hear of the whole range once, as from
+    /// `push_range`, then `fill` is asked for the values piece by piece into `piece` (whole
+    /// rows of `value_len` values, at most `piece.len()` values each, in order), and each
+    /// piece is applied by the rule as it comes. An `Err` from `fill` (the outer `Err`)
+    /// stops there, the pieces before it applied. The result equals one `push_range` of the
+    /// whole range. Precondition: [`Table::pieces_apply_alike`] (refused otherwise) and
+    /// `piece` holds at least one row.
+    pub fn push_range_pieces<E>(
+        &mut self,
+        begin: u64,
+        values: usize,
+        piece: &mut [f32],
+        mut fill: impl FnMut(&mut [f32]) -> std::result::Result<(), E>,
+    ) -> std::result::Result<Result<KeyRange>, E> {
+        let r = match self.check_range(begin, values) {
+            Ok(r) => r,
+            Err(e) => return Ok(Err(e)),
+        };
+        let (vl, sl) = (self.vl, self.sl);
+        let per = piece.len() / vl * vl;
+        if !self.pieces_apply_alike() || per == 0 {
+            return Ok(Err(CoreError::InvalidTable(format!(
+                "table {}: a range push in pieces needs a dense table under a built-in rule and a piece of a row at least",
+                self.def.id
+            ))));
+        }
+        self.note_write(true);
+        let writer = self.feed_writer.take();
+        if let Some(f) = self.feed.as_mut() {
+            f.wrote_range(r.begin, r.end, writer);
+        }
+        let Store::Dense(d) = &mut self.store else { return Ok(Ok(r)) };
+        let first = (r.begin - d.range.begin) as usize;
+        let mut done = 0;
+        while done < values {
+            let m = (values - done).min(per);
+            let piece = &mut piece[..m];
+            fill(piece)?;
+            let a = first + done / vl;
+            let b = a + m / vl;
+            self.rule.apply(&mut d.w[a * vl..b * vl], &mut d.s[a * sl..b * sl], piece);
+            done += m;
+        }
+        Ok(Ok(r))
+    }
+
     /// The stored values of `range` of a dense table, for sending without a copy.
     /// Fails for sparse tables or a range outside [`Table::owned`].
     pub fn dense_values(&self, range: KeyRange) -> Result<&[f32]> {

@@ -130,6 +130,11 @@ pub(crate) fn handle_frame(
                 Some(g) => buffer_push(st, &slot, g, h, op, ctx),
                 None if h.completes => complete_range(st, &slot, h, op, ctx),
                 None => {
+                    if ctx.values_pending.is_some() && !slot.table.read().pieces_apply_alike() {
+                        // values left in the ring for a table that takes them whole: out of
+                        // the ring before the lock
+                        take_values(ctx, conn)?;
+                    }
                     let mut t = slot.table.write();
                     if op == Op::Push {
                         match check_quota(st, &t, &ctx.keys) {
@@ -144,10 +149,17 @@ pub(crate) fn handle_frame(
                         }
                     } else {
                         match ctx.values_pending.take() {
-                            Some(n) if t.pieces_apply_alike() => push_range_in_pieces(&mut t, h, n, ctx, conn)?,
+                            Some(n) if t.pieces_apply_alike() => {
+                                let r = push_range_in_pieces(&mut t, h, n, ctx, conn)?;
+                                if r.is_ok() {
+                                    slot.traffic.ring_pushes.fetch_add(1, Ordering::Relaxed);
+                                }
+                                r
+                            }
                             pending => {
                                 if pending.is_some() {
-                                    // in memory already: no wait on the peer under the lock
+                                    // (the table changed between the two locks) in memory
+                                    // already: no wait on the peer under the lock
                                     ctx.values_pending = pending;
                                     take_values(ctx, conn)?;
                                 }

@@ -148,6 +148,11 @@ pub fn render(st: &ServerState) -> String {
     let passes = counter(&mut reg, "table_eviction_passes", "Eviction passes made");
     let filtered = counter(&mut reg, "table_filter_bytes", "Bytes through each filter, decoded and on the wire");
     let rounds = counter(&mut reg, "table_rounds_applied", "Synchronous (bsp) rounds applied");
+    let from_ring = counter(
+        &mut reg,
+        "table_push_frames_from_ring",
+        "Range push frames applied straight from a shared-memory ring, in pieces (--transport shm)",
+    );
     reg.register(
         "request_seconds",
         "Time to handle a request frame, by op (a large request is several frames; includes waits for consistency)",
@@ -185,6 +190,7 @@ pub fn render(st: &ServerState) -> String {
                 passes.get_or_create(&t).inc_by(e.passes);
             }
         }
+        from_ring.get_or_create(&t).inc_by(slot.traffic.ring_pushes.load(Ordering::Relaxed));
         for (i, op) in ["push", "pull", "peek"].iter().enumerate() {
             requests.get_or_create(&with("op", op)).inc_by(slot.traffic.requests[i].load(Ordering::Relaxed));
             keys.get_or_create(&with("op", op)).inc_by(slot.traffic.keys[i].load(Ordering::Relaxed));

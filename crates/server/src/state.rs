@@ -40,6 +40,9 @@ pub(crate) struct TableSlot {
 pub(crate) struct Traffic {
     pub(crate) requests: [AtomicU64; 3],
     pub(crate) keys: [AtomicU64; 3],
+    /// Range push frames applied straight from a shared-memory ring, in pieces
+    /// (`ops::pieces`).
+    pub(crate) ring_pushes: AtomicU64,
 }
 
 impl Traffic {

@@ -207,6 +207,16 @@ impl Connection for FaultyConnection {
         self.inner.recv_payload(keys, values)
     }
 
+    fn payload_here(&mut self) -> Result<bool> {
+        self.check_cut()?;
+        self.inner.payload_here()
+    }
+
+    fn recv_values_piece(&mut self, values: &mut [u8]) -> Result<()> {
+        self.check_cut()?;
+        self.inner.recv_values_piece(values)
+    }
+
     fn set_recv_timeout(&mut self, timeout: Option<Duration>) -> Result<()> {
         self.inner.set_recv_timeout(timeout)
     }

@@ -509,7 +509,8 @@ impl Link {
     fn wake_reader(&self, flag: &AtomicU64, tail: u64) -> io::Result<()> {
         fence(Ordering::SeqCst);
         let want = flag.load(Ordering::Relaxed);
-        if want == 0 || tail < want {
+        // (positions compared as a wrapping distance)
+        if want == 0 || (tail.wrapping_sub(want) as i64) < 0 {
             return Ok(());
         }
         self.wake(flag)
@@ -783,6 +784,38 @@ mod tests {
             assert!(got == sent, "every byte arrives, in order");
             drop(w.join().unwrap());
         });
+    }
+
+    /// A reader waiting for a whole frame sleeps with the position it waits for in its
+    /// flag: the writer's steps before it ring no doorbell (the flag stays raised), its last
+    /// byte does, and the reader then finds the frame whole, nothing of it read yet.
+    #[test]
+    fn a_reader_waiting_for_a_whole_frame_is_woken_by_its_last_byte_only() {
+        let (mut c, mut s) = pair(1 << 20);
+        let n = 600_000;
+        let data = pattern(n, 3);
+        std::thread::scope(|sc| {
+            let link = s.0.clone();
+            let reader = sc.spawn(move || link.wait_filled(n).unwrap());
+            // the connecting side writes ring 0, which the accepting side reads
+            let writer = c.0.clone();
+            let flag = writer.rings().unwrap().ends(0).reader_sleeps;
+            let t0 = Instant::now();
+            while flag.load(Ordering::SeqCst) != n as u64 {
+                assert!(t0.elapsed() < Duration::from_secs(10), "the reader never slept waiting for the frame's end");
+                std::thread::yield_now();
+            }
+            c.write_all(&data[..n - 1]).unwrap();
+            assert_eq!(flag.load(Ordering::SeqCst), n as u64, "no doorbell before the frame's last byte");
+            assert!(!reader.is_finished());
+            c.write_all(&data[n - 1..]).unwrap();
+            assert!(reader.join().unwrap(), "the frame is whole");
+        });
+        let mut got = vec![0u8; n];
+        s.read_exact(&mut got).unwrap();
+        assert!(got == data);
+        // more than a ring is never waited for
+        assert!(!s.0.wait_filled((1 << 20) + 1).unwrap());
     }
 
     #[test]

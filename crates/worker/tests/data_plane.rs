@@ -211,7 +211,8 @@ fn dense_range_pushes_give_the_same_model_applied_from_the_ring_in_pieces_or_rea
         ("shm, pieces", shm(4 << 20)),
         ("shm, whole", shm(256 << 10)),
     ];
-    // (rule, value length, rows): 300,000 rows of one value are nine 128 KiB pieces
+    // (rule, value length, rows): 300,000 rows of one value are 600 KB a server, five 128
+    // KiB pieces over the large ring, more than the small ring holds
     let cases = [("adagrad", 1usize, 300_000u64), ("ftrl", 1, 70_001), ("bpg", 3, 100_003), ("add", 1, 5)];
     let mut models: Vec<Vec<Vec<f32>>> = Vec::new();
     for (name, t) in &ways {
@@ -233,6 +234,16 @@ fn dense_range_pushes_give_the_same_model_applied_from_the_ring_in_pieces_or_rea
             assert!(w.iter().any(|&x| x != 0.0), "{name}: {rule} moved the model");
             got.push(w);
         }
+        // the frames taken from the ring in pieces, as the servers count them
+        let from_ring: f64 = c
+            .servers
+            .iter()
+            .flat_map(|s| downpour_server::render_metrics(&s.state).lines().map(str::to_string).collect::<Vec<_>>())
+            .filter(|l| l.starts_with("downpour_table_push_frames_from_ring_total{"))
+            .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
+            .sum();
+        // (over the small ring, the small tables' frames fit and the large ones do not)
+        assert_eq!(from_ring > 0.0, name.starts_with("shm"), "{name}: {from_ring} frames from the ring");
         models.push(got);
     }
     for (i, (name, _)) in ways.iter().enumerate().skip(1) {

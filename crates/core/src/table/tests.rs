@@ -169,6 +169,55 @@ fn invalid_requests_are_errors_not_panics() {
     );
 }
 
+/// A range push given in pieces leaves the table as one push of the whole range does: the
+/// values under every built-in rule (rows of 1, 2 and 3 values, with and without state,
+/// pieces that end mid-table), and what the update feed tells a reader; a range outside
+/// the table is refused before any piece is asked for.
+#[test]
+fn a_range_push_in_pieces_leaves_the_table_as_one_push_of_the_whole_range() {
+    let reg = RuleRegistry::new();
+    for (rule, vl) in [("add", 1), ("sgd", 1), ("adagrad", 2), ("ftrl", 1), ("bpg", 3), ("ftrl-norm", 2), ("adagrad-norm", 2)] {
+        let rows = 1000u64;
+        let make = || {
+            let mut d = def(Some(KeyRange::new(0, rows)), vl, rule);
+            d.rule.l1 = 0.01;
+            Table::new(d, KeyRange::FULL, &reg).unwrap()
+        };
+        let (mut whole, mut pieces) = (make(), make());
+        let mut keys = Vec::new();
+        let (start_w, _) = whole.feed_since(None, None, &mut keys);
+        let (start_p, _) = pieces.feed_since(None, None, &mut keys);
+        let n = 700 * vl;
+        for round in 0..2 {
+            let g: Vec<f32> = (0..n).map(|i| ((i * 7 + round * 5) % 13) as f32 * 0.2 - 1.2).collect();
+            whole.push_range(100, &g).unwrap();
+            // pieces of 64 rows: the last one shorter
+            let mut buf = vec![0f32; 64 * vl];
+            let mut at = 0;
+            let r = pieces.push_range_pieces(100, n, &mut buf, |p: &mut [f32]| -> std::result::Result<(), ()> {
+                p.copy_from_slice(&g[at..at + p.len()]);
+                at += p.len();
+                Ok(())
+            });
+            assert_eq!(r, Ok(Ok(KeyRange::new(100, 800))), "{rule}");
+            assert_eq!(at, n, "{rule}: every value asked for");
+        }
+        let all = KeyRange::new(0, rows);
+        assert_eq!(whole.dense_values(all).unwrap(), pieces.dense_values(all).unwrap(), "{rule}");
+        let (mut kw, mut kp) = (Vec::new(), Vec::new());
+        let (_, rw) = whole.feed_since(Some(start_w), None, &mut kw);
+        let (_, rp) = pieces.feed_since(Some(start_p), None, &mut kp);
+        assert_eq!((rw, &kw), (rp, &kp), "{rule}: the feed");
+        // refused whole, nothing asked for
+        let mut asked = false;
+        let r = pieces.push_range_pieces(900, 200 * vl, &mut vec![0f32; 64 * vl], |_: &mut [f32]| -> std::result::Result<(), ()> {
+            asked = true;
+            Ok(())
+        });
+        assert!(matches!(r, Ok(Err(_))) && !asked, "{rule}: a range past the table's end");
+    }
+}
+
 #[test]
 fn dense_range_push_and_pull() {
     let mut t = Table::new(def(Some(KeyRange::new(100, 110)), 2, "add"), KeyRange::new(104, 200), &RuleRegistry::new()).unwrap();

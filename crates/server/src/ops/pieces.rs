@@ -2,9 +2,8 @@
 //! (`--transport shm`): the connection loop leaves a range push's values in the ring when
 //! they are whole there already ([`downpour_transport::Connection::payload_here`]), and the
 //! push's handler copies them out one piece at a time into a buffer that stays in cache,
-//! applying each piece as it comes. A 16 MiB push otherwise went out to a buffer of its own
-//! size and back in before its rule read it: a third of a co-located server's memory
-//! traffic for a push.
+//! applying each piece as it comes. A push chunk (2 MiB by default) otherwise went out to a
+//! buffer of its own size and back in before its rule read it.
 
 use crate::conn::ConnCtx;
 use crate::error::ServerError;
@@ -18,11 +17,12 @@ use downpour_transport::{value_bytes_mut, Connection, TransportError};
 const PIECE_VALUES: usize = 32 << 10;
 
 /// Applies a range push of `n` values (`h.range_begin` on) that wait in `conn`'s ring,
-/// under the table's lock `t`. Preconditions: [`Table::pieces_apply_alike`], and `conn`
-/// said the payload is here. The whole range is checked first, so no piece is refused after
-/// another was applied; a transport error between two pieces (the ring's shared positions
-/// found corrupt: the peer process broke the mapping) leaves the pieces before it applied,
-/// and closes the connection.
+/// under the table's lock `t` ([`Table::push_range_pieces`]: the whole range checked first,
+/// so no piece is refused after another was applied). Preconditions:
+/// [`Table::pieces_apply_alike`], and `conn` said the payload is here, so no piece waits on
+/// the peer. A transport error between two pieces (the ring's shared positions found
+/// corrupt: the peer process broke the mapping) leaves the pieces before it applied, and
+/// closes the connection.
 pub(crate) fn push_range_in_pieces(
     t: &mut Table,
     h: &FrameHeader,
@@ -30,26 +30,10 @@ pub(crate) fn push_range_in_pieces(
     ctx: &mut ConnCtx,
     conn: &mut dyn Connection,
 ) -> Result<Result<(), ServerError>, TransportError> {
-    if let Err(e) = t.check_range(h.range_begin, n) {
-        return Ok(Err(ServerError::Core(e)));
+    if ctx.piece.len() < PIECE_VALUES {
+        ctx.piece.resize(PIECE_VALUES, 0.0);
     }
-    let vl = t.def().value_len.max(1);
-    // whole rows a piece
-    let per_piece = (PIECE_VALUES / vl).max(1) * vl;
-    if ctx.piece.len() < per_piece.min(n) {
-        ctx.piece.resize(per_piece.min(n), 0.0);
-    }
-    let mut done = 0;
-    while done < n {
-        let m = (n - done).min(per_piece);
-        let piece = &mut ctx.piece[..m];
-        conn.recv_values_piece(value_bytes_mut(piece))?;
-        t.set_feed_writer(h.sender);
-        if let Err(e) = t.push_range(h.range_begin + (done / vl) as u64, piece) {
-            // (checked above: not reached)
-            return Ok(Err(ServerError::Core(e)));
-        }
-        done += m;
-    }
-    Ok(Ok(()))
+    t.set_feed_writer(h.sender);
+    let applied = t.push_range_pieces(h.range_begin, n, &mut ctx.piece, |piece| conn.recv_values_piece(value_bytes_mut(piece)))?;
+    Ok(applied.map(|_| ()).map_err(ServerError::Core))
 }
