@@ -115,9 +115,10 @@ pub fn serve_connection(st: &ServerState, mut conn: Box<dyn Connection>) {
             continue;
         }
         ctx.values_pending = None;
-        // A range push whose values are whole in the shared-memory ring already stays there
-        // for its handler to apply piece by piece (`payload_here` waits for the last byte):
-        // the values are not written out to a buffer the size of the push and read back.
+        // A range push's values stay in the shared-memory ring, once they are whole there
+        // (`payload_here` waits for the frame's last byte; false for a frame larger than the
+        // ring, or another transport), for its handler to apply piece by piece: the values
+        // are not written out to a buffer the size of the push and read back.
         let in_ring = h.encoding.is_none()
             && h.keys_len == 0
             && h.values_len > 0

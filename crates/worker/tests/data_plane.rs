@@ -212,8 +212,19 @@ fn dense_range_pushes_give_the_same_model_applied_from_the_ring_in_pieces_or_rea
         ("shm, whole", shm(256 << 10)),
     ];
     // (rule, value length, rows): 300,000 rows of one value are 600 KB a server, five 128
-    // KiB pieces over the large ring, more than the small ring holds
-    let cases = [("adagrad", 1usize, 300_000u64), ("ftrl", 1, 70_001), ("bpg", 3, 100_003), ("add", 1, 5)];
+    // KiB pieces over the large ring, more than the small ring holds; 5 rows fit both rings;
+    // rows of 40,000 values are longer than a piece (a piece is then one row)
+    let cases = [("adagrad", 1usize, 300_000u64), ("ftrl", 1, 70_001), ("bpg", 3, 100_003), ("add", 1, 5), ("sgd", 40_000, 4)];
+    // whether each way takes a case's frames from the ring in pieces (None: some frames fit
+    // the small ring, some do not)
+    let expect_from_ring = |way: &str, case: usize| match (way, cases[case].0) {
+        ("shm, pieces", _) => Some(true),
+        // one 600 KB frame a server, more than the small ring
+        ("shm, whole", "adagrad") => Some(false),
+        ("shm, whole", "add") => Some(true),
+        ("shm, whole", _) => None,
+        _ => Some(false),
+    };
     let mut models: Vec<Vec<Vec<f32>>> = Vec::new();
     for (name, t) in &ways {
         let mut c = cluster(t.as_ref(), 2, 1 << 20);
@@ -234,16 +245,20 @@ fn dense_range_pushes_give_the_same_model_applied_from_the_ring_in_pieces_or_rea
             assert!(w.iter().any(|&x| x != 0.0), "{name}: {rule} moved the model");
             got.push(w);
         }
-        // the frames taken from the ring in pieces, as the servers count them
-        let from_ring: f64 = c
-            .servers
-            .iter()
-            .flat_map(|s| downpour_server::render_metrics(&s.state).lines().map(str::to_string).collect::<Vec<_>>())
-            .filter(|l| l.starts_with("downpour_table_push_frames_from_ring_total{"))
-            .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
-            .sum();
-        // (over the small ring, the small tables' frames fit and the large ones do not)
-        assert_eq!(from_ring > 0.0, name.starts_with("shm"), "{name}: {from_ring} frames from the ring");
+        // the frames each table's servers took from the ring in pieces, as they count them
+        let metrics: Vec<String> = c.servers.iter().map(|s| downpour_server::render_metrics(&s.state)).collect();
+        for case in 0..cases.len() {
+            let label = format!("downpour_table_push_frames_from_ring_total{{table=\"{}\"", 20 + case);
+            let from_ring: f64 = metrics
+                .iter()
+                .flat_map(|m| m.lines())
+                .filter(|l| l.starts_with(&label))
+                .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
+                .sum();
+            if let Some(expect) = expect_from_ring(name, case) {
+                assert_eq!(from_ring > 0.0, expect, "{name}: {}: {from_ring} frames from the ring", cases[case].0);
+            }
+        }
         models.push(got);
     }
     for (i, (name, _)) in ways.iter().enumerate().skip(1) {

@@ -176,7 +176,18 @@ fn invalid_requests_are_errors_not_panics() {
 #[test]
 fn a_range_push_in_pieces_leaves_the_table_as_one_push_of_the_whole_range() {
     let reg = RuleRegistry::new();
-    for (rule, vl) in [("add", 1), ("sgd", 1), ("adagrad", 2), ("ftrl", 1), ("bpg", 3), ("ftrl-norm", 2), ("adagrad-norm", 2)] {
+    for (rule, vl) in [
+        ("assign", 1),
+        ("add", 1),
+        ("sgd", 1),
+        ("momentum", 2),
+        ("adagrad", 2),
+        ("adam", 1),
+        ("ftrl", 1),
+        ("bpg", 3),
+        ("ftrl-norm", 2),
+        ("adagrad-norm", 2),
+    ] {
         let rows = 1000u64;
         let make = || {
             let mut d = def(Some(KeyRange::new(0, rows)), vl, rule);
