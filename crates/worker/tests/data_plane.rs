@@ -217,7 +217,7 @@ fn dense_range_pushes_give_the_same_model_applied_from_the_ring_in_pieces_or_rea
     let cases = [("adagrad", 1usize, 300_000u64), ("ftrl", 1, 70_001), ("bpg", 3, 100_003), ("add", 1, 5), ("sgd", 40_000, 4)];
     // whether each way takes a case's frames from the ring in pieces (None: some frames fit
     // the small ring, some do not)
-    let expect_from_ring = |way: &str, case: usize| match (way, cases[case].0) {
+    let expect_from_ring = |way: &str, rule: &str| match (way, rule) {
         ("shm, pieces", _) => Some(true),
         // one 600 KB frame a server, more than the small ring
         ("shm, whole", "adagrad") => Some(false),
@@ -247,7 +247,7 @@ fn dense_range_pushes_give_the_same_model_applied_from_the_ring_in_pieces_or_rea
         }
         // the frames each table's servers took from the ring in pieces, as they count them
         let metrics: Vec<String> = c.servers.iter().map(|s| downpour_server::render_metrics(&s.state)).collect();
-        for case in 0..cases.len() {
+        for (case, &(rule, _, _)) in cases.iter().enumerate() {
             let label = format!("downpour_table_push_frames_from_ring_total{{table=\"{}\"", 20 + case);
             let from_ring: f64 = metrics
                 .iter()
@@ -255,8 +255,8 @@ fn dense_range_pushes_give_the_same_model_applied_from_the_ring_in_pieces_or_rea
                 .filter(|l| l.starts_with(&label))
                 .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
                 .sum();
-            if let Some(expect) = expect_from_ring(name, case) {
-                assert_eq!(from_ring > 0.0, expect, "{name}: {}: {from_ring} frames from the ring", cases[case].0);
+            if let Some(expect) = expect_from_ring(name, rule) {
+                assert_eq!(from_ring > 0.0, expect, "{name}: {rule}: {from_ring} frames from the ring");
             }
         }
         models.push(got);
