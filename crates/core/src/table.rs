@@ -537,6 +537,16 @@ impl Table {
         Ok(())
     }
 
+    /// Tells the change log and the update feed (naming the feed writer) that a dense range
+    /// push writes every key of `r`.
+    fn note_range_write(&mut self, r: KeyRange) {
+        self.note_write(true);
+        let writer = self.feed_writer.take();
+        if let Some(f) = self.feed.as_mut() {
+            f.wrote_range(r.begin, r.end, writer);
+        }
+    }
+
     /// Whether a range push ([`Table::push_range`]) may be applied as consecutive pieces,
     /// each a range push of its own (whole rows of `value_len` values), with the result of
     /// one push of the whole range: a dense table under a built-in rule, which updates each
@@ -780,11 +790,7 @@ impl Table {
         let r = self.check_range(begin, values.len())?;
         let (vl, sl) = (self.vl, self.sl);
         if self.def.is_dense() {
-            self.note_write(true);
-            let writer = self.feed_writer.take();
-            if let Some(f) = self.feed.as_mut() {
-                f.wrote_range(r.begin, r.end, writer);
-            }
+            self.note_range_write(r);
         }
         match &mut self.store {
             Store::Dense(d) => {
@@ -838,11 +844,7 @@ impl Table {
                 self.def.id
             ))));
         }
-        self.note_write(true);
-        let writer = self.feed_writer.take();
-        if let Some(f) = self.feed.as_mut() {
-            f.wrote_range(r.begin, r.end, writer);
-        }
+        self.note_range_write(r);
         let Store::Dense(d) = &mut self.store else { return Ok(Ok(r)) };
         let first = (r.begin - d.range.begin) as usize;
         let mut done = 0;

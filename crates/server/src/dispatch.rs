@@ -148,21 +148,17 @@ pub(crate) fn handle_frame(
                             Err(e) => Err(e),
                         }
                     } else {
+                        // values still in the ring here are a table's that takes them in
+                        // pieces (a table's storage and rule never change)
                         match ctx.values_pending.take() {
-                            Some(n) if t.pieces_apply_alike() => {
+                            Some(n) => {
                                 let r = push_range_in_pieces(&mut t, h, n, ctx, conn)?;
                                 if r.is_ok() {
                                     slot.traffic.ring_pushes.fetch_add(1, Ordering::Relaxed);
                                 }
                                 r
                             }
-                            pending => {
-                                if pending.is_some() {
-                                    // (the table changed between the two locks) in memory
-                                    // already: no wait on the peer under the lock
-                                    ctx.values_pending = pending;
-                                    take_values(ctx, conn)?;
-                                }
+                            None => {
                                 t.set_feed_writer(h.sender);
                                 t.push_range(h.range_begin, &ctx.vals).map(|_| ()).map_err(ServerError::Core)
                             }
