@@ -77,6 +77,29 @@ fn minibatches(c: &mut Criterion, name: &str, def: TableDef, big: &[u64], n: u64
     let mut out = vec![0f32; 2300 * len];
     g.bench_function("push", |b| b.iter(|| reqs.iter().for_each(|k| t.push(k, &v[..k.len() * len]).unwrap())));
     g.bench_function("pull", |b| b.iter(|| reqs.iter().for_each(|k| t.pull(k, &mut out[..k.len() * len]).unwrap())));
+    // as a server meets a worker's minibatches: the pull of minibatch r + 1 comes before the
+    // push of minibatch r (whose keys it pulled a minibatch earlier)
+    g.bench_function("pull_next_then_push", |b| {
+        b.iter(|| {
+            for r in 0..reqs.len() - 1 {
+                t.pull(&reqs[r + 1], &mut out[..reqs[r + 1].len() * len]).unwrap();
+                t.push(&reqs[r], &v[..reqs[r].len() * len]).unwrap();
+            }
+        })
+    });
+    // the same with each push at the rows its pull noted (Table::push_at)
+    let mut noted = [Vec::new(), Vec::new()];
+    g.bench_function("pull_next_then_push_at_noted_rows", |b| {
+        b.iter(|| {
+            t.pull_noting(&reqs[0], &mut out[..reqs[0].len() * len], &mut noted[0]).unwrap();
+            for r in 0..reqs.len() - 1 {
+                let (a, b) = noted.split_at_mut(1);
+                let (next, cur) = if r % 2 == 0 { (&mut b[0], &a[0]) } else { (&mut a[0], &b[0]) };
+                t.pull_noting(&reqs[r + 1], &mut out[..reqs[r + 1].len() * len], next).unwrap();
+                t.push_at(&reqs[r], &v[..reqs[r].len() * len], cur).unwrap();
+            }
+        })
+    });
     g.finish();
 }
 

@@ -548,15 +548,90 @@ impl ShardsMut<'_> {
         F: FnMut(usize, Option<(&mut [f32], &mut [f32])>),
     {
         if self.ordered {
-            self.walk_with::<false, I, F>(keys, create, init, f)
+            self.walk_with::<false, I, F>(keys, create, init, f, None)
         } else {
-            self.walk_with::<true, I, F>(keys, create, init, f)
+            self.walk_with::<true, I, F>(keys, create, init, f, None)
+        }
+    }
+
+    /// [`ShardsMut::walk`] that also appends to `noted` each key's slot as the walk found or
+    /// made it ([`MISSING`] for a key without a row, without `create`), one per key that `f`
+    /// ran for, in order: the hints of a later [`ShardsMut::walk_at`] over the same keys.
+    #[inline]
+    pub fn walk_noting<I, F>(&mut self, keys: &[u64], create: bool, init: I, f: F, noted: &mut Vec<Slot>) -> Option<usize>
+    where
+        I: FnMut(u64, &mut [f32]),
+        F: FnMut(usize, Option<(&mut [f32], &mut [f32])>),
+    {
+        if self.ordered {
+            self.walk_with::<false, I, F>(keys, create, init, f, Some(noted))
+        } else {
+            self.walk_with::<true, I, F>(keys, create, init, f, Some(noted))
+        }
+    }
+
+    /// Reaches the rows of `keys` at `hints`, the slots a walk noted for the same keys
+    /// earlier ([`ShardsMut::walk_noting`]), without a probe: each key whose hinted slot
+    /// still holds it has its row marked and stamped as a walk's would be and handed to
+    /// `f(i, (values, state))`; the positions of the others (their rows moved by a growth,
+    /// a rebuild or a removal since, a hint of [`MISSING`], or a shard outside the view)
+    /// are appended to `rest`, in order, for the caller to walk. A hint is only a hint: it
+    /// is checked against the key stored at its slot, so a stale or foreign one costs a
+    /// walk, never a wrong row. The rows the hints name are prefetched a few keys ahead, the
+    /// lines each row spans exactly.
+    ///
+    /// Precondition: `hints.len() == keys.len()`.
+    #[inline]
+    pub fn walk_at<F>(&mut self, keys: &[u64], hints: &[Slot], rest: &mut Vec<u32>, mut f: F)
+    where
+        F: FnMut(usize, (&mut [f32], &mut [f32])),
+    {
+        assert_eq!(keys.len(), hints.len());
+        let (vl, stride, base, end, touch, change) = (self.vl, self.stride, self.base, self.end, self.touch, self.change);
+        assert!(2 + vl <= end && end <= stride);
+        let mut arrays = [Rows { p: std::ptr::null_mut(), cap: 0, slots: 0, sorted: false }; SHARDS];
+        let arrays = &mut arrays[..self.shards.len()];
+        for (a, sh) in arrays.iter_mut().zip(self.shards.iter_mut()) {
+            *a = sh.rows_mut(stride);
+        }
+        // the first word of the row at `t`, when `t` is a slot of a shard in view
+        let row_at = |t: Slot| match arrays.get(t.shard().wrapping_sub(base)) {
+            Some(a) if t.index() < a.slots => Some(a.p.wrapping_add(t.index() * stride)),
+            _ => None,
+        };
+        for (i, (&k, &t)) in keys.iter().zip(hints).enumerate() {
+            if let Some(p) = hints.get(i + PREFETCH_AHEAD).and_then(|&ta| row_at(ta)) {
+                prefetch(p);
+                prefetch(p.wrapping_add(stride - 1));
+            }
+            let Some(p) = row_at(t) else {
+                rest.push(i as u32);
+                continue;
+            };
+            // SAFETY: index < slots, so the row lies within its shard's array, unchanged since
+            // `rows_mut` (nothing here inserts), and no other reference to its rows lives
+            // while `row` does
+            let row = unsafe { std::slice::from_raw_parts_mut(p, stride) };
+            if row_key(row) != k {
+                rest.push(i as u32);
+                continue;
+            }
+            mark_row(row, end, touch, change);
+            let (w, st) = bytemuck::cast_slice_mut::<u32, f32>(&mut row[2..end]).split_at_mut(vl);
+            f(i, (w, st));
         }
     }
 
     /// [`ShardsMut::walk`] under one placement, compiled for it.
     #[inline(always)]
-    fn walk_with<const MIXED: bool, I, F>(&mut self, keys: &[u64], create: bool, mut init: I, mut f: F) -> Option<usize>
+    fn walk_with<const MIXED: bool, I, F>(
+        &mut self,
+        keys: &[u64],
+        create: bool,
+        mut init: I,
+        mut f: F,
+        mut noted: Option<&mut Vec<Slot>>,
+    ) -> Option<usize>
     where
         I: FnMut(u64, &mut [f32]),
         F: FnMut(usize, Option<(&mut [f32], &mut [f32])>),
@@ -619,6 +694,9 @@ impl ShardsMut<'_> {
                 Ok(j) => (a, j, false),
                 Err(j) if !create => {
                     (last_shard, last_key, next) = (si, k, j);
+                    if let Some(n) = noted.as_deref_mut() {
+                        n.push(MISSING);
+                    }
                     f(i, None);
                     continue;
                 }
@@ -644,14 +722,10 @@ impl ShardsMut<'_> {
             // SAFETY: j < slots (a probe's or an insert's slot), the array is the shard's as
             // it is now, and no other reference to its rows lives while `row` does
             let row = unsafe { std::slice::from_raw_parts_mut(a.p.add(j * stride), stride) };
-            match touch {
-                Touch::Off => {}
-                Touch::Stamp(t) => row[end] = t,
-                Touch::Count => row[end] = row[end].saturating_add(1),
+            if let Some(n) = noted.as_deref_mut() {
+                n.push(Slot::new(base + si, j));
             }
-            if let Change::Reached(t) = change {
-                row[stride - 1] = t;
-            }
+            mark_row(row, end, touch, change);
             let (w, st) = bytemuck::cast_slice_mut::<u32, f32>(&mut row[2..end]).split_at_mut(vl);
             f(i, Some((w, st)));
         }
@@ -662,6 +736,20 @@ impl ShardsMut<'_> {
     /// keys cluster.
     pub fn into_parts(self) -> (usize, bool) {
         (self.added, self.clustered)
+    }
+}
+
+/// Marks and stamps a row a walk reached as `touch` and `change` say (its mark is word
+/// `end`, its change stamp the last word).
+#[inline(always)]
+fn mark_row(row: &mut [u32], end: usize, touch: Touch, change: Change) {
+    match touch {
+        Touch::Off => {}
+        Touch::Stamp(t) => row[end] = t,
+        Touch::Count => row[end] = row[end].saturating_add(1),
+    }
+    if let Change::Reached(t) = change {
+        row[row.len() - 1] = t;
     }
 }
 

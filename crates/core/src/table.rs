@@ -14,11 +14,12 @@ use crate::admission::{Admission, AdmissionStats, Admitter};
 use crate::consistency::Consistency;
 use crate::eviction::{EvictClock, Eviction, EvictionStats};
 use crate::filter::FilterSpec;
-use crate::hashstore::{HashStore, ShardsMut};
+use crate::hashstore::{HashStore, ShardsMut, Slot};
 
 mod changes;
 mod evict;
 mod feed;
+mod noted;
 use crate::init::Init;
 use crate::keys::{check_lengths, check_sorted_unique};
 use crate::proto;
@@ -75,7 +76,8 @@ struct Piece<'v, 'k, 'o> {
 /// `keys` ([`ShardsMut::walk`]), each row updated by the rule (compiled in: no branch on the
 /// rule per key) and copied out in place, while it is in cache. Returns where it stopped
 /// when the view found the keys clustering: the keys before are done, the rest is the
-/// caller's to do again once the store has moved to the mixed hash.
+/// caller's to do again once the store has moved to the mixed hash. A pull (no `values`)
+/// with `noted` appends each key's slot to it ([`ShardsMut::walk_noting`]).
 #[allow(clippy::too_many_arguments)]
 fn sparse_walk(
     h: &mut ShardsMut<'_>,
@@ -87,27 +89,26 @@ fn sparse_walk(
     out: Option<&mut [f32]>,
     create: bool,
     missing: Option<&mut Vec<u32>>,
+    noted: Option<&mut Vec<Slot>>,
 ) -> Option<usize> {
     let fill = |k: u64, w: &mut [f32]| init.fill(k, w);
     match values {
         Some(g) => rule.with_row_step(PushWalk { h, fill, init, vl, keys, g, out, create, missing }),
         None => {
             let mut out = out;
-            h.walk(
-                keys,
-                create,
-                fill,
-                #[inline(always)]
-                |i, row| {
-                    if let Some(o) = out.as_deref_mut() {
-                        let o = &mut o[i * vl..(i + 1) * vl];
-                        match row {
-                            Some((w, _)) => copy_small(o, w),
-                            None => init.fill(keys[i], o),
-                        }
+            let copy = |i: usize, row: Option<(&mut [f32], &mut [f32])>| {
+                if let Some(o) = out.as_deref_mut() {
+                    let o = &mut o[i * vl..(i + 1) * vl];
+                    match row {
+                        Some((w, _)) => copy_small(o, w),
+                        None => init.fill(keys[i], o),
                     }
-                },
-            )
+                }
+            };
+            match noted {
+                Some(n) => h.walk_noting(keys, create, fill, copy, n),
+                None => h.walk(keys, create, fill, copy),
+            }
         }
     }
 }
@@ -366,6 +367,10 @@ struct Scratch {
     slots: Vec<usize>,
     /// Positions of a push's keys without a row (admission).
     missing: Vec<u32>,
+    /// A push at noted rows: the positions, keys and values of the keys not at their hints.
+    rest: Vec<u32>,
+    rest_keys: Vec<u64>,
+    rest_values: Vec<f32>,
 }
 
 impl Table {
@@ -591,7 +596,7 @@ impl Table {
                 return Ok(());
             }
         }
-        self.batch(keys, Some(values), None, true);
+        self.batch(keys, Some(values), None, true, None);
         Ok(())
     }
 
@@ -599,7 +604,7 @@ impl Table {
     /// create missing keys with the initializer.
     pub fn pull(&mut self, keys: &[u64], out: &mut [f32]) -> Result<()> {
         self.check_keys(keys, out.len())?;
-        self.batch(keys, None, Some(out), true);
+        self.batch(keys, None, Some(out), true, None);
         Ok(())
     }
 
@@ -608,7 +613,7 @@ impl Table {
     /// evaluation and serving, whose keys should not grow the model).
     pub fn peek(&mut self, keys: &[u64], out: &mut [f32]) -> Result<()> {
         self.check_keys(keys, out.len())?;
-        self.batch(keys, None, Some(out), false);
+        self.batch(keys, None, Some(out), false, None);
         Ok(())
     }
 
@@ -616,7 +621,7 @@ impl Table {
     pub fn push_pull(&mut self, keys: &[u64], values: &[f32], out: &mut [f32]) -> Result<()> {
         self.check_keys(keys, values.len())?;
         check_lengths(keys.len(), self.vl, out.len())?;
-        self.batch(keys, Some(values), Some(out), true);
+        self.batch(keys, Some(values), Some(out), true, None);
         Ok(())
     }
 
@@ -626,7 +631,8 @@ impl Table {
     /// second pass (which reserves room for them as a bulk load does). The pass over the
     /// stored rows is the same as without admission, split over two threads when large;
     /// only keys without a row cost more. Keys are checked by the caller.
-    fn batch(&mut self, keys: &[u64], values: Option<&[f32]>, out: Option<&mut [f32]>, create: bool) {
+    /// A pull with `noted` notes its keys' slots there ([`Table::batch_plain`]).
+    fn batch(&mut self, keys: &[u64], values: Option<&[f32]>, out: Option<&mut [f32]>, create: bool, noted: Option<&mut Vec<Slot>>) {
         // a push or pull marks the rows it reaches for eviction; a peek (no `create`) does not
         self.touch(create);
         self.note_write(values.is_some());
@@ -636,14 +642,14 @@ impl Table {
         }
         let (Some(g), true, true) = (values, create, self.admitter.is_some()) else {
             let create = create && self.admitter.is_none();
-            self.batch_plain(keys, values, out, create, None);
+            self.batch_plain(keys, values, out, create, None, noted);
             return;
         };
         let vl = self.vl;
         let mut missing = std::mem::take(&mut self.scratch.missing);
         missing.clear();
         let mut out = out;
-        self.batch_plain(keys, Some(g), out.as_deref_mut(), false, Some(&mut missing));
+        self.batch_plain(keys, Some(g), out.as_deref_mut(), false, Some(&mut missing), None);
         if let Some(a) = self.admitter.as_mut() {
             missing.retain(|&i| a.admit(keys[i as usize]));
         }
@@ -654,7 +660,7 @@ impl Table {
                 gs.extend_from_slice(&g[i as usize * vl..(i as usize + 1) * vl]);
             }
             let mut os = out.as_ref().map(|_| vec![0f32; ks.len() * vl]);
-            self.batch_plain(&ks, Some(&gs), os.as_deref_mut(), true, None);
+            self.batch_plain(&ks, Some(&gs), os.as_deref_mut(), true, None, None);
             if let (Some(o), Some(os)) = (out, os) {
                 for (j, &i) in missing.iter().enumerate() {
                     o[i as usize * vl..(i as usize + 1) * vl].copy_from_slice(&os[j * vl..(j + 1) * vl]);
@@ -668,8 +674,18 @@ impl Table {
     /// (a tight loop with the rule compiled in), each row updated and copied out in place.
     /// Without `create`, missing sparse keys are read as their initial value and not stored
     /// (a read-only request, or the first pass of an admitting push, which collects their
-    /// positions in `missing`). Keys are checked by the caller.
-    fn batch_plain(&mut self, keys: &[u64], values: Option<&[f32]>, out: Option<&mut [f32]>, create: bool, missing: Option<&mut Vec<u32>>) {
+    /// positions in `missing`). A pull of a sparse table with `noted` leaves there each
+    /// key's slot, in order (the hints of [`Table::push_at`]), or nothing when a large
+    /// request was cut into pieces. Keys are checked by the caller.
+    fn batch_plain(
+        &mut self,
+        keys: &[u64],
+        values: Option<&[f32]>,
+        out: Option<&mut [f32]>,
+        create: bool,
+        missing: Option<&mut Vec<u32>>,
+        noted: Option<&mut Vec<Slot>>,
+    ) {
         let (vl, sl) = (self.vl, self.sl);
         let n = keys.len();
         let mut sc = std::mem::take(&mut self.scratch);
@@ -699,6 +715,7 @@ impl Table {
                     h.reserve_for(keys);
                 }
                 let mut missing = missing;
+                let mut noted = noted;
                 let rule = &self.rule;
                 let mut out = out;
                 // a large request on a machine with cores to spare: its keys cut into pieces
@@ -711,6 +728,8 @@ impl Table {
                 let mut rest: Vec<(usize, usize)> = Vec::new();
                 match views {
                     Some(views) => {
+                        // (pieces note no slots: the hints would be out of order)
+                        noted = None;
                         let mut pieces = Vec::with_capacity(views.len());
                         let (mut kr, mut gr, mut or) = (keys, values, out.as_deref_mut());
                         let mut from = 0;
@@ -738,7 +757,8 @@ impl Table {
                                     return done;
                                 };
                                 let mut m = Vec::new();
-                                let stopped = sparse_walk(&mut p.view, rule, init, vl, p.keys, p.g, p.out, create, want.then_some(&mut m));
+                                let stopped =
+                                    sparse_walk(&mut p.view, rule, init, vl, p.keys, p.g, p.out, create, want.then_some(&mut m), None);
                                 done.push((p.from, p.keys.len(), stopped, p.view.into_parts(), m));
                             }
                         };
@@ -763,7 +783,8 @@ impl Table {
                     }
                     None => {
                         let mut v = h.view();
-                        let stopped = sparse_walk(&mut v, rule, init, vl, keys, values, out.as_deref_mut(), create, missing);
+                        let stopped =
+                            sparse_walk(&mut v, rule, init, vl, keys, values, out.as_deref_mut(), create, missing, noted.as_deref_mut());
                         rest.extend(stopped.map(|i| (i, n)));
                         let parts = v.into_parts();
                         h.finish(parts);
@@ -776,7 +797,7 @@ impl Table {
                     let g = values.map(|g| &g[from * vl..to * vl]);
                     let o = out.as_deref_mut().map(|o| &mut o[from * vl..to * vl]);
                     // (only a walk that creates stops early: nothing is missing there)
-                    sparse_walk(&mut v, rule, init, vl, &keys[from..to], g, o, create, None);
+                    sparse_walk(&mut v, rule, init, vl, &keys[from..to], g, o, create, None, noted.as_deref_mut());
                     let parts = v.into_parts();
                     h.finish(parts);
                 }
@@ -807,7 +828,7 @@ impl Table {
                     keys.clear();
                     let n = (r.end - k).min(4096);
                     keys.extend(k..k + n);
-                    self.batch(&keys, Some(&values[off..off + n as usize * vl]), None, true);
+                    self.batch(&keys, Some(&values[off..off + n as usize * vl]), None, true, None);
                     k += n;
                     off += n as usize * vl;
                 }

@@ -443,3 +443,160 @@ proptest! {
         prop_assert_eq!(k.into_iter().zip(v).collect::<Vec<_>>(), expect);
     }
 }
+
+proptest! {
+    // Pushes at the rows a pull noted (`Table::push_at`), on every rule, give the table a
+    // plain push gives: the hints fresh, stale (rows removed, shards grown or rebuilt under
+    // the mixed hash since) or another request's. Twin tables take the same requests; their
+    // pulls read the same values, and their rows (values and rule state) and update feeds
+    // agree at the end.
+    #[test]
+    fn pushes_at_noted_rows_leave_the_table_a_plain_push_leaves(
+        rule in 0..11usize,
+        spread in any::<bool>(),
+        ops in proptest::collection::vec((0..5u8, 0..3usize, proptest::collection::vec((any::<u64>(), -4.0f32..4.0, 0.1f32..3.0), 1..300)), 1..16),
+    ) {
+        let mut reg = RuleRegistry::new();
+        reg.register("halve-counting", std::sync::Arc::new(HalveCounting)).unwrap();
+        let (name, vl) = every_rule()[rule];
+        let mut d = def(None, vl, name);
+        d.init = Init::Uniform { lo: -0.5, hi: 0.5, seed: 7 };
+        d.rule.l1 = 0.05;
+        let (mut plain, mut noting) = (Table::new(d.clone(), KeyRange::FULL, &reg).unwrap(), Table::new(d, KeyRange::FULL, &reg).unwrap());
+        let mut fk = Vec::new();
+        let (start_p, _) = plain.feed_since(None, None, &mut fk);
+        let (start_n, _) = noting.feed_since(None, None, &mut fk);
+        // the last pulls' keys and the slots they noted
+        let mut pulled: Vec<(Vec<u64>, Vec<Slot>)> = Vec::new();
+        let key = |k: u64| if spread { k % (u64::MAX - 1) } else { k % 5000 };
+        for (op, pick, batch) in ops {
+            let m: BTreeMap<u64, (f32, f32)> = batch.iter().map(|&(k, g, x)| (key(k), (g, x))).collect();
+            let fresh: Vec<u64> = m.keys().copied().collect();
+            let vals_for = |n: usize| -> Vec<f32> { m.values().cycle().take(n).flat_map(|&(g, x)| (0..vl).map(move |e| if e == 0 { g } else { x * e as f32 })).collect() };
+            match op {
+                0 => {
+                    let (mut a, mut b) = (vec![f32::NAN; fresh.len() * vl], vec![f32::NAN; fresh.len() * vl]);
+                    let mut noted = Vec::new();
+                    plain.pull(&fresh, &mut a).unwrap();
+                    noting.pull_noting(&fresh, &mut b, &mut noted).unwrap();
+                    prop_assert_eq!(noted.len(), fresh.len());
+                    prop_assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()), "{} pulls differ", name);
+                    pulled.push((fresh, noted));
+                    if pulled.len() > 3 {
+                        pulled.remove(0);
+                    }
+                }
+                // a push of a pull's keys with the hints of that pull or of another one
+                1 | 2 if !pulled.is_empty() => {
+                    let keys = pulled[pick % pulled.len()].0.clone();
+                    let hints = if op == 1 { &pulled[pick % pulled.len()].1 } else { &pulled[(pick + 1) % pulled.len()].1 };
+                    let vals = vals_for(keys.len());
+                    plain.push(&keys, &vals).unwrap();
+                    let at = noting.push_at(&keys, &vals, hints).unwrap();
+                    prop_assert!(at <= keys.len());
+                }
+                // rows removed: hints into the range go stale
+                3 => {
+                    let (a, b) = (key(batch[0].0), key(batch[batch.len() - 1].0));
+                    let r = KeyRange::new(a.min(b), a.max(b).saturating_add(1));
+                    plain.remove_range(r);
+                    noting.remove_range(r);
+                }
+                // new keys (shards grow, or the store moves to the mixed hash)
+                _ => {
+                    let vals = vals_for(fresh.len());
+                    plain.push(&fresh, &vals).unwrap();
+                    noting.push(&fresh, &vals).unwrap();
+                }
+            }
+        }
+        prop_assert_eq!(plain.len(), noting.len());
+        let (mut kp, mut rp, mut kn, mut rn) = (vec![], vec![], vec![], vec![]);
+        plain.export_rows(KeyRange::FULL, &mut kp, &mut rp);
+        noting.export_rows(KeyRange::FULL, &mut kn, &mut rn);
+        prop_assert_eq!(kp, kn);
+        prop_assert!(rp.len() == rn.len() && rp.iter().zip(&rn).all(|(a, b)| a.to_bits() == b.to_bits()), "{}: rows differ", name);
+        let (mut fp, mut fnn) = (Vec::new(), Vec::new());
+        let (_, ep) = plain.feed_since(Some(start_p), None, &mut fp);
+        let (_, en) = noting.feed_since(Some(start_n), None, &mut fnn);
+        prop_assert_eq!((ep, fp), (en, fnn), "the feed");
+    }
+}
+
+#[test]
+fn a_push_at_fresh_hints_reaches_every_row_there_and_stale_ones_by_a_walk() {
+    let reg = RuleRegistry::new();
+    let mut t = Table::new(def(None, 1, "ftrl"), KeyRange::FULL, &reg).unwrap();
+    let mut twin = Table::new(def(None, 1, "ftrl"), KeyRange::FULL, &reg).unwrap();
+    let keys: Vec<u64> =
+        (0..2000u64).map(|i| crate::keys::scramble(i) >> 1).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+    let g = vec![0.25f32; keys.len()];
+    let (mut out, mut noted) = (vec![0f32; keys.len()], Vec::new());
+    t.pull_noting(&keys, &mut out, &mut noted).unwrap();
+    twin.pull(&keys, &mut out).unwrap();
+    assert_eq!(t.push_at(&keys, &g, &noted).unwrap(), keys.len(), "every hint fresh");
+    twin.push(&keys, &g).unwrap();
+    // every shard grows: the rows move, the hints go stale, the push walks to each row
+    let more: Vec<u64> =
+        (5000..200_000u64).map(|i| crate::keys::scramble(i) >> 1).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+    t.push(&more, &vec![0.5; more.len()]).unwrap();
+    twin.push(&more, &vec![0.5; more.len()]).unwrap();
+    assert!(t.push_at(&keys, &g, &noted).unwrap() < keys.len() / 2, "stale hints after growth");
+    twin.push(&keys, &g).unwrap();
+    // hints of another length: a plain push
+    assert_eq!(t.push_at(&keys, &g, &noted[1..]).unwrap(), 0);
+    twin.push(&keys, &g).unwrap();
+    let (mut k1, mut r1, mut k2, mut r2) = (vec![], vec![], vec![], vec![]);
+    t.export_rows(KeyRange::FULL, &mut k1, &mut r1);
+    twin.export_rows(KeyRange::FULL, &mut k2, &mut r2);
+    assert_eq!((k1, r1), (k2, r2));
+}
+
+#[test]
+fn a_push_at_noted_rows_stamps_changes_and_eviction_marks_as_a_plain_push() {
+    use crate::changes::ChangeClock;
+    use crate::eviction::{EvictClock, Eviction};
+    use std::sync::atomic::Ordering;
+    let mut d = def(None, 1, "sgd");
+    d.changes = true;
+    d.evict = Eviction::Lru { max_rows: 300 };
+    let reg = RuleRegistry::new();
+    let keys: Vec<u64> = (0..600u64).map(|i| i * 1_000_003).collect();
+    let g = vec![1.0f32; 200];
+    let mut tables = Vec::new();
+    for noting in [false, true] {
+        let mut t = Table::new(d.clone(), KeyRange::FULL, &reg).unwrap();
+        let (cc, ct) = ChangeClock::manual(1_000_000);
+        let (ec, et) = EvictClock::manual();
+        t.set_change_clock(cc);
+        t.set_evict_clock(ec);
+        let mut out = vec![0f32; 600];
+        t.pull(&keys, &mut out).unwrap();
+        // later, a pull of 200 keys and the push of every other one of them
+        ct.fetch_add(10_000, Ordering::Relaxed);
+        et.fetch_add(10_000, Ordering::Relaxed);
+        let mut noted = Vec::new();
+        let pulled: Vec<u64> = keys[100..500].to_vec();
+        t.pull_noting(&pulled, &mut out[..400], &mut noted).unwrap();
+        ct.fetch_add(10_000, Ordering::Relaxed);
+        et.fetch_add(10_000, Ordering::Relaxed);
+        let (pushed, hints): (Vec<u64>, Vec<Slot>) = pulled.iter().zip(&noted).step_by(2).map(|(&k, &t)| (k, t)).unzip();
+        if noting {
+            assert_eq!(t.push_at(&pushed, &g, &hints).unwrap(), 200);
+        } else {
+            t.push(&pushed, &g).unwrap();
+        }
+        let mut changed = Vec::new();
+        for s in 0..crate::hashstore::SHARDS {
+            t.changed_rows(s, 1_020_000, KeyRange::FULL, &mut changed, &mut Vec::new()).unwrap();
+        }
+        changed.sort_unstable();
+        assert_eq!(changed, pushed, "the push's rows and no others changed since it");
+        t.evict();
+        let (mut k, mut r) = (vec![], vec![]);
+        t.export_rows(KeyRange::FULL, &mut k, &mut r);
+        tables.push((k, r));
+    }
+    assert_eq!(tables[0].0.len(), 300, "eviction kept the most recently used rows");
+    assert_eq!(tables[0], tables[1], "the same rows survive eviction");
+}
