@@ -4,6 +4,7 @@
 
 use crate::dispatch::handle_frame;
 use crate::error::ServerError;
+use crate::ops::noted::NotedPulls;
 use crate::repl::rounds::ROUND_MARKS_REQUEST;
 use crate::repl::Forwarding;
 use crate::state::{ServerState, TableSlot};
@@ -51,6 +52,9 @@ pub(crate) struct ConnCtx {
     /// same request id were skipped), so the next round watermarks frame must not say the
     /// rounds are applied.
     pub(crate) forward_failed: bool,
+    /// This connection's last pulls of sparse tables and the slots they noted, for the
+    /// pushes of the same keys ([`crate::ops::noted`]).
+    pub(crate) noted: NotedPulls,
 }
 
 /// The filter pipelines of one table on one connection.
@@ -85,6 +89,7 @@ pub fn serve_connection(st: &ServerState, mut conn: Box<dyn Connection>) {
         identified: None,
         fwd: Forwarding::default(),
         forward_failed: false,
+        noted: NotedPulls::default(),
     };
     // the rest of a refused request is dropped (`core::chain_push::Skip`)
     let mut skip = Skip::default();

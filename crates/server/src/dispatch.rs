@@ -141,7 +141,14 @@ pub(crate) fn handle_frame(
                             Ok(()) => {
                                 let before = t.bytes();
                                 t.set_feed_writer(h.sender);
-                                let r = t.push(&ctx.keys, &ctx.vals).map(|_| ()).map_err(ServerError::Core);
+                                // at the rows this connection's pull of the same keys noted, if any
+                                let r = match ctx.noted.push(&mut t, h.table, &ctx.keys, &ctx.vals) {
+                                    Ok(at) => {
+                                        slot.traffic.keys_at_noted_rows.fetch_add(at as u64, Ordering::Relaxed);
+                                        Ok(())
+                                    }
+                                    Err(e) => Err(ServerError::Core(e)),
+                                };
                                 account_table(st, &t, before);
                                 r
                             }
@@ -217,7 +224,11 @@ pub(crate) fn handle_frame(
                 let before = t.bytes();
                 let n = ctx.keys.len() * t.def().value_len;
                 ctx.out.resize(n, 0.0);
-                let r = if op == Op::Pull {
+                // a pull whose keys' push would be applied at once (no replication, no bsp
+                // round) notes their rows for it
+                let r = if op == Op::Pull && slot.repl.is_none() && slot.gate.as_ref().is_none_or(|g| !g.rounds) && !t.def().is_dense() {
+                    ctx.noted.pull(&mut t, h.table, &ctx.keys, &mut ctx.out)
+                } else if op == Op::Pull {
                     t.pull(&ctx.keys, &mut ctx.out)
                 } else if op == Op::Peek {
                     t.peek(&ctx.keys, &mut ctx.out)

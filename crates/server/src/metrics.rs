@@ -153,6 +153,11 @@ pub fn render(st: &ServerState) -> String {
         "table_push_frames_from_ring",
         "Range push frames applied straight from a shared-memory ring, in pieces (--transport shm)",
     );
+    let at_noted = counter(
+        &mut reg,
+        "table_push_keys_at_noted_rows",
+        "Keys of pushes updated at the rows the connection's pull of the same keys found, without a second lookup",
+    );
     reg.register(
         "request_seconds",
         "Time to handle a request frame, by op (a large request is several frames; includes waits for consistency)",
@@ -191,6 +196,7 @@ pub fn render(st: &ServerState) -> String {
             }
         }
         from_ring.get_or_create(&t).inc_by(slot.traffic.ring_pushes.load(Ordering::Relaxed));
+        at_noted.get_or_create(&t).inc_by(slot.traffic.keys_at_noted_rows.load(Ordering::Relaxed));
         for (i, op) in ["push", "pull", "peek"].iter().enumerate() {
             requests.get_or_create(&with("op", op)).inc_by(slot.traffic.requests[i].load(Ordering::Relaxed));
             keys.get_or_create(&with("op", op)).inc_by(slot.traffic.keys[i].load(Ordering::Relaxed));

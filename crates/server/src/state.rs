@@ -43,6 +43,8 @@ pub(crate) struct Traffic {
     /// Range push frames applied straight from a shared-memory ring, in pieces
     /// (`ops::pieces`).
     pub(crate) ring_pushes: AtomicU64,
+    /// Keys of keyed pushes updated at the rows their pull noted (`ops::noted`).
+    pub(crate) keys_at_noted_rows: AtomicU64,
 }
 
 impl Traffic {

@@ -1,0 +1,102 @@
+//! A connection's last pulls and the slots their walks noted, for the pushes of the same
+//! keys that follow them. A worker pushes the keys it pulled a minibatch earlier (its pull
+//! of the next minibatch comes in between); such a push reaches its rows at the noted
+//! slots ([`Table::push_at`]) instead of hashing and probing each key again. A push is
+//! matched to a pull of the same table and the same keys (compared whole: minibatches
+//! often share their first and last keys, a frequent feature's); the slots are hints that
+//! the table checks key by key, so a slot gone stale since (a shard grew in between) costs
+//! that key a walk, never a wrong row.
+
+use downpour_core::hashstore::Slot;
+use downpour_core::table::Table;
+
+/// Pulls remembered per connection: a worker's pull pipeline runs one or two minibatches
+/// ahead of its pushes.
+const REMEMBERED: usize = 4;
+
+/// One remembered pull: its table and keys, and their slots.
+#[derive(Default)]
+struct NotedPull {
+    table: u32,
+    keys: Vec<u64>,
+    slots: Vec<Slot>,
+    /// Holds a pull not yet matched by a push.
+    live: bool,
+}
+
+/// The last [`REMEMBERED`] pulls of one connection.
+#[derive(Default)]
+pub(crate) struct NotedPulls {
+    pulls: Vec<NotedPull>,
+    /// The entry the next pull replaces.
+    next: usize,
+}
+
+impl NotedPulls {
+    /// Pulls `keys` of table `id` from `t` into `out` ([`Table::pull_noting`]), remembering
+    /// the slots it notes in place of the oldest remembered pull.
+    pub(crate) fn pull(&mut self, t: &mut Table, id: u32, keys: &[u64], out: &mut [f32]) -> downpour_core::Result<()> {
+        if self.pulls.len() < REMEMBERED {
+            self.pulls.push(NotedPull::default());
+            self.next = self.pulls.len() - 1;
+        }
+        let p = &mut self.pulls[self.next];
+        p.live = false;
+        t.pull_noting(keys, out, &mut p.slots)?;
+        p.table = id;
+        p.keys.clear();
+        p.keys.extend_from_slice(keys);
+        p.live = !p.slots.is_empty();
+        self.next = (self.next + 1) % REMEMBERED;
+        Ok(())
+    }
+
+    /// Pushes `values` to `keys` of table `id` in `t`: at the rows a remembered pull of the
+    /// same keys noted ([`Table::push_at`]), which it then forgets, or by a plain
+    /// [`Table::push`]. Returns how many keys were updated at noted rows.
+    pub(crate) fn push(&mut self, t: &mut Table, id: u32, keys: &[u64], values: &[f32]) -> downpour_core::Result<usize> {
+        match self.pulls.iter_mut().find(|p| p.live && p.table == id && p.keys == keys) {
+            Some(p) => {
+                p.live = false;
+                t.push_at(keys, values, &p.slots)
+            }
+            None => t.push(keys, values).map(|()| 0),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use downpour_core::rule::RuleRegistry;
+    use downpour_core::table::TableDef;
+    use downpour_core::KeyRange;
+
+    #[test]
+    fn a_push_meets_the_pull_of_its_keys_among_the_last_four_and_only_once() {
+        let mut t = Table::new(TableDef { value_len: 1, ..TableDef::new(3, "w") }, KeyRange::FULL, &RuleRegistry::new()).unwrap();
+        let mut n = NotedPulls::default();
+        let batches: Vec<Vec<u64>> = (0..6u64).map(|b| (0..50u64).map(|i| b * 1_000_000 + i * 977).collect()).collect();
+        let mut out = vec![0f32; 50];
+        for b in &batches {
+            n.pull(&mut t, 3, b, &mut out).unwrap();
+        }
+        let g = vec![1f32; 50];
+        // the two oldest pulls were forgotten; the other four are met once each
+        assert_eq!(n.push(&mut t, 3, &batches[0], &g).unwrap(), 0);
+        assert_eq!(n.push(&mut t, 3, &batches[2], &g).unwrap(), 50);
+        assert_eq!(n.push(&mut t, 3, &batches[2], &g).unwrap(), 0, "a pull's slots serve one push");
+        assert_eq!(n.push(&mut t, 4, &batches[3], &g).unwrap(), 0, "another table's keys");
+        assert_eq!(n.push(&mut t, 3, &batches[5], &g).unwrap(), 50);
+        let mut w = vec![0f32; 50];
+        t.pull(&batches[2], &mut w).unwrap();
+        assert_eq!(w, vec![2.0; 50], "both pushes of batch 2 applied");
+        // two pulls of keys with the same count, first and last: each push meets its own
+        let (a, b): (Vec<u64>, Vec<u64>) =
+            ((0..50u64).map(|i| i * 10).collect(), (0..50u64).map(|i| if i == 0 || i == 49 { i * 10 } else { i * 10 + 5 }).collect());
+        n.pull(&mut t, 3, &a, &mut out).unwrap();
+        n.pull(&mut t, 3, &b, &mut out).unwrap();
+        assert_eq!(n.push(&mut t, 3, &b, &g).unwrap(), 50);
+        assert_eq!(n.push(&mut t, 3, &a, &g).unwrap(), 50);
+    }
+}
