@@ -14,6 +14,11 @@ use downpour_core::table::Table;
 /// ahead of its pushes.
 const REMEMBERED: usize = 4;
 
+/// The largest pull noted: its keys and slots cost 16 bytes a key per remembered pull (at
+/// most 1 MiB a connection), and a request this large is no minibatch (a bulk pull's push
+/// walks the shards in order, which is fast already).
+const MAX_NOTED_KEYS: usize = 16_384;
+
 /// One remembered pull: its table and keys, and their slots.
 #[derive(Default)]
 struct NotedPull {
@@ -34,8 +39,12 @@ pub(crate) struct NotedPulls {
 
 impl NotedPulls {
     /// Pulls `keys` of table `id` from `t` into `out` ([`Table::pull_noting`]), remembering
-    /// the slots it notes in place of the oldest remembered pull.
+    /// the slots it notes in place of the oldest remembered pull; a pull of more than
+    /// [`MAX_NOTED_KEYS`] keys is a plain [`Table::pull`].
     pub(crate) fn pull(&mut self, t: &mut Table, id: u32, keys: &[u64], out: &mut [f32]) -> downpour_core::Result<()> {
+        if keys.len() > MAX_NOTED_KEYS {
+            return t.pull(keys, out);
+        }
         if self.pulls.len() < REMEMBERED {
             self.pulls.push(NotedPull::default());
             self.next = self.pulls.len() - 1;
@@ -98,5 +107,9 @@ mod tests {
         n.pull(&mut t, 3, &b, &mut out).unwrap();
         assert_eq!(n.push(&mut t, 3, &b, &g).unwrap(), 50);
         assert_eq!(n.push(&mut t, 3, &a, &g).unwrap(), 50);
+        // a pull larger than a minibatch is not noted
+        let big: Vec<u64> = (0..MAX_NOTED_KEYS as u64 + 1).collect();
+        n.pull(&mut t, 3, &big, &mut vec![0f32; big.len()]).unwrap();
+        assert_eq!(n.push(&mut t, 3, &big, &vec![1f32; big.len()]).unwrap(), 0);
     }
 }
