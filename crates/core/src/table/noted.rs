@@ -13,22 +13,26 @@ use crate::Result;
 impl Table {
     /// [`Table::pull`] that also leaves in `noted` each key's slot, in the keys' order: the
     /// hints of a later [`Table::push_at`] of the same keys. `noted` is left empty for a
-    /// dense table and for a request large enough to be cut into pieces over two threads.
+    /// dense table, a table under admission (whose pushes take the plain path) and a
+    /// request large enough to be cut into pieces over two threads.
     /// Preconditions, checked: as for [`Table::pull`].
     pub fn pull_noting(&mut self, keys: &[u64], out: &mut [f32], noted: &mut Vec<Slot>) -> Result<()> {
-        self.check_keys(keys, out.len())?;
         noted.clear();
-        let sparse = matches!(self.store, Store::Sparse(_));
-        self.batch(keys, None, Some(out), true, sparse.then_some(noted));
+        self.check_keys(keys, out.len())?;
+        let noting = matches!(self.store, Store::Sparse(_)) && self.admitter.is_none();
+        self.batch(keys, None, Some(out), true, noting.then_some(noted));
         Ok(())
     }
 
     /// [`Table::push`] of keys whose rows `hints` name (what a [`Table::pull_noting`] of
-    /// the same keys noted, perhaps stale since): leaves the table exactly as
-    /// [`Table::push`] would. Each key whose hinted slot still holds it is updated there;
-    /// the others are walked to as a push walks. Returns how many keys were updated at
-    /// their hints: 0 when the table is dense or under admission, or `hints` is not one
-    /// per key (a plain push then).
+    /// the same keys noted, perhaps stale since, or any slots at all): the rows, their
+    /// values and rule state, eviction marks and change stamps, the change log and the
+    /// update feed end as [`Table::push`] leaves them. Each key whose hinted slot still
+    /// holds it is updated there; the others are walked to as a push walks, and room is
+    /// reserved for them alone, so where rows were removed in between, the arrays' sizes
+    /// and the free slots new rows take may differ from a plain push's. Returns how many
+    /// keys were updated at their hints: 0 when the table is dense or under admission, or
+    /// `hints` is not one per key (a plain push then).
     /// Preconditions, checked: as for [`Table::push`].
     pub fn push_at(&mut self, keys: &[u64], values: &[f32], hints: &[Slot]) -> Result<usize> {
         if hints.len() != keys.len() || self.admitter.is_some() || !matches!(self.store, Store::Sparse(_)) {

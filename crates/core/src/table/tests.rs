@@ -468,6 +468,10 @@ proptest! {
         let (start_n, _) = noting.feed_since(None, None, &mut fk);
         // the last pulls' keys and the slots they noted
         let mut pulled: Vec<(Vec<u64>, Vec<Slot>)> = Vec::new();
+        // the last request was a pull (the newest in `pulled`) that created no row: its
+        // slots are all fresh (a pull that creates rows may grow a shard, moving the rows
+        // it noted before)
+        let mut just_pulled = false;
         let key = |k: u64| if spread { k % (u64::MAX - 1) } else { k % 5000 };
         for (op, pick, batch) in ops {
             let m: BTreeMap<u64, (f32, f32)> = batch.iter().map(|&(k, g, x)| (key(k), (g, x))).collect();
@@ -478,6 +482,7 @@ proptest! {
                     let (mut a, mut b) = (vec![f32::NAN; fresh.len() * vl], vec![f32::NAN; fresh.len() * vl]);
                     let mut noted = Vec::new();
                     plain.pull(&fresh, &mut a).unwrap();
+                    let rows = noting.len();
                     noting.pull_noting(&fresh, &mut b, &mut noted).unwrap();
                     prop_assert_eq!(noted.len(), fresh.len());
                     prop_assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()), "{} pulls differ", name);
@@ -485,15 +490,26 @@ proptest! {
                     if pulled.len() > 3 {
                         pulled.remove(0);
                     }
+                    just_pulled = noting.len() == rows;
+                    continue;
                 }
-                // a push of a pull's keys with the hints of that pull or of another one
+                // a push of a pull's keys with the hints of that pull, or of another one (its
+                // slots repeated to one a key, and some that name no row at all)
                 1 | 2 if !pulled.is_empty() => {
-                    let keys = pulled[pick % pulled.len()].0.clone();
-                    let hints = if op == 1 { &pulled[pick % pulled.len()].1 } else { &pulled[(pick + 1) % pulled.len()].1 };
+                    let (keys, own) = &pulled[pick % pulled.len()];
+                    let hints: Vec<Slot> = if op == 1 {
+                        own.clone()
+                    } else {
+                        let other = &pulled[(pick + 1) % pulled.len()].1;
+                        let odd = [Slot(u64::MAX - 1), Slot(70 << 32), Slot(0xFFFF_FFFF), Slot(3 << 32 | 5)];
+                        other.iter().chain(&odd).cycle().take(keys.len()).copied().collect()
+                    };
                     let vals = vals_for(keys.len());
-                    plain.push(&keys, &vals).unwrap();
-                    let at = noting.push_at(&keys, &vals, hints).unwrap();
-                    prop_assert!(at <= keys.len());
+                    plain.push(keys, &vals).unwrap();
+                    let at = noting.push_at(keys, &vals, &hints).unwrap();
+                    if op == 1 && just_pulled && pick % pulled.len() == pulled.len() - 1 {
+                        prop_assert_eq!(at, keys.len(), "{}: the slots of the pull just before", name);
+                    }
                 }
                 // rows removed: hints into the range go stale
                 3 => {
@@ -509,6 +525,7 @@ proptest! {
                     noting.push(&fresh, &vals).unwrap();
                 }
             }
+            just_pulled = false;
         }
         prop_assert_eq!(plain.len(), noting.len());
         let (mut kp, mut rp, mut kn, mut rn) = (vec![], vec![], vec![], vec![]);
@@ -599,4 +616,31 @@ fn a_push_at_noted_rows_stamps_changes_and_eviction_marks_as_a_plain_push() {
     }
     assert_eq!(tables[0].0.len(), 300, "eviction kept the most recently used rows");
     assert_eq!(tables[0], tables[1], "the same rows survive eviction");
+}
+
+#[test]
+fn hints_past_the_end_of_a_shard_that_eviction_shrank_are_walked_to() {
+    use crate::eviction::Eviction;
+    let mut d = def(None, 1, "adagrad");
+    d.evict = Eviction::Lru { max_rows: 100 };
+    let reg = RuleRegistry::new();
+    let keys: Vec<u64> =
+        (0..5000u64).map(|i| crate::keys::scramble(i) >> 1).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+    let (mut plain, mut noting) = (Table::new(d.clone(), KeyRange::FULL, &reg).unwrap(), Table::new(d, KeyRange::FULL, &reg).unwrap());
+    let mut out = vec![0f32; keys.len()];
+    let mut noted = Vec::new();
+    plain.pull(&keys, &mut out).unwrap();
+    noting.pull_noting(&keys, &mut out, &mut noted).unwrap();
+    let before = noting.bytes();
+    plain.evict();
+    noting.evict();
+    assert!(noting.bytes() < before / 4, "eviction shrank the arrays: {} of {before} bytes", noting.bytes());
+    let g: Vec<f32> = (0..keys.len()).map(|i| (i % 7) as f32 - 3.0).collect();
+    plain.push(&keys, &g).unwrap();
+    let at = noting.push_at(&keys, &g, &noted).unwrap();
+    assert!(at < 200, "the survivors moved: {at} keys at their old slots");
+    let (mut k1, mut r1, mut k2, mut r2) = (vec![], vec![], vec![], vec![]);
+    plain.export_rows(KeyRange::FULL, &mut k1, &mut r1);
+    noting.export_rows(KeyRange::FULL, &mut k2, &mut r2);
+    assert_eq!((k1, r1), (k2, r2));
 }

@@ -1,11 +1,13 @@
 //! A connection's last pulls and the slots their walks noted, for the pushes of the same
 //! keys that follow them. A worker pushes the keys it pulled a minibatch earlier (its pull
 //! of the next minibatch comes in between); such a push reaches its rows at the noted
-//! slots ([`Table::push_at`]) instead of hashing and probing each key again. A push is
-//! matched to a pull of the same table and the same keys (compared whole: minibatches
-//! often share their first and last keys, a frequent feature's); the slots are hints that
-//! the table checks key by key, so a slot gone stale since (a shard grew in between) costs
-//! that key a walk, never a wrong row.
+//! slots ([`Table::push_at`]) instead of hashing and probing each key again. A push frame
+//! is matched to the newest remembered pull of its table whose keys hold its own as one
+//! run (a pull and a push of the same keys are cut into frames at different places: a
+//! push frame carries values too), compared key by key (minibatches often share their
+//! first and last keys, a frequent feature's); the slots are hints that the table checks
+//! against the key stored at each, so a slot gone stale since (its shard grew, or the row
+//! was removed) costs that key a walk, never a wrong row.
 
 use downpour_core::hashstore::Slot;
 use downpour_core::table::Table;
@@ -19,21 +21,19 @@ const REMEMBERED: usize = 4;
 /// walks the shards in order, which is fast already).
 const MAX_NOTED_KEYS: usize = 16_384;
 
-/// One remembered pull: its table and keys, and their slots.
+/// One remembered pull: its table and keys, and their slots (none: nothing to match).
 #[derive(Default)]
 struct NotedPull {
     table: u32,
     keys: Vec<u64>,
     slots: Vec<Slot>,
-    /// Holds a pull not yet matched by a push.
-    live: bool,
 }
 
 /// The last [`REMEMBERED`] pulls of one connection.
 #[derive(Default)]
 pub(crate) struct NotedPulls {
     pulls: Vec<NotedPull>,
-    /// The entry the next pull replaces.
+    /// The entry the next pull replaces (the oldest).
     next: usize,
 }
 
@@ -50,25 +50,33 @@ impl NotedPulls {
             self.next = self.pulls.len() - 1;
         }
         let p = &mut self.pulls[self.next];
-        p.live = false;
+        p.keys.clear();
+        // (an error leaves no slots: the entry matches nothing)
         t.pull_noting(keys, out, &mut p.slots)?;
         p.table = id;
-        p.keys.clear();
-        p.keys.extend_from_slice(keys);
-        p.live = !p.slots.is_empty();
+        if !p.slots.is_empty() {
+            p.keys.extend_from_slice(keys);
+        }
         self.next = (self.next + 1) % REMEMBERED;
         Ok(())
     }
 
-    /// Pushes `values` to `keys` of table `id` in `t`: at the rows a remembered pull of the
-    /// same keys noted ([`Table::push_at`]), which it then forgets, or by a plain
-    /// [`Table::push`]. Returns how many keys were updated at noted rows.
+    /// Pushes `values` to `keys` of table `id` in `t`: at the rows the newest remembered
+    /// pull whose keys hold `keys` as one run noted for them ([`Table::push_at`]), or by a
+    /// plain [`Table::push`]. Returns how many keys were updated at noted rows.
     pub(crate) fn push(&mut self, t: &mut Table, id: u32, keys: &[u64], values: &[f32]) -> downpour_core::Result<usize> {
-        match self.pulls.iter_mut().find(|p| p.live && p.table == id && p.keys == keys) {
-            Some(p) => {
-                p.live = false;
-                t.push_at(keys, values, &p.slots)
+        let n = self.pulls.len();
+        let hints = (1..=n).map(|back| &self.pulls[(self.next + n - back) % n]).find_map(|p| {
+            let first = *keys.first()?;
+            if p.table != id || p.keys.len() < keys.len() {
+                return None;
             }
+            // the pull's keys are sorted and unique: the run can only start at `first`
+            let at = p.keys.binary_search(&first).ok()?;
+            (p.keys.get(at..at + keys.len())? == keys).then(|| &p.slots[at..at + keys.len()])
+        });
+        match hints {
+            Some(h) => t.push_at(keys, values, h),
             None => t.push(keys, values).map(|()| 0),
         }
     }
@@ -82,7 +90,7 @@ mod tests {
     use downpour_core::KeyRange;
 
     #[test]
-    fn a_push_meets_the_pull_of_its_keys_among_the_last_four_and_only_once() {
+    fn a_push_meets_the_newest_of_the_last_four_pulls_that_holds_its_keys() {
         let mut t = Table::new(TableDef { value_len: 1, ..TableDef::new(3, "w") }, KeyRange::FULL, &RuleRegistry::new()).unwrap();
         let mut n = NotedPulls::default();
         let batches: Vec<Vec<u64>> = (0..6u64).map(|b| (0..50u64).map(|i| b * 1_000_000 + i * 977).collect()).collect();
@@ -91,12 +99,18 @@ mod tests {
             n.pull(&mut t, 3, b, &mut out).unwrap();
         }
         let g = vec![1f32; 50];
-        // the two oldest pulls were forgotten; the other four are met once each
+        // the two oldest pulls were forgotten; the other four are met
         assert_eq!(n.push(&mut t, 3, &batches[0], &g).unwrap(), 0);
         assert_eq!(n.push(&mut t, 3, &batches[2], &g).unwrap(), 50);
-        assert_eq!(n.push(&mut t, 3, &batches[2], &g).unwrap(), 0, "a pull's slots serve one push");
+        assert_eq!(n.push(&mut t, 3, &batches[2], &g).unwrap(), 50, "again: the slots still hold the keys");
         assert_eq!(n.push(&mut t, 4, &batches[3], &g).unwrap(), 0, "another table's keys");
         assert_eq!(n.push(&mut t, 3, &batches[5], &g).unwrap(), 50);
+        // a push cut into frames: each frame a run of the pull's keys
+        assert_eq!(n.push(&mut t, 3, &batches[4][..20], &g[..20]).unwrap(), 20);
+        assert_eq!(n.push(&mut t, 3, &batches[4][20..], &g[20..]).unwrap(), 30);
+        // keys the pull holds but not as one run: a plain push
+        let gaps: Vec<u64> = batches[4].iter().step_by(2).copied().collect();
+        assert_eq!(n.push(&mut t, 3, &gaps, &g[..gaps.len()]).unwrap(), 0);
         let mut w = vec![0f32; 50];
         t.pull(&batches[2], &mut w).unwrap();
         assert_eq!(w, vec![2.0; 50], "both pushes of batch 2 applied");
@@ -110,6 +124,6 @@ mod tests {
         // a pull larger than a minibatch is not noted
         let big: Vec<u64> = (0..MAX_NOTED_KEYS as u64 + 1).collect();
         n.pull(&mut t, 3, &big, &mut vec![0f32; big.len()]).unwrap();
-        assert_eq!(n.push(&mut t, 3, &big, &vec![1f32; big.len()]).unwrap(), 0);
+        assert_eq!(n.push(&mut t, 3, &big[..100], &vec![1f32; 100]).unwrap(), 0);
     }
 }
