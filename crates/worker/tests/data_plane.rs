@@ -723,8 +723,10 @@ fn pushes_of_pulled_keys_are_updated_at_the_rows_their_pull_noted_and_give_the_s
         }
     }
     let pushed: usize = batches[..batches.len() - 1].iter().map(|k| k.len()).sum();
-    for (name, t) in transports() {
-        let mut c = cluster(t.as_ref(), 2, 1 << 20);
+    // (4 KiB chunks: a push's part for a server is cut into frames of 341 keys, its pull's
+    // into frames of 512, so each push frame meets a run of a pull's keys)
+    for ((name, t), chunk) in transports().into_iter().flat_map(|w| [(w.clone(), 1 << 20), (w, 4096)]) {
+        let mut c = cluster(t.as_ref(), 2, chunk);
         c.kv.create_table(table(31, 1, Storage::Sparse, "ftrl")).unwrap();
         let ts = c.kv.pull(31, &all).unwrap();
         c.kv.wait_values(ts).unwrap();
@@ -744,11 +746,11 @@ fn pushes_of_pulled_keys_are_updated_at_the_rows_their_pull_noted_and_give_the_s
             .filter(|l| l.starts_with("downpour_table_push_keys_at_noted_rows_total{table=\"31\""))
             .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
             .sum();
-        assert_eq!(at_noted as usize, pushed, "{name}: every pushed key updated at its noted row");
+        assert_eq!(at_noted as usize, pushed, "{name}, chunks of {chunk} bytes: every pushed key updated at its noted row");
         let ts = c.kv.pull(31, &all).unwrap();
         let got = c.kv.wait_values(ts).unwrap();
         let mut want = vec![0f32; all.len()];
         reference.peek(&all, &mut want).unwrap();
-        assert!(got.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits()), "{name}: the model");
+        assert!(got.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits()), "{name}, chunks of {chunk} bytes: the model");
     }
 }
