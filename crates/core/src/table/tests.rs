@@ -282,6 +282,19 @@ impl crate::rule::UpdateRule for HalveCounting {
     }
 }
 
+/// Case `i` of [`every_rule`] for the property tests: a registry that knows the custom
+/// rule, a sparse table of that rule (random initialiser, an L1 term), its name and value
+/// length.
+fn rule_case(i: usize) -> (RuleRegistry, TableDef, &'static str, usize) {
+    let mut reg = RuleRegistry::new();
+    reg.register("halve-counting", std::sync::Arc::new(HalveCounting)).unwrap();
+    let (name, vl) = every_rule()[i];
+    let mut d = def(None, vl, name);
+    d.init = Init::Uniform { lo: -0.5, hi: 0.5, seed: 7 };
+    d.rule.l1 = 0.05;
+    (reg, d, name, vl)
+}
+
 /// Every rule with the value length its rows have.
 fn every_rule() -> Vec<(&'static str, usize)> {
     vec![
@@ -311,12 +324,7 @@ proptest! {
         spread in any::<bool>(),
         ops in proptest::collection::vec((0..4u8, proptest::collection::vec((any::<u64>(), -4.0f32..4.0, 0.1f32..3.0), 1..300)), 1..12),
     ) {
-        let mut reg = RuleRegistry::new();
-        reg.register("halve-counting", std::sync::Arc::new(HalveCounting)).unwrap();
-        let (name, vl) = every_rule()[rule];
-        let mut d = def(None, vl, name);
-        d.init = Init::Uniform { lo: -0.5, hi: 0.5, seed: 7 };
-        d.rule.l1 = 0.05;
+        let (reg, d, name, vl) = rule_case(rule);
         let mut t = Table::new(d.clone(), KeyRange::FULL, &reg).unwrap();
         let r = reg.resolve(&d.rule).unwrap();
         let sl = vl * r.state_per_element();
@@ -456,12 +464,7 @@ proptest! {
         spread in any::<bool>(),
         ops in proptest::collection::vec((0..5u8, 0..3usize, proptest::collection::vec((any::<u64>(), -4.0f32..4.0, 0.1f32..3.0), 1..300)), 1..16),
     ) {
-        let mut reg = RuleRegistry::new();
-        reg.register("halve-counting", std::sync::Arc::new(HalveCounting)).unwrap();
-        let (name, vl) = every_rule()[rule];
-        let mut d = def(None, vl, name);
-        d.init = Init::Uniform { lo: -0.5, hi: 0.5, seed: 7 };
-        d.rule.l1 = 0.05;
+        let (reg, d, name, vl) = rule_case(rule);
         let (mut plain, mut noting) = (Table::new(d.clone(), KeyRange::FULL, &reg).unwrap(), Table::new(d, KeyRange::FULL, &reg).unwrap());
         let mut fk = Vec::new();
         let (start_p, _) = plain.feed_since(None, None, &mut fk);
