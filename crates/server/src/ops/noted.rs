@@ -73,7 +73,7 @@ impl NotedPulls {
             }
             // the pull's keys are sorted and unique: the run can only start at `first`
             let at = p.keys.binary_search(&first).ok()?;
-            (p.keys.get(at..at + keys.len())? == keys).then(|| &p.slots[at..at + keys.len()])
+            (p.keys.get(at..at + keys.len())? == keys).then_some(p.slots.get(at..at + keys.len())?)
         });
         match hints {
             Some(h) => t.push_at(keys, values, h),
