@@ -9,13 +9,18 @@
 //!   with the rule compiled in, no per-key allocation. (A sorted array walked in merge order was faster only for requests that
 //!   cover a large part of the table; the linear application's minibatches touch a few
 //!   thousand keys of millions, where each binary search missed the cache ~20 times.)
+//!
+//! `batch`: the keyed request path (one walk with the rule compiled in, admission's second
+//! pass, a large request's pieces on two threads); `noted`: pushes at the rows their pull
+//! noted; `changes`: incremental export; `evict`: eviction; `feed`: the update feed.
 
 use crate::admission::{Admission, AdmissionStats, Admitter};
 use crate::consistency::Consistency;
 use crate::eviction::{EvictClock, Eviction, EvictionStats};
 use crate::filter::FilterSpec;
-use crate::hashstore::{HashStore, ShardsMut, Slot};
+use crate::hashstore::HashStore;
 
+mod batch;
 mod changes;
 mod evict;
 mod feed;
@@ -24,148 +29,13 @@ use crate::init::Init;
 use crate::keys::{check_lengths, check_sorted_unique};
 use crate::proto;
 use crate::rounds::Aggregate;
-use crate::rule::{RowStepUser, Rule, RuleRegistry};
+use crate::rule::{Rule, RuleRegistry};
 use crate::{CoreError, KeyRange, Result};
 pub use evict::EvictPass;
 use evict::Evicting;
 
 /// Largest value length per key a table may declare.
 pub const MAX_VALUE_LEN: usize = 1 << 24;
-
-/// Requests of at least this many keys to a sparse table are resolved and applied on two
-/// threads, which take the request's pieces (runs of whole shards) in turn (when the
-/// machine has two cores or more).
-const PARALLEL_MIN: usize = 32 << 10;
-
-/// Pieces a large request is cut into, to share between two threads (a thread that starts
-/// late, as a woken helper on a VM does, takes fewer).
-const PIECES: usize = 16;
-
-/// Where to cut a large sorted request into about [`PIECES`] pieces at shard boundaries
-/// under ordered placement: `(index of the first key of a piece, its first shard)` for each
-/// piece after the first; empty when its keys lie in one shard.
-fn piece_cuts(keys: &[u64]) -> Vec<(usize, usize)> {
-    let n = keys.len();
-    let step = n.div_ceil(PIECES).max(1);
-    let mut cuts = Vec::with_capacity(PIECES);
-    let mut from = 0;
-    while let Some(&k) = keys.get(from + step) {
-        let first = HashStore::ordered_shard(keys[from]);
-        let s = HashStore::ordered_shard(k).max(first + 1);
-        let at = from + keys[from..].partition_point(|&x| HashStore::ordered_shard(x) < s);
-        if at >= n {
-            break;
-        }
-        cuts.push((at, s));
-        from = at;
-    }
-    cuts
-}
-
-/// A piece of a large request: its keys, values and output, and the view of their shards.
-struct Piece<'v, 'k, 'o> {
-    view: ShardsMut<'v>,
-    /// Its first key's index in the request.
-    from: usize,
-    keys: &'k [u64],
-    g: Option<&'k [f32]>,
-    out: Option<&'o mut [f32]>,
-}
-
-/// The sparse part of [`Table::batch`] over one view of the store's shards: one walk over
-/// `keys` ([`ShardsMut::walk`]), each row updated by the rule (compiled in: no branch on the
-/// rule per key) and copied out in place, while it is in cache. Returns where it stopped
-/// when the view found the keys clustering: the keys before are done, the rest is the
-/// caller's to do again once the store has moved to the mixed hash. A pull (no `values`)
-/// with `noted` appends each key's slot to it ([`ShardsMut::walk_noting`]).
-#[allow(clippy::too_many_arguments)]
-fn sparse_walk(
-    h: &mut ShardsMut<'_>,
-    rule: &Rule,
-    init: Init,
-    vl: usize,
-    keys: &[u64],
-    values: Option<&[f32]>,
-    out: Option<&mut [f32]>,
-    create: bool,
-    missing: Option<&mut Vec<u32>>,
-    noted: Option<&mut Vec<Slot>>,
-) -> Option<usize> {
-    let fill = |k: u64, w: &mut [f32]| init.fill(k, w);
-    match values {
-        Some(g) => rule.with_row_step(PushWalk { h, fill, init, vl, keys, g, out, create, missing }),
-        None => {
-            let mut out = out;
-            let copy = |i: usize, row: Option<(&mut [f32], &mut [f32])>| {
-                if let Some(o) = out.as_deref_mut() {
-                    let o = &mut o[i * vl..(i + 1) * vl];
-                    match row {
-                        Some((w, _)) => copy_small(o, w),
-                        None => init.fill(keys[i], o),
-                    }
-                }
-            };
-            match noted {
-                Some(n) => h.walk_noting(keys, create, fill, copy, n),
-                None => h.walk(keys, create, fill, copy),
-            }
-        }
-    }
-}
-
-/// A push's walk, run with the rule's row step ([`Rule::with_row_step`]).
-struct PushWalk<'a, 'v, I> {
-    h: &'a mut ShardsMut<'v>,
-    fill: I,
-    init: Init,
-    vl: usize,
-    keys: &'a [u64],
-    g: &'a [f32],
-    out: Option<&'a mut [f32]>,
-    create: bool,
-    /// Without `create`: where the positions of the keys without a row go.
-    missing: Option<&'a mut Vec<u32>>,
-}
-
-impl<I: FnMut(u64, &mut [f32])> RowStepUser for PushWalk<'_, '_, I> {
-    type Output = Option<usize>;
-
-    #[inline]
-    fn run<S: Fn(&mut [f32], &mut [f32], &[f32])>(self, step: S) -> Option<usize> {
-        let PushWalk { h, fill, init, vl, keys, g, mut out, create, mut missing } = self;
-        h.walk(
-            keys,
-            create,
-            fill,
-            #[inline(always)]
-            |i, row| match row {
-                Some((w, s)) => {
-                    step(w, s, &g[i * vl..(i + 1) * vl]);
-                    if let Some(o) = out.as_deref_mut() {
-                        copy_small(&mut o[i * vl..(i + 1) * vl], w);
-                    }
-                }
-                // (without `create`) a key without a row: left to the caller, read as new
-                None => {
-                    if let Some(m) = missing.as_deref_mut() {
-                        m.push(i as u32);
-                    }
-                    if let Some(o) = out.as_deref_mut() {
-                        init.fill(keys[i], &mut o[i * vl..(i + 1) * vl]);
-                    }
-                }
-            },
-        )
-    }
-}
-
-/// Copies a short row element by element (no call into `memcpy` for a 1- to 3-element row).
-#[inline(always)]
-fn copy_small(dst: &mut [f32], src: &[f32]) {
-    for (d, s) in dst.iter_mut().zip(src) {
-        *d = *s;
-    }
-}
 
 /// Where a table keeps its keys.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -623,187 +493,6 @@ impl Table {
         check_lengths(keys.len(), self.vl, out.len())?;
         self.batch(keys, Some(values), Some(out), true, None);
         Ok(())
-    }
-
-    /// A keyed request ([`Table::batch_plain`]) under the table's admission: a pull never
-    /// creates a row; a push updates the rows there are, then asks the admitter, in key
-    /// order, about each key without one, and creates and updates the rows admitted in a
-    /// second pass (which reserves room for them as a bulk load does). The pass over the
-    /// stored rows is the same as without admission, split over two threads when large;
-    /// only keys without a row cost more. Keys are checked by the caller.
-    /// A pull with `noted` notes its keys' slots there ([`Table::batch_plain`]).
-    fn batch(&mut self, keys: &[u64], values: Option<&[f32]>, out: Option<&mut [f32]>, create: bool, noted: Option<&mut Vec<Slot>>) {
-        // a push or pull marks the rows it reaches for eviction; a peek (no `create`) does not
-        self.touch(create);
-        self.note_write(values.is_some());
-        let writer = self.feed_writer.take();
-        if let (Some(f), true) = (self.feed.as_mut(), values.is_some()) {
-            f.wrote(keys, writer);
-        }
-        let (Some(g), true, true) = (values, create, self.admitter.is_some()) else {
-            let create = create && self.admitter.is_none();
-            self.batch_plain(keys, values, out, create, None, noted);
-            return;
-        };
-        let vl = self.vl;
-        let mut missing = std::mem::take(&mut self.scratch.missing);
-        missing.clear();
-        let mut out = out;
-        self.batch_plain(keys, Some(g), out.as_deref_mut(), false, Some(&mut missing), None);
-        if let Some(a) = self.admitter.as_mut() {
-            missing.retain(|&i| a.admit(keys[i as usize]));
-        }
-        if !missing.is_empty() {
-            let ks: Vec<u64> = missing.iter().map(|&i| keys[i as usize]).collect();
-            let mut gs = Vec::with_capacity(ks.len() * vl);
-            for &i in &missing {
-                gs.extend_from_slice(&g[i as usize * vl..(i as usize + 1) * vl]);
-            }
-            let mut os = out.as_ref().map(|_| vec![0f32; ks.len() * vl]);
-            self.batch_plain(&ks, Some(&gs), os.as_deref_mut(), true, None, None);
-            if let (Some(o), Some(os)) = (out, os) {
-                for (j, &i) in missing.iter().enumerate() {
-                    o[i as usize * vl..(i as usize + 1) * vl].copy_from_slice(&os[j * vl..(j + 1) * vl]);
-                }
-            }
-        }
-        self.scratch.missing = missing;
-    }
-
-    /// The batch path of keyed requests: one pass over the keys with the rule matched once
-    /// (a tight loop with the rule compiled in), each row updated and copied out in place.
-    /// Without `create`, missing sparse keys are read as their initial value and not stored
-    /// (a read-only request, or the first pass of an admitting push, which collects their
-    /// positions in `missing`). A pull of a sparse table with `noted` leaves there each
-    /// key's slot, in order (the hints of [`Table::push_at`]), or nothing when a large
-    /// request was cut into pieces. Keys are checked by the caller.
-    fn batch_plain(
-        &mut self,
-        keys: &[u64],
-        values: Option<&[f32]>,
-        out: Option<&mut [f32]>,
-        create: bool,
-        missing: Option<&mut Vec<u32>>,
-        noted: Option<&mut Vec<Slot>>,
-    ) {
-        let (vl, sl) = (self.vl, self.sl);
-        let n = keys.len();
-        let mut sc = std::mem::take(&mut self.scratch);
-        match &mut self.store {
-            Store::Dense(d) => {
-                sc.slots.clear();
-                sc.slots.extend(keys.iter().map(|&k| (k - d.range.begin) as usize));
-                if let Some(g) = values {
-                    if vl == 1 {
-                        // In place through the slots: one dispatch, no gather/scatter.
-                        self.rule.apply_indexed(&mut d.w, &mut d.s, &sc.slots, &g[..n]);
-                    } else {
-                        for (i, &t) in sc.slots.iter().enumerate() {
-                            self.rule.apply(&mut d.w[t * vl..(t + 1) * vl], &mut d.s[t * sl..(t + 1) * sl], &g[i * vl..(i + 1) * vl]);
-                        }
-                    }
-                }
-                if let Some(out) = out {
-                    for (o, &t) in out.chunks_exact_mut(vl).zip(&sc.slots) {
-                        o.copy_from_slice(&d.w[t * vl..(t + 1) * vl]);
-                    }
-                }
-            }
-            Store::Sparse(h) => {
-                let init = self.def.init;
-                if create {
-                    h.reserve_for(keys);
-                }
-                let mut missing = missing;
-                let mut noted = noted;
-                let rule = &self.rule;
-                let mut out = out;
-                // a large request on a machine with cores to spare: its keys cut into pieces
-                // at shard boundaries (ordered placement puts a shard's keys together in a
-                // sorted request), the pieces taken in turn by this thread and a helper
-                // (under the mixed hash every shard spans the whole key range: one thread)
-                let cuts = if self.parallel && n >= PARALLEL_MIN && h.is_ordered() { piece_cuts(keys) } else { Vec::new() };
-                let views = if cuts.is_empty() { None } else { h.split_views(&cuts.iter().map(|c| c.1).collect::<Vec<_>>(), n) };
-                // (where a part stopped, relative to `keys`, to finish under the mixed hash)
-                let mut rest: Vec<(usize, usize)> = Vec::new();
-                match views {
-                    Some(views) => {
-                        // (pieces note no slots: the hints would be out of order)
-                        noted = None;
-                        let mut pieces = Vec::with_capacity(views.len());
-                        let (mut kr, mut gr, mut or) = (keys, values, out.as_deref_mut());
-                        let mut from = 0;
-                        let want = missing.is_some();
-                        for (j, view) in views.into_iter().enumerate() {
-                            let to = cuts.get(j).map_or(n, |c| c.0);
-                            let (k, kt) = kr.split_at(to - from);
-                            let g = gr.map(|g| g.split_at((to - from) * vl));
-                            let (o, ot) = match or.map(|o| o.split_at_mut((to - from) * vl)) {
-                                Some((x, y)) => (Some(x), Some(y)),
-                                None => (None, None),
-                            };
-                            pieces.push(Piece { view, from, keys: k, g: g.map(|x| x.0), out: o });
-                            (kr, gr, or, from) = (kt, g.map(|x| x.1), ot, to);
-                        }
-                        pieces.reverse();
-                        let queue = std::sync::Mutex::new(pieces);
-                        let work = || {
-                            let mut done = Vec::new();
-                            loop {
-                                // (the lock is held only to pop, never across a walk, so a panicking walk
-                                // leaves it clean; a poisoned one ends this thread's share, and the panic
-                                // comes back at the join)
-                                let Some(mut p) = queue.lock().ok().and_then(|mut q| q.pop()) else {
-                                    return done;
-                                };
-                                let mut m = Vec::new();
-                                let stopped =
-                                    sparse_walk(&mut p.view, rule, init, vl, p.keys, p.g, p.out, create, want.then_some(&mut m), None);
-                                done.push((p.from, p.keys.len(), stopped, p.view.into_parts(), m));
-                            }
-                        };
-                        let (mut done, other) = std::thread::scope(|scope| {
-                            let b = scope.spawn(work);
-                            let a = work();
-                            // a panic of the other thread is this thread's
-                            (a, b.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-                        });
-                        done.extend(other);
-                        done.sort_unstable_by_key(|d| d.0);
-                        let (mut added, mut clustered) = (0, false);
-                        for (from, len, stopped, parts, m) in done {
-                            if let Some(ms) = missing.as_deref_mut() {
-                                ms.extend(m.iter().map(|&i| i + from as u32));
-                            }
-                            rest.extend(stopped.map(|i| (from + i, from + len)));
-                            added += parts.0;
-                            clustered |= parts.1;
-                        }
-                        h.finish((added, clustered));
-                    }
-                    None => {
-                        let mut v = h.view();
-                        let stopped =
-                            sparse_walk(&mut v, rule, init, vl, keys, values, out.as_deref_mut(), create, missing, noted.as_deref_mut());
-                        rest.extend(stopped.map(|i| (i, n)));
-                        let parts = v.into_parts();
-                        h.finish(parts);
-                    }
-                }
-                // the keys clustered: the store has moved to the mixed hash; the parts not
-                // done yet are done under it (keys already applied are not applied again)
-                for (from, to) in rest {
-                    let mut v = h.view();
-                    let g = values.map(|g| &g[from * vl..to * vl]);
-                    let o = out.as_deref_mut().map(|o| &mut o[from * vl..to * vl]);
-                    // (only a walk that creates stops early: nothing is missing there)
-                    sparse_walk(&mut v, rule, init, vl, &keys[from..to], g, o, create, None, noted.as_deref_mut());
-                    let parts = v.into_parts();
-                    h.finish(parts);
-                }
-            }
-        }
-        self.scratch = sc;
     }
 
     /// Applies `values` to every key of `[begin, begin + values.len()/value_len)`.

@@ -1,6 +1,8 @@
 //! Tests of [`Table`](super::Table): storage, update rules, exports and copies.
 
+use super::batch::{piece_cuts, PARALLEL_MIN, PIECES};
 use super::*;
+use crate::hashstore::Slot;
 use proptest::prelude::*;
 use std::collections::BTreeMap;
 
