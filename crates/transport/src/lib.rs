@@ -419,6 +419,64 @@ mod tests {
         readable_tells_a_waiting_frame_and_a_close_without_consuming(t.as_ref(), "127.0.0.1:0");
     }
 
+    /// A receive with a timeout gives up after it (not before), the frames sent after that
+    /// still arrive, receives that are answered in time leave the timeout as it was, and an
+    /// idle wait after them times out again after the whole timeout (gRPC keeps one timer and
+    /// moves it each receive).
+    fn a_receive_times_out_and_later_frames_still_arrive(t: &dyn Transport) {
+        const WAIT: Duration = Duration::from_millis(200);
+        let mut l = t.listen("127.0.0.1:0").unwrap();
+        let local = l.local_addr();
+        let (mut c, mut s) = std::thread::scope(|sc| {
+            let c = sc.spawn(|| t.connect(&local, Duration::from_secs(5)).unwrap());
+            let mut s = l.accept(Duration::from_secs(5)).unwrap().unwrap();
+            // the accepted side's handshake runs in its reads (bounded by the connect's 5 s)
+            let _ = s.set_recv_timeout(Some(Duration::from_millis(50)));
+            while !c.is_finished() {
+                let _ = s.recv_header();
+            }
+            (c.join().unwrap(), s)
+        });
+        c.set_recv_timeout(Some(WAIT)).unwrap();
+        let times_out = |c: &mut dyn Connection, when: &str| {
+            let t0 = Instant::now();
+            let got = c.recv_header();
+            let waited = t0.elapsed();
+            assert!(matches!(got, Err(TransportError::Timeout { .. })), "{} {when}: {got:?}", t.name());
+            assert!(waited >= WAIT.mul_f32(0.9) && waited < Duration::from_secs(3), "{} {when}: timed out after {waited:?}", t.name());
+        };
+        times_out(c.as_mut(), "before any frame");
+        for id in 0..50u64 {
+            s.send(&mut msg::request(Op::Push, 1, id, 0, 1), &[], &[1, 2, 3, 4]).unwrap();
+            let h = c.recv_header().unwrap().unwrap();
+            assert_eq!(h.request_id, id, "{}", t.name());
+            c.recv_payload(&mut [], &mut [0; 4]).unwrap();
+        }
+        times_out(c.as_mut(), "after 50 frames in time");
+        std::thread::sleep(WAIT);
+        s.send(&mut msg::request(Op::Push, 1, 99, 0, 1), &[], &[]).unwrap();
+        assert_eq!(c.recv_header().unwrap().unwrap().request_id, 99, "{}: a frame after an idle spell", t.name());
+        times_out(c.as_mut(), "once more");
+    }
+
+    #[test]
+    fn tcp_a_receive_times_out_and_later_frames_still_arrive() {
+        a_receive_times_out_and_later_frames_still_arrive(&tcp::TcpTransport::new(NetConfig::default()).unwrap());
+    }
+
+    #[test]
+    fn grpc_a_receive_times_out_and_later_frames_still_arrive() {
+        let t = network_transport(TransportKind::Grpc, NetConfig::default()).unwrap();
+        a_receive_times_out_and_later_frames_still_arrive(t.as_ref());
+    }
+
+    #[cfg(feature = "test-tls")]
+    #[test]
+    fn grpc_tls_a_receive_times_out_and_later_frames_still_arrive() {
+        let t = network_transport(TransportKind::Grpc, NetConfig { tls: Some(security::throwaway_tls()), ..NetConfig::default() }).unwrap();
+        a_receive_times_out_and_later_frames_still_arrive(t.as_ref());
+    }
+
     /// Frames larger than a gRPC chunk, keys and values across chunk edges, one of them
     /// skipped by the receiver, arrive whole and in order.
     fn large_frames_arrive_whole_and_a_skipped_one_is_drained(t: &dyn Transport, addr: &str) {

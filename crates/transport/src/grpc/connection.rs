@@ -99,6 +99,12 @@ pub(super) struct GrpcConnection {
     /// What [`Connection::readable`] took off the stream, returned by the next receive.
     peeked: Option<std::result::Result<Option<Frame>, Status>>,
     timeout: Option<Duration>,
+    /// The receive timeout's timer, kept from one receive to the next and moved later each
+    /// time (made at the first receive that has a timeout). A timer made anew for each
+    /// receive is a new entry in the runtime's timer wheel sooner than any it holds, and
+    /// tokio wakes its own driver for that (an eventfd write and one more `epoll_wait` per
+    /// round trip); moving a registered timer later touches nothing.
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
     stats: TrafficStats,
     /// (Accepted connections) the slot counted against the connection limit.
     _slot: Option<ConnSlot>,
@@ -170,6 +176,7 @@ impl GrpcConnection {
             spin: Backoff::default(),
             peeked: None,
             timeout: None,
+            deadline: None,
             stats: Default::default(),
             _slot: slot,
         }
@@ -285,10 +292,23 @@ impl GrpcConnection {
                 }
                 match left {
                     None => rt.block_on(inbound.message()),
-                    Some(t) => match rt.block_on(async { tokio::time::timeout(t, inbound.message()).await }) {
-                        Ok(r) => r,
-                        Err(_) => return Err(TransportError::Timeout { peer: self.peer.clone(), after: self.timeout.unwrap_or(t) }),
-                    },
+                    Some(t) => {
+                        let deadline = &mut self.deadline;
+                        let got = rt.block_on(async {
+                            let until = tokio::time::Instant::now() + t;
+                            let timer = deadline.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(until)));
+                            timer.as_mut().reset(until);
+                            tokio::select! {
+                                biased;
+                                got = inbound.message() => Some(got),
+                                _ = timer.as_mut() => None,
+                            }
+                        });
+                        match got {
+                            Some(r) => r,
+                            None => return Err(TransportError::Timeout { peer: self.peer.clone(), after: self.timeout.unwrap_or(t) }),
+                        }
+                    }
                 }
             }
         };
@@ -467,6 +487,7 @@ impl Drop for GrpcConnection {
         self.close = None;
         self.peeked = None;
         self.current = None;
+        self.deadline = None;
         // Its tasks may still have to write what is queued: let them, briefly here, and if
         // that is not enough, on a thread of their own (bounded by LINGER).
         if settle(&rt, Duration::ZERO) {
