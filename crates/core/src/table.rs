@@ -21,6 +21,7 @@ use crate::filter::FilterSpec;
 use crate::hashstore::HashStore;
 
 mod batch;
+use batch::Keyed;
 mod changes;
 mod evict;
 mod feed;
@@ -466,7 +467,7 @@ impl Table {
                 return Ok(());
             }
         }
-        self.batch(keys, Some(values), None, true, None);
+        self.batch(Keyed::push(keys, values), None);
         Ok(())
     }
 
@@ -474,7 +475,7 @@ impl Table {
     /// create missing keys with the initializer.
     pub fn pull(&mut self, keys: &[u64], out: &mut [f32]) -> Result<()> {
         self.check_keys(keys, out.len())?;
-        self.batch(keys, None, Some(out), true, None);
+        self.batch(Keyed::pull(keys, out, true), None);
         Ok(())
     }
 
@@ -483,7 +484,7 @@ impl Table {
     /// evaluation and serving, whose keys should not grow the model).
     pub fn peek(&mut self, keys: &[u64], out: &mut [f32]) -> Result<()> {
         self.check_keys(keys, out.len())?;
-        self.batch(keys, None, Some(out), false, None);
+        self.batch(Keyed::pull(keys, out, false), None);
         Ok(())
     }
 
@@ -491,7 +492,7 @@ impl Table {
     pub fn push_pull(&mut self, keys: &[u64], values: &[f32], out: &mut [f32]) -> Result<()> {
         self.check_keys(keys, values.len())?;
         check_lengths(keys.len(), self.vl, out.len())?;
-        self.batch(keys, Some(values), Some(out), true, None);
+        self.batch(Keyed { keys, values: Some(values), out: Some(out), create: true }, None);
         Ok(())
     }
 
@@ -517,7 +518,7 @@ impl Table {
                     keys.clear();
                     let n = (r.end - k).min(4096);
                     keys.extend(k..k + n);
-                    self.batch(&keys, Some(&values[off..off + n as usize * vl]), None, true, None);
+                    self.batch(Keyed::push(&keys, &values[off..off + n as usize * vl]), None);
                     k += n;
                     off += n as usize * vl;
                 }

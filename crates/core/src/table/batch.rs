@@ -38,14 +38,54 @@ pub(super) fn piece_cuts(keys: &[u64]) -> Vec<(usize, usize)> {
     cuts
 }
 
-/// A piece of a large request: its keys, values and output, and the view of their shards.
+/// A keyed request as a table's walk takes it. Preconditions (the caller's): `keys` sorted,
+/// unique and the table's; `values` (a push's) and `out` hold `keys.len() × value_len`.
+pub(super) struct Keyed<'k, 'o> {
+    pub(super) keys: &'k [u64],
+    /// A push's values (`None`: a pull, or a peek without `create`).
+    pub(super) values: Option<&'k [f32]>,
+    /// Where each key's row is copied (after a push's update).
+    pub(super) out: Option<&'o mut [f32]>,
+    /// Whether a sparse key without a row gets one (else it reads as its initial value).
+    pub(super) create: bool,
+}
+
+impl<'k, 'o> Keyed<'k, 'o> {
+    /// A push of `values` to `keys`, creating their rows.
+    pub(super) fn push(keys: &'k [u64], values: &'k [f32]) -> Self {
+        Keyed { keys, values: Some(values), out: None, create: true }
+    }
+
+    /// A pull of `keys` into `out`, creating their rows (`create`) or not (a peek).
+    pub(super) fn pull(keys: &'k [u64], out: &'o mut [f32], create: bool) -> Self {
+        Keyed { keys, values: None, out: Some(out), create }
+    }
+}
+
+/// What a walk collects besides the rows, each when asked for.
+#[derive(Default)]
+pub(super) struct Collect<'c> {
+    /// Without `create`: the positions of the keys without a row, in order.
+    pub(super) missing: Option<&'c mut Vec<u32>>,
+    /// A pull's: each key's slot, in order ([`ShardsMut::walk_noting`]).
+    pub(super) noted: Option<&'c mut Vec<Slot>>,
+}
+
+/// What a walk needs of its table: the rule, the initializer of new rows, the value length.
+#[derive(Clone, Copy)]
+struct Rows<'r> {
+    rule: &'r Rule,
+    init: Init,
+    vl: usize,
+}
+
+/// A piece of a large request (its part of the keys, values and output) and the view of
+/// their shards.
 struct Piece<'v, 'k, 'o> {
     view: ShardsMut<'v>,
     /// Its first key's index in the request.
     from: usize,
-    keys: &'k [u64],
-    g: Option<&'k [f32]>,
-    out: Option<&'o mut [f32]>,
+    req: Keyed<'k, 'o>,
 }
 
 /// The sparse part of [`Table::batch`] over one view of the store's shards: one walk over
@@ -53,23 +93,13 @@ struct Piece<'v, 'k, 'o> {
 /// rule per key) and copied out in place, while it is in cache. Returns where it stopped
 /// when the view found the keys clustering: the keys before are done, the rest is the
 /// caller's to do again once the store has moved to the mixed hash. A pull (no `values`)
-/// with `noted` appends each key's slot to it ([`ShardsMut::walk_noting`]).
-#[allow(clippy::too_many_arguments)]
-fn sparse_walk(
-    h: &mut ShardsMut<'_>,
-    rule: &Rule,
-    init: Init,
-    vl: usize,
-    keys: &[u64],
-    values: Option<&[f32]>,
-    out: Option<&mut [f32]>,
-    create: bool,
-    missing: Option<&mut Vec<u32>>,
-    noted: Option<&mut Vec<Slot>>,
-) -> Option<usize> {
+/// appends each key's slot to `collect.noted` when asked ([`ShardsMut::walk_noting`]).
+fn sparse_walk(h: &mut ShardsMut<'_>, rows: Rows<'_>, req: Keyed<'_, '_>, collect: Collect<'_>) -> Option<usize> {
+    let Rows { rule, init, vl } = rows;
+    let Keyed { keys, values, out, create } = req;
     let fill = |k: u64, w: &mut [f32]| init.fill(k, w);
     match values {
-        Some(g) => rule.with_row_step(PushWalk { h, fill, init, vl, keys, g, out, create, missing }),
+        Some(g) => rule.with_row_step(PushWalk { h, fill, init, vl, keys, g, out, create, missing: collect.missing }),
         None => {
             let mut out = out;
             let copy = |i: usize, row: Option<(&mut [f32], &mut [f32])>| {
@@ -81,7 +111,7 @@ fn sparse_walk(
                     }
                 }
             };
-            match noted {
+            match collect.noted {
                 Some(n) => h.walk_noting(keys, create, fill, copy, n),
                 None => h.walk(keys, create, fill, copy),
             }
@@ -151,14 +181,8 @@ impl Table {
     /// stored rows is the same as without admission, split over two threads when large;
     /// only keys without a row cost more. Keys are checked by the caller.
     /// A pull with `noted` notes its keys' slots there ([`Table::batch_plain`]).
-    pub(super) fn batch(
-        &mut self,
-        keys: &[u64],
-        values: Option<&[f32]>,
-        out: Option<&mut [f32]>,
-        create: bool,
-        noted: Option<&mut Vec<Slot>>,
-    ) {
+    pub(super) fn batch(&mut self, req: Keyed<'_, '_>, noted: Option<&mut Vec<Slot>>) {
+        let Keyed { keys, values, out, create } = req;
         // a push or pull marks the rows it reaches for eviction; a peek (no `create`) does not
         self.touch(create);
         self.note_write(values.is_some());
@@ -168,14 +192,15 @@ impl Table {
         }
         let (Some(g), true, true) = (values, create, self.admitter.is_some()) else {
             let create = create && self.admitter.is_none();
-            self.batch_plain(keys, values, out, create, None, noted);
+            self.batch_plain(Keyed { keys, values, out, create }, Collect { missing: None, noted });
             return;
         };
         let vl = self.vl;
         let mut missing = std::mem::take(&mut self.scratch.missing);
         missing.clear();
         let mut out = out;
-        self.batch_plain(keys, Some(g), out.as_deref_mut(), false, Some(&mut missing), None);
+        let first = Keyed { keys, values: Some(g), out: out.as_deref_mut(), create: false };
+        self.batch_plain(first, Collect { missing: Some(&mut missing), noted: None });
         if let Some(a) = self.admitter.as_mut() {
             missing.retain(|&i| a.admit(keys[i as usize]));
         }
@@ -186,7 +211,7 @@ impl Table {
                 gs.extend_from_slice(&g[i as usize * vl..(i as usize + 1) * vl]);
             }
             let mut os = out.as_ref().map(|_| vec![0f32; ks.len() * vl]);
-            self.batch_plain(&ks, Some(&gs), os.as_deref_mut(), true, None, None);
+            self.batch_plain(Keyed { keys: &ks, values: Some(&gs), out: os.as_deref_mut(), create: true }, Collect::default());
             if let (Some(o), Some(os)) = (out, os) {
                 for (j, &i) in missing.iter().enumerate() {
                     o[i as usize * vl..(i as usize + 1) * vl].copy_from_slice(&os[j * vl..(j + 1) * vl]);
@@ -200,18 +225,12 @@ impl Table {
     /// (a tight loop with the rule compiled in), each row updated and copied out in place.
     /// Without `create`, missing sparse keys are read as their initial value and not stored
     /// (a read-only request, or the first pass of an admitting push, which collects their
-    /// positions in `missing`). A pull of a sparse table with `noted` leaves there each
-    /// key's slot, in order (the hints of [`Table::push_at`]), or nothing when a large
-    /// request was cut into pieces. Keys are checked by the caller.
-    pub(super) fn batch_plain(
-        &mut self,
-        keys: &[u64],
-        values: Option<&[f32]>,
-        out: Option<&mut [f32]>,
-        create: bool,
-        missing: Option<&mut Vec<u32>>,
-        noted: Option<&mut Vec<Slot>>,
-    ) {
+    /// positions in `collect.missing`). A pull of a sparse table with `collect.noted` leaves
+    /// there each key's slot, in order (the hints of [`Table::push_at`]), or nothing when a
+    /// large request was cut into pieces. Keys are checked by the caller.
+    pub(super) fn batch_plain(&mut self, req: Keyed<'_, '_>, collect: Collect<'_>) {
+        let Keyed { keys, values, out, create } = req;
+        let Collect { missing, noted } = collect;
         let (vl, sl) = (self.vl, self.sl);
         let n = keys.len();
         let mut sc = std::mem::take(&mut self.scratch);
@@ -236,13 +255,12 @@ impl Table {
                 }
             }
             Store::Sparse(h) => {
-                let init = self.def.init;
+                let rows = Rows { rule: &self.rule, init: self.def.init, vl };
                 if create {
                     h.reserve_for(keys);
                 }
                 let mut missing = missing;
                 let mut noted = noted;
-                let rule = &self.rule;
                 let mut out = out;
                 // a large request on a machine with cores to spare: its keys cut into pieces
                 // at shard boundaries (ordered placement puts a shard's keys together in a
@@ -268,7 +286,7 @@ impl Table {
                                 Some((x, y)) => (Some(x), Some(y)),
                                 None => (None, None),
                             };
-                            pieces.push(Piece { view, from, keys: k, g: g.map(|x| x.0), out: o });
+                            pieces.push(Piece { view, from, req: Keyed { keys: k, values: g.map(|x| x.0), out: o, create } });
                             (kr, gr, or, from) = (kt, g.map(|x| x.1), ot, to);
                         }
                         pieces.reverse();
@@ -283,9 +301,10 @@ impl Table {
                                     return done;
                                 };
                                 let mut m = Vec::new();
-                                let stopped =
-                                    sparse_walk(&mut p.view, rule, init, vl, p.keys, p.g, p.out, create, want.then_some(&mut m), None);
-                                done.push((p.from, p.keys.len(), stopped, p.view.into_parts(), m));
+                                let len = p.req.keys.len();
+                                let collect = Collect { missing: want.then_some(&mut m), noted: None };
+                                let stopped = sparse_walk(&mut p.view, rows, p.req, collect);
+                                done.push((p.from, len, stopped, p.view.into_parts(), m));
                             }
                         };
                         let (mut done, other) = std::thread::scope(|scope| {
@@ -309,8 +328,8 @@ impl Table {
                     }
                     None => {
                         let mut v = h.view();
-                        let stopped =
-                            sparse_walk(&mut v, rule, init, vl, keys, values, out.as_deref_mut(), create, missing, noted.as_deref_mut());
+                        let req = Keyed { keys, values, out: out.as_deref_mut(), create };
+                        let stopped = sparse_walk(&mut v, rows, req, Collect { missing, noted: noted.as_deref_mut() });
                         rest.extend(stopped.map(|i| (i, n)));
                         let parts = v.into_parts();
                         h.finish(parts);
@@ -320,10 +339,14 @@ impl Table {
                 // done yet are done under it (keys already applied are not applied again)
                 for (from, to) in rest {
                     let mut v = h.view();
-                    let g = values.map(|g| &g[from * vl..to * vl]);
-                    let o = out.as_deref_mut().map(|o| &mut o[from * vl..to * vl]);
+                    let req = Keyed {
+                        keys: &keys[from..to],
+                        values: values.map(|g| &g[from * vl..to * vl]),
+                        out: out.as_deref_mut().map(|o| &mut o[from * vl..to * vl]),
+                        create,
+                    };
                     // (only a walk that creates stops early: nothing is missing there)
-                    sparse_walk(&mut v, rule, init, vl, &keys[from..to], g, o, create, None, noted.as_deref_mut());
+                    sparse_walk(&mut v, rows, req, Collect { missing: None, noted: noted.as_deref_mut() });
                     let parts = v.into_parts();
                     h.finish(parts);
                 }

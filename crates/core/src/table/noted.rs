@@ -5,6 +5,7 @@
 //! each is checked against the key stored at it, so one made stale by a growth, a rebuild
 //! or a removal in between costs that key a walk, never a wrong row.
 
+use super::batch::{Collect, Keyed};
 use super::{Store, Table};
 use crate::hashstore::{ShardsMut, Slot};
 use crate::rule::RowStepUser;
@@ -20,7 +21,7 @@ impl Table {
         noted.clear();
         self.check_keys(keys, out.len())?;
         let noting = matches!(self.store, Store::Sparse(_)) && self.admitter.is_none();
-        self.batch(keys, None, Some(out), true, noting.then_some(noted));
+        self.batch(Keyed::pull(keys, out, true), noting.then_some(noted));
         Ok(())
     }
 
@@ -66,7 +67,7 @@ impl Table {
                 rk.push(keys[i]);
                 rg.extend_from_slice(&values[i * vl..(i + 1) * vl]);
             }
-            self.batch_plain(&rk, Some(&rg), None, true, None, None);
+            self.batch_plain(Keyed::push(&rk, &rg), Collect::default());
             (self.scratch.rest_keys, self.scratch.rest_values) = (rk, rg);
         }
         self.scratch.rest = rest;
