@@ -423,9 +423,9 @@ mod tests {
     /// still arrive, receives that are answered in time leave the timeout as it was, and an
     /// idle wait after them times out again after the whole timeout (gRPC keeps one timer and
     /// moves it each receive).
-    fn a_receive_times_out_and_later_frames_still_arrive(t: &dyn Transport) {
+    fn a_receive_times_out_and_later_frames_still_arrive(t: &dyn Transport, addr: &str) {
         const WAIT: Duration = Duration::from_millis(200);
-        let mut l = t.listen("127.0.0.1:0").unwrap();
+        let mut l = t.listen(addr).unwrap();
         let local = l.local_addr();
         let (mut c, mut s) = std::thread::scope(|sc| {
             let c = sc.spawn(|| t.connect(&local, Duration::from_secs(5)).unwrap());
@@ -453,28 +453,60 @@ mod tests {
             c.recv_payload(&mut [], &mut [0; 4]).unwrap();
         }
         times_out(c.as_mut(), "after 50 frames in time");
+        // frames that come a few ms apart: each receive waits past any polling, with its
+        // timeout armed, and gets its frame
+        std::thread::scope(|sc| {
+            let sent = sc.spawn(|| {
+                for id in 100..110u64 {
+                    std::thread::sleep(Duration::from_millis(5));
+                    s.send(&mut msg::request(Op::Push, 1, id, 0, 1), &[], &[]).unwrap();
+                }
+            });
+            for id in 100..110u64 {
+                assert_eq!(c.recv_header().unwrap().unwrap().request_id, id, "{}: a frame 5 ms after the last", t.name());
+            }
+            sent.join().unwrap();
+        });
         std::thread::sleep(WAIT);
         s.send(&mut msg::request(Op::Push, 1, 99, 0, 1), &[], &[]).unwrap();
         assert_eq!(c.recv_header().unwrap().unwrap().request_id, 99, "{}: a frame after an idle spell", t.name());
         times_out(c.as_mut(), "once more");
+        // a timeout shortened after a receive that waited under a long one: the short one holds
+        c.set_recv_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.send(&mut msg::request(Op::Push, 1, 7, 0, 1), &[], &[]).unwrap();
+        assert_eq!(c.recv_header().unwrap().unwrap().request_id, 7, "{}", t.name());
+        c.set_recv_timeout(Some(WAIT)).unwrap();
+        let t0 = Instant::now();
+        assert!(matches!(c.recv_header(), Err(TransportError::Timeout { .. })), "{}: the shortened timeout", t.name());
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "{}: timed out after {:?}, not after the shortened {WAIT:?}",
+            t.name(),
+            t0.elapsed()
+        );
     }
 
     #[test]
     fn tcp_a_receive_times_out_and_later_frames_still_arrive() {
-        a_receive_times_out_and_later_frames_still_arrive(&tcp::TcpTransport::new(NetConfig::default()).unwrap());
+        a_receive_times_out_and_later_frames_still_arrive(&tcp::TcpTransport::new(NetConfig::default()).unwrap(), "127.0.0.1:0");
+    }
+
+    #[test]
+    fn inproc_a_receive_times_out_and_later_frames_still_arrive() {
+        a_receive_times_out_and_later_frames_still_arrive(&inproc::InProcTransport::new(), "inproc://timeouts");
     }
 
     #[test]
     fn grpc_a_receive_times_out_and_later_frames_still_arrive() {
         let t = network_transport(TransportKind::Grpc, NetConfig::default()).unwrap();
-        a_receive_times_out_and_later_frames_still_arrive(t.as_ref());
+        a_receive_times_out_and_later_frames_still_arrive(t.as_ref(), "127.0.0.1:0");
     }
 
     #[cfg(feature = "test-tls")]
     #[test]
     fn grpc_tls_a_receive_times_out_and_later_frames_still_arrive() {
         let t = network_transport(TransportKind::Grpc, NetConfig { tls: Some(security::throwaway_tls()), ..NetConfig::default() }).unwrap();
-        a_receive_times_out_and_later_frames_still_arrive(t.as_ref());
+        a_receive_times_out_and_later_frames_still_arrive(t.as_ref(), "127.0.0.1:0");
     }
 
     /// Frames larger than a gRPC chunk, keys and values across chunk edges, one of them

@@ -7,8 +7,8 @@
 //! handshake are sealed and opened here with ring's AEAD, as kernel TLS would do them:
 //!
 //! * sending, a frame's bytes are copied once into an outgoing buffer of records and sealed
-//!   there in place, 256 KiB written per system call;
-//! * receiving, up to 256 KiB of records are read per system call into the receive buffer,
+//!   there in place, 64 KiB written per system call;
+//! * receiving, up to 64 KiB of records are read per system call into the receive buffer,
 //!   each record is opened in place and its plaintext copied once to the reader.
 //!
 //! rustls's buffered API copies each received record three more times (socket buffer →
@@ -52,6 +52,10 @@ const MAX_BODY: usize = MAX_PLAIN + 256;
 /// while the writer seals the next ones, instead of waiting for a quarter MiB at a time
 /// (16 MiB push-then-pull 1.08× as fast in 8 alternated rounds; docs/benchmarks.md).
 const IO_BUF: usize = 64 << 10;
+/// The receive buffer: room for the largest handshake message rustls takes (2^16 − 1 bytes,
+/// which rustls joins in place from up to five records, so they must all be in the buffer at
+/// once) with its records' framing, and a read of [`IO_BUF`] behind an incomplete record.
+const IN_BUF: usize = 2 * IO_BUF + HEADER + MAX_BODY;
 /// Records sealed under one key before it is replaced. AES-GCM's limit under TLS 1.3 is
 /// 2^24.5 records (§5.5); this is well inside it (128 GiB of 16 KiB records).
 pub(crate) const KEY_UPDATE_AFTER: u64 = 1 << 23;
@@ -302,7 +306,7 @@ impl TlsStream {
         TlsStream {
             sock,
             phase,
-            inb: vec![0; IO_BUF],
+            inb: vec![0; IN_BUF],
             start: 0,
             end: 0,
             plain: (0, 0),
@@ -414,20 +418,26 @@ impl TlsStream {
         }
     }
 
-    /// Reads what the socket has (one system call) into the receive buffer, first moving
-    /// an incomplete record to its front when a whole one might not fit behind it.
-    /// Precondition: no opened plaintext waits in the buffer.
+    /// Reads what the socket has (one system call, at most [`IO_BUF`] bytes) into the receive
+    /// buffer, first moving an incomplete record to its front when a read might not fit
+    /// behind it. Fails when what is still unprocessed fills the whole buffer (a handshake
+    /// message larger than rustls takes). Precondition: no opened plaintext waits in the
+    /// buffer.
     fn fill(&mut self) -> io::Result<usize> {
         debug_assert!(self.plain.0 == self.plain.1);
         if self.start == self.end {
             self.start = 0;
             self.end = 0;
-        } else if self.inb.len() - self.end < HEADER + MAX_BODY {
+        } else if self.inb.len() - self.end < IO_BUF {
             self.inb.copy_within(self.start..self.end, 0);
             self.end -= self.start;
             self.start = 0;
         }
-        let n = self.sock.read(&mut self.inb[self.end..])?;
+        if self.end == self.inb.len() {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, format!("TLS: more than {IN_BUF} bytes of unprocessed records")));
+        }
+        let to = (self.end + IO_BUF).min(self.inb.len());
+        let n = self.sock.read(&mut self.inb[self.end..to])?;
         self.end += n;
         Ok(n)
     }

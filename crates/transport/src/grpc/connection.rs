@@ -295,7 +295,9 @@ impl GrpcConnection {
                     Some(t) => {
                         let deadline = &mut self.deadline;
                         let got = rt.block_on(async {
-                            let until = tokio::time::Instant::now() + t;
+                            // (a timeout past what an instant can hold: a deadline a century away)
+                            let now = tokio::time::Instant::now();
+                            let until = now.checked_add(t).unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 86_400));
                             let timer = deadline.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(until)));
                             timer.as_mut().reset(until);
                             tokio::select! {
