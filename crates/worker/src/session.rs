@@ -283,10 +283,16 @@ pub fn join_job(transport: Arc<dyn Transport>, cfg: &SessionConfig) -> Result<Wo
                                 (f.0)(rank);
                             }
                         }
-                        // the coordinator answers workers at once: one heartbeat per interval
+                        // the coordinator answers workers at once: one heartbeat per interval,
+                        // asleep in between (the session unparks this thread when it stops it;
+                        // a busy worker's cores are not woken every few ms to look)
                         let next = std::time::Instant::now() + interval;
-                        while !stop.load(Ordering::Relaxed) && std::time::Instant::now() < next {
-                            std::thread::sleep(Duration::from_millis(20).min(interval));
+                        while !stop.load(Ordering::Relaxed) {
+                            let left = next.saturating_duration_since(std::time::Instant::now());
+                            if left.is_zero() {
+                                break;
+                            }
+                            std::thread::park_timeout(left);
                         }
                     }
                     Err(e) => {
@@ -576,6 +582,15 @@ impl WorkerSession {
         Ok(path)
     }
 
+    /// Stops the heartbeat thread (and the metrics endpoint, which watches the same flag):
+    /// the thread wakes from its wait between heartbeats at once.
+    fn stop_heartbeats(&self) {
+        self.hb_stop.store(true, Ordering::Relaxed);
+        if let Some(t) = &self.hb_thread {
+            t.thread().unpark();
+        }
+    }
+
     /// Reports the job result to the coordinator and stops the heartbeat.
     pub fn finish(&mut self, ok: bool, message: &str) -> Result<(), SessionError> {
         self.finished = true;
@@ -584,7 +599,7 @@ impl WorkerSession {
             self.control.disable_reconnect();
         }
         let r = self.control.done(ok, message);
-        self.hb_stop.store(true, Ordering::Relaxed);
+        self.stop_heartbeats();
         r?;
         Ok(())
     }
@@ -598,8 +613,8 @@ impl Drop for WorkerSession {
             }
             let _ = self.control.done(false, "the worker ended without finishing");
         }
-        self.hb_stop.store(true, Ordering::Relaxed);
-        // The heartbeat thread ends at its next reply (at most one interval); don't wait.
+        self.stop_heartbeats();
+        // The heartbeat thread ends now, or at the reply it waits for; don't wait.
         self.hb_thread.take();
     }
 }
