@@ -16,7 +16,8 @@ type Frame = (FrameHeader, Vec<u8>, Vec<u8>);
 /// How long a receive polls before it sleeps ([`InProcConnection::poll_briefly`]). 150 µs
 /// rather than the 30 it was: `train linear` embedded on 2 vCPUs (a worker and a server
 /// thread that hand each minibatch to each other) still slept in a fifth of its waits at
-/// 30 µs, and ran 1.05–1.08× as fast at 150 (500 measured no better; docs/benchmarks.md).
+/// 30 µs, and ran 1.035× as fast at 150 with the new build first in each pair, 1.06–1.08×
+/// with it second (500 measured no better; docs/benchmarks.md).
 const SPIN: Duration = Duration::from_micros(150);
 /// Polls with the pause hint before each later poll yields the core: a thread that waits for
 /// another on the same core (more threads than cores) lets it run (`train linear` with 1
