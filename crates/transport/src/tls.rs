@@ -764,7 +764,12 @@ mod tests {
 
     /// A connected client and server stream of one throwaway cluster, handshake done.
     fn pair(key_update_after: u64) -> (TlsStream, TlsStream) {
-        let setup = TlsSetup::new(&crate::security::throwaway_tls()).unwrap();
+        pair_of(&crate::security::throwaway_tls(), key_update_after)
+    }
+
+    /// A connected client and server stream with `tls` on both sides, handshake done.
+    fn pair_of(tls: &crate::security::TlsConfig, key_update_after: u64) -> (TlsStream, TlsStream) {
+        let setup = TlsSetup::new(tls).unwrap();
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
         let server = std::thread::scope(|s| {
@@ -861,6 +866,54 @@ mod tests {
         let mut buf = [0u8; 16];
         let e = s.read(&mut buf).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof, "{e}");
+    }
+
+    /// Mutual-TLS material whose node certificate is `der_len` bytes of DER, give or take a
+    /// few (padded with subject alternative names), signed by a fresh CA.
+    fn tls_with_certificate_of(der_len: usize) -> crate::security::TlsConfig {
+        use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca_cert = ca.self_signed(&ca_key).unwrap();
+        let key = KeyPair::generate().unwrap();
+        let sign = |n: usize| {
+            let names: Vec<String> = ["localhost".to_string()].into_iter().chain((0..n).map(|i| format!("n{i:07}.example.test"))).collect();
+            CertificateParams::new(names).unwrap().signed_by(&key, &ca_cert, &ca_key).unwrap()
+        };
+        // what a name adds, measured (about 22 bytes), then one step closer from the first try
+        let (small, large) = (sign(1000).der().len() as f64, sign(2000).der().len() as f64);
+        let per_name = (large - small) / 1000.0;
+        let mut n = 1000.0 + (der_len as f64 - small) / per_name;
+        n += (der_len as f64 - sign(n as usize).der().len() as f64) / per_name;
+        let cert = sign(n as usize);
+        let len = cert.der().len();
+        assert!(len.abs_diff(der_len) < 40, "a certificate of {len} bytes, not {der_len}");
+        crate::security::TlsConfig {
+            cert_pem: cert.pem().into_bytes(),
+            key_pem: key.serialize_pem().into_bytes(),
+            ca_pem: ca_cert.pem().into_bytes(),
+            require_client_cert: true,
+            server_name: None,
+        }
+    }
+
+    #[test]
+    fn a_handshake_message_near_the_largest_rustls_takes_fits_the_receive_buffer() {
+        // Each side's Certificate message (the certificate's DER and 13 bytes of framing) is
+        // just under rustls's 2^16 − 1 limit (and the certificate near the largest webpki
+        // parses: 65,560 bytes is refused as a bad encoding); its five records with their
+        // headers and tags, and the flight's other messages, are more than 64 KiB, all in the
+        // receive buffer at once while rustls joins the message in place. A 64 KiB buffer
+        // fails here ("more than 65536 bytes of unprocessed records").
+        let tls = tls_with_certificate_of(65_450);
+        let (mut c, mut s) = pair_of(&tls, KEY_UPDATE_AFTER);
+        let a = pattern(3 * MAX_PLAIN + 5, 7);
+        c.write_all(&a).unwrap();
+        c.flush().unwrap();
+        let mut got = vec![0u8; a.len()];
+        s.read_exact(&mut got).unwrap();
+        assert_eq!(got, a);
     }
 
     #[test]
