@@ -881,7 +881,7 @@ mod tests {
             let names: Vec<String> = ["localhost".to_string()].into_iter().chain((0..n).map(|i| format!("n{i:07}.example.test"))).collect();
             CertificateParams::new(names).unwrap().signed_by(&key, &ca_cert, &ca_key).unwrap()
         };
-        // what a name adds, measured (about 22 bytes), then one step closer from the first try
+        // what a name adds, measured (23 bytes), then one step closer from the first try
         let (small, large) = (sign(1000).der().len() as f64, sign(2000).der().len() as f64);
         let per_name = (large - small) / 1000.0;
         let mut n = 1000.0 + (der_len as f64 - small) / per_name;
@@ -900,12 +900,13 @@ mod tests {
 
     #[test]
     fn a_handshake_message_near_the_largest_rustls_takes_fits_the_receive_buffer() {
-        // Each side's Certificate message (the certificate's DER and 13 bytes of framing) is
-        // just under rustls's 2^16 − 1 limit (and the certificate near the largest webpki
-        // parses: 65,560 bytes is refused as a bad encoding); its five records with their
-        // headers and tags, and the flight's other messages, are more than 64 KiB, all in the
-        // receive buffer at once while rustls joins the message in place. A 64 KiB buffer
-        // fails here ("more than 65536 bytes of unprocessed records").
+        // Each side's Certificate message body (the certificate's DER and 9 bytes of framing)
+        // is just under rustls's 2^16 − 1 limit (and the certificate near the largest webpki
+        // parses: 65,560 bytes is refused as a bad encoding). Each side's flight is more than
+        // 64 KiB of records (the server's five, the client's four full ones and a fifth), all
+        // in the receive buffer at once while rustls joins the message in place. A 64 KiB
+        // buffer fails here ("more than 65536 bytes of unprocessed records"); this does not
+        // check the further read's room the buffer also has.
         let tls = tls_with_certificate_of(65_450);
         let (mut c, mut s) = pair_of(&tls, KEY_UPDATE_AFTER);
         let a = pattern(3 * MAX_PLAIN + 5, 7);
