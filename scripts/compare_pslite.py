@@ -4,8 +4,9 @@
 
 Runs `../shared/tools/pslite/run.sh` (ROUNDS interleaved rounds of ps-lite and `downpour bench`
 on this machine, 1 server + 1 worker and 2 + 2, plus one iperf3 loopback stream; then iperf3
-with 2 and 4 parallel streams, ROUNDS times each: what loopback TCP carries in all on this
-machine, the ceiling of the 2 + 2 row, whose four processes share its cores) after building
+with 2 and 4 parallel streams, ROUNDS times each: what loopback TCP carried in all, one way;
+a reference for the 2 + 2 row, not its ceiling: that row's traffic goes both ways, and
+iperf3 before 3.16 drives all its streams from one thread) after building
 ps-lite with `../shared/tools/pslite/build.sh` when `/tmp/pslite-build/pslite_bench` is missing
 (`--pslite` names ps-lite's source: a bare git directory or a source tree of dmlc/ps-lite).
 Needs `cargo build --release` first, and `apt-get install -y libzmq3-dev protobuf-compiler
@@ -255,8 +256,9 @@ def streams_ceiling(rounds):
                 server.wait()
     med = {n: sorted(v)[len(v) // 2] for n, v in seen.items()}
     return (
-        f"iperf3 loopback with parallel streams, in all: 2 streams {med[2]:.2f} GB/s, 4 streams {med[4]:.2f} GB/s "
-        f"(medians of {rounds}; the most loopback TCP carries on these cores, the 2s+2w row's ceiling)"
+        f"iperf3 loopback with parallel streams, in all: 2 streams {med[2]:.2f} GB/s ({min(seen[2]):.2f}-{max(seen[2]):.2f}), "
+        f"4 streams {med[4]:.2f} GB/s ({min(seen[4]):.2f}-{max(seen[4]):.2f}) (medians of {rounds}; one way, and iperf3 before 3.16 "
+        "drives all its streams from one thread: a reference for the 2s+2w row, whose traffic goes both ways, not its ceiling)"
     )
 
 
