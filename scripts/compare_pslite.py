@@ -60,8 +60,8 @@ def main():
     if run.returncode != 0:
         sys.exit(f"error: run.sh failed ({run.returncode})")
     print(run.stdout)
-    ceiling = streams_ceiling(a.rounds)
-    print(ceiling)
+    streams = parallel_streams(a.rounds)
+    print(streams)
     co_rows, co_raw = ([], {}) if a.no_colocated else colocated(a.rounds, dp)
     for l in co_rows:
         print(l)
@@ -104,7 +104,7 @@ def main():
             "",
             f"Written by `python3 scripts/compare_pslite.py --rounds {a.rounds}` on {day} at commit {commit}: "
             f"{a.rounds} interleaved rounds, medians (raw samples: `docs/bench-data/{day}-pslite/`). {iperf}.",
-            f"{ceiling}.",
+            f"{streams}.",
             f"Machine load before the run: `{load}`.",
             "",
             *md,
@@ -236,7 +236,7 @@ def colocated(rounds, dp):
     return rows, {"colocated-pl.jsonl": pl_raw, "colocated-dp.jsonl": dp_raw}
 
 
-def streams_ceiling(rounds):
+def parallel_streams(rounds):
     """iperf3 over loopback with 2 and 4 parallel streams, `rounds` times each (interleaved):
     a sentence with the medians in GB/s, or why it could not run."""
     if shutil.which("iperf3") is None:
